@@ -1,0 +1,36 @@
+"""JODL, the Job Dispatching Library.
+
+A master runs *families* of jobs in *cycles* on many *agents* over rpyc, places
+jobs with a pluggable strategy that learns how long each job takes on each node,
+and writes every decision to a SQL reconstruction log so that a master killed at
+any moment resumes its cycle without redoing finished jobs.
+"""
+
+from .config import Settings as Settings
+from .exceptions import JodlError as JodlError
+from .family import Family as Family
+from .family import Permanent as Permanent
+from .master import Master as Master
+from .master import RunSummary as RunSummary
+from .placement import Knowledge as Knowledge
+from .placement import NodeLoad as NodeLoad
+from .placement import Placement as Placement
+from .placement import register as register_strategy
+from .store import Store as Store
+from .store import make_engine as make_engine
+
+__all__ = [
+    "Family",
+    "JodlError",
+    "Knowledge",
+    "Master",
+    "NodeLoad",
+    "Permanent",
+    "Placement",
+    "RunSummary",
+    "Settings",
+    "Store",
+    "make_engine",
+    "register_strategy",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,431 @@
+"""The agent: an rpyc server that runs jobs of installed families in bounded slots.
+
+The master calls it (DESIGN §5); it never calls the master except for a one-shot
+hello. Results stay here until the master acknowledges them after its own commit,
+so a master killed at any moment finds them again. Every call is idempotent,
+keyed by execution ids: a call that timed out on the master may still arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+import time
+import traceback
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from typing import Any
+
+import rpyc
+from rpyc.utils.server import ThreadedServer
+
+from . import family as family_registry
+from .config import Settings
+from .exceptions import AuthError, JodlError, UnknownFamily
+from .family import Family, Permanent
+from .protocol import STRICT_CONFIG, is_loopback, server_authenticator, split_address
+
+log = logging.getLogger("jodl.agent")
+
+#: Acknowledged execution ids remembered, so a late duplicate send is not run again.
+REMEMBER_ACKED = 200_000
+#: Longest error text kept for one failure.
+MAX_ERROR = 2000
+
+Done = tuple[int, float, float, str]  # exec_id, duration, finished (unix), result JSON
+Failed = tuple[int, float, float, str, bool]  # exec_id, duration, finished, error, retryable
+
+
+class AgentCore:
+    """The agent's state and job slots, independent of rpyc (usable in-process)."""
+
+    def __init__(
+        self,
+        name: str,
+        slots: int = 4,
+        async_slots: int = 200,
+        speed: float = 1.0,
+        families: dict[str, type[Family]] | None = None,
+    ) -> None:
+        self.name = name
+        self.slots = slots
+        self.async_slots = async_slots
+        self.speed = speed
+        self.epoch = 0
+        self.master_id = ""
+        self._classes = family_registry.installed() if families is None else families
+        self._instances: dict[str, Family] = {}
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[int, str, str]] = deque()
+        self._aqueue: deque[tuple[int, str, str]] = deque()
+        self._running: set[int] = set()
+        self._done: dict[int, Done] = {}
+        self._failed: dict[int, Failed] = {}
+        self._cancelled: set[int] = set()
+        self._acked: OrderedDict[int, None] = OrderedDict()
+        self._closing = False
+        self._threads = [
+            threading.Thread(target=self._worker, name=f"slot-{i}", daemon=True)
+            for i in range(slots)
+        ]
+        for thread in self._threads:
+            thread.start()
+        self._loop = asyncio.new_event_loop()
+        self._async_wakeup: asyncio.Event | None = None
+        self._async_thread = threading.Thread(target=self._run_loop, name="async", daemon=True)
+        self._async_thread.start()
+
+    # -- families -------------------------------------------------------------------
+
+    def family_list(self) -> tuple[tuple[str, str, bool], ...]:
+        return tuple(
+            (name, str(cls.version), cls.is_async()) for name, cls in sorted(self._classes.items())
+        )
+
+    def _family(self, name: str) -> Family:
+        inst = self._instances.get(name)
+        if inst is None:
+            cls = self._classes.get(name)
+            if cls is None:
+                raise UnknownFamily(f"unknown family {name!r} on agent {self.name}")
+            with self._cond:
+                inst = self._instances.get(name)
+                if inst is None:
+                    inst = cls({"speed": self.speed, "node": self.name})
+                    self._instances[name] = inst
+        return inst
+
+    # -- protocol ---------------------------------------------------------------------
+
+    def check_epoch(self, epoch: int) -> None:
+        if epoch < self.epoch:
+            raise JodlError(f"fenced: epoch {epoch} is older than {self.epoch}")
+        self.epoch = epoch
+
+    def init(self, master_id: str, epoch: int, settings_json: str) -> str:
+        self.check_epoch(epoch)
+        self.master_id = master_id
+        return json.dumps(
+            {
+                "name": self.name,
+                "slots": self.slots,
+                "async_slots": self.async_slots,
+                "speed": self.speed,
+                "epoch": self.epoch,
+                "families": {n: {"version": v, "async": a} for n, v, a in self.family_list()},
+            }
+        )
+
+    def send(self, jobs: Iterable[tuple[int, str, str]]) -> tuple[tuple[int, str], ...]:
+        """Queue jobs; return (exec_id, error) for the refused ones. Known ids are ignored."""
+        refused: list[tuple[int, str]] = []
+        sync_jobs: list[tuple[int, str, str]] = []
+        async_jobs: list[tuple[int, str, str]] = []
+        with self._cond:
+            known = self._known_locked()
+            for job in jobs:
+                exec_id, fam = job[0], job[1]
+                if exec_id in known:
+                    continue
+                cls = self._classes.get(fam)
+                if cls is None:
+                    refused.append((exec_id, f"unknown family {fam!r} on agent {self.name}"))
+                    continue
+                (async_jobs if cls.is_async() else sync_jobs).append(job)
+            self._queue.extend(sync_jobs)
+            self._aqueue.extend(async_jobs)
+            if sync_jobs:
+                self._cond.notify(min(len(sync_jobs), self.slots))
+        if async_jobs:
+            self._loop.call_soon_threadsafe(self._wake_async)
+        return tuple(refused)
+
+    def _known_locked(self) -> _Known:
+        return _Known(self)
+
+    def take(self, which: str, ack: Iterable[int], limit: int) -> tuple[Any, ...]:
+        """Forget acknowledged ids, then return up to ``limit`` held results of ``which``."""
+        with self._cond:
+            self._ack_locked(ack)
+            held = self._done if which == "done" else self._failed
+            if len(held) <= limit:
+                return tuple(held.values())
+            out = []
+            for value in held.values():
+                out.append(value)
+                if len(out) >= limit:
+                    break
+            return tuple(out)
+
+    def ack(self, ids: Iterable[int]) -> int:
+        with self._cond:
+            return self._ack_locked(ids)
+
+    def _ack_locked(self, ids: Iterable[int]) -> int:
+        count = 0
+        for exec_id in ids:
+            if self._done.pop(exec_id, None) is not None or self._failed.pop(exec_id, None):
+                count += 1
+            self._acked[exec_id] = None
+        while len(self._acked) > REMEMBER_ACKED:
+            self._acked.popitem(last=False)
+        return count
+
+    def remaining(self) -> tuple[int, int, int, int]:
+        with self._cond:
+            return (
+                len(self._queue) + len(self._aqueue),
+                len(self._running),
+                len(self._done),
+                len(self._failed),
+            )
+
+    def take_back(self, count: int, ids: Iterable[int] = ()) -> tuple[int, ...]:
+        """Hand back unstarted jobs: the given ids, or else the last ``count`` queued."""
+        wanted = set(ids)
+        with self._cond:
+            out: list[int] = []
+            for queue in (self._queue, self._aqueue):
+                if wanted:
+                    keep = [job for job in queue if job[0] not in wanted]
+                    out.extend(job[0] for job in queue if job[0] in wanted)
+                    queue.clear()
+                    queue.extend(keep)
+                else:
+                    while queue and len(out) < count:
+                        out.append(queue.pop()[0])
+            for exec_id in out:
+                self._acked[exec_id] = None  # a late duplicate send must not run it here
+            return tuple(out)
+
+    def cancel(self, ids: Iterable[int]) -> tuple[int, ...]:
+        """Drop queued jobs and discard the results of running ones."""
+        wanted = set(ids)
+        taken = set(self.take_back(0, wanted)) if wanted else set()
+        with self._cond:
+            for exec_id in wanted:
+                if exec_id in self._running:
+                    self._cancelled.add(exec_id)
+                    taken.add(exec_id)
+                if self._done.pop(exec_id, None) or self._failed.pop(exec_id, None):
+                    taken.add(exec_id)
+                self._acked[exec_id] = None
+        return tuple(sorted(taken))
+
+    def held(self, ids: Iterable[int]) -> tuple[int, ...]:
+        """Which of ``ids`` this agent still queues, runs or holds a result for."""
+        with self._cond:
+            known = self._known_locked()
+            return tuple(i for i in ids if i in known and i not in self._acked)
+
+    # -- running ------------------------------------------------------------------------
+
+    def _finish(
+        self, exec_id: int, started: float, outcome: Any, error: BaseException | None
+    ) -> None:
+        duration = time.perf_counter() - started
+        finished = time.time()
+        with self._cond:
+            self._running.discard(exec_id)
+            if exec_id in self._cancelled:
+                self._cancelled.discard(exec_id)
+                return
+            if error is None:
+                try:
+                    text = json.dumps(outcome, separators=(",", ":"), allow_nan=False)
+                except (TypeError, ValueError) as exc:
+                    error, text = exc, ""
+                else:
+                    self._done[exec_id] = (exec_id, duration, finished, text)
+                    return
+            retryable = not isinstance(error, Permanent | UnknownFamily)
+            message = f"{type(error).__name__}: {error}"[:MAX_ERROR]
+            self._failed[exec_id] = (exec_id, duration, finished, message, retryable)
+
+    def _worker(self) -> None:
+        cond, queue, running = self._cond, self._queue, self._running
+        while True:
+            with cond:
+                while not queue:
+                    if self._closing:
+                        return
+                    cond.wait()
+                exec_id, fam, payload = queue.popleft()
+                running.add(exec_id)
+            started = time.perf_counter()
+            try:
+                result = self._family(fam).run(json.loads(payload))
+            except Exception as exc:  # noqa: BLE001 - every failure is reported to the master
+                log.debug("job %s failed: %s", exec_id, traceback.format_exc())
+                self._finish(exec_id, started, None, exc)
+            else:
+                self._finish(exec_id, started, result, None)
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._async_wakeup = asyncio.Event()
+        self._loop.run_until_complete(self._async_dispatcher())
+
+    def _wake_async(self) -> None:
+        if self._async_wakeup is not None:
+            self._async_wakeup.set()
+
+    async def _async_dispatcher(self) -> None:
+        assert self._async_wakeup is not None
+        sem = asyncio.Semaphore(self.async_slots)
+        tasks: set[asyncio.Task[None]] = set()
+        while not self._closing:
+            await self._async_wakeup.wait()
+            self._async_wakeup.clear()
+            while True:
+                await sem.acquire()
+                with self._cond:
+                    if not self._aqueue:
+                        sem.release()
+                        break
+                    exec_id, fam, payload = self._aqueue.popleft()
+                    self._running.add(exec_id)
+                task = asyncio.ensure_future(self._run_async(exec_id, fam, payload, sem))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+
+    async def _run_async(
+        self, exec_id: int, fam: str, payload: str, sem: asyncio.Semaphore
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            result = await self._family(fam).run(json.loads(payload))
+        except Exception as exc:  # noqa: BLE001
+            self._finish(exec_id, started, None, exc)
+        else:
+            self._finish(exec_id, started, result, None)
+        finally:
+            sem.release()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._loop.call_soon_threadsafe(self._wake_async)
+
+
+class _Known:
+    """Membership test over every id the agent queues, runs, holds or acknowledged."""
+
+    def __init__(self, core: AgentCore) -> None:
+        self.core = core
+        self._queued: set[int] | None = None
+
+    def __contains__(self, exec_id: int) -> bool:
+        core = self.core
+        if exec_id in core._running or exec_id in core._done or exec_id in core._failed:
+            return True
+        if exec_id in core._acked:
+            return True
+        if self._queued is None:
+            self._queued = {j[0] for j in core._queue} | {j[0] for j in core._aqueue}
+        return exec_id in self._queued
+
+
+def _ids(values: Any) -> tuple[int, ...]:
+    if type(values) is not tuple:
+        raise TypeError("ids must be a plain tuple of ints")
+    return tuple(int(v) for v in values)
+
+
+def _jobs(values: Any) -> list[tuple[int, str, str]]:
+    if type(values) is not tuple:
+        raise TypeError("jobs must be a plain tuple of (exec_id, family, payload_json) tuples")
+    out = []
+    for job in values:
+        if type(job) is not tuple or len(job) != 3:
+            raise TypeError("each job is a plain tuple (exec_id, family, payload_json)")
+        out.append((int(job[0]), str(job[1]), str(job[2])))
+    return out
+
+
+class AgentService(rpyc.Service):
+    """The calls a master may make. Arguments are checked to be value types."""
+
+    def __init__(self, core: AgentCore) -> None:
+        super().__init__()
+        self._core = core
+
+    def exposed_ping(self) -> tuple[str, int, float]:
+        return (self._core.name, self._core.epoch, time.time())
+
+    def exposed_families(self) -> tuple[tuple[str, str, bool], ...]:
+        return self._core.family_list()
+
+    def exposed_init(self, master_id: str, epoch: int, settings_json: str) -> str:
+        return self._core.init(str(master_id), int(epoch), str(settings_json))
+
+    def exposed_send(self, epoch: int, jobs: tuple) -> tuple[tuple[int, str], ...]:
+        self._core.check_epoch(int(epoch))
+        return self._core.send(_jobs(jobs))
+
+    def exposed_done(self, epoch: int, ack: tuple, limit: int) -> tuple[Done, ...]:
+        self._core.check_epoch(int(epoch))
+        return self._core.take("done", _ids(ack), int(limit))
+
+    def exposed_failed(self, epoch: int, ack: tuple, limit: int) -> tuple[Failed, ...]:
+        self._core.check_epoch(int(epoch))
+        return self._core.take("failed", _ids(ack), int(limit))
+
+    def exposed_ack(self, epoch: int, ids: tuple) -> int:
+        self._core.check_epoch(int(epoch))
+        return self._core.ack(_ids(ids))
+
+    def exposed_remaining(self, epoch: int) -> tuple[int, int, int, int]:
+        self._core.check_epoch(int(epoch))
+        return self._core.remaining()
+
+    def exposed_take_back(self, epoch: int, count: int, ids: tuple) -> tuple[int, ...]:
+        self._core.check_epoch(int(epoch))
+        return self._core.take_back(int(count), _ids(ids))
+
+    def exposed_cancel(self, epoch: int, ids: tuple) -> tuple[int, ...]:
+        self._core.check_epoch(int(epoch))
+        return self._core.cancel(_ids(ids))
+
+    def exposed_held(self, epoch: int, ids: tuple) -> tuple[int, ...]:
+        self._core.check_epoch(int(epoch))
+        return self._core.held(_ids(ids))
+
+
+def make_server(
+    settings: Settings, listen: str | None = None, name: str | None = None
+) -> ThreadedServer:
+    """Build (not start) the agent's server; refuses an unauthenticated non-loopback address."""
+    address = listen or settings.agent_listen
+    host, port = split_address(address)
+    if not is_loopback(host) and not (settings.secret or settings.tls):
+        raise AuthError(
+            f"refusing to listen on {address} without authentication: set JODL_SECRET "
+            "or JODL_TLS_CERT/JODL_TLS_KEY/JODL_TLS_CA (only loopback may go without)"
+        )
+    core = AgentCore(
+        name or f"{socket.gethostname()}:{port}",
+        slots=settings.agent_slots,
+        async_slots=settings.agent_async_slots,
+        speed=settings.agent_speed,
+    )
+    service = AgentService(core)
+    try:
+        server = ThreadedServer(
+            service,
+            hostname=host,
+            port=port,
+            reuse_addr=True,
+            authenticator=server_authenticator(settings),
+            protocol_config=dict(STRICT_CONFIG),
+            logger=logging.getLogger("jodl.agent.rpyc"),
+        )
+    except OSError as exc:
+        core.close()
+        raise JodlError(f"cannot listen on {address}: {exc.strerror or exc}") from None
+    server.core = core  # type: ignore[attr-defined]
+    return server

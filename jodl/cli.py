@@ -1,0 +1,346 @@
+"""The ``jodl`` command: a click group over the library (and the applications' commands)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from .config import Settings, markdown_table
+from .exceptions import BadPayload, JodlError
+from .protocol import loads_object
+
+
+def _settings(ctx: click.Context) -> Settings:
+    obj = ctx.ensure_object(dict)
+    if "settings" not in obj:
+        overrides = {"database_url": obj.get("database_url")}
+        obj["settings"] = Settings.from_env(**overrides)
+        logging.basicConfig(
+            level=obj["settings"].log_level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+    settings: Settings = obj["settings"]
+    return settings
+
+
+def _store(ctx: click.Context) -> Any:
+    from .store import Store, make_engine
+
+    obj = ctx.ensure_object(dict)
+    if "store" not in obj:
+        obj["store"] = Store(make_engine(_settings(ctx).database_url))
+    return obj["store"]
+
+
+class JodlGroup(click.Group):
+    """Turns every expected failure into one clear line and a non-zero exit."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except JodlError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=JodlGroup)
+@click.option(
+    "--database-url",
+    envvar="JODL_DATABASE_URL",
+    default=None,
+    help="Database of the reconstruction log (overrides JODL_DATABASE_URL).",
+)
+@click.pass_context
+def main(ctx: click.Context, database_url: str | None) -> None:
+    """JODL: dispatch job families to agents in cycles, with a crash-proof log."""
+    ctx.ensure_object(dict)["database_url"] = database_url
+
+
+# -- database ---------------------------------------------------------------------------
+
+
+@main.group()
+def db() -> None:
+    """Database schema."""
+
+
+@db.command("upgrade")
+@click.pass_context
+def db_upgrade(ctx: click.Context) -> None:
+    """Create or migrate the tables to the newest version."""
+    from .migrate import current, upgrade
+
+    store = _store(ctx)
+    upgrade(store.engine)
+    click.echo(f"database at revision {current(store.engine)}")
+
+
+@main.command("config")
+def config_table() -> None:
+    """Print the table of JODL_* settings (Markdown)."""
+    _load_apps()
+    click.echo(markdown_table())
+
+
+# -- agent ---------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--listen", default=None, help="HOST:PORT to listen on (JODL_AGENT_LISTEN).")
+@click.option("--slots", type=click.IntRange(min=1), default=None, help="Jobs run at once.")
+@click.option(
+    "--speed",
+    type=click.FloatRange(min=0.001),
+    default=None,
+    help="Speed factor for the example sleep family (tests, benchmarks).",
+)
+@click.option("--name", default=None, help="Name reported to the master.")
+@click.option(
+    "--register",
+    "register_url",
+    default=None,
+    help="Announce this agent once to the master's hello address (HOST:PORT).",
+)
+@click.option(
+    "--advertise",
+    default=None,
+    help="Address the master should call (default: the listen address).",
+)
+@click.pass_context
+def agent(
+    ctx: click.Context,
+    listen: str | None,
+    slots: int | None,
+    speed: float | None,
+    name: str | None,
+    register_url: str | None,
+    advertise: str | None,
+) -> None:
+    """Serve jobs to the master (rpyc)."""
+    from .agent import make_server
+
+    settings = _settings(ctx).replace(
+        **{k: v for k, v in {"agent_slots": slots, "agent_speed": speed}.items() if v}
+    )
+    server = make_server(settings, listen=listen, name=name)
+    address = listen or settings.agent_listen
+    click.echo(f"agent listening on {address} ({settings.agent_slots} slots)", err=True)
+    if register_url:
+        from .registry import hello
+
+        hello(register_url, advertise or address, settings.agent_slots, settings)
+        click.echo(f"registered with {register_url}", err=True)
+    signal.signal(signal.SIGTERM, lambda *_: server.close())
+    try:
+        server.start()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.core.close()
+
+
+# -- nodes -----------------------------------------------------------------------------------
+
+
+@main.group()
+def node() -> None:
+    """Register, list and remove agent nodes."""
+
+
+@node.command("add")
+@click.argument("address")
+@click.option("--slots", type=click.IntRange(min=1), default=1)
+@click.option("--label", "labels", multiple=True, help="KEY=VALUE, repeatable.")
+@click.pass_context
+def node_add(ctx: click.Context, address: str, slots: int, labels: tuple[str, ...]) -> None:
+    """Add the agent at HOST:PORT (or bring a removed one back)."""
+    from .protocol import split_address
+
+    try:
+        split_address(address)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="ADDRESS") from None
+    pairs = dict(label.split("=", 1) for label in labels if "=" in label)
+    n = _store(ctx).add_node(address, slots=slots, labels=pairs)
+    click.echo(f"node {n.id} {n.address} active")
+
+
+@node.command("remove")
+@click.argument("address")
+@click.pass_context
+def node_remove(ctx: click.Context, address: str) -> None:
+    """Remove the agent at HOST:PORT: it gets no more jobs."""
+    if not _store(ctx).remove_node(address):
+        raise JodlError(f"no node {address!r}")
+    click.echo(f"node {address} removed")
+
+
+@node.command("list")
+@click.pass_context
+def node_list(ctx: click.Context) -> None:
+    """List nodes with their state."""
+    for n in _store(ctx).nodes(include_removed=True):
+        seen = n.last_seen.isoformat(timespec="seconds") if n.last_seen else "never"
+        err = f"  ({n.last_error})" if n.last_error else ""
+        click.echo(
+            f"{n.id:4d} {n.address:24s} {n.state:12s} slots={n.slots} "
+            f"speed={n.speed:.2f} seen={seen}{err}"
+        )
+
+
+# -- jobs and cycles ---------------------------------------------------------------------------
+
+
+@main.group()
+def jobs() -> None:
+    """Add jobs to families."""
+
+
+@jobs.command("add")
+@click.argument("family")
+@click.option("--count", type=click.IntRange(min=1), default=1, help="Number of jobs.")
+@click.option("--payload", default="{}", help="JSON object given to every job.")
+@click.option("--key-prefix", default="job-", help="Keys are PREFIX0, PREFIX1, ...")
+@click.option("--strategy", default=None, help="Placement strategy of a new family.")
+@click.option("--max-attempts", type=click.IntRange(min=1), default=None)
+@click.pass_context
+def jobs_add(
+    ctx: click.Context,
+    family: str,
+    count: int,
+    payload: str,
+    key_prefix: str,
+    strategy: str | None,
+    max_attempts: int | None,
+) -> None:
+    """Add COUNT jobs of FAMILY with the same payload (existing keys are kept)."""
+    from . import family as families
+
+    families.load(family)  # refuse an unknown family before writing anything
+    try:
+        loads_object(payload)
+    except BadPayload as exc:
+        raise click.BadParameter(str(exc), param_hint="--payload") from None
+    store = _store(ctx)
+    fields: dict[str, Any] = {}
+    if strategy:
+        from .placement import strategy as make_strategy
+
+        try:
+            make_strategy(strategy)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--strategy") from None
+        fields["strategy"] = strategy
+    if max_attempts:
+        fields["max_attempts"] = max_attempts
+    fam = store.ensure_family(family, **fields)
+    added = store.add_jobs(fam, ((f"{key_prefix}{i}", payload) for i in range(count)))
+    click.echo(f"{added} jobs added to {family}")
+
+
+@contextmanager
+def _progress(label: str) -> Iterator[Any]:
+    if sys.stdout.isatty():
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        ) as bar:
+            task = bar.add_task(label, total=None)
+            yield lambda done, total: bar.update(task, completed=done, total=total)
+    else:
+        state = {"last": -1}
+
+        def plain(done: int, total: int) -> None:
+            step = max(1, total // 10)
+            if done // step != state["last"] or done == total:
+                state["last"] = done // step
+                click.echo(f"{label}: {done}/{total}")
+
+        yield plain
+
+
+@main.command("run")
+@click.argument("family")
+@click.pass_context
+def run_cmd(ctx: click.Context, family: str) -> None:
+    """Run (or resume) one cycle of FAMILY and print a summary."""
+    from .master import Master
+
+    settings = _settings(ctx)
+    with _progress(f"run {family}") as progress:
+        master = Master(settings, store=_store(ctx), progress=progress)
+        try:
+            summary = master.run_cycle(family)
+        finally:
+            master.close()
+    click.echo(summary.line())
+    if summary.dead:
+        sys.exit(3)
+
+
+@main.command("master")
+@click.pass_context
+def master_cmd(ctx: click.Context) -> None:
+    """Run the long-lived master (scheduled cycles and on-demand jobs)."""
+    from .master import Master
+
+    master = Master(_settings(ctx), store=_store(ctx))
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        master.serve()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        master.close()
+
+
+@main.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Runs, nodes and job counts."""
+    from .status import collect
+
+    data = collect(_store(ctx))
+    if as_json:
+        click.echo(json.dumps(data, default=str, indent=2))
+        return
+    click.echo("nodes:")
+    for n in data["nodes"]:
+        click.echo(
+            f"  {n['address']:24s} {n['state']:12s} slots={n['slots']} speed={n['speed']:.2f}"
+        )
+    click.echo("families:")
+    for f in data["families"]:
+        counts = " ".join(f"{k}={v}" for k, v in sorted(f["jobs"].items()))
+        click.echo(f"  {f['name']:16s} {counts}")
+    click.echo("runs:")
+    for r in data["runs"]:
+        ratio = f" makespan={r['makespan']:.2f}s ratio={r['ratio']:.2f}" if r["ratio"] else ""
+        click.echo(
+            f"  {r['family']}#{r['number']:<5d} {r['state']:9s} "
+            f"done={r['jobs_done']}/{r['jobs_total']} failed={r['jobs_failed']} "
+            f"dead={r['jobs_dead']}{ratio}"
+        )
+
+
+def _load_apps() -> None:
+    """Let installed applications add their commands and settings."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="jodl.commands"):
+        ep.load()(main)
+
+
+_load_apps()

@@ -1,0 +1,325 @@
+"""Settings read from ``JODL_*`` environment variables and an optional TOML file.
+
+Every option is declared once, in :data:`OPTIONS` (library) or by an application
+with :class:`Option`; the README's configuration table is printed from the same
+declarations by ``jodl config``. Values from the environment win over the file
+named by ``JODL_CONFIG``; a bad value raises :class:`ConfigError` naming the variable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .exceptions import ConfigError
+
+#: Default database: a SQLite file in the working directory.
+DEFAULT_DATABASE_URL = "sqlite:///jodl.db"
+#: Default address an agent listens on (loopback: no auth needed there).
+DEFAULT_AGENT_LISTEN = "127.0.0.1:18861"
+#: Default number of job slots (threads) on an agent.
+DEFAULT_SLOTS = 4
+#: Seconds a single rpyc call may take before the peer counts as hung.
+DEFAULT_CALL_TIMEOUT = 10.0
+#: Attempts of one job in one run before it is declared dead.
+DEFAULT_MAX_ATTEMPTS = 3
+#: Jobs sent to one agent in one call at most.
+DEFAULT_BATCH_SIZE = 2000
+#: Longest pause of the master loop when nothing happens (seconds).
+DEFAULT_IDLE_SLEEP = 0.05
+#: Longest backoff between two tries to reach an unreachable node (seconds).
+DEFAULT_NODE_BACKOFF_MAX = 60.0
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true/false, got {text!r}")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"expected a number between 0 and 1, got {text!r}")
+    return value
+
+
+def _host_port(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return text
+
+
+def _optional_str(text: str) -> str | None:
+    return text or None
+
+
+def _str_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+PARSERS: dict[str, Callable[[str], Any]] = {
+    "str": str,
+    "str?": _optional_str,
+    "bool": _bool,
+    "int+": _positive_int,
+    "float+": _positive_float,
+    "fraction": _fraction,
+    "host:port": _host_port,
+    "list": _str_list,
+}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its ``JODL_`` variable, default (as text), kind, meaning and readers."""
+
+    name: str
+    default: str
+    kind: str
+    help: str
+    programs: str
+
+    @property
+    def attr(self) -> str:
+        return self.name.removeprefix("JODL_").lower()
+
+    def parse(self, text: str) -> Any:
+        try:
+            return PARSERS[self.kind](text)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{self.name}: {exc}") from None
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "JODL_CONFIG",
+        "",
+        "str?",
+        "Optional TOML file with any of these settings "
+        "(keys without the JODL_ prefix, any case); the environment wins",
+        "all",
+    ),
+    Option(
+        "JODL_DATABASE_URL",
+        DEFAULT_DATABASE_URL,
+        "str",
+        "SQLAlchemy URL of the "
+        "reconstruction log (sqlite:///FILE or postgresql+psycopg://USER@HOST/DB)",
+        "all",
+    ),
+    Option(
+        "JODL_SECRET",
+        "",
+        "str?",
+        "Shared secret for master-agent HMAC authentication; "
+        "required for agents listening beyond loopback unless TLS is set",
+        "master, agent",
+    ),
+    Option(
+        "JODL_TLS_CERT", "", "str?", "PEM certificate of this process (mutual TLS)", "master, agent"
+    ),
+    Option(
+        "JODL_TLS_KEY", "", "str?", "PEM private key of this process (mutual TLS)", "master, agent"
+    ),
+    Option(
+        "JODL_TLS_CA",
+        "",
+        "str?",
+        "PEM of the private CA that signs peers' certificates",
+        "master, agent",
+    ),
+    Option(
+        "JODL_AGENT_LISTEN",
+        DEFAULT_AGENT_LISTEN,
+        "host:port",
+        "Address an agent listens on",
+        "agent",
+    ),
+    Option(
+        "JODL_AGENT_SLOTS",
+        str(DEFAULT_SLOTS),
+        "int+",
+        "Jobs an agent runs at once (threads for sync families)",
+        "agent",
+    ),
+    Option(
+        "JODL_AGENT_ASYNC_SLOTS",
+        "200",
+        "int+",
+        "Jobs of async families an agent runs at once on its event loop",
+        "agent",
+    ),
+    Option(
+        "JODL_AGENT_SPEED",
+        "1.0",
+        "float+",
+        "Divides sleep-style example jobs' durations "
+        "(to emulate faster or slower nodes in tests and benchmarks)",
+        "agent",
+    ),
+    Option(
+        "JODL_CALL_TIMEOUT",
+        str(DEFAULT_CALL_TIMEOUT),
+        "float+",
+        "Seconds one rpyc call may take before the agent counts as hung",
+        "master",
+    ),
+    Option(
+        "JODL_MAX_ATTEMPTS",
+        str(DEFAULT_MAX_ATTEMPTS),
+        "int+",
+        "Attempts of a job in one run before it is dead (a family may override)",
+        "master",
+    ),
+    Option(
+        "JODL_BATCH_SIZE",
+        str(DEFAULT_BATCH_SIZE),
+        "int+",
+        "Most jobs sent to one agent in one call",
+        "master",
+    ),
+    Option(
+        "JODL_IDLE_SLEEP",
+        str(DEFAULT_IDLE_SLEEP),
+        "float+",
+        "Longest pause of the master loop when nothing happened (seconds)",
+        "master",
+    ),
+    Option(
+        "JODL_NODE_BACKOFF_MAX",
+        str(DEFAULT_NODE_BACKOFF_MAX),
+        "float+",
+        "Longest backoff between tries to reach an unreachable node (seconds)",
+        "master",
+    ),
+    Option(
+        "JODL_REGISTER_LISTEN",
+        "",
+        "str?",
+        "HOST:PORT where the master accepts agents' one-shot hello (off when empty)",
+        "master",
+    ),
+    Option("JODL_LOG_LEVEL", "INFO", "str", "Logging level", "all"),
+)
+
+
+def _read_file(path: str) -> dict[str, str]:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"JODL_CONFIG: no such file {path!r}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"JODL_CONFIG: {path!r} is not valid TOML: {exc}") from None
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        name = "JODL_" + key.upper().removeprefix("JODL_")
+        out[name] = str(value).lower() if isinstance(value, bool) else str(value)
+    return out
+
+
+def read_values(options: Iterable[Option], env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Parse ``options`` from ``env`` (default ``os.environ``) and the optional config file."""
+    env = os.environ if env is None else env
+    options = tuple(options)
+    file_values = _read_file(env["JODL_CONFIG"]) if env.get("JODL_CONFIG") else {}
+    known = {opt.name for opt in options} | {opt.name for opt in all_options()}
+    for name in file_values:
+        if name not in known:
+            raise ConfigError(f"JODL_CONFIG: unknown setting {name!r}")
+    values: dict[str, Any] = {}
+    for opt in options:
+        raw = env.get(opt.name, file_values.get(opt.name, opt.default))
+        values[opt.attr] = opt.parse(raw)
+    return values
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The library's settings; build with :meth:`from_env`."""
+
+    config: str | None = None
+    database_url: str = DEFAULT_DATABASE_URL
+    secret: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    agent_listen: str = DEFAULT_AGENT_LISTEN
+    agent_slots: int = DEFAULT_SLOTS
+    agent_async_slots: int = 200
+    agent_speed: float = 1.0
+    call_timeout: float = DEFAULT_CALL_TIMEOUT
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    batch_size: int = DEFAULT_BATCH_SIZE
+    idle_sleep: float = DEFAULT_IDLE_SLEEP
+    node_backoff_max: float = DEFAULT_NODE_BACKOFF_MAX
+    register_listen: str | None = None
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        values = read_values(OPTIONS, env)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    def validate(self) -> None:
+        tls = (self.tls_cert, self.tls_key, self.tls_ca)
+        if any(tls) and not all(tls):
+            raise ConfigError("JODL_TLS_CERT, JODL_TLS_KEY and JODL_TLS_CA: set all three or none")
+        if self.register_listen:
+            _host_port(self.register_listen)
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert)
+
+
+_EXTRA: list[Option] = []
+
+
+def register_options(options: Iterable[Option]) -> None:
+    """Let an application add its own options to the one configuration table."""
+    for opt in options:
+        if all(o.name != opt.name for o in _EXTRA):
+            _EXTRA.append(opt)
+
+
+def all_options() -> tuple[Option, ...]:
+    return OPTIONS + tuple(_EXTRA)
+
+
+def markdown_table(options: Iterable[Option] | None = None) -> str:
+    """The configuration table of the README, in Markdown."""
+    rows = ["| variable | default | meaning | read by |", "|---|---|---|---|"]
+    for opt in options if options is not None else all_options():
+        default = f"`{opt.default}`" if opt.default else "(empty)"
+        rows.append(f"| `{opt.name}` | {default} | {opt.help} | {opt.programs} |")
+    return "\n".join(rows)

@@ -1,0 +1,62 @@
+"""Small example families for tests and benchmarks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from .family import Family, Permanent
+
+
+class Noop(Family):
+    """Returns at once; measures the dispatch overhead."""
+
+    name = "noop"
+    idempotent = True
+
+    def run(self, payload: dict[str, Any]) -> Any:
+        return None
+
+
+class Sleep(Family):
+    """Sleeps ``payload["seconds"]`` divided by the agent's speed factor."""
+
+    name = "sleep"
+    idempotent = True
+
+    def run(self, payload: dict[str, Any]) -> Any:
+        seconds = float(payload.get("seconds", 0.0)) / float(self.context.get("speed", 1.0))
+        time.sleep(max(0.0, seconds))
+        return {"slept": seconds}
+
+
+class AlwaysFail(Family):
+    """Always fails (``payload["permanent"]`` makes the failure not retryable)."""
+
+    name = "fail"
+
+    def run(self, payload: dict[str, Any]) -> Any:
+        if payload.get("permanent"):
+            raise Permanent(payload.get("message", "failed on purpose"))
+        raise RuntimeError(payload.get("message", "failed on purpose"))
+
+
+class FailFirst(Family):
+    """Fails the first ``payload["times"]`` runs of each ``payload["key"]`` on this agent."""
+
+    name = "flaky"
+
+    def __init__(self, context: dict[str, Any] | None = None) -> None:
+        super().__init__(context)
+        self._seen: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def run(self, payload: dict[str, Any]) -> Any:
+        key = str(payload.get("key", ""))
+        with self._lock:
+            count = self._seen.get(key, 0) + 1
+            self._seen[key] = count
+        if count <= int(payload.get("times", 1)):
+            raise RuntimeError(f"attempt {count} of {key!r} fails on purpose")
+        return {"attempt": count}

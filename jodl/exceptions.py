@@ -1,0 +1,35 @@
+"""Errors raised by JODL. Each one carries a message fit to show a user as one line."""
+
+from __future__ import annotations
+
+
+class JodlError(Exception):
+    """Base class of every error JODL raises on purpose."""
+
+
+class ConfigError(JodlError):
+    """A setting is missing or has a bad value; the message names the variable."""
+
+
+class UnknownFamily(JodlError):
+    """No family of that name is installed (entry-point group ``jodl.families``)."""
+
+
+class BadPayload(JodlError):
+    """A payload or result is not JSON (or not a JSON object where one is required)."""
+
+
+class StoreUnavailable(JodlError):
+    """The reconstruction log's database cannot be reached."""
+
+
+class AgentUnavailable(JodlError):
+    """An agent could not be reached or refused the call."""
+
+
+class AuthError(JodlError):
+    """A peer failed authentication, or no authentication is configured where one is required."""
+
+
+class Fenced(JodlError):
+    """A master with a newer epoch has taken over; this master must stop."""

@@ -1,0 +1,682 @@
+"""The master: runs cycles of job families on agents, one thread, polling (DESIGN §6).
+
+Each loop step follows the thesis's list, one method per step::
+
+    refresh_nodes    connect new agents, retry unreachable ones (backoff), drop removed ones
+    assign           place jobs that need a node (new, failed elsewhere, node gone)
+    send             log the executions (write-ahead), then one send call per agent
+    collect_done     one call per agent; commit results; acknowledge them on the next call
+    collect_failed   one call per agent; retry elsewhere or declare the job dead
+    balance          give an idle agent the unsent backlog of the busiest one
+    check_timeouts   take jobs back from an agent past its family's timeout
+
+Every decision is committed to the reconstruction log before it is acted on (sends)
+or before it is acknowledged (results), so :meth:`Master.run_cycle` on a new master
+resumes an unfinished run: it asks agents which logged executions they still hold
+and re-runs only jobs with no committed result.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import Settings
+from .connection import AgentLink
+from .exceptions import AgentUnavailable, Fenced, JodlError, UnknownFamily
+from .models import ExecState, Family, NodeState, Run, utcnow
+from .placement import JobInfo, Knowledge, NodeLoad, Placement, strategy
+from .store import PendingJob, Store, make_engine
+
+log = logging.getLogger("jodl.master")
+
+#: Seconds between two reloads of the node table (nodes added or removed meanwhile).
+NODE_REFRESH = 1.0
+#: Seconds of expected work kept queued on an agent beyond its running slots.
+QUEUE_AHEAD = 0.5
+#: Results fetched from one agent per call at most.
+COLLECT_LIMIT = 10_000
+
+
+@dataclass
+class RunSummary:
+    """What a finished cycle did."""
+
+    family: str
+    run_id: int
+    number: int
+    resumed: bool
+    total: int
+    done: int
+    failed: int
+    dead: int
+    elapsed: float
+    makespan: float | None = None
+    lower_bound: float | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.makespan and self.lower_bound:
+            return self.makespan / self.lower_bound
+        return None
+
+    def line(self) -> str:
+        rate = self.done / self.elapsed if self.elapsed > 0 else 0.0
+        text = (
+            f"run {self.family}#{self.number}{' (resumed)' if self.resumed else ''}: "
+            f"{self.done}/{self.total} done, {self.failed} failed attempts, {self.dead} dead, "
+            f"{self.elapsed:.2f}s ({rate:.0f} jobs/s)"
+        )
+        if self.ratio:
+            text += f", makespan {self.makespan:.2f}s = {self.ratio:.2f} x LB"
+        return text
+
+
+@dataclass
+class NodeSlot:
+    """The master's view of one node during the loop."""
+
+    link: AgentLink
+    load: NodeLoad
+    families: set[str] = field(default_factory=set)
+    #: Job ids placed on this node, not sent yet.
+    backlog: deque[int] = field(default_factory=deque)
+    #: exec_id -> job_id of executions sent and not finished.
+    inflight: dict[int, int] = field(default_factory=dict)
+    #: Execution ids whose outcome is committed: acknowledged on the next call.
+    acks: list[int] = field(default_factory=list)
+    removed: bool = False
+
+    @property
+    def usable(self) -> bool:
+        return self.link.connected and not self.removed
+
+
+@dataclass
+class ActiveRun:
+    run: Run
+    family: Family
+    total: int
+    resumed: bool
+    started: float
+    first_send: float | None = None
+    last_result: float | None = None
+    done: int = 0
+    failed: int = 0
+    dead: int = 0
+    remaining: int = 0
+
+
+class Master:
+    """Runs cycles of job families on the registered agents."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        store: Store | None = None,
+        name: str | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.settings = settings or Settings.from_env()
+        self.store = store or Store(make_engine(self.settings.database_url))
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.progress = progress
+        self.epoch = 0
+        self.knowledge = Knowledge()
+        self.nodes: dict[int, NodeSlot] = {}
+        self.pending: dict[int, PendingJob] = {}
+        #: job_id -> (node_id, expected seconds) while placed or in flight.
+        self.placed: dict[int, tuple[int, float]] = {}
+        self.unassigned: deque[int] = deque()
+        self.runs: dict[int, ActiveRun] = {}
+        self.strategies: dict[str, Placement] = {}
+        self.max_attempts: dict[str, int] = {}
+        self.changed: set[tuple[int, int]] = set()
+        self._last_refresh = 0.0
+        self._started = False
+
+    # -- start ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Take the master lease (new epoch), load what was learned, connect the agents."""
+        if self._started:
+            return
+        self.epoch = self.store.acquire_lease(self.name)
+        self.store.load_knowledge(self.knowledge)
+        self._started = True
+        self.refresh_nodes(force=True)
+
+    def close(self) -> None:
+        for slot in self.nodes.values():
+            if slot.acks and slot.usable:
+                try:
+                    slot.link.call("ack", self.epoch, tuple(slot.acks))
+                    slot.acks.clear()
+                except AgentUnavailable:
+                    pass
+            slot.link.close()
+
+    # -- cycles -----------------------------------------------------------------------------
+
+    def run_cycle(self, family_name: str) -> RunSummary:
+        """Run (or resume) one cycle of ``family_name`` until every due job is done or dead."""
+        self.start()
+        family = self.store.family(family_name)
+        if family is None:
+            raise UnknownFamily(f"no family {family_name!r} in the database (no jobs added)")
+        run, resumed = self.store.open_run(family, self.epoch)
+        active = self.open_run(run, family, resumed)
+        while active.remaining > 0:
+            self.step()
+        return self.finish_run(active)
+
+    def open_run(self, run: Run, family: Family, resumed: bool) -> ActiveRun:
+        """Load a run's jobs without a committed result and re-attach logged executions."""
+        self._family_setup(family)
+        jobs = self.store.run_jobs(run, family.name)
+        done_before = 0
+        if resumed:
+            done_before, _ = self.store.count_run(run.id)
+        active = ActiveRun(
+            run,
+            family,
+            total=len(jobs) + done_before,
+            resumed=resumed,
+            started=time.perf_counter(),
+            done=done_before,
+            remaining=len(jobs),
+        )
+        self.runs[run.id] = active
+        for job in jobs:
+            self.pending[job.id] = job
+        attached = self._reattach(run.id) if resumed else set()
+        self.unassigned.extend(job.id for job in jobs if job.id not in attached)
+        log.info(
+            "run %s#%d %s: %d jobs to do",
+            family.name,
+            run.number,
+            "resumed" if resumed else "opened",
+            len(jobs),
+        )
+        return active
+
+    def _family_setup(self, family: Family) -> None:
+        if family.name not in self.strategies:
+            self.strategies[family.name] = strategy(family.strategy, family.strategy_params)
+            self.max_attempts[family.name] = family.max_attempts or self.settings.max_attempts
+
+    def _reattach(self, run_id: int) -> set[int]:
+        """After a restart: keep executions agents still hold, close the others as lost."""
+        attached: set[int] = set()
+        lost: list[int] = []
+        by_node: dict[int, list[Any]] = {}
+        for sent in self.store.sent_executions([run_id]):
+            by_node.setdefault(sent.node_id, []).append(sent)
+        for node_id, sents in by_node.items():
+            slot = self.nodes.get(node_id)
+            held: set[int] = set()
+            if slot is not None and slot.usable:
+                try:
+                    held = set(slot.link.call("held", self.epoch, tuple(s.exec_id for s in sents)))
+                except AgentUnavailable:
+                    self._node_down(slot)
+            for sent in sents:
+                job = self.pending.get(sent.job_id)
+                if sent.exec_id in held and job is not None and slot is not None:
+                    slot.inflight[sent.exec_id] = sent.job_id
+                    expected = self._expected(job, slot.load)
+                    self.placed[sent.job_id] = (node_id, expected)
+                    slot.load.queued_jobs += 1
+                    slot.load.queued_work += expected
+                    attached.add(sent.job_id)
+                else:
+                    lost.append(sent.exec_id)
+        self.store.mark_executions(lost, ExecState.LOST, "not held by its agent after a restart")
+        return attached
+
+    def finish_run(self, active: ActiveRun) -> RunSummary:
+        makespan = None
+        if active.first_send is not None and active.last_result is not None:
+            makespan = active.last_result - active.first_send
+        lower_bound = self._lower_bound(active)
+        self._flush_acks()
+        run = self.store.finish_run(active.run, self.knowledge, self.changed, makespan, lower_bound)
+        self.changed.clear()
+        del self.runs[active.run.id]
+        summary = RunSummary(
+            family=active.family.name,
+            run_id=run.id,
+            number=run.number,
+            resumed=active.resumed,
+            total=active.total,
+            done=run.jobs_done,
+            failed=run.jobs_failed,
+            dead=run.jobs_dead,
+            elapsed=time.perf_counter() - active.started,
+            makespan=makespan,
+            lower_bound=lower_bound,
+        )
+        log.info("%s", summary.line())
+        return summary
+
+    def _lower_bound(self, active: ActiveRun) -> float | None:
+        """max(total work / total speed, longest job / fastest node), from learned durations."""
+        slots = [s for s in self.nodes.values() if not s.removed]
+        if not slots:
+            return None
+        speeds = {s.load.id: self.knowledge.node_speed.get(s.load.id, 1.0) for s in slots}
+        capacity = sum(speeds[s.load.id] * max(1, s.load.slots) for s in slots)
+        fastest = max(speeds.values())
+        works = [
+            st.last * self.knowledge.node_speed.get(node_id, 1.0)
+            for (job_id, node_id), st in self.knowledge.stats.items()
+            if (job_id, node_id) in self.changed and st.last is not None
+        ]
+        if not works or capacity <= 0:
+            return None
+        return max(sum(works) / capacity, max(works) / fastest)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One pass of the loop; True when something happened (results or sends)."""
+        self.refresh_nodes()
+        self.assign()
+        sent = self.send()
+        got = self.collect()
+        self.balance()
+        if not (sent or got):
+            time.sleep(self._idle_pause())
+        else:
+            self._idle = 0
+        return bool(sent or got)
+
+    _idle = 0
+
+    def _idle_pause(self) -> float:
+        self._idle = min(self._idle + 1, 12)
+        return min(self.settings.idle_sleep, 0.0005 * 2**self._idle)
+
+    def refresh_nodes(self, force: bool = False) -> None:
+        """Pick up nodes added or removed in the log; reconnect unreachable ones when due."""
+        now = time.monotonic()
+        if force or now - self._last_refresh >= NODE_REFRESH:
+            self._last_refresh = now
+            seen = set()
+            for node in self.store.nodes(include_removed=True):
+                seen.add(node.id)
+                slot = self.nodes.get(node.id)
+                if node.state == NodeState.REMOVED:
+                    if slot is not None and not slot.removed:
+                        slot.removed = True
+                        self._node_down(slot, gone=True)
+                    continue
+                if slot is None or slot.removed:
+                    link = AgentLink(node.id, node.address, self.settings)
+                    load = NodeLoad(
+                        node.id,
+                        node.address,
+                        node.slots,
+                        node.speed or 1.0,
+                        dict(node.labels or {}),
+                    )
+                    self.nodes[node.id] = NodeSlot(link, load)
+        for slot in self.nodes.values():
+            if not slot.removed and slot.link.retry_due():
+                self._connect(slot)
+
+    def _connect(self, slot: NodeSlot) -> None:
+        try:
+            info = slot.link.open(self.name, self.epoch, json.dumps({"master": self.name}))
+        except AgentUnavailable as exc:
+            log.warning("node %s unreachable: %s", slot.link.address, exc)
+            self.store.update_node(
+                slot.load.id,
+                state=NodeState.UNREACHABLE,
+                last_error=slot.link.last_error,
+                failures=slot.link.failures,
+            )
+            return
+        slot.families = set(info.get("families", {}))
+        slot.load.slots = int(info.get("slots", slot.load.slots))
+        self.store.update_node(
+            slot.load.id,
+            state=NodeState.ACTIVE,
+            last_seen=utcnow(),
+            last_error=None,
+            failures=0,
+            slots=slot.load.slots,
+            families=info.get("families", {}),
+        )
+        log.info("node %s connected (%d slots)", slot.link.address, slot.load.slots)
+
+    def _node_down(self, slot: NodeSlot, gone: bool = False) -> None:
+        """The node failed or was removed: its jobs (sent or not) go back to be placed."""
+        lost = list(slot.inflight)
+        for exec_id, job_id in slot.inflight.items():
+            self._unplace(job_id)
+            self.unassigned.append(job_id)
+        for job_id in slot.backlog:
+            self._unplace(job_id)
+            self.unassigned.append(job_id)
+        slot.inflight.clear()
+        slot.backlog.clear()
+        slot.acks.clear()
+        reason = "node removed" if gone else f"node unreachable: {slot.link.last_error}"
+        self.store.mark_executions(lost, ExecState.LOST, reason)
+        if not gone:
+            self.store.update_node(
+                slot.load.id,
+                state=NodeState.UNREACHABLE,
+                last_error=slot.link.last_error,
+                failures=slot.link.failures,
+            )
+        slot.link.close()
+
+    def _unplace(self, job_id: int) -> None:
+        placed = self.placed.pop(job_id, None)
+        if placed is not None:
+            node_id, expected = placed
+            load = self.nodes[node_id].load
+            load.queued_jobs -= 1
+            load.queued_work = max(0.0, load.queued_work - expected)
+
+    def _expected(self, job: PendingJob, load: NodeLoad) -> float:
+        return self.knowledge.expected(_info(job), load)
+
+    def assign(self) -> int:
+        """Place every job waiting for a node with its family's strategy."""
+        if not self.unassigned:
+            return 0
+        by_family: dict[str, list[JobInfo]] = {}
+        while self.unassigned:
+            job_id = self.unassigned.popleft()
+            job = self.pending.get(job_id)
+            if job is not None and job_id not in self.placed:
+                by_family.setdefault(job.family, []).append(_info(job))
+        placed = 0
+        leftover: list[int] = []
+        for fam, infos in by_family.items():
+            loads = [s.load for s in self.nodes.values() if s.usable and fam in s.families]
+            if not loads:
+                leftover.extend(i.id for i in infos)
+                continue
+            pairs = self.strategies[fam].place(infos, lambda _job: loads, self.knowledge)
+            chosen = set()
+            for info, load in pairs:
+                # place() already counted the job into load.queued_*; remember by how much
+                self.placed[info.id] = (load.id, self.knowledge.expected(info, load))
+                self.nodes[load.id].backlog.append(info.id)
+                chosen.add(info.id)
+                placed += 1
+            leftover.extend(i.id for i in infos if i.id not in chosen)
+        self.unassigned.extend(leftover)
+        return placed
+
+    def send(self) -> int:
+        """Send placed jobs, up to what keeps each agent busy; log them first."""
+        batches: dict[int, list[tuple[int, int]]] = {}
+        total = 0
+        for node_id, slot in self.nodes.items():
+            if not slot.backlog or not slot.usable:
+                continue
+            room = self._room(slot)
+            if room <= 0:
+                continue
+            take = min(room, len(slot.backlog), self.settings.batch_size)
+            jobs = [slot.backlog.popleft() for _ in range(take)]
+            batches[node_id] = [(0, j) for j in jobs]
+            total += take
+        if not total:
+            return 0
+        ids = iter(self.store.next_exec_ids(total))
+        rows: list[dict[str, Any]] = []
+        for node_id, batch in batches.items():
+            for i, (_, job_id) in enumerate(batch):
+                exec_id = next(ids)
+                batch[i] = (exec_id, job_id)
+                job = self.pending[job_id]
+                rows.append(
+                    {
+                        "id": exec_id,
+                        "run_id": job.run_id,
+                        "job_id": job_id,
+                        "node_id": node_id,
+                        "attempt": job.attempts + 1,
+                        "epoch": self.epoch,
+                    }
+                )
+        self.store.record_sent(rows)  # write-ahead: committed before any agent sees a job
+        now = time.perf_counter()
+        for node_id, batch in batches.items():
+            slot = self.nodes[node_id]
+            wire = tuple(
+                (exec_id, self.pending[job_id].family, self.pending[job_id].payload)
+                for exec_id, job_id in batch
+            )
+            for exec_id, job_id in batch:
+                slot.inflight[exec_id] = job_id
+            try:
+                refused = slot.link.call("send", self.epoch, wire)
+            except AgentUnavailable:
+                self._check_fenced(slot)
+                self._node_down(slot)
+                continue
+            for job_id in {self.pending[j].run_id for _, j in batch}:
+                active = self.runs.get(job_id) if job_id is not None else None
+                if active is not None and active.first_send is None:
+                    active.first_send = now
+            if refused:
+                self._refused(slot, refused)
+        return total
+
+    def _room(self, slot: NodeSlot) -> int:
+        """How many more jobs to send now: enough to keep the slots busy for QUEUE_AHEAD."""
+        inflight = len(slot.inflight)
+        slots = max(1, slot.load.slots)
+        if slot.load.queued_jobs <= 0:
+            return 2 * slots - inflight
+        per_job = max(1e-6, slot.load.queued_work / slot.load.queued_jobs)
+        want = max(2 * slots, int(slots * QUEUE_AHEAD / per_job))
+        return min(want, self.settings.batch_size) - inflight
+
+    def _refused(self, slot: NodeSlot, refused: tuple[tuple[int, str], ...]) -> None:
+        failed = []
+        for exec_id, error in refused:
+            job_id = slot.inflight.pop(exec_id, None)
+            if job_id is None:
+                continue
+            failed.append((exec_id, 0.0, time.time(), str(error), False))
+        self._outcomes(slot, (), tuple(failed))
+
+    def collect(self) -> int:
+        """Collect done and failed jobs from every agent (c, d); commit; ack next time."""
+        got = 0
+        for slot in list(self.nodes.values()):
+            if not slot.usable or not (slot.inflight or slot.acks):
+                continue
+            try:
+                acks = tuple(slot.acks)
+                done = slot.link.call("done", self.epoch, acks, COLLECT_LIMIT)
+                slot.acks.clear()
+                failed = (
+                    slot.link.call("failed", self.epoch, (), COLLECT_LIMIT)
+                    if (slot.inflight)
+                    else ()
+                )
+            except AgentUnavailable:
+                self._check_fenced(slot)
+                self._node_down(slot)
+                continue
+            got += self._outcomes(slot, done, failed)
+        return got
+
+    # The two collect steps share one commit: one transaction per node per step.
+    collect_done = collect
+    collect_failed = collect
+
+    def _outcomes(self, slot: NodeSlot, done: Any, failed: Any) -> int:
+        """Commit what ``slot`` reported; update knowledge, runs and queues."""
+        if not done and not failed:
+            return 0
+        now = time.perf_counter()
+        node_id = slot.load.id
+        done_rows: list[dict[str, Any]] = []
+        failed_rows: list[dict[str, Any]] = []
+        dead: list[tuple[int, str]] = []
+        claims: list[tuple[int, int]] = []
+        finished: list[PendingJob] = []
+        retry: list[int] = []
+        stale: list[int] = []
+        for exec_id, duration, finished_at, result in done:
+            job_id = slot.inflight.pop(exec_id, None)
+            job = self.pending.get(job_id) if job_id is not None else None
+            if job is None:
+                stale.append(exec_id)  # already committed (before a restart) or superseded
+                continue
+            ended = _ts(finished_at)
+            done_rows.append(
+                {
+                    "eid": exec_id,
+                    "duration": duration,
+                    "result": result,
+                    "started_at": _ts(finished_at - duration),
+                    "finished_at": ended,
+                }
+            )
+            if job.claim is not None:
+                claims.append((job.id, job.claim))
+            finished.append(job)
+            self.knowledge.record(job.id, node_id, job.family, duration)
+            self.changed.add((job.id, node_id))
+        for exec_id, duration, finished_at, error, retryable in failed:
+            job_id = slot.inflight.pop(exec_id, None)
+            job = self.pending.get(job_id) if job_id is not None else None
+            if job is None:
+                stale.append(exec_id)
+                continue
+            failed_rows.append(
+                {
+                    "eid": exec_id,
+                    "duration": duration,
+                    "error": error,
+                    "started_at": _ts(finished_at - duration),
+                    "finished_at": _ts(finished_at),
+                }
+            )
+            job.attempts += 1
+            job.failed_on.add(node_id)
+            self.knowledge.record(job.id, node_id, job.family, None)
+            self.changed.add((job.id, node_id))
+            self._unplace(job.id)
+            active = self.runs.get(job.run_id) if job.run_id is not None else None
+            if active is not None:
+                active.failed += 1
+            if not retryable or job.attempts >= self.max_attempts.get(job.family, 1):
+                dead.append((job.id, error))
+                finished.append(job)
+                if active is not None:
+                    active.dead += 1
+            else:
+                retry.append(job.id)
+        self.store.record_outcomes(done_rows, failed_rows, dead, claims)
+        slot.acks.extend(r["eid"] for r in done_rows)
+        slot.acks.extend(r["eid"] for r in failed_rows)
+        slot.acks.extend(stale)
+        dead_ids = {d[0] for d in dead}
+        touched: set[int] = set()
+        for job in finished:
+            self.pending.pop(job.id, None)
+            if job.id not in dead_ids:
+                self._unplace(job.id)
+            active = self.runs.get(job.run_id) if job.run_id is not None else None
+            if active is not None:
+                active.remaining -= 1
+                if job.id not in dead_ids:
+                    active.done += 1
+                active.last_result = now
+                touched.add(active.run.id)
+        self.unassigned.extend(retry)
+        for run_id in touched:
+            active = self.runs[run_id]
+            if self.progress is not None:
+                self.progress(active.done + active.dead, active.total)
+        return len(done_rows) + len(failed_rows)
+
+    def balance(self) -> int:
+        """Give idle agents part of the unsent backlog of the agent that finishes last."""
+        usable = [s for s in self.nodes.values() if s.usable]
+        idle = [s for s in usable if not s.backlog and len(s.inflight) < s.load.slots]
+        if not idle:
+            return 0
+        moved = 0
+        for thief in idle:
+            victims = [
+                s
+                for s in usable
+                if s.backlog
+                and s is not thief
+                and thief.families >= {self.pending[j].family for j in list(s.backlog)[:1]}
+            ]
+            if not victims:
+                break
+            victim = max(victims, key=lambda s: s.load.expected_finish())
+            share = max(
+                1, len(victim.backlog) * thief.load.slots // (victim.load.slots + thief.load.slots)
+            )
+            for _ in range(min(share, len(victim.backlog))):
+                job_id = victim.backlog.pop()
+                job = self.pending[job_id]
+                if job.family not in thief.families:
+                    victim.backlog.append(job_id)
+                    break
+                self._unplace(job_id)
+                expected = self._expected(job, thief.load)
+                self.placed[job_id] = (thief.load.id, expected)
+                thief.load.queued_jobs += 1
+                thief.load.queued_work += expected
+                thief.backlog.append(job_id)
+                moved += 1
+        return moved
+
+    def _flush_acks(self) -> None:
+        for slot in self.nodes.values():
+            if slot.acks and slot.usable:
+                try:
+                    slot.link.call("ack", self.epoch, tuple(slot.acks))
+                    slot.acks.clear()
+                except AgentUnavailable:
+                    self._node_down(slot)
+
+    def _check_fenced(self, slot: NodeSlot) -> None:
+        if slot.link.last_error and "fenced" in slot.link.last_error:
+            raise Fenced(f"a newer master has taken over ({slot.link.last_error})")
+
+
+def _info(job: PendingJob) -> JobInfo:
+    return JobInfo(
+        job.id,
+        job.key,
+        job.family,
+        job.priority,
+        job.permanent_node_id,
+        job.trial_node_id,
+        frozenset(job.failed_on),
+        job.attempts,
+    )
+
+
+def _ts(unix: float) -> Any:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(unix, dt.UTC).replace(tzinfo=None)
+
+
+__all__ = ["Master", "RunSummary", "JodlError"]

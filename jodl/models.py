@@ -1,0 +1,256 @@
+"""Tables of the reconstruction log (DESIGN §4), as typed SQLAlchemy 2 models.
+
+Names follow the thesis: Node, Family, FamilyOnNode, Job, JobOnNode, Run, and the
+execution log (one row per attempt of a job). Payloads and results are JSON text.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# BigInteger ids that are still INTEGER PRIMARY KEY (rowid aliases) on SQLite.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSON, dt.datetime: DateTime()}
+
+
+class NodeState:
+    ACTIVE = "active"  # reachable, takes jobs
+    UNREACHABLE = "unreachable"  # retried with backoff; its unstarted jobs go elsewhere
+    DRAINING = "draining"  # finishes what it has, takes nothing new
+    REMOVED = "removed"  # gone for good; trial moves away from it become permanent
+
+
+class Node(Base):
+    """An agent the master can call."""
+
+    __tablename__ = "jodl_node"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    address: Mapped[str] = mapped_column(String(255), unique=True)
+    state: Mapped[str] = mapped_column(String(16), default=NodeState.ACTIVE)
+    slots: Mapped[int] = mapped_column(Integer, default=1)
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    #: Learned speed relative to the cluster (1.0 = average); placement uses it.
+    speed: Mapped[float] = mapped_column(Float, default=1.0)
+    families: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    last_seen: Mapped[dt.datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    retry_at: Mapped[dt.datetime | None]
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Family(Base):
+    """A group of jobs run by one family class, with its placement and schedule."""
+
+    __tablename__ = "jodl_family"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    strategy: Mapped[str] = mapped_column(String(100), default="least_loaded")
+    strategy_params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    schedule: Mapped[str | None] = mapped_column(String(100))
+    max_attempts: Mapped[int | None] = mapped_column(Integer)
+    timeout: Mapped[float | None] = mapped_column(Float)
+    idempotent: Mapped[bool] = mapped_column(Boolean, default=False)
+    settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class FamilyOnNode(Base):
+    """Whether, and under which conditions, a node may run a family."""
+
+    __tablename__ = "jodl_family_on_node"
+    family_id: Mapped[int] = mapped_column(
+        ForeignKey("jodl_family.id", ondelete="CASCADE"), primary_key=True
+    )
+    node_id: Mapped[int] = mapped_column(
+        ForeignKey("jodl_node.id", ondelete="CASCADE"), primary_key=True
+    )
+    allowed: Mapped[bool] = mapped_column(Boolean, default=True)
+    max_slots: Mapped[int | None] = mapped_column(Integer)
+    conditions: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class JobState:
+    IDLE = "idle"  # waits for its family's next cycle (or its due time)
+    QUEUED = "queued"  # on-demand: due at ``due_at``
+    CLAIMED = "claimed"  # on-demand: taken by a master under a lease
+    DONE = "done"  # on-demand: result committed
+    DEAD = "dead"  # failed too often; kept for inspection and re-queueing
+    DELETED = "deleted"  # never dispatched again
+
+
+class Job(Base):
+    """One unit of work of a family, unique by (family, key)."""
+
+    __tablename__ = "jodl_job"
+    __table_args__ = (
+        UniqueConstraint("family_id", "key", name="uq_jodl_job_family_key"),
+        Index("ix_jodl_job_due", "state", "due_at"),
+        Index("ix_jodl_job_run", "run_id"),
+    )
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    family_id: Mapped[int] = mapped_column(ForeignKey("jodl_family.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(2048))
+    payload: Mapped[str] = mapped_column(Text, default="{}")
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16), default=JobState.IDLE)
+    #: Run the job only every N-th cycle of its family (1 = every cycle).
+    every_n_cycles: Mapped[int] = mapped_column(Integer, default=1)
+    #: ... and not more often than this many seconds.
+    min_interval: Mapped[float | None] = mapped_column(Float)
+    due_at: Mapped[dt.datetime | None]
+    last_run_number: Mapped[int | None] = mapped_column(Integer)
+    last_done_at: Mapped[dt.datetime | None]
+    permanent_node_id: Mapped[int | None] = mapped_column(
+        ForeignKey("jodl_node.id", ondelete="SET NULL")
+    )
+    #: Set while a trial move is in force; the permanent node is the one to return to.
+    trial_node_id: Mapped[int | None] = mapped_column(
+        ForeignKey("jodl_node.id", ondelete="SET NULL")
+    )
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    #: The run this job last belonged to (set for every due job when a run opens).
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("jodl_run.id", ondelete="SET NULL"))
+    lease_until: Mapped[dt.datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class JobOnNode(Base):
+    """What was learned about a job on a node: executions, failures, durations."""
+
+    __tablename__ = "jodl_job_on_node"
+    job_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("jodl_job.id", ondelete="CASCADE"), primary_key=True
+    )
+    node_id: Mapped[int] = mapped_column(
+        ForeignKey("jodl_node.id", ondelete="CASCADE"), primary_key=True
+    )
+    executions: Mapped[int] = mapped_column(Integer, default=0)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    #: Mean duration over all executions (seconds).
+    mean_duration: Mapped[float | None] = mapped_column(Float)
+    #: Exponentially weighted recent duration (seconds).
+    recent_duration: Mapped[float | None] = mapped_column(Float)
+    #: Sum of squared deviations (Welford), for the spread.
+    m2: Mapped[float] = mapped_column(Float, default=0.0)
+    last_duration: Mapped[float | None] = mapped_column(Float)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class RunState:
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABANDONED = "abandoned"
+
+
+class Run(Base):
+    """One cycle of a family: every due job executed once."""
+
+    __tablename__ = "jodl_run"
+    __table_args__ = (UniqueConstraint("family_id", "number", name="uq_jodl_run_family_number"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    family_id: Mapped[int] = mapped_column(ForeignKey("jodl_family.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), default=RunState.RUNNING)
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[dt.datetime | None]
+    jobs_total: Mapped[int] = mapped_column(Integer, default=0)
+    jobs_done: Mapped[int] = mapped_column(Integer, default=0)
+    jobs_failed: Mapped[int] = mapped_column(Integer, default=0)
+    jobs_dead: Mapped[int] = mapped_column(Integer, default=0)
+    #: Wall seconds from the first send to the last result.
+    makespan: Mapped[float | None] = mapped_column(Float)
+    #: max(total work / total speed, longest job / fastest node), from learned figures.
+    lower_bound: Mapped[float | None] = mapped_column(Float)
+    ratio: Mapped[float | None] = mapped_column(Float)
+
+
+class ExecState:
+    SENT = "sent"  # committed before the send; the agent may hold it
+    DONE = "done"  # result committed
+    FAILED = "failed"  # the agent reported an error
+    TAKEN_BACK = "taken_back"  # handed back unstarted, given to another node
+    LOST = "lost"  # the node went away with it
+    CANCELLED = "cancelled"  # superseded (e.g. a backup copy lost the race) or job deleted
+
+
+class Execution(Base):
+    """One attempt of a job in a run (or of an on-demand job) on a node."""
+
+    __tablename__ = "jodl_execution"
+    __table_args__ = (
+        Index("ix_jodl_execution_run_state", "run_id", "state"),
+        Index("ix_jodl_execution_job", "job_id"),
+        # Exactly one committed result per job per run: the database enforces it.
+        Index(
+            "uq_jodl_execution_one_result",
+            "run_id",
+            "job_id",
+            unique=True,
+            postgresql_where=text("state = 'done' AND run_id IS NOT NULL"),
+            sqlite_where=text("state = 'done' AND run_id IS NOT NULL"),
+        ),
+    )
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("jodl_run.id", ondelete="CASCADE"))
+    job_id: Mapped[int] = mapped_column(BigId, ForeignKey("jodl_job.id", ondelete="CASCADE"))
+    node_id: Mapped[int | None] = mapped_column(ForeignKey("jodl_node.id", ondelete="SET NULL"))
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    state: Mapped[str] = mapped_column(String(16), default=ExecState.SENT)
+    backup: Mapped[bool] = mapped_column(Boolean, default=False)
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    sent_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[dt.datetime | None]
+    finished_at: Mapped[dt.datetime | None]
+    duration: Mapped[float | None] = mapped_column(Float)
+    result: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class MasterLease(Base):
+    """Which master leads; ``epoch`` grows with every takeover (agents fence older ones)."""
+
+    __tablename__ = "jodl_master_lease"
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(255))
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    expires_at: Mapped[dt.datetime]
+    #: Next execution id block handed to the holder (ids are allocated in blocks).
+    next_exec_id: Mapped[int] = mapped_column(BigId, default=1)

@@ -1,0 +1,230 @@
+"""The master-agent wire: rpyc configuration, authentication and value encoding.
+
+Only value types cross the wire (None, bool, int, float, str, bytes and plain
+tuples of them): anything else would arrive as an rpyc netref, a remote proxy
+that costs a round trip per access and opens the peer's object graph.  Rich
+values (payloads, results, agent info) travel as JSON strings.
+
+Authentication happens on the raw socket before rpyc speaks: optional mutual TLS
+with a private CA, then (when a secret is set) a mutual HMAC-SHA256 challenge.
+The agent proves the secret to the master too, so a master never sends jobs to
+an impostor.
+
+Calls of the protocol (agent side names without the ``exposed_`` prefix):
+
+=============  ==================================================================
+``init``       (a) master id, epoch, settings JSON -> agent info JSON
+``send``       (b) epoch, ((exec_id, family, payload_json), ...) -> refused tuple
+``done``       (c) epoch, ack ids, limit -> ((exec_id, duration, finished, result_json), ...)
+``failed``     (d) epoch, ack ids, limit -> ((exec_id, duration, finished, error, retryable), ...)
+``remaining``  (e) epoch -> (queued, running, held_done, held_failed)
+``take_back``  (f) epoch, count, ids -> exec ids handed back unstarted
+``ack``        epoch, ids -> number forgotten (results the master committed)
+``cancel``     epoch, ids -> ids cancelled
+``held``       epoch, ids -> subset of ids the agent still knows (after a master restart)
+``ping``       -> (agent name, epoch, unix time)
+``families``   -> ((name, version, is_async), ...)
+=============  ==================================================================
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import socket
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+import rpyc
+from rpyc.core.stream import SocketStream
+from rpyc.utils.authenticators import AuthenticationError
+
+from .config import Settings
+from .exceptions import AuthError, BadPayload
+
+#: Bumped on any incompatible change of the calls above.
+PROTOCOL_VERSION = 1
+_MAGIC = b"JODL%d" % PROTOCOL_VERSION
+_NONCE_BYTES = 32
+#: Seconds a peer has to finish the handshake (a silent client cannot hold a thread).
+HANDSHAKE_TIMEOUT = 5.0
+
+#: rpyc protocol configuration shared by both sides: nothing but exposed_ methods.
+STRICT_CONFIG: dict[str, Any] = {
+    "allow_public_attrs": False,
+    "allow_all_attrs": False,
+    "allow_pickle": False,
+    "allow_getattr": True,  # needed for exposed_ names; everything else is refused
+    "allow_setattr": False,
+    "allow_delattr": False,
+    "allow_exposed_attrs": True,
+    "instantiate_custom_exceptions": False,
+    "import_custom_exceptions": False,
+    "include_local_traceback": False,
+    "include_local_version": False,
+    "propagate_SystemExit_locally": False,
+    "propagate_KeyboardInterrupt_locally": False,
+}
+
+VALUE_TYPES = (type(None), bool, int, float, str, bytes)
+
+
+def check_value(value: Any) -> Any:
+    """Return ``value`` if it is a wire value (scalars and plain tuples); raise TypeError."""
+    if type(value) is tuple:
+        for item in value:
+            check_value(item)
+        return value
+    if type(value) in VALUE_TYPES:
+        return value
+    raise TypeError(f"{type(value).__name__} may not cross the wire (netref); encode it")
+
+
+def dumps(value: Any) -> str:
+    """JSON-encode a payload or result (compact); :class:`BadPayload` if it is not JSON."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise BadPayload(f"not JSON-serialisable: {exc}") from None
+
+
+def loads_object(text: str, what: str = "payload") -> dict[str, Any]:
+    """Decode a JSON object; :class:`BadPayload` naming ``what`` otherwise."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise BadPayload(f"{what} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise BadPayload(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+# --- authentication ----------------------------------------------------------------
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise AuthenticationError("peer closed the connection during the handshake")
+        data += chunk
+    return data
+
+
+def _mac(secret: str, nonce: bytes, role: bytes) -> bytes:
+    return hmac.new(secret.encode(), _MAGIC + role + nonce, hashlib.sha256).digest()
+
+
+def _server_tls(settings: Settings) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(settings.tls_cert or "", settings.tls_key)
+    ctx.load_verify_locations(settings.tls_ca)
+    ctx.verify_mode = ssl.CERT_REQUIRED  # mutual TLS: the master must show a CA-signed cert
+    return ctx
+
+
+def _client_tls(settings: Settings) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(settings.tls_cert or "", settings.tls_key)
+    ctx.load_verify_locations(settings.tls_ca)
+    # Nodes are addressed by IP as often as by name; the private CA is the trust anchor.
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def server_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[Any, Any]] | None:
+    """The agent's rpyc authenticator for ``settings`` (None when neither TLS nor secret)."""
+    if not settings.tls and not settings.secret:
+        return None
+    tls = _server_tls(settings) if settings.tls else None
+    secret = settings.secret
+
+    def authenticate(sock: socket.socket) -> tuple[Any, Any]:
+        sock.settimeout(HANDSHAKE_TIMEOUT)
+        credentials: dict[str, Any] = {}
+        try:
+            if tls is not None:
+                sock = tls.wrap_socket(sock, server_side=True)
+                credentials["cert"] = sock.getpeercert()  # type: ignore[attr-defined]
+            if secret:
+                nonce = os.urandom(_NONCE_BYTES)
+                sock.sendall(_MAGIC + nonce)
+                answer = _recv_exact(sock, len(_MAGIC) + 32 + _NONCE_BYTES)
+                if answer[: len(_MAGIC)] != _MAGIC:
+                    raise AuthenticationError("protocol mismatch")
+                proof, client_nonce = answer[len(_MAGIC) : -_NONCE_BYTES], answer[-_NONCE_BYTES:]
+                if not hmac.compare_digest(proof, _mac(secret, nonce, b"master")):
+                    raise AuthenticationError("bad secret")
+                sock.sendall(_mac(secret, client_nonce, b"agent"))
+                credentials["secret"] = True
+        except (OSError, ssl.SSLError) as exc:
+            raise AuthenticationError(f"handshake failed: {exc}") from None
+        sock.settimeout(None)
+        return sock, credentials
+
+    return authenticate
+
+
+def client_handshake(sock: socket.socket, settings: Settings, host: str) -> socket.socket:
+    """Run the master's side of the handshake on a connected socket; return the socket to use."""
+    sock.settimeout(HANDSHAKE_TIMEOUT)
+    try:
+        if settings.tls:
+            sock = _client_tls(settings).wrap_socket(sock, server_hostname=host)
+        if settings.secret:
+            hello = _recv_exact(sock, len(_MAGIC) + _NONCE_BYTES)
+            if hello[: len(_MAGIC)] != _MAGIC:
+                raise AuthError(f"{host}: not a JODL agent of protocol {PROTOCOL_VERSION}")
+            my_nonce = os.urandom(_NONCE_BYTES)
+            sock.sendall(_MAGIC + _mac(settings.secret, hello[len(_MAGIC) :], b"master") + my_nonce)
+            proof = _recv_exact(sock, 32)
+            if not hmac.compare_digest(proof, _mac(settings.secret, my_nonce, b"agent")):
+                raise AuthError(f"{host}: the agent does not know the shared secret")
+    except AuthenticationError as exc:
+        raise AuthError(f"{host}: authentication failed ({exc}); check JODL_SECRET") from None
+    except ssl.SSLError as exc:
+        raise AuthError(f"{host}: TLS handshake failed ({exc.reason})") from None
+    sock.settimeout(None)
+    return sock
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {address!r}")
+    return host, int(port)
+
+
+def connect(address: str, settings: Settings, timeout: float | None = None) -> rpyc.Connection:
+    """Open an authenticated rpyc connection to the agent at ``address`` (HOST:PORT)."""
+    host, port = split_address(address)
+    sock = socket.create_connection((host, port), timeout=timeout or settings.call_timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    try:
+        sock = client_handshake(sock, settings, host)
+    except BaseException:
+        sock.close()
+        raise
+    config = dict(STRICT_CONFIG, sync_request_timeout=settings.call_timeout)
+    return rpyc.connect_stream(SocketStream(sock), rpyc.VoidService, config=config)
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` only binds loopback (where an agent may run without auth)."""
+    if host in ("localhost",):
+        return True
+    try:
+        import ipaddress
+
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,685 @@
+"""The reconstruction log: every database write of the library goes through here.
+
+Writes are batched (one statement per loop step, not per job) and committed
+before the master acts on them (sends) or before it acknowledges results to the
+agents, so a master killed at any point restarts from these tables alone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    Engine,
+    bindparam,
+    create_engine,
+    event,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from .exceptions import StoreUnavailable
+from .models import (
+    ExecState,
+    Execution,
+    Family,
+    FamilyOnNode,
+    Job,
+    JobOnNode,
+    JobState,
+    MasterLease,
+    Node,
+    NodeState,
+    Run,
+    RunState,
+    utcnow,
+)
+from .placement import Knowledge, Learned
+
+log = logging.getLogger("jodl.store")
+
+#: Execution ids handed to a master per allocation (one UPDATE per block).
+EXEC_ID_BLOCK = 20_000
+#: Seconds a master's lease lasts without renewal.
+LEASE_SECONDS = 30.0
+
+
+def normalise_url(url: str) -> str:
+    """Accept ``postgresql://`` and ``postgres://`` URLs by selecting psycopg 3."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine for ``url``, checked to answer; :class:`StoreUnavailable` if it does not."""
+    url = normalise_url(url)
+    if url.startswith("sqlite"):
+        kwargs.setdefault("connect_args", {"check_same_thread": False, "timeout": 30})
+        engine = create_engine(url, **kwargs)
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+    else:
+        kwargs.setdefault("pool_pre_ping", True)
+        engine = create_engine(url, **kwargs)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except OperationalError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise StoreUnavailable(
+            f"cannot reach the database {engine.url.render_as_string(hide_password=True)}: {reason}"
+        ) from None
+    return engine
+
+
+def ensure_schema(engine: Engine) -> None:
+    """Bring the database to the newest migration (``jodl db upgrade``)."""
+    from .migrate import upgrade
+
+    upgrade(engine)
+
+
+@dataclass
+class PendingJob:
+    """A job of an open run (or a claimed on-demand job) with no committed result yet."""
+
+    __slots__ = (
+        "id",
+        "key",
+        "family",
+        "payload",
+        "priority",
+        "run_id",
+        "permanent_node_id",
+        "trial_node_id",
+        "attempts",
+        "failed_on",
+        "claim",
+    )
+    id: int
+    key: str
+    family: str
+    payload: str
+    priority: int
+    run_id: int | None
+    permanent_node_id: int | None
+    trial_node_id: int | None
+    attempts: int
+    failed_on: set[int]
+    #: For on-demand jobs: the attempt number that claimed it (guards completion).
+    claim: int | None
+
+
+@dataclass
+class Sent:
+    """An execution the log says was sent and has no outcome yet."""
+
+    exec_id: int
+    job_id: int
+    node_id: int
+    attempt: int
+
+
+class Store:
+    """Reads and writes of the reconstruction log for one master."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.sessions = sessionmaker(engine, expire_on_commit=False)
+        self._ids = iter(())
+        self._ids_left = 0
+        self.dialect = engine.dialect.name
+
+    def session(self) -> Session:
+        return self.sessions()
+
+    # -- master lease, epochs and execution ids ---------------------------------------
+
+    def acquire_lease(self, holder: str, name: str = "master", force: bool = True) -> int:
+        """Take the master lease and return the new epoch (older masters are fenced)."""
+        now = utcnow()
+        with self.session() as s, s.begin():
+            lease = s.get(MasterLease, name, with_for_update=True)
+            if lease is None:
+                lease = MasterLease(
+                    name=name, holder=holder, epoch=0, expires_at=now, next_exec_id=1
+                )
+                s.add(lease)
+            elif not force and lease.holder != holder and lease.expires_at > now:
+                raise StoreUnavailable(f"another master ({lease.holder}) holds the lease")
+            lease.epoch += 1
+            lease.holder = holder
+            lease.expires_at = now + dt.timedelta(seconds=LEASE_SECONDS)
+            s.flush()
+            return lease.epoch
+
+    def renew_lease(self, holder: str, epoch: int, name: str = "master") -> bool:
+        """Extend the lease; False when another master has taken it (we are fenced)."""
+        with self.engine.begin() as conn:
+            res = conn.execute(
+                update(MasterLease)
+                .where(MasterLease.name == name, MasterLease.epoch == epoch)
+                .values(expires_at=utcnow() + dt.timedelta(seconds=LEASE_SECONDS))
+            )
+            return res.rowcount == 1
+
+    def next_exec_ids(self, count: int, name: str = "master") -> list[int]:
+        """``count`` fresh execution ids (allocated in committed blocks, never reused)."""
+        out: list[int] = []
+        while len(out) < count:
+            if self._ids_left == 0:
+                block = max(EXEC_ID_BLOCK, count - len(out))
+                with self.engine.begin() as conn:
+                    start = (
+                        conn.execute(
+                            update(MasterLease)
+                            .where(MasterLease.name == name)
+                            .values(next_exec_id=MasterLease.next_exec_id + block)
+                            .returning(MasterLease.next_exec_id)
+                        ).scalar_one()
+                        - block
+                    )
+                self._ids = iter(range(start, start + block))
+                self._ids_left = block
+            take = min(self._ids_left, count - len(out))
+            out.extend(next(self._ids) for _ in range(take))
+            self._ids_left -= take
+        return out
+
+    # -- families and nodes -----------------------------------------------------------------
+
+    def ensure_family(self, name: str, **fields: Any) -> Family:
+        with self.session() as s, s.begin():
+            fam = s.scalar(select(Family).where(Family.name == name))
+            if fam is None:
+                fam = Family(name=name, **fields)
+                s.add(fam)
+                s.flush()
+            return fam
+
+    def family(self, name: str) -> Family | None:
+        with self.session() as s:
+            return s.scalar(select(Family).where(Family.name == name))
+
+    def nodes(self, include_removed: bool = False) -> list[Node]:
+        with self.session() as s:
+            q = select(Node).order_by(Node.id)
+            if not include_removed:
+                q = q.where(Node.state != NodeState.REMOVED)
+            return list(s.scalars(q))
+
+    def add_node(self, address: str, slots: int = 1, labels: dict[str, Any] | None = None) -> Node:
+        """Register (or re-activate) a node; a node coming back keeps its id and learning."""
+        with self.session() as s, s.begin():
+            node = s.scalar(select(Node).where(Node.address == address))
+            if node is None:
+                node = Node(address=address, slots=slots, labels=labels or {})
+                s.add(node)
+            else:
+                node.state = NodeState.ACTIVE
+                node.retry_at = None
+                node.failures = 0
+                if labels:
+                    node.labels = labels
+            s.flush()
+            return node
+
+    def remove_node(self, address: str) -> bool:
+        with self.engine.begin() as conn:
+            res = conn.execute(
+                update(Node).where(Node.address == address).values(state=NodeState.REMOVED)
+            )
+            return res.rowcount > 0
+
+    def update_node(self, node_id: int, **values: Any) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(update(Node).where(Node.id == node_id).values(**values))
+
+    def family_rules(self, family_id: int) -> dict[int, FamilyOnNode]:
+        with self.session() as s:
+            rows = s.scalars(select(FamilyOnNode).where(FamilyOnNode.family_id == family_id))
+            return {r.node_id: r for r in rows}
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def open_run(self, family: Family, epoch: int) -> tuple[Run, bool]:
+        """The family's unfinished run (resumed: True) or a new one with its due jobs."""
+        now = utcnow()
+        with self.session() as s, s.begin():
+            run = s.scalar(
+                select(Run)
+                .where(Run.family_id == family.id, Run.state == RunState.RUNNING)
+                .order_by(Run.number.desc())
+                .limit(1)
+            )
+            if run is not None:
+                run.epoch = epoch
+                return run, True
+            number = (
+                s.scalar(select(func.max(Run.number)).where(Run.family_id == family.id)) or 0
+            ) + 1
+            run = Run(family_id=family.id, number=number, epoch=epoch, started_at=now)
+            s.add(run)
+            s.flush()
+            # "Not more often than T": few jobs have an interval, so filter them here
+            # rather than with dialect-specific date arithmetic in SQL.
+            too_recent = [
+                job_id
+                for job_id, last, interval in s.execute(
+                    select(Job.id, Job.last_done_at, Job.min_interval).where(
+                        Job.family_id == family.id,
+                        Job.min_interval.is_not(None),
+                        Job.last_done_at.is_not(None),
+                    )
+                )
+                if last + dt.timedelta(seconds=interval) > now
+            ]
+            due = (
+                update(Job)
+                .where(
+                    Job.family_id == family.id,
+                    Job.state == JobState.IDLE,
+                    or_(
+                        Job.last_run_number.is_(None),
+                        number - Job.last_run_number >= Job.every_n_cycles,
+                    ),
+                    Job.id.not_in(too_recent),
+                )
+                .values(run_id=run.id)
+                .execution_options(synchronize_session=False)
+            )
+            run.jobs_total = s.execute(due).rowcount
+            return run, False
+
+    def run_jobs(self, run: Run, family_name: str) -> list[PendingJob]:
+        """Jobs of ``run`` with no committed result, with their attempts so far in it."""
+        done = exists().where(
+            Execution.run_id == run.id,
+            Execution.job_id == Job.id,
+            Execution.state == ExecState.DONE,
+        )
+        with self.engine.connect() as conn:
+            attempts: dict[int, int] = dict(
+                conn.execute(  # type: ignore[arg-type]
+                    select(Execution.job_id, func.count())
+                    .where(Execution.run_id == run.id, Execution.state == ExecState.FAILED)
+                    .group_by(Execution.job_id)
+                ).all()
+            )
+            failed_on: dict[int, set[int]] = {}
+            for job_id, node_id in conn.execute(
+                select(Execution.job_id, Execution.node_id).where(
+                    Execution.run_id == run.id, Execution.state == ExecState.FAILED
+                )
+            ):
+                failed_on.setdefault(job_id, set()).add(node_id)
+            rows = conn.execute(
+                select(
+                    Job.id,
+                    Job.key,
+                    Job.payload,
+                    Job.priority,
+                    Job.permanent_node_id,
+                    Job.trial_node_id,
+                ).where(Job.run_id == run.id, Job.state == JobState.IDLE, ~done)
+            )
+            return [
+                PendingJob(
+                    r[0],
+                    r[1],
+                    family_name,
+                    r[2],
+                    r[3],
+                    run.id,
+                    r[4],
+                    r[5],
+                    attempts.get(r[0], 0),
+                    failed_on.get(r[0], set()),
+                    None,
+                )
+                for r in rows
+            ]
+
+    def sent_executions(self, run_ids: Sequence[int]) -> list[Sent]:
+        """Executions of these runs logged as sent, with no outcome (to ask agents about)."""
+        if not run_ids:
+            return []
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(Execution.id, Execution.job_id, Execution.node_id, Execution.attempt).where(
+                    Execution.run_id.in_(run_ids), Execution.state == ExecState.SENT
+                )
+            )
+            return [Sent(*r) for r in rows]
+
+    def run_progress(self, run_id: int, done: int, failed: int, dead: int) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(Run)
+                .where(Run.id == run_id)
+                .values(jobs_done=done, jobs_failed=failed, jobs_dead=dead)
+            )
+
+    def count_run(self, run_id: int) -> tuple[int, int]:
+        """(jobs with a committed result, failed executions) of a run, from the log."""
+        with self.engine.connect() as conn:
+            done = conn.scalar(
+                select(func.count()).where(
+                    Execution.run_id == run_id, Execution.state == ExecState.DONE
+                )
+            )
+            failed = conn.scalar(
+                select(func.count()).where(
+                    Execution.run_id == run_id, Execution.state == ExecState.FAILED
+                )
+            )
+            return int(done or 0), int(failed or 0)
+
+    def finish_run(
+        self,
+        run: Run,
+        knowledge: Knowledge,
+        changed: Iterable[tuple[int, int]],
+        makespan: float | None,
+        lower_bound: float | None,
+    ) -> Run:
+        """Close the run: counts, makespan, jobs' last run, learned JobOnNode rows."""
+        now = utcnow()
+        with self.session() as s, s.begin():
+            done_here = exists().where(
+                Execution.run_id == run.id,
+                Execution.job_id == Job.id,
+                Execution.state == ExecState.DONE,
+            )
+            s.execute(
+                update(Job)
+                .where(Job.run_id == run.id, done_here)
+                .values(last_run_number=run.number, last_done_at=now, attempts=0)
+                .execution_options(synchronize_session=False)
+            )
+            self._save_knowledge(s, knowledge, changed)
+            db_run = s.get(Run, run.id)
+            assert db_run is not None
+            done = s.scalar(
+                select(func.count()).where(
+                    Execution.run_id == run.id, Execution.state == ExecState.DONE
+                )
+            )
+            failed = s.scalar(
+                select(func.count()).where(
+                    Execution.run_id == run.id, Execution.state == ExecState.FAILED
+                )
+            )
+            dead = s.scalar(
+                select(func.count()).where(Job.run_id == run.id, Job.state == JobState.DEAD)
+            )
+            db_run.jobs_done, db_run.jobs_failed, db_run.jobs_dead = (
+                done or 0,
+                failed or 0,
+                dead or 0,
+            )
+            db_run.state = RunState.FINISHED
+            db_run.finished_at = now
+            db_run.makespan = makespan
+            db_run.lower_bound = lower_bound
+            if makespan and lower_bound:
+                db_run.ratio = makespan / lower_bound
+            s.flush()
+            return db_run
+
+    # -- executions (the hot path: one statement per step) ---------------------------------
+
+    def record_sent(self, rows: list[dict[str, Any]]) -> None:
+        """Log executions about to be sent (write-ahead): id, run_id, job_id, node_id, attempt."""
+        if not rows:
+            return
+        now = utcnow()
+        for row in rows:
+            row.setdefault("state", ExecState.SENT)
+            row.setdefault("sent_at", now)
+            row.setdefault("backup", False)
+        with self.engine.begin() as conn:
+            conn.execute(insert(Execution), rows)
+
+    def record_outcomes(
+        self,
+        done: list[dict[str, Any]],
+        failed: list[dict[str, Any]],
+        dead: Sequence[tuple[int, str]] = (),
+        claims_done: Sequence[tuple[int, int]] = (),
+    ) -> None:
+        """Commit results and failures in one transaction.
+
+        ``done``: dicts eid, duration, started_at, finished_at, result.
+        ``failed``: dicts eid, duration, started_at, finished_at, error.
+        ``dead``: (job_id, error) of jobs that used up their attempts.
+        ``claims_done``: (job_id, attempt) of on-demand jobs now complete.
+        Only executions still ``sent`` change: a late outcome of a superseded
+        attempt changes nothing.
+        """
+        if not (done or failed or dead or claims_done):
+            return
+        with self.engine.begin() as conn:
+            if done:
+                conn.execute(
+                    update(Execution)
+                    .where(Execution.id == bindparam("eid"), Execution.state == ExecState.SENT)
+                    .values(
+                        state=ExecState.DONE,
+                        duration=bindparam("duration"),
+                        started_at=bindparam("started_at"),
+                        finished_at=bindparam("finished_at"),
+                        result=bindparam("result"),
+                    ),
+                    done,
+                )
+            if failed:
+                conn.execute(
+                    update(Execution)
+                    .where(Execution.id == bindparam("eid"), Execution.state == ExecState.SENT)
+                    .values(
+                        state=ExecState.FAILED,
+                        duration=bindparam("duration"),
+                        started_at=bindparam("started_at"),
+                        finished_at=bindparam("finished_at"),
+                        error=bindparam("error"),
+                    ),
+                    failed,
+                )
+            if dead:
+                conn.execute(
+                    update(Job)
+                    .where(Job.id == bindparam("jid"))
+                    .values(state=JobState.DEAD, last_error=bindparam("err"), updated_at=utcnow()),
+                    [{"jid": j, "err": e} for j, e in dead],
+                )
+            if claims_done:
+                conn.execute(
+                    update(Job)
+                    .where(
+                        Job.id == bindparam("jid"),
+                        Job.state == JobState.CLAIMED,
+                        Job.attempts == bindparam("att"),
+                    )
+                    .values(
+                        state=JobState.DONE,
+                        lease_until=None,
+                        last_done_at=utcnow(),
+                        updated_at=utcnow(),
+                    ),
+                    [{"jid": j, "att": a} for j, a in claims_done],
+                )
+
+    def mark_executions(
+        self, exec_ids: Iterable[int], state: str, error: str | None = None
+    ) -> None:
+        """Close executions still ``sent`` as taken back, lost or cancelled."""
+        ids = list(exec_ids)
+        if not ids:
+            return
+        with self.engine.begin() as conn:
+            for start in range(0, len(ids), 5000):
+                conn.execute(
+                    update(Execution)
+                    .where(
+                        Execution.id.in_(ids[start : start + 5000]),
+                        Execution.state == ExecState.SENT,
+                    )
+                    .values(state=state, error=error, finished_at=utcnow())
+                )
+
+    # -- learning ----------------------------------------------------------------------------
+
+    def load_knowledge(self, knowledge: Knowledge) -> None:
+        """Fill ``knowledge`` with every JobOnNode row and nodes' learned speeds."""
+        with self.engine.connect() as conn:
+            for node_id, speed in conn.execute(select(Node.id, Node.speed)):
+                knowledge.node_speed[node_id] = speed or 1.0
+            rows = conn.execute(
+                select(
+                    JobOnNode.job_id,
+                    JobOnNode.node_id,
+                    JobOnNode.executions,
+                    JobOnNode.failures,
+                    JobOnNode.mean_duration,
+                    JobOnNode.recent_duration,
+                    JobOnNode.m2,
+                    JobOnNode.last_duration,
+                    Family.name,
+                )
+                .join(Job, Job.id == JobOnNode.job_id)
+                .join(Family, Family.id == Job.family_id)
+            )
+            for job_id, node_id, count, failures, mean, recent, m2, last, fam in rows:
+                knowledge.load(
+                    job_id, node_id, Learned(count, failures, mean, recent, m2 or 0.0, last), fam
+                )
+
+    def _save_knowledge(
+        self, s: Session, knowledge: Knowledge, changed: Iterable[tuple[int, int]]
+    ) -> None:
+        keys = list(dict.fromkeys(changed))
+        if not keys:
+            return
+        now = utcnow()
+        existing: set[tuple[int, int]] = set()
+        job_ids = sorted({k[0] for k in keys})
+        for start in range(0, len(job_ids), 5000):
+            chunk = job_ids[start : start + 5000]
+            existing.update(
+                (r[0], r[1])
+                for r in s.execute(
+                    select(JobOnNode.job_id, JobOnNode.node_id).where(JobOnNode.job_id.in_(chunk))
+                )
+            )
+        rows = []
+        for job_id, node_id in keys:
+            st = knowledge.stats[(job_id, node_id)]
+            rows.append(
+                {
+                    "j": job_id,
+                    "n": node_id,
+                    "executions": st.count,
+                    "failures": st.failures,
+                    "mean_duration": st.mean,
+                    "recent_duration": st.recent,
+                    "m2": st.m2,
+                    "last_duration": st.last,
+                    "updated_at": now,
+                }
+            )
+        new = [r for r in rows if (r["j"], r["n"]) not in existing]
+        old = [r for r in rows if (r["j"], r["n"]) in existing]
+        if new:
+            s.execute(
+                insert(JobOnNode),
+                [
+                    {
+                        "job_id": r["j"],
+                        "node_id": r["n"],
+                        **{k: v for k, v in r.items() if k not in "jn"},
+                    }
+                    for r in new
+                ],
+            )
+        if old:
+            s.execute(
+                update(JobOnNode)
+                .where(JobOnNode.job_id == bindparam("j"), JobOnNode.node_id == bindparam("n"))
+                .values(
+                    executions=bindparam("executions"),
+                    failures=bindparam("failures"),
+                    mean_duration=bindparam("mean_duration"),
+                    recent_duration=bindparam("recent_duration"),
+                    m2=bindparam("m2"),
+                    last_duration=bindparam("last_duration"),
+                    updated_at=bindparam("updated_at"),
+                ),
+                old,
+            )
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def add_jobs(self, family: Family, jobs: Iterable[tuple[str, str]], priority: int = 0) -> int:
+        """Insert (key, payload JSON) jobs of a family in batches; existing keys are kept."""
+        rows = [
+            {
+                "family_id": family.id,
+                "key": k,
+                "payload": p,
+                "priority": priority,
+                "state": JobState.IDLE,
+            }
+            for k, p in jobs
+        ]
+        if not rows:
+            return 0
+        with self.engine.begin() as conn:
+            have = set()
+            keys = [r["key"] for r in rows]
+            for start in range(0, len(keys), 5000):
+                have.update(
+                    conn.scalars(
+                        select(Job.key).where(
+                            Job.family_id == family.id, Job.key.in_(keys[start : start + 5000])
+                        )
+                    )
+                )
+            new = [r for r in rows if r["key"] not in have]
+            for start in range(0, len(new), 10000):
+                conn.execute(insert(Job), new[start : start + 10000])
+            return len(new)
+
+    def deleted_jobs(self, job_ids: Iterable[int]) -> set[int]:
+        """Which of these jobs were deleted meanwhile (checked once per loop step)."""
+        ids = list(job_ids)
+        out: set[int] = set()
+        with self.engine.connect() as conn:
+            for start in range(0, len(ids), 5000):
+                out.update(
+                    conn.scalars(
+                        select(Job.id).where(
+                            Job.id.in_(ids[start : start + 5000]), Job.state == JobState.DELETED
+                        )
+                    )
+                )
+        return out

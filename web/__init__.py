@@ -1,0 +1,1 @@
+"""The Flask web UI of JODL and its page checker."""
