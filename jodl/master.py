@@ -21,13 +21,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import socket
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import failpoint
 from .config import Settings
 from .connection import AgentLink
 from .exceptions import AgentUnavailable, Fenced, JodlError, UnknownFamily
@@ -114,6 +118,18 @@ class ActiveRun:
     remaining: int = 0
 
 
+class Feeder:
+    """A source of on-demand jobs for :meth:`Master.serve` (e.g. the on-demand queue).
+
+    ``claim`` is called once per loop step from the master's thread and returns
+    jobs (with ``run_id`` None and ``claim`` set to their claimed attempt) that
+    the master places and runs like jobs of a cycle.
+    """
+
+    def claim(self, master: Master, limit: int) -> list[PendingJob]:
+        raise NotImplementedError
+
+
 class Master:
     """Runs cycles of job families on the registered agents."""
 
@@ -139,6 +155,9 @@ class Master:
         self.strategies: dict[str, Placement] = {}
         self.max_attempts: dict[str, int] = {}
         self.changed: set[tuple[int, int]] = set()
+        self.feeders: list[Feeder] = []
+        self._requests: queue.SimpleQueue[tuple[str, Future[RunSummary]]] = queue.SimpleQueue()
+        self._waiting: dict[int, Future[RunSummary]] = {}
         self._last_refresh = 0.0
         self._started = False
 
@@ -176,6 +195,58 @@ class Master:
         while active.remaining > 0:
             self.step()
         return self.finish_run(active)
+
+    def request_cycle(self, family_name: str) -> Future[RunSummary]:
+        """Ask a serving master (any thread) to run a cycle; the future gets the summary."""
+        future: Future[RunSummary] = Future()
+        self._requests.put((family_name, future))
+        return future
+
+    def serve(self, stop: threading.Event | None = None) -> None:
+        """Run until ``stop`` is set: requested cycles, feeders' on-demand jobs, the loop."""
+        self.start()
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            self._take_requests()
+            for feeder in self.feeders:
+                for job in feeder.claim(self, self._feed_room()):
+                    if job.id not in self.pending:
+                        self.pending[job.id] = job
+                        self.unassigned.append(job.id)
+            if self.pending or self.runs:
+                self.step()
+            else:
+                self.refresh_nodes()
+                time.sleep(self.settings.idle_sleep)
+            for active in [a for a in self.runs.values() if a.remaining <= 0]:
+                summary = self.finish_run(active)
+                future = self._waiting.pop(active.run.id, None)
+                if future is not None:
+                    future.set_result(summary)
+
+    def _feed_room(self) -> int:
+        return max(0, 4 * self.settings.batch_size - len(self.pending))
+
+    def _take_requests(self) -> None:
+        while True:
+            try:
+                family_name, future = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                family = self.store.family(family_name)
+                if family is None:
+                    raise UnknownFamily(f"no family {family_name!r} in the database")
+                run, resumed = self.store.open_run(family, self.epoch)
+                if run.id in self.runs:
+                    self._waiting[run.id] = future  # already running: share its outcome
+                    continue
+                self.open_run(run, family, resumed)
+                self._waiting[run.id] = future
+            except Exception as exc:  # noqa: BLE001 - handed to the requesting thread
+                future.set_exception(exc)
 
     def open_run(self, run: Run, family: Family, resumed: bool) -> ActiveRun:
         """Load a run's jobs without a committed result and re-attach logged executions."""
@@ -360,7 +431,7 @@ class Master:
     def _node_down(self, slot: NodeSlot, gone: bool = False) -> None:
         """The node failed or was removed: its jobs (sent or not) go back to be placed."""
         lost = list(slot.inflight)
-        for exec_id, job_id in slot.inflight.items():
+        for job_id in slot.inflight.values():
             self._unplace(job_id)
             self.unassigned.append(job_id)
         for job_id in slot.backlog:
@@ -408,7 +479,7 @@ class Master:
             if not loads:
                 leftover.extend(i.id for i in infos)
                 continue
-            pairs = self.strategies[fam].place(infos, lambda _job: loads, self.knowledge)
+            pairs = self.strategies[fam].place(infos, lambda _job, ls=loads: ls, self.knowledge)
             chosen = set()
             for info, load in pairs:
                 # place() already counted the job into load.queued_*; remember by how much
@@ -453,7 +524,9 @@ class Master:
                         "epoch": self.epoch,
                     }
                 )
+        failpoint.hit("before_send")
         self.store.record_sent(rows)  # write-ahead: committed before any agent sees a job
+        failpoint.hit("after_log")
         now = time.perf_counter()
         for node_id, batch in batches.items():
             slot = self.nodes[node_id]
@@ -475,6 +548,7 @@ class Master:
                     active.first_send = now
             if refused:
                 self._refused(slot, refused)
+        failpoint.hit("after_send")
         return total
 
     def _room(self, slot: NodeSlot) -> int:
@@ -586,7 +660,9 @@ class Master:
                     active.dead += 1
             else:
                 retry.append(job.id)
+        failpoint.hit("before_commit")
         self.store.record_outcomes(done_rows, failed_rows, dead, claims)
+        failpoint.hit("after_commit")
         slot.acks.extend(r["eid"] for r in done_rows)
         slot.acks.extend(r["eid"] for r in failed_rows)
         slot.acks.extend(stale)
