@@ -330,21 +330,41 @@ class _Known:
         return exec_id in self._queued
 
 
+# Arguments are checked by exact type, never converted: int() or str() of a netref
+# would call back into the peer's objects, which is what the strict protocol forbids.
+
+
+def _int(value: Any, what: str = "value") -> int:
+    if type(value) is not int:
+        raise TypeError(f"{what} must be a plain int")
+    return value
+
+
+def _str(value: Any, what: str = "value") -> str:
+    if type(value) is not str:
+        raise TypeError(f"{what} must be a plain str")
+    return value
+
+
 def _ids(values: Any) -> tuple[int, ...]:
-    if type(values) is not tuple:
+    if type(values) is not tuple or any(type(v) is not int for v in values):
         raise TypeError("ids must be a plain tuple of ints")
-    return tuple(int(v) for v in values)
+    return values
 
 
 def _jobs(values: Any) -> list[tuple[int, str, str]]:
     if type(values) is not tuple:
         raise TypeError("jobs must be a plain tuple of (exec_id, family, payload_json) tuples")
-    out = []
     for job in values:
-        if type(job) is not tuple or len(job) != 3:
-            raise TypeError("each job is a plain tuple (exec_id, family, payload_json)")
-        out.append((int(job[0]), str(job[1]), str(job[2])))
-    return out
+        if (
+            type(job) is not tuple
+            or len(job) != 3
+            or type(job[0]) is not int
+            or type(job[1]) is not str
+            or type(job[2]) is not str
+        ):
+            raise TypeError("each job is a plain tuple (exec_id: int, family: str, payload: str)")
+    return list(values)
 
 
 class AgentService(rpyc.Service):
@@ -361,38 +381,40 @@ class AgentService(rpyc.Service):
         return self._core.family_list()
 
     def exposed_init(self, master_id: str, epoch: int, settings_json: str) -> str:
-        return self._core.init(str(master_id), int(epoch), str(settings_json))
+        return self._core.init(
+            _str(master_id, "master id"), _int(epoch, "epoch"), _str(settings_json, "settings")
+        )
 
     def exposed_send(self, epoch: int, jobs: tuple) -> tuple[tuple[int, str], ...]:
-        self._core.check_epoch(int(epoch))
+        self._core.check_epoch(_int(epoch, "epoch"))
         return self._core.send(_jobs(jobs))
 
     def exposed_done(self, epoch: int, ack: tuple, limit: int) -> tuple[Done, ...]:
-        self._core.check_epoch(int(epoch))
-        return self._core.take("done", _ids(ack), int(limit))
+        self._core.check_epoch(_int(epoch, "epoch"))
+        return self._core.take("done", _ids(ack), _int(limit, "limit"))
 
     def exposed_failed(self, epoch: int, ack: tuple, limit: int) -> tuple[Failed, ...]:
-        self._core.check_epoch(int(epoch))
-        return self._core.take("failed", _ids(ack), int(limit))
+        self._core.check_epoch(_int(epoch, "epoch"))
+        return self._core.take("failed", _ids(ack), _int(limit, "limit"))
 
     def exposed_ack(self, epoch: int, ids: tuple) -> int:
-        self._core.check_epoch(int(epoch))
+        self._core.check_epoch(_int(epoch, "epoch"))
         return self._core.ack(_ids(ids))
 
     def exposed_remaining(self, epoch: int) -> tuple[int, int, int, int]:
-        self._core.check_epoch(int(epoch))
+        self._core.check_epoch(_int(epoch, "epoch"))
         return self._core.remaining()
 
     def exposed_take_back(self, epoch: int, count: int, ids: tuple) -> tuple[int, ...]:
-        self._core.check_epoch(int(epoch))
-        return self._core.take_back(int(count), _ids(ids))
+        self._core.check_epoch(_int(epoch, "epoch"))
+        return self._core.take_back(_int(count, "count"), _ids(ids))
 
     def exposed_cancel(self, epoch: int, ids: tuple) -> tuple[int, ...]:
-        self._core.check_epoch(int(epoch))
+        self._core.check_epoch(_int(epoch, "epoch"))
         return self._core.cancel(_ids(ids))
 
     def exposed_held(self, epoch: int, ids: tuple) -> tuple[int, ...]:
-        self._core.check_epoch(int(epoch))
+        self._core.check_epoch(_int(epoch, "epoch"))
         return self._core.held(_ids(ids))
 
 

@@ -18,6 +18,7 @@ and re-runs only jobs with no committed result.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
@@ -83,6 +84,19 @@ class RunSummary:
         return text
 
 
+@dataclass(slots=True)
+class Flight:
+    """An execution sent to an agent whose outcome is not committed yet."""
+
+    job_id: int
+    node_id: int
+    attempt: int
+    dispatch_id: int
+    sent_at: dt.datetime
+    run_id: int | None
+    backup: bool = False
+
+
 @dataclass
 class NodeSlot:
     """The master's view of one node during the loop."""
@@ -92,11 +106,22 @@ class NodeSlot:
     families: set[str] = field(default_factory=set)
     #: Job ids placed on this node, not sent yet.
     backlog: deque[int] = field(default_factory=deque)
-    #: exec_id -> job_id of executions sent and not finished.
-    inflight: dict[int, int] = field(default_factory=dict)
+    #: Executions sent to the node and not finished, by execution id.
+    inflight: dict[int, Flight] = field(default_factory=dict)
     #: Execution ids whose outcome is committed: acknowledged on the next call.
     acks: list[int] = field(default_factory=list)
     removed: bool = False
+    #: Moving mean of the durations this node reported (seconds); None before any.
+    recent_duration: float | None = None
+
+    def observe(self, durations: list[float]) -> None:
+        if not durations:
+            return
+        mean = sum(durations) / len(durations)
+        if self.recent_duration is None:
+            self.recent_duration = mean
+        else:
+            self.recent_duration = 0.7 * self.recent_duration + 0.3 * mean
 
     @property
     def usable(self) -> bool:
@@ -156,6 +181,9 @@ class Master:
         self.max_attempts: dict[str, int] = {}
         self.changed: set[tuple[int, int]] = set()
         self.feeders: list[Feeder] = []
+        #: Open dispatches: executions without an outcome, by dispatch id.
+        self.dispatch_left: dict[int, int] = {}
+        self.closed_dispatches: list[int] = []
         self._requests: queue.SimpleQueue[tuple[str, Future[RunSummary]]] = queue.SimpleQueue()
         self._waiting: dict[int, Future[RunSummary]] = {}
         self._last_refresh = 0.0
@@ -283,10 +311,10 @@ class Master:
             self.strategies[family.name] = strategy(family.strategy, family.strategy_params)
             self.max_attempts[family.name] = family.max_attempts or self.settings.max_attempts
 
-    def _reattach(self, run_id: int) -> set[int]:
+    def _reattach(self, run_id: int | None) -> set[int]:
         """After a restart: keep executions agents still hold, close the others as lost."""
         attached: set[int] = set()
-        lost: list[int] = []
+        lost: list[tuple[Any, ...]] = []
         by_node: dict[int, list[Any]] = {}
         for sent in self.store.sent_executions([run_id]):
             by_node.setdefault(sent.node_id, []).append(sent)
@@ -295,21 +323,34 @@ class Master:
             held: set[int] = set()
             if slot is not None and slot.usable:
                 try:
-                    held = set(slot.link.call("held", self.epoch, tuple(s.exec_id for s in sents)))
+                    held = set(slot.link.call("held", self.epoch, tuple(x.exec_id for x in sents)))
                 except AgentUnavailable:
                     self._node_down(slot)
             for sent in sents:
+                flight = Flight(
+                    sent.job_id, node_id, sent.attempt, sent.dispatch_id, sent.sent_at, sent.run_id
+                )
+                self.dispatch_left[sent.dispatch_id] = (
+                    self.dispatch_left.get(sent.dispatch_id, 0) + 1
+                )
                 job = self.pending.get(sent.job_id)
                 if sent.exec_id in held and job is not None and slot is not None:
-                    slot.inflight[sent.exec_id] = sent.job_id
+                    slot.inflight[sent.exec_id] = flight
                     expected = self._expected(job, slot.load)
                     self.placed[sent.job_id] = (node_id, expected)
                     slot.load.queued_jobs += 1
                     slot.load.queued_work += expected
                     attached.add(sent.job_id)
                 else:
-                    lost.append(sent.exec_id)
-        self.store.mark_executions(lost, ExecState.LOST, "not held by its agent after a restart")
+                    lost.append(
+                        self._outcome(
+                            sent.exec_id,
+                            flight,
+                            ExecState.LOST,
+                            error="not held by its agent after a restart",
+                        )
+                    )
+        self._commit(lost)
         return attached
 
     def finish_run(self, active: ActiveRun) -> RunSummary:
@@ -430,18 +471,19 @@ class Master:
 
     def _node_down(self, slot: NodeSlot, gone: bool = False) -> None:
         """The node failed or was removed: its jobs (sent or not) go back to be placed."""
-        lost = list(slot.inflight)
-        for job_id in slot.inflight.values():
-            self._unplace(job_id)
-            self.unassigned.append(job_id)
+        reason = "node removed" if gone else f"node unreachable: {slot.link.last_error}"
+        lost = []
+        for exec_id, flight in slot.inflight.items():
+            lost.append(self._outcome(exec_id, flight, ExecState.LOST, error=reason))
+            self._unplace(flight.job_id)
+            self.unassigned.append(flight.job_id)
         for job_id in slot.backlog:
             self._unplace(job_id)
             self.unassigned.append(job_id)
         slot.inflight.clear()
         slot.backlog.clear()
         slot.acks.clear()
-        reason = "node removed" if gone else f"node unreachable: {slot.link.last_error}"
-        self.store.mark_executions(lost, ExecState.LOST, reason)
+        self._commit(lost)
         if not gone:
             self.store.update_node(
                 slot.load.id,
@@ -450,6 +492,50 @@ class Master:
                 failures=slot.link.failures,
             )
         slot.link.close()
+
+    def _outcome(
+        self,
+        exec_id: int,
+        flight: Flight,
+        state: str,
+        *,
+        result: str | None = None,
+        error: str | None = None,
+        duration: float | None = None,
+        finished: float | None = None,
+    ) -> tuple[Any, ...]:
+        """The execution row (EXEC_COLUMNS order) closing ``flight``; counts its dispatch down."""
+        left = self.dispatch_left.get(flight.dispatch_id, 1) - 1
+        if left <= 0:
+            self.dispatch_left.pop(flight.dispatch_id, None)
+            self.closed_dispatches.append(flight.dispatch_id)
+        else:
+            self.dispatch_left[flight.dispatch_id] = left
+        ended = _ts(finished) if finished is not None else utcnow()
+        started = (
+            _ts(finished - duration) if finished is not None and duration is not None else None
+        )
+        return (
+            exec_id,
+            flight.run_id,
+            flight.job_id,
+            flight.node_id,
+            flight.attempt,
+            state,
+            flight.backup,
+            self.epoch,
+            flight.sent_at,
+            started,
+            ended,
+            duration,
+            result,
+            error,
+        )
+
+    def _commit(self, executions: list[tuple[Any, ...]], dead: Any = (), claims: Any = ()) -> None:
+        """Commit outcome rows (and the dispatches they close) in one transaction."""
+        closed, self.closed_dispatches = self.closed_dispatches, []
+        self.store.record_outcomes(executions, dead, claims, closed)
 
     def _unplace(self, job_id: int) -> None:
         placed = self.placed.pop(job_id, None)
@@ -492,58 +578,64 @@ class Master:
         return placed
 
     def send(self) -> int:
-        """Send placed jobs, up to what keeps each agent busy; log them first."""
-        batches: dict[int, list[tuple[int, int]]] = {}
+        """Send placed jobs, up to what keeps each agent busy; log the batches first."""
+        batches: dict[int, list[int]] = {}
         total = 0
         for node_id, slot in self.nodes.items():
             if not slot.backlog or not slot.usable:
                 continue
-            room = self._room(slot)
-            if room <= 0:
+            take = min(self._room(slot), len(slot.backlog), self.settings.batch_size)
+            if take <= 0:
                 continue
-            take = min(room, len(slot.backlog), self.settings.batch_size)
-            jobs = [slot.backlog.popleft() for _ in range(take)]
-            batches[node_id] = [(0, j) for j in jobs]
+            batches[node_id] = [slot.backlog.popleft() for _ in range(take)]
             total += take
         if not total:
             return 0
         ids = iter(self.store.next_exec_ids(total))
-        rows: list[dict[str, Any]] = []
-        for node_id, batch in batches.items():
-            for i, (_, job_id) in enumerate(batch):
-                exec_id = next(ids)
-                batch[i] = (exec_id, job_id)
+        sent_at = utcnow()
+        dispatches: list[dict[str, Any]] = []
+        wires: dict[int, list[tuple[int, str, str]]] = {}
+        flights: dict[int, list[tuple[int, Flight]]] = {}
+        for node_id, job_ids in batches.items():
+            # One dispatch per run per node: a batch may mix runs and on-demand jobs.
+            per_run: dict[int | None, list[tuple[int, Flight]]] = {}
+            wire = wires[node_id] = []
+            for job_id in job_ids:
                 job = self.pending[job_id]
-                rows.append(
+                exec_id = next(ids)
+                group = per_run.setdefault(job.run_id, [])
+                dispatch_id = group[0][0] if group else exec_id
+                flight = Flight(job_id, node_id, job.attempts + 1, dispatch_id, sent_at, job.run_id)
+                group.append((exec_id, flight))
+                wire.append((exec_id, job.family, job.payload))
+            for run_id, group in per_run.items():
+                dispatches.append(
                     {
-                        "id": exec_id,
-                        "run_id": job.run_id,
-                        "job_id": job_id,
+                        "id": group[0][0],
+                        "run_id": run_id,
                         "node_id": node_id,
-                        "attempt": job.attempts + 1,
                         "epoch": self.epoch,
+                        "sent_at": sent_at,
+                        "items": json.dumps([[e, f.job_id, f.attempt] for e, f in group]),
                     }
                 )
+                self.dispatch_left[group[0][0]] = len(group)
+            flights[node_id] = [pair for group in per_run.values() for pair in group]
         failpoint.hit("before_send")
-        self.store.record_sent(rows)  # write-ahead: committed before any agent sees a job
+        self.store.record_dispatches(dispatches)  # write-ahead: committed before agents see jobs
         failpoint.hit("after_log")
         now = time.perf_counter()
-        for node_id, batch in batches.items():
+        for node_id, wire in wires.items():
             slot = self.nodes[node_id]
-            wire = tuple(
-                (exec_id, self.pending[job_id].family, self.pending[job_id].payload)
-                for exec_id, job_id in batch
-            )
-            for exec_id, job_id in batch:
-                slot.inflight[exec_id] = job_id
+            slot.inflight.update(flights[node_id])
             try:
-                refused = slot.link.call("send", self.epoch, wire)
+                refused = slot.link.call("send", self.epoch, tuple(wire))
             except AgentUnavailable:
                 self._check_fenced(slot)
                 self._node_down(slot)
                 continue
-            for job_id in {self.pending[j].run_id for _, j in batch}:
-                active = self.runs.get(job_id) if job_id is not None else None
+            for _, flight in flights[node_id]:
+                active = self.runs.get(flight.run_id) if flight.run_id is not None else None
                 if active is not None and active.first_send is None:
                     active.first_send = now
             if refused:
@@ -552,22 +644,21 @@ class Master:
         return total
 
     def _room(self, slot: NodeSlot) -> int:
-        """How many more jobs to send now: enough to keep the slots busy for QUEUE_AHEAD."""
-        inflight = len(slot.inflight)
+        """How many more jobs to send now: enough to keep the slots busy for QUEUE_AHEAD.
+
+        Sized by the durations this node actually reported (not by placement's
+        guesses), so no-op jobs go in large batches and long jobs stay stealable.
+        """
         slots = max(1, slot.load.slots)
-        if slot.load.queued_jobs <= 0:
-            return 2 * slots - inflight
-        per_job = max(1e-6, slot.load.queued_work / slot.load.queued_jobs)
-        want = max(2 * slots, int(slots * QUEUE_AHEAD / per_job))
-        return min(want, self.settings.batch_size) - inflight
+        if slot.recent_duration is None:
+            want = 2 * slots
+        else:
+            want = max(2 * slots, int(slots * QUEUE_AHEAD / max(1e-6, slot.recent_duration)))
+        return min(want, self.settings.batch_size) - len(slot.inflight)
 
     def _refused(self, slot: NodeSlot, refused: tuple[tuple[int, str], ...]) -> None:
-        failed = []
-        for exec_id, error in refused:
-            job_id = slot.inflight.pop(exec_id, None)
-            if job_id is None:
-                continue
-            failed.append((exec_id, 0.0, time.time(), str(error), False))
+        """Jobs the agent would not take (e.g. unknown family there): permanent failures."""
+        failed = [(exec_id, 0.0, time.time(), str(error), False) for exec_id, error in refused]
         self._outcomes(slot, (), tuple(failed))
 
     def collect(self) -> int:
@@ -602,52 +693,55 @@ class Master:
             return 0
         now = time.perf_counter()
         node_id = slot.load.id
-        done_rows: list[dict[str, Any]] = []
-        failed_rows: list[dict[str, Any]] = []
+        rows: list[tuple[Any, ...]] = []
+        durations: list[float] = []
         dead: list[tuple[int, str]] = []
         claims: list[tuple[int, int]] = []
         finished: list[PendingJob] = []
         retry: list[int] = []
-        stale: list[int] = []
+        acks: list[int] = []
+        record = self.knowledge.record
         for exec_id, duration, finished_at, result in done:
-            job_id = slot.inflight.pop(exec_id, None)
-            job = self.pending.get(job_id) if job_id is not None else None
-            if job is None:
-                stale.append(exec_id)  # already committed (before a restart) or superseded
-                continue
-            ended = _ts(finished_at)
-            done_rows.append(
-                {
-                    "eid": exec_id,
-                    "duration": duration,
-                    "result": result,
-                    "started_at": _ts(finished_at - duration),
-                    "finished_at": ended,
-                }
+            flight = slot.inflight.pop(exec_id, None)
+            job = self.pending.get(flight.job_id) if flight is not None else None
+            acks.append(exec_id)
+            if job is None or flight is None:
+                continue  # committed before a restart, or superseded: only acknowledge
+            rows.append(
+                self._outcome(
+                    exec_id,
+                    flight,
+                    ExecState.DONE,
+                    result=result,
+                    duration=duration,
+                    finished=finished_at,
+                )
             )
+            durations.append(duration)
             if job.claim is not None:
                 claims.append((job.id, job.claim))
             finished.append(job)
-            self.knowledge.record(job.id, node_id, job.family, duration)
+            record(job.id, node_id, job.family, duration)
             self.changed.add((job.id, node_id))
         for exec_id, duration, finished_at, error, retryable in failed:
-            job_id = slot.inflight.pop(exec_id, None)
-            job = self.pending.get(job_id) if job_id is not None else None
-            if job is None:
-                stale.append(exec_id)
+            flight = slot.inflight.pop(exec_id, None)
+            job = self.pending.get(flight.job_id) if flight is not None else None
+            acks.append(exec_id)
+            if job is None or flight is None:
                 continue
-            failed_rows.append(
-                {
-                    "eid": exec_id,
-                    "duration": duration,
-                    "error": error,
-                    "started_at": _ts(finished_at - duration),
-                    "finished_at": _ts(finished_at),
-                }
+            rows.append(
+                self._outcome(
+                    exec_id,
+                    flight,
+                    ExecState.FAILED,
+                    error=error,
+                    duration=duration,
+                    finished=finished_at,
+                )
             )
             job.attempts += 1
             job.failed_on.add(node_id)
-            self.knowledge.record(job.id, node_id, job.family, None)
+            record(job.id, node_id, job.family, None)
             self.changed.add((job.id, node_id))
             self._unplace(job.id)
             active = self.runs.get(job.run_id) if job.run_id is not None else None
@@ -660,12 +754,11 @@ class Master:
                     active.dead += 1
             else:
                 retry.append(job.id)
+        slot.observe(durations)
         failpoint.hit("before_commit")
-        self.store.record_outcomes(done_rows, failed_rows, dead, claims)
+        self._commit(rows, dead, claims)
         failpoint.hit("after_commit")
-        slot.acks.extend(r["eid"] for r in done_rows)
-        slot.acks.extend(r["eid"] for r in failed_rows)
-        slot.acks.extend(stale)
+        slot.acks.extend(acks)  # acknowledged on the next call, after the commit
         dead_ids = {d[0] for d in dead}
         touched: set[int] = set()
         for job in finished:
@@ -684,7 +777,7 @@ class Master:
             active = self.runs[run_id]
             if self.progress is not None:
                 self.progress(active.done + active.dead, active.total)
-        return len(done_rows) + len(failed_rows)
+        return len(rows)
 
     def balance(self) -> int:
         """Give idle agents part of the unsent backlog of the agent that finishes last."""

@@ -79,7 +79,7 @@ class Family(Base):
     __tablename__ = "jodl_family"
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(100), unique=True)
-    strategy: Mapped[str] = mapped_column(String(100), default="least_loaded")
+    strategy: Mapped[str] = mapped_column(String(100), default="earliest_finish")
     strategy_params: Mapped[dict[str, Any]] = mapped_column(default=dict)
     schedule: Mapped[str | None] = mapped_column(String(100))
     max_attempts: Mapped[int | None] = mapped_column(Integer)
@@ -142,7 +142,12 @@ class Job(Base):
     trial_node_id: Mapped[int | None] = mapped_column(
         ForeignKey("jodl_node.id", ondelete="SET NULL")
     )
+    #: Cycles: failed attempts in the current run. On demand: claims so far, never
+    #: reset, so a result carrying an older attempt number is recognised as stale.
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    #: On demand: failures (errors and expired leases) since the job was last
+    #: enqueued fresh; the job is dead when this reaches its family's max attempts.
+    failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     #: The run this job last belonged to (set for every due job when a run opens).
     run_id: Mapped[int | None] = mapped_column(ForeignKey("jodl_run.id", ondelete="SET NULL"))
     lease_until: Mapped[dt.datetime | None]
@@ -151,16 +156,26 @@ class Job(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
+# The on-demand queue's claim order among due jobs: highest priority, then earliest due.
+Index(
+    "ix_jodl_job_queue",
+    Job.priority.desc(),
+    Job.due_at,
+    postgresql_where=text("state = 'queued'"),
+    sqlite_where=text("state = 'queued'"),
+)
+
+
 class JobOnNode(Base):
-    """What was learned about a job on a node: executions, failures, durations."""
+    """What was learned about a job on a node: executions, failures, durations.
+
+    No foreign keys, on purpose (as in :class:`Execution`): rows are written in
+    bulk by the master only, and the constraint checks would cost more than the rows.
+    """
 
     __tablename__ = "jodl_job_on_node"
-    job_id: Mapped[int] = mapped_column(
-        BigId, ForeignKey("jodl_job.id", ondelete="CASCADE"), primary_key=True
-    )
-    node_id: Mapped[int] = mapped_column(
-        ForeignKey("jodl_node.id", ondelete="CASCADE"), primary_key=True
-    )
+    job_id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    node_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     executions: Mapped[int] = mapped_column(Integer, default=0)
     failures: Mapped[int] = mapped_column(Integer, default=0)
     #: Mean duration over all executions (seconds).
@@ -203,7 +218,7 @@ class Run(Base):
 
 
 class ExecState:
-    SENT = "sent"  # committed before the send; the agent may hold it
+    SENT = "sent"  # in an open dispatch, no outcome yet (never stored as a row)
     DONE = "done"  # result committed
     FAILED = "failed"  # the agent reported an error
     TAKEN_BACK = "taken_back"  # handed back unstarted, given to another node
@@ -211,8 +226,44 @@ class ExecState:
     CANCELLED = "cancelled"  # superseded (e.g. a backup copy lost the race) or job deleted
 
 
+class Dispatch(Base):
+    """A batch of executions sent to one agent, logged before the send (write-ahead).
+
+    ``items`` is a JSON list of ``[exec_id, job_id, attempt]``. An execution of an
+    open dispatch with no :class:`Execution` row is in flight: after a restart the
+    master asks the agent whether it still holds it. A dispatch closes when all of
+    its executions have an outcome row.
+    """
+
+    __tablename__ = "jodl_dispatch"
+    __table_args__ = (
+        Index(
+            "ix_jodl_dispatch_open",
+            "run_id",
+            postgresql_where=text("is_open"),
+            sqlite_where=text("is_open"),
+        ),
+    )
+    #: The first execution id of the batch (execution ids are never reused).
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("jodl_run.id", ondelete="CASCADE"))
+    node_id: Mapped[int | None] = mapped_column(ForeignKey("jodl_node.id", ondelete="SET NULL"))
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    sent_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    items: Mapped[str] = mapped_column(Text)
+    is_open: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
 class Execution(Base):
-    """One attempt of a job in a run (or of an on-demand job) on a node."""
+    """The outcome of one attempt of a job (in a run, or on demand) on a node.
+
+    Inserted once, when the outcome is known: done (result), failed (error),
+    lost (node gone), taken back (moved unstarted), cancelled (superseded).
+
+    The log's hottest table has no foreign keys, on purpose: it is append-only,
+    written by the master alone from ids it holds, and the three constraint checks
+    per row tripled the cost of a batch of outcomes.
+    """
 
     __tablename__ = "jodl_execution"
     __table_args__ = (
@@ -229,9 +280,9 @@ class Execution(Base):
         ),
     )
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)
-    run_id: Mapped[int | None] = mapped_column(ForeignKey("jodl_run.id", ondelete="CASCADE"))
-    job_id: Mapped[int] = mapped_column(BigId, ForeignKey("jodl_job.id", ondelete="CASCADE"))
-    node_id: Mapped[int | None] = mapped_column(ForeignKey("jodl_node.id", ondelete="SET NULL"))
+    run_id: Mapped[int | None] = mapped_column(Integer)
+    job_id: Mapped[int] = mapped_column(BigId)
+    node_id: Mapped[int | None] = mapped_column(Integer)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     state: Mapped[str] = mapped_column(String(16), default=ExecState.SENT)
     backup: Mapped[bool] = mapped_column(Boolean, default=False)

@@ -1,29 +1,34 @@
-"""Placement: which node runs a job (DESIGN §7).
+"""Placement: which node runs a job (DESIGN §7) — the interface and what it may see.
 
 A strategy is a small class: :meth:`Placement.choose` picks one node for one job
-among the nodes its family may use, from a read-only view of what the master
-knows: per node the expected work already queued there, its slots and learned
-speed (:class:`NodeLoad`), and per job and node the learned durations
+among the nodes its family may use (FamilyOnNode), from a read-only view of what
+the master knows: per node the expected work already queued there, its slots,
+its learned speed and the expected work per cycle of the jobs whose home it is
+(:class:`NodeLoad`), and per job and node the learned durations
 (:class:`Knowledge`). The master calls :meth:`Placement.place` once per loop step
-with every job that needs a node, so a strategy sees the whole batch.
+with every job that needs a node, so a strategy sees the whole batch. While
+balancing, the master also asks :meth:`Placement.moves` for moves of its own.
 
 Strategies are selected per family by name (``Family.strategy``) with parameters
 (``Family.strategy_params``); register your own with :func:`register` or the
-entry-point group ``jodl.placements``.
+entry-point group ``jodl.placements``. The built-in ones live in
+:mod:`jodl.strategies`; ``docs/placement.md`` shows how to write one.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
-#: Duration assumed for a job nothing is known about (seconds).
+#: Duration assumed for a job nothing is known about (seconds, at speed 1.0).
 DEFAULT_DURATION = 0.5
 #: Weight of the newest duration in the recent (exponentially weighted) mean.
 RECENT_WEIGHT = 0.3
+#: Strategy of a family that names none.
+DEFAULT_STRATEGY = "earliest_finish"
 
 
 @dataclass(frozen=True)
@@ -34,11 +39,20 @@ class JobInfo:
     key: str
     family: str
     priority: int = 0
+    #: The job's home: the node it returns to (thesis: its assignment).
     permanent_node_id: int | None = None
+    #: Set while a trial move is in force: the node the job is being tried on.
     trial_node_id: int | None = None
-    #: Nodes that failed this job in this run (avoid them).
+    #: Nodes that failed this job too often in this run (avoid them).
     failed_on: frozenset[int] = frozenset()
     attempts: int = 0
+    #: Expected runs per cycle (1.0 = every cycle; 0.25 = every fourth cycle).
+    per_cycle: float = 1.0
+
+    @property
+    def home(self) -> int | None:
+        """Where the job belongs now: its trial node while a trial is in force, else home."""
+        return self.trial_node_id if self.trial_node_id is not None else self.permanent_node_id
 
 
 @dataclass
@@ -50,14 +64,17 @@ class NodeLoad:
     slots: int = 1
     speed: float = 1.0
     labels: dict[str, Any] = field(default_factory=dict)
-    #: Jobs sent or assigned to the node and not finished.
+    #: Jobs placed on the node in this cycle and not finished.
     queued_jobs: int = 0
     #: Expected seconds of work those jobs represent.
     queued_work: float = 0.0
+    #: Expected seconds per cycle of the jobs whose home this node is, each weighted
+    #: by how often it is due (a job run every fourth cycle counts a quarter).
+    home_work: float = 0.0
 
     def expected_finish(self, extra: float = 0.0) -> float:
-        """Seconds until the node would finish its queue plus ``extra`` seconds of work."""
-        return (self.queued_work + extra) / max(1, self.slots)
+        """Seconds until a job of ``extra`` seconds added now would end (queue per slot + it)."""
+        return self.queued_work / max(1, self.slots) + extra
 
 
 @dataclass
@@ -93,26 +110,31 @@ class Learned:
 
 
 class Knowledge:
-    """Learned durations per (job, node), with the fallbacks of DESIGN §7."""
+    """Learned durations per (job, node) and node speeds, with the fallbacks of DESIGN §7."""
 
     def __init__(self, default_duration: float = DEFAULT_DURATION) -> None:
         self.default_duration = default_duration
         self.stats: dict[tuple[int, int], Learned] = {}
         self._by_job: dict[int, dict[int, Learned]] = {}
+        self._family_of: dict[int, str] = {}
         # family -> node -> [sum, count]; node None = all nodes
         self._family: dict[str, dict[int | None, list[float]]] = {}
+        #: Learned speed per node (1.0 = the average node); see :meth:`learn_speeds`.
         self.node_speed: dict[int, float] = {}
 
     def learned(self, job_id: int, node_id: int) -> Learned | None:
+        """What is known of ``job_id`` on ``node_id`` (None: it never ran there)."""
         return self.stats.get((job_id, node_id))
 
     def of_job(self, job_id: int) -> dict[int, Learned]:
+        """Per node, what is known of ``job_id``."""
         return self._by_job.get(job_id, {})
 
     def load(self, job_id: int, node_id: int, stat: Learned, family: str) -> None:
         """Put a stored JobOnNode row into memory (at start)."""
         self.stats[(job_id, node_id)] = stat
         self._by_job.setdefault(job_id, {})[node_id] = stat
+        self._family_of[job_id] = family
         if stat.mean is not None and stat.count:
             self._add_family(family, node_id, stat.mean * stat.count, stat.count)
 
@@ -122,6 +144,7 @@ class Knowledge:
         if stat is None:
             stat = self.stats[(job_id, node_id)] = Learned()
             self._by_job.setdefault(job_id, {})[node_id] = stat
+            self._family_of[job_id] = family
         if duration is None:
             stat.failures += 1
         else:
@@ -137,13 +160,35 @@ class Knowledge:
             acc[1] += count
 
     def family_mean(self, family: str, node_id: int | None = None) -> float | None:
+        """Mean duration of the family's executions on ``node_id`` (None: on all nodes)."""
         acc = self._family.get(family, {}).get(node_id)
         return acc[0] / acc[1] if acc and acc[1] else None
+
+    def speed(self, node_id: int) -> float:
+        """Learned speed of a node (1.0 when unknown)."""
+        return self.node_speed.get(node_id, 1.0)
+
+    def work(self, job_id: int) -> float | None:
+        """The job's learned work: its durations scaled to a node of speed 1.0 (None: unknown)."""
+        total = weight = 0.0
+        for node_id, stat in self._by_job.get(job_id, {}).items():
+            if stat.mean is not None and stat.count:
+                total += stat.mean * self.speed(node_id) * stat.count
+                weight += stat.count
+        return total / weight if weight else None
+
+    def estimate_work(self, job: JobInfo) -> float:
+        """Learned work of ``job``, else its family's mean work, else the default duration."""
+        work = self.work(job.id)
+        if work is not None:
+            return work
+        fam = self.family_mean(job.family)
+        return fam if fam is not None else self.default_duration
 
     def expected(self, job: JobInfo, node: NodeLoad) -> float:
         """Expected seconds of ``job`` on ``node``: learned, else the fallbacks in order.
 
-        1. the job's recent duration on this node;
+        1. the job's recent (moving average) duration on this node;
         2. the job's mean on other nodes, scaled by their speed over this node's;
         3. the family's mean on this node;
         4. the family's mean on all nodes, scaled by this node's speed;
@@ -153,17 +198,9 @@ class Knowledge:
         if stat is not None and stat.recent is not None:
             return stat.recent
         speed = max(node.speed, 1e-6)
-        others = self._by_job.get(job.id)
-        if others:
-            total = weight = 0.0
-            for other_id, other in others.items():
-                if other.mean is None:
-                    continue
-                other_speed = self.node_speed.get(other_id, 1.0)
-                total += other.mean * other_speed * other.count
-                weight += other.count
-            if weight:
-                return total / weight / speed
+        work = self.work(job.id)
+        if work is not None:
+            return work / speed
         fam = self.family_mean(job.family, node.id)
         if fam is not None:
             return fam
@@ -172,13 +209,107 @@ class Knowledge:
             return fam / speed
         return self.default_duration / speed
 
+    def learn_speeds(self, iterations: int = 30) -> dict[int, float]:
+        """Re-estimate every node's speed from what was learned; returns (and keeps) them.
+
+        Durations are modelled as ``work(job) / speed(node)``. Jobs seen on several
+        nodes pin the speed ratios (fitted in log space, weighted by executions);
+        a node that shares no job with others keeps the estimate from its family
+        means (the mean of a family's jobs there against their mean everywhere).
+        Speeds are scaled so that their mean over the nodes seen is 1.0.
+        """
+        nodes = {node_id for (_job, node_id), st in self.stats.items() if st.count}
+        if not nodes:
+            return dict(self.node_speed)
+        # Start from family means: a node where a family's jobs take half the time is 2x.
+        num: dict[int, float] = {}
+        den: dict[int, float] = {}
+        for per in self._family.values():
+            everywhere = per.get(None)
+            if not everywhere or not everywhere[1]:
+                continue
+            mean_all = everywhere[0] / everywhere[1]
+            for node_id, (total, count) in per.items():
+                if node_id is None or not count or total <= 0:
+                    continue
+                num[node_id] = num.get(node_id, 0.0) + count * math.log(mean_all / (total / count))
+                den[node_id] = den.get(node_id, 0.0) + count
+        log_s = {n: num[n] / den[n] if den.get(n) else 0.0 for n in nodes}
+        shared = {
+            job_id: {
+                n: (math.log(st.mean), float(st.count))
+                for n, st in per.items()
+                if st.count and st.mean and st.mean > 0
+            }
+            for job_id, per in self._by_job.items()
+        }
+        shared = {j: obs for j, obs in shared.items() if len(obs) > 1}
+        linked = {n for obs in shared.values() for n in obs}
+        if linked:
+            anchor = sum(log_s[n] for n in linked) / len(linked)
+            for _ in range(iterations):
+                log_w = {
+                    j: sum(c * (d + log_s[n]) for n, (d, c) in obs.items())
+                    / sum(c for _d, c in obs.values())
+                    for j, obs in shared.items()
+                }
+                acc: dict[int, list[float]] = {n: [0.0, 0.0] for n in linked}
+                for j, obs in shared.items():
+                    for n, (d, c) in obs.items():
+                        acc[n][0] += c * (log_w[j] - d)
+                        acc[n][1] += c
+                for n in linked:
+                    log_s[n] = acc[n][0] / acc[n][1]
+                shift = anchor - sum(log_s[n] for n in linked) / len(linked)
+                for n in linked:
+                    log_s[n] += shift
+        speeds = {n: math.exp(v) for n, v in log_s.items()}
+        scale = len(speeds) / sum(speeds.values())
+        self.node_speed.update({n: s * scale for n, s in speeds.items()})
+        return dict(self.node_speed)
+
+
+@dataclass(frozen=True)
+class Move:
+    """A move a strategy proposes while balancing: run ``job_id`` on ``node_id`` instead."""
+
+    job_id: int
+    node_id: int
+    reason: str = "strategy"
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A job placed on a node and not started yet (``sent``: it already is on the agent)."""
+
+    job: JobInfo
+    node_id: int
+    expected: float
+    sent: bool
+
+
+@dataclass(frozen=True)
+class BalanceView:
+    """What :meth:`Placement.moves` sees: nodes, the jobs waiting on them, the learning."""
+
+    nodes: Sequence[NodeLoad]
+    waiting: Sequence[Waiting]
+    knowledge: Knowledge
+    #: Nodes with a free slot and nothing waiting.
+    idle: frozenset[int]
+    #: Measured round trip to each node (seconds).
+    rtt: Mapping[int, float]
+
 
 class Placement:
     """Base class of placement strategies.
 
     Subclasses set :attr:`name` and override :meth:`choose` (one job) and, if
-    they like, :meth:`order` (which jobs go first) or :meth:`place` (a batch).
-    Parameters come from the family's ``strategy_params`` as keyword arguments.
+    they like, :meth:`order` (which jobs go first), :meth:`place` (a batch) or
+    :meth:`moves` (moves while balancing). Parameters come from the family's
+    ``strategy_params`` as keyword arguments and are kept in :attr:`params`.
+    A strategy must not change the view it is given, except through
+    :meth:`place`, which accounts each placed job on its node.
     """
 
     name: ClassVar[str] = ""
@@ -220,17 +351,41 @@ class Placement:
             out.append((job, node))
         return out
 
+    def moves(self, view: BalanceView) -> list[Move]:
+        """Moves of waiting jobs this strategy wants while balancing (default: none).
 
-class LeastLoaded(Placement):
-    """The node whose queue of expected work ends first, per slot (ties: fewest jobs)."""
+        Called when some node is idle; the master performs a move only to a node
+        the job's family may use, and only for a job that has not started.
+        """
+        return []
 
-    name = "least_loaded"
 
-    def choose(
-        self, job: JobInfo, candidates: Sequence[NodeLoad], knowledge: Knowledge
-    ) -> NodeLoad | None:
-        usable = [n for n in candidates if n.id not in job.failed_on] or list(candidates)
-        return min(usable, key=lambda n: (n.queued_jobs / max(1, n.slots), n.id))
+def usable(job: JobInfo, candidates: Sequence[NodeLoad]) -> list[NodeLoad]:
+    """``candidates`` without the nodes that failed ``job`` too often (all if that is all)."""
+    nodes = [n for n in candidates if n.id not in job.failed_on]
+    return nodes or list(candidates)
+
+
+def per_cycle(
+    every_n_cycles: int = 1, min_interval: float | None = None, period: float | None = None
+) -> float:
+    """Expected runs per cycle of a job due every ``every_n_cycles`` cycles and not more
+    often than every ``min_interval`` seconds, when cycles start every ``period`` seconds."""
+    gap = max(1, every_n_cycles)
+    if min_interval and period and period > 0:
+        gap = max(gap, math.ceil(min_interval / period - 1e-9))
+    return 1.0 / gap
+
+
+def account_homes(jobs: Iterable[JobInfo], nodes: Sequence[NodeLoad], knowledge: Knowledge) -> None:
+    """Set each node's ``home_work``: the expected seconds per cycle of the jobs at home there."""
+    by_id = {n.id: n for n in nodes}
+    for node in nodes:
+        node.home_work = 0.0
+    for job in jobs:
+        node = by_id.get(job.home) if job.home is not None else None
+        if node is not None:
+            node.home_work += job.per_cycle * knowledge.expected(job, node)
 
 
 STRATEGIES: dict[str, type[Placement]] = {}
@@ -244,12 +399,11 @@ def register(cls: type[Placement]) -> type[Placement]:
     return cls
 
 
-for _cls in (LeastLoaded,):
-    register(_cls)
-
-
-def strategy(name: str, params: dict[str, Any] | None = None) -> Placement:
+def strategy(name: str | None, params: dict[str, Any] | None = None) -> Placement:
     """An instance of the strategy registered as ``name``, built with ``params``."""
+    from . import strategies as _builtin  # noqa: F401 - registers the built-in strategies
+
+    name = name or DEFAULT_STRATEGY
     if name not in STRATEGIES:
         for ep in entry_points(group="jodl.placements"):
             if ep.name == name:
@@ -257,10 +411,16 @@ def strategy(name: str, params: dict[str, Any] | None = None) -> Placement:
     try:
         cls = STRATEGIES[name]
     except KeyError:
-        known = ", ".join(sorted(STRATEGIES))
-        raise ValueError(f"unknown placement strategy {name!r} (known: {known})") from None
-    return cls(**(params or {}))
+        known_names = ", ".join(sorted(STRATEGIES))
+        raise ValueError(f"unknown placement strategy {name!r} (known: {known_names})") from None
+    try:
+        return cls(**(params or {}))
+    except TypeError as exc:
+        raise ValueError(f"bad parameters for placement strategy {name!r}: {exc}") from None
 
 
 def known() -> Iterable[str]:
+    """Names of the registered strategies."""
+    from . import strategies as _builtin  # noqa: F401
+
     return sorted(STRATEGIES)

@@ -6,7 +6,8 @@ that costs a round trip per access and opens the peer's object graph.  Rich
 values (payloads, results, agent info) travel as JSON strings.
 
 Authentication happens on the raw socket before rpyc speaks: optional mutual TLS
-with a private CA, then (when a secret is set) a mutual HMAC-SHA256 challenge.
+with a private CA, the agent's banner (whether it requires a secret), then (when a
+secret is set) a mutual HMAC-SHA256 challenge.
 The agent proves the secret to the master too, so a master never sends jobs to
 an impostor.
 
@@ -49,6 +50,8 @@ from .exceptions import AuthError, BadPayload
 PROTOCOL_VERSION = 1
 _MAGIC = b"JODL%d" % PROTOCOL_VERSION
 _NONCE_BYTES = 32
+#: Banner flags: the agent requires the shared secret, or it does not.
+_SECRET, _OPEN = b"S", b"O"
 #: Seconds a peer has to finish the handshake (a silent client cannot hold a thread).
 HANDSHAKE_TIMEOUT = 5.0
 
@@ -139,10 +142,14 @@ def _client_tls(settings: Settings) -> ssl.SSLContext:
     return ctx
 
 
-def server_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[Any, Any]] | None:
-    """The agent's rpyc authenticator for ``settings`` (None when neither TLS nor secret)."""
-    if not settings.tls and not settings.secret:
-        return None
+def server_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[Any, Any]]:
+    """The agent's rpyc authenticator for ``settings``.
+
+    Every connection starts with the agent's banner (magic, whether a secret is
+    required, a nonce), so a master learns at once and for sure what the agent
+    expects: a master without the secret, or with a secret the agent lacks, fails
+    with a clear :class:`AuthError` instead of a timeout.
+    """
     tls = _server_tls(settings) if settings.tls else None
     secret = settings.secret
 
@@ -153,13 +160,15 @@ def server_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[
             if tls is not None:
                 sock = tls.wrap_socket(sock, server_side=True)
                 credentials["cert"] = sock.getpeercert()  # type: ignore[attr-defined]
+            nonce = os.urandom(_NONCE_BYTES)
+            sock.sendall(_MAGIC + (_SECRET if secret else _OPEN) + nonce)
             if secret:
-                nonce = os.urandom(_NONCE_BYTES)
-                sock.sendall(_MAGIC + nonce)
-                answer = _recv_exact(sock, len(_MAGIC) + 32 + _NONCE_BYTES)
-                if answer[: len(_MAGIC)] != _MAGIC:
+                # The magic first: a peer that does not speak JODL is dropped at once
+                # instead of holding this thread until the handshake timeout.
+                if _recv_exact(sock, len(_MAGIC)) != _MAGIC:
                     raise AuthenticationError("protocol mismatch")
-                proof, client_nonce = answer[len(_MAGIC) : -_NONCE_BYTES], answer[-_NONCE_BYTES:]
+                answer = _recv_exact(sock, 32 + _NONCE_BYTES)
+                proof, client_nonce = answer[:32], answer[32:]
                 if not hmac.compare_digest(proof, _mac(secret, nonce, b"master")):
                     raise AuthenticationError("bad secret")
                 sock.sendall(_mac(secret, client_nonce, b"agent"))
@@ -178,19 +187,35 @@ def client_handshake(sock: socket.socket, settings: Settings, host: str) -> sock
     try:
         if settings.tls:
             sock = _client_tls(settings).wrap_socket(sock, server_hostname=host)
+        # With TLS 1.3 a refused client certificate only shows on this first read.
+        banner = _recv_exact(sock, len(_MAGIC) + 1 + _NONCE_BYTES)
+        if banner[: len(_MAGIC)] != _MAGIC:
+            raise AuthError(f"{host}: not a JODL agent of protocol {PROTOCOL_VERSION}")
+        mode, nonce = banner[len(_MAGIC) : len(_MAGIC) + 1], banner[len(_MAGIC) + 1 :]
+        if mode == _SECRET and not settings.secret:
+            raise AuthError(f"{host}: the agent requires the shared secret; set JODL_SECRET")
+        if mode != _SECRET and settings.secret:
+            raise AuthError(
+                f"{host}: the agent has no shared secret and cannot prove who it is; "
+                "set the same JODL_SECRET on the agent"
+            )
         if settings.secret:
-            hello = _recv_exact(sock, len(_MAGIC) + _NONCE_BYTES)
-            if hello[: len(_MAGIC)] != _MAGIC:
-                raise AuthError(f"{host}: not a JODL agent of protocol {PROTOCOL_VERSION}")
             my_nonce = os.urandom(_NONCE_BYTES)
-            sock.sendall(_MAGIC + _mac(settings.secret, hello[len(_MAGIC) :], b"master") + my_nonce)
+            sock.sendall(_MAGIC + _mac(settings.secret, nonce, b"master") + my_nonce)
             proof = _recv_exact(sock, 32)
             if not hmac.compare_digest(proof, _mac(settings.secret, my_nonce, b"agent")):
                 raise AuthError(f"{host}: the agent does not know the shared secret")
     except AuthenticationError as exc:
         raise AuthError(f"{host}: authentication failed ({exc}); check JODL_SECRET") from None
     except ssl.SSLError as exc:
-        raise AuthError(f"{host}: TLS handshake failed ({exc.reason})") from None
+        raise AuthError(
+            f"{host}: TLS handshake failed ({exc.reason or exc}); check JODL_TLS_*"
+        ) from None
+    except (ConnectionResetError, BrokenPipeError) as exc:
+        raise AuthError(
+            f"{host}: the agent closed the connection during the handshake ({exc}); "
+            "check JODL_SECRET and JODL_TLS_*"
+        ) from None
     sock.settimeout(None)
     return sock
 

@@ -8,14 +8,18 @@ agents, so a master killed at any point restarts from these tables alone.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    Connection,
+    DateTime,
     Engine,
     bindparam,
+    case,
     create_engine,
     event,
     exists,
@@ -28,8 +32,10 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from . import bulk
 from .exceptions import StoreUnavailable
 from .models import (
+    Dispatch,
     ExecState,
     Execution,
     Family,
@@ -98,6 +104,77 @@ def ensure_schema(engine: Engine) -> None:
     upgrade(engine)
 
 
+#: First pause before an on-demand job that failed runs again (seconds); doubles per failure.
+RETRY_DELAY = 1.0
+#: Longest pause before an on-demand job that failed runs again (seconds).
+RETRY_DELAY_MAX = 300.0
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds an on-demand job waits in the queue after its ``failures``-th failure."""
+    return min(RETRY_DELAY_MAX, RETRY_DELAY * 2 ** max(0, min(failures - 1, 30)))
+
+
+def close_claims(
+    conn: Connection,
+    done: Sequence[tuple[int, int]] = (),
+    failed: Sequence[tuple[int, int, str, dt.datetime | None]] = (),
+) -> int:
+    """Attempt-guarded ends of claimed on-demand jobs; returns how many rows changed.
+
+    ``done``: (job_id, attempt). The job is done, or queued again when it was
+    enqueued again while it ran (``due_at`` set meanwhile). ``failed``: (job_id,
+    attempt, error, due_at): back in the queue at ``due_at`` (an enqueue made
+    while it ran wins), or dead when ``due_at`` is None. Only a job still claimed
+    by that very attempt changes, so a late outcome of a superseded attempt (its
+    lease ended and another claim took the job) changes nothing.
+    """
+    now = utcnow()
+    changed = 0
+    guard = (
+        Job.id == bindparam("jid"),
+        Job.state == JobState.CLAIMED,
+        Job.attempts == bindparam("att"),
+    )
+    if done:
+        changed += conn.execute(
+            update(Job)
+            .where(*guard)
+            .values(
+                state=case((Job.due_at.is_(None), JobState.DONE), else_=JobState.QUEUED),
+                failures=0,
+                lease_until=None,
+                last_done_at=now,
+                updated_at=now,
+            ),
+            [{"jid": j, "att": a} for j, a in done],
+        ).rowcount
+    if failed:
+        changed += conn.execute(
+            update(Job)
+            .where(*guard)
+            .values(
+                state=bindparam("st"),
+                due_at=func.coalesce(Job.due_at, bindparam("due", type_=DateTime())),
+                failures=Job.failures + 1,
+                lease_until=None,
+                last_error=bindparam("err"),
+                updated_at=now,
+            ),
+            [
+                {
+                    "jid": j,
+                    "att": a,
+                    "err": e,
+                    "due": due,
+                    "st": JobState.DEAD if due is None else JobState.QUEUED,
+                }
+                for j, a, e, due in failed
+            ],
+        ).rowcount
+    return changed
+
+
 @dataclass
 class PendingJob:
     """A job of an open run (or a claimed on-demand job) with no committed result yet."""
@@ -129,14 +206,36 @@ class PendingJob:
     claim: int | None
 
 
+#: Columns of an execution row, in the order :meth:`Store.record_outcomes` takes them.
+EXEC_COLUMNS = (
+    "id",
+    "run_id",
+    "job_id",
+    "node_id",
+    "attempt",
+    "state",
+    "backup",
+    "epoch",
+    "sent_at",
+    "started_at",
+    "finished_at",
+    "duration",
+    "result",
+    "error",
+)
+
+
 @dataclass
 class Sent:
-    """An execution the log says was sent and has no outcome yet."""
+    """An execution of an open dispatch with no outcome row: in flight, as far as the log knows."""
 
     exec_id: int
     job_id: int
     node_id: int
     attempt: int
+    dispatch_id: int
+    sent_at: dt.datetime
+    run_id: int | None
 
 
 class Store:
@@ -359,17 +458,35 @@ class Store:
                 for r in rows
             ]
 
-    def sent_executions(self, run_ids: Sequence[int]) -> list[Sent]:
-        """Executions of these runs logged as sent, with no outcome (to ask agents about)."""
-        if not run_ids:
-            return []
+    def sent_executions(self, run_ids: Sequence[int | None]) -> list[Sent]:
+        """Executions of open dispatches of these runs (None: on-demand) with no outcome."""
+        ids = [r for r in run_ids if r is not None]
+        cond = Dispatch.run_id.in_(ids)
+        if None in run_ids:
+            cond = or_(cond, Dispatch.run_id.is_(None))
         with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(Execution.id, Execution.job_id, Execution.node_id, Execution.attempt).where(
-                    Execution.run_id.in_(run_ids), Execution.state == ExecState.SENT
+            sent = [
+                Sent(exec_id, job_id, node_id, attempt, did, sent_at, run_id)
+                for did, run_id, node_id, sent_at, items in conn.execute(
+                    select(
+                        Dispatch.id,
+                        Dispatch.run_id,
+                        Dispatch.node_id,
+                        Dispatch.sent_at,
+                        Dispatch.items,
+                    ).where(Dispatch.is_open, cond)
                 )
-            )
-            return [Sent(*r) for r in rows]
+                for exec_id, job_id, attempt in json.loads(items)
+            ]
+            resolved: set[int] = set()
+            all_ids = [x.exec_id for x in sent]
+            for start in range(0, len(all_ids), 5000):
+                resolved.update(
+                    conn.scalars(
+                        select(Execution.id).where(Execution.id.in_(all_ids[start : start + 5000]))
+                    )
+                )
+        return [x for x in sent if x.exec_id not in resolved]
 
     def run_progress(self, run_id: int, done: int, failed: int, dead: int) -> None:
         with self.engine.begin() as conn:
@@ -417,6 +534,11 @@ class Store:
                 .execution_options(synchronize_session=False)
             )
             self._save_knowledge(s, knowledge, changed)
+            s.execute(
+                update(Dispatch)
+                .where(Dispatch.run_id == run.id, Dispatch.is_open)
+                .values(is_open=False)
+            )
             db_run = s.get(Run, run.id)
             assert db_run is not None
             done = s.scalar(
@@ -448,63 +570,41 @@ class Store:
 
     # -- executions (the hot path: one statement per step) ---------------------------------
 
-    def record_sent(self, rows: list[dict[str, Any]]) -> None:
-        """Log executions about to be sent (write-ahead): id, run_id, job_id, node_id, attempt."""
+    def record_dispatches(self, rows: list[dict[str, Any]]) -> None:
+        """Log batches about to be sent (write-ahead): id, run_id, node_id, epoch, items."""
         if not rows:
             return
         now = utcnow()
         for row in rows:
-            row.setdefault("state", ExecState.SENT)
             row.setdefault("sent_at", now)
-            row.setdefault("backup", False)
+            row.setdefault("is_open", True)
         with self.engine.begin() as conn:
-            conn.execute(insert(Execution), rows)
+            bulk.insert_rows(conn, Dispatch.__table__, rows)
 
     def record_outcomes(
         self,
-        done: list[dict[str, Any]],
-        failed: list[dict[str, Any]],
+        executions: Sequence[tuple[Any, ...]],
         dead: Sequence[tuple[int, str]] = (),
         claims_done: Sequence[tuple[int, int]] = (),
+        closed: Sequence[int] = (),
+        claims_failed: Sequence[tuple[int, int, str, dt.datetime | None]] = (),
     ) -> None:
-        """Commit results and failures in one transaction.
+        """Commit outcomes in one transaction.
 
-        ``done``: dicts eid, duration, started_at, finished_at, result.
-        ``failed``: dicts eid, duration, started_at, finished_at, error.
+        ``executions``: rows in :data:`EXEC_COLUMNS` order (done, failed, lost, ...).
         ``dead``: (job_id, error) of jobs that used up their attempts.
-        ``claims_done``: (job_id, attempt) of on-demand jobs now complete.
-        Only executions still ``sent`` change: a late outcome of a superseded
-        attempt changes nothing.
+        ``claims_done``: (job_id, attempt) of on-demand jobs now complete; the
+        attempt guards completion, so a superseded attempt changes nothing.
+        ``closed``: dispatches whose executions all have an outcome now.
+        ``claims_failed``: (job_id, attempt, error, due_at) of on-demand jobs that
+        failed: back in the queue at ``due_at``, or dead when it is None.
+        An execution id has one outcome row at most (primary key), and a job one
+        ``done`` row per run (unique index): the database refuses a second.
         """
-        if not (done or failed or dead or claims_done):
+        if not (executions or dead or claims_done or closed or claims_failed):
             return
         with self.engine.begin() as conn:
-            if done:
-                conn.execute(
-                    update(Execution)
-                    .where(Execution.id == bindparam("eid"), Execution.state == ExecState.SENT)
-                    .values(
-                        state=ExecState.DONE,
-                        duration=bindparam("duration"),
-                        started_at=bindparam("started_at"),
-                        finished_at=bindparam("finished_at"),
-                        result=bindparam("result"),
-                    ),
-                    done,
-                )
-            if failed:
-                conn.execute(
-                    update(Execution)
-                    .where(Execution.id == bindparam("eid"), Execution.state == ExecState.SENT)
-                    .values(
-                        state=ExecState.FAILED,
-                        duration=bindparam("duration"),
-                        started_at=bindparam("started_at"),
-                        finished_at=bindparam("finished_at"),
-                        error=bindparam("error"),
-                    ),
-                    failed,
-                )
+            bulk.copy_rows(conn, Execution.__table__, EXEC_COLUMNS, executions)
             if dead:
                 conn.execute(
                     update(Job)
@@ -512,39 +612,10 @@ class Store:
                     .values(state=JobState.DEAD, last_error=bindparam("err"), updated_at=utcnow()),
                     [{"jid": j, "err": e} for j, e in dead],
                 )
-            if claims_done:
+            close_claims(conn, claims_done, claims_failed)
+            if closed:
                 conn.execute(
-                    update(Job)
-                    .where(
-                        Job.id == bindparam("jid"),
-                        Job.state == JobState.CLAIMED,
-                        Job.attempts == bindparam("att"),
-                    )
-                    .values(
-                        state=JobState.DONE,
-                        lease_until=None,
-                        last_done_at=utcnow(),
-                        updated_at=utcnow(),
-                    ),
-                    [{"jid": j, "att": a} for j, a in claims_done],
-                )
-
-    def mark_executions(
-        self, exec_ids: Iterable[int], state: str, error: str | None = None
-    ) -> None:
-        """Close executions still ``sent`` as taken back, lost or cancelled."""
-        ids = list(exec_ids)
-        if not ids:
-            return
-        with self.engine.begin() as conn:
-            for start in range(0, len(ids), 5000):
-                conn.execute(
-                    update(Execution)
-                    .where(
-                        Execution.id.in_(ids[start : start + 5000]),
-                        Execution.state == ExecState.SENT,
-                    )
-                    .values(state=state, error=error, finished_at=utcnow())
+                    update(Dispatch).where(Dispatch.id.in_(list(closed))).values(is_open=False)
                 )
 
     # -- learning ----------------------------------------------------------------------------
@@ -577,27 +648,15 @@ class Store:
     def _save_knowledge(
         self, s: Session, knowledge: Knowledge, changed: Iterable[tuple[int, int]]
     ) -> None:
-        keys = list(dict.fromkeys(changed))
-        if not keys:
-            return
+        """Upsert the JobOnNode rows of the (job, node) pairs learned about, in batches."""
         now = utcnow()
-        existing: set[tuple[int, int]] = set()
-        job_ids = sorted({k[0] for k in keys})
-        for start in range(0, len(job_ids), 5000):
-            chunk = job_ids[start : start + 5000]
-            existing.update(
-                (r[0], r[1])
-                for r in s.execute(
-                    select(JobOnNode.job_id, JobOnNode.node_id).where(JobOnNode.job_id.in_(chunk))
-                )
-            )
         rows = []
-        for job_id, node_id in keys:
+        for job_id, node_id in dict.fromkeys(changed):
             st = knowledge.stats[(job_id, node_id)]
             rows.append(
                 {
-                    "j": job_id,
-                    "n": node_id,
+                    "job_id": job_id,
+                    "node_id": node_id,
                     "executions": st.count,
                     "failures": st.failures,
                     "mean_duration": st.mean,
@@ -607,34 +666,10 @@ class Store:
                     "updated_at": now,
                 }
             )
-        new = [r for r in rows if (r["j"], r["n"]) not in existing]
-        old = [r for r in rows if (r["j"], r["n"]) in existing]
-        if new:
-            s.execute(
-                insert(JobOnNode),
-                [
-                    {
-                        "job_id": r["j"],
-                        "node_id": r["n"],
-                        **{k: v for k, v in r.items() if k not in "jn"},
-                    }
-                    for r in new
-                ],
-            )
-        if old:
-            s.execute(
-                update(JobOnNode)
-                .where(JobOnNode.job_id == bindparam("j"), JobOnNode.node_id == bindparam("n"))
-                .values(
-                    executions=bindparam("executions"),
-                    failures=bindparam("failures"),
-                    mean_duration=bindparam("mean_duration"),
-                    recent_duration=bindparam("recent_duration"),
-                    m2=bindparam("m2"),
-                    last_duration=bindparam("last_duration"),
-                    updated_at=bindparam("updated_at"),
-                ),
-                old,
+        conn = s.connection()
+        for start in range(0, len(rows), 20_000):
+            bulk.upsert_rows(
+                conn, JobOnNode.__table__, ("job_id", "node_id"), rows[start : start + 20_000]
             )
 
     # -- jobs ---------------------------------------------------------------------------------

@@ -1,0 +1,84 @@
+"""Shared pieces of the benchmarks: fresh databases, agent subprocesses, free ports."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+
+from sqlalchemy import create_engine, make_url, text
+
+DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def fresh_database(url: str) -> Iterator[str]:
+    """A new empty database on the server of ``url`` (PostgreSQL) or a temp SQLite file."""
+    if url.startswith("sqlite"):
+        path = f"/tmp/jodl-bench-{uuid.uuid4().hex[:8]}.db"
+        try:
+            yield f"sqlite:///{path}"
+        finally:
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path + suffix)
+        return
+    name = f"jodl_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def wait_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on port {port}")
+
+
+@contextlib.contextmanager
+def agents(count: int, slots: int = 2, speeds: list[float] | None = None,
+           env: dict[str, str] | None = None) -> Iterator[list[str]]:
+    """``count`` agent subprocesses on loopback; yields their addresses."""
+    procs: list[subprocess.Popen[bytes]] = []
+    addresses: list[str] = []
+    try:
+        for i in range(count):
+            port = free_port()
+            speed = (speeds or [1.0] * count)[i]
+            cmd = [sys.executable, "-m", "jodl", "agent", "--listen", f"127.0.0.1:{port}",
+                   "--slots", str(slots), "--speed", str(speed)]
+            procs.append(subprocess.Popen(cmd, env={**os.environ, "JODL_LOG_LEVEL": "WARNING",
+                                                    **(env or {})},
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            addresses.append(f"127.0.0.1:{port}")
+        for address in addresses:
+            wait_port(int(address.rsplit(":", 1)[1]))
+        yield addresses
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -1,0 +1,142 @@
+"""Throughput of no-op jobs through one master and K agents, every attempt logged.
+
+Runs N no-op jobs as one cycle of the ``noop`` family on K agent subprocesses
+with the reconstruction log on PostgreSQL (default) and reports jobs/s and µs per
+job. In the same invocation it runs the same no-op tasks through Celery (Redis
+broker and result backend on 127.0.0.1:6379, K prefork worker processes), the
+most common peer, so the ratio holds on a noisy machine. The last line printed is
+one JSON object with the figures.
+
+    python bench/throughput.py --jobs 100000 --agents 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import DEFAULT_PG, agents, fresh_database  # noqa: E402
+
+
+def run_jodl(url: str, jobs: int, agent_count: int, slots: int) -> dict[str, float]:
+    from sqlalchemy import func, select
+
+    from jodl import Master, Settings, Store, make_engine
+    from jodl.migrate import upgrade
+    from jodl.models import ExecState, Execution
+
+    with fresh_database(url) as db_url, agents(agent_count, slots=slots) as addresses:
+        engine = make_engine(db_url)
+        upgrade(engine)
+        store = Store(engine)
+        for address in addresses:
+            store.add_node(address, slots=slots)
+        family = store.ensure_family("noop")
+        started = time.perf_counter()
+        store.add_jobs(family, ((f"job-{i}", "{}") for i in range(jobs)))
+        add_seconds = time.perf_counter() - started
+        master = Master(Settings(database_url=db_url, log_level="WARNING"), store=store)
+        started = time.perf_counter()
+        summary = master.run_cycle("noop")
+        seconds = time.perf_counter() - started
+        master.close()
+        with engine.connect() as conn:
+            logged = conn.scalar(select(func.count()).select_from(Execution).where(
+                Execution.state == ExecState.DONE))
+        engine.dispose()
+    if summary.done != jobs or logged != jobs:
+        raise SystemExit(f"expected {jobs} committed results, got {summary.done} ({logged} logged)")
+    return {"seconds": seconds, "add_seconds": add_seconds, "jobs_per_s": jobs / seconds,
+            "us_per_job": seconds / jobs * 1e6}
+
+
+CELERY_APP = """
+from celery import Celery
+app = Celery("bench", broker="redis://127.0.0.1:6379/14", backend="redis://127.0.0.1:6379/14")
+app.conf.update(worker_prefetch_multiplier=4, task_acks_late=False, result_expires=600,
+                worker_hijack_root_logger=False)
+
+@app.task
+def noop():
+    return None
+"""
+
+
+def run_celery(jobs: int, workers: int) -> dict[str, float] | None:
+    """The same no-op tasks through Celery + Redis; None when Celery or Redis is missing."""
+    try:
+        import redis  # noqa: F401
+        from celery import group  # noqa: F401
+    except ImportError:
+        return None
+    import tempfile
+
+    tmp = tempfile.mkdtemp()
+    with open(os.path.join(tmp, "benchapp.py"), "w") as fh:
+        fh.write(CELERY_APP)
+    sys.path.insert(0, tmp)
+    import benchapp  # type: ignore[import-not-found]
+
+    try:
+        benchapp.app.backend.client.ping()
+    except Exception:  # noqa: BLE001 - Redis not running: no peer figures
+        return None
+    benchapp.app.backend.client.flushdb()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "benchapp", "worker", "--pool", "prefork",
+         "--concurrency", str(workers), "--loglevel", "WARNING", "--without-gossip",
+         "--without-mingle", "--without-heartbeat"],
+        cwd=tmp, env={**os.environ, "PYTHONPATH": tmp},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        benchapp.noop.delay().get(timeout=60)  # worker is up
+        started = time.perf_counter()
+        results = [benchapp.noop.delay() for _ in range(jobs)]
+        for result in results:
+            result.get(timeout=300)
+        seconds = time.perf_counter() - started
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(10)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+    return {"seconds": seconds, "jobs_per_s": jobs / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=100_000, help="no-op jobs through JODL")
+    parser.add_argument("--agents", type=int, default=2, help="agent processes")
+    parser.add_argument("--slots", type=int, default=2, help="slots per agent")
+    parser.add_argument("--db-url", default=os.environ.get("JODL_TEST_DATABASE_URL", DEFAULT_PG),
+                        help="server for a fresh database (PostgreSQL) or sqlite:// for SQLite")
+    parser.add_argument("--celery-jobs", type=int, default=10_000,
+                        help="no-op tasks through Celery (0 to skip the peer)")
+    args = parser.parse_args()
+
+    jodl = run_jodl(args.db_url, args.jobs, args.agents, args.slots)
+    print(f"jodl: {args.jobs} jobs in {jodl['seconds']:.2f}s = {jodl['jobs_per_s']:.0f} jobs/s "
+          f"({jodl['us_per_job']:.1f} us/job; adding them took {jodl['add_seconds']:.2f}s)")
+    figures = {"jobs": args.jobs, "agents": args.agents,
+               "db": "sqlite" if args.db_url.startswith("sqlite") else "postgresql",
+               "jobs_per_s": round(jodl["jobs_per_s"]), "us_per_job": round(jodl["us_per_job"], 1)}
+    if args.celery_jobs:
+        celery = run_celery(args.celery_jobs, args.agents)
+        if celery is not None:
+            print(f"celery: {args.celery_jobs} tasks in {celery['seconds']:.2f}s = "
+                  f"{celery['jobs_per_s']:.0f} tasks/s")
+            figures["celery_jobs_per_s"] = round(celery["jobs_per_s"])
+            figures["ratio"] = round(jodl["jobs_per_s"] / celery["jobs_per_s"], 2)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+"""``python -m jodl`` is the ``jodl`` command."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,179 @@
+"""The built-in placement strategies (see :mod:`jodl.placement` for the interface).
+
+``earliest_finish`` (the default)
+    Longest known jobs first (LPT); each on the node where it is expected to
+    end first, counting the work already queued there and the job's learned
+    duration on that node. A job stays on its home node when that costs at
+    most ``stickiness`` times its own duration; a trial move not yet tried is
+    always made.
+``least_loaded``
+    The node with the fewest queued jobs per slot (durations ignored).
+``round_robin``
+    Nodes in turn.
+``affinity``
+    Rendezvous (highest random weight) hashing of a part of the job's key
+    (by default the host of a URL key): similar jobs go to the same node, and
+    adding or removing one of n nodes moves only about 1/n of the keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from .placement import JobInfo, Knowledge, NodeLoad, Placement, register, usable
+
+#: How much longer (in units of the job's own expected duration) a job may be
+#: expected to take on its home node than on the best node and still stay home.
+DEFAULT_STICKINESS = 0.5
+
+
+@register
+class EarliestFinish(Placement):
+    """Earliest expected finish, longest jobs first, with learned per-node durations.
+
+    Parameters: ``stickiness`` (default :data:`DEFAULT_STICKINESS`; 0 ignores
+    homes except to break ties) and ``lpt`` (default true: longest jobs first).
+    """
+
+    name = "earliest_finish"
+
+    def __init__(
+        self, stickiness: float = DEFAULT_STICKINESS, lpt: bool = True, **params: Any
+    ) -> None:
+        super().__init__(stickiness=stickiness, lpt=lpt, **params)
+        if stickiness < 0:
+            raise ValueError("stickiness must be >= 0")
+        self.stickiness = float(stickiness)
+        self.lpt = bool(lpt)
+
+    def order(self, jobs: list[JobInfo], knowledge: Knowledge) -> list[JobInfo]:
+        """Highest priority first; within a priority, the longest expected work first."""
+        if not self.lpt:
+            return super().order(jobs, knowledge)
+        return sorted(jobs, key=lambda j: (-j.priority, -knowledge.estimate_work(j), j.id))
+
+    def choose(
+        self, job: JobInfo, candidates: Sequence[NodeLoad], knowledge: Knowledge
+    ) -> NodeLoad | None:
+        nodes = usable(job, candidates)
+        trial = job.trial_node_id
+        if trial is not None:
+            learned = knowledge.learned(job.id, trial)
+            if learned is None or learned.count == 0:
+                for node in nodes:
+                    if node.id == trial:
+                        return node  # the point of a trial is to measure it there
+        costs = {n.id: (n.expected_finish(knowledge.expected(job, n)), n) for n in nodes}
+        best_cost, best = min(
+            costs.values(),
+            key=lambda cn: (
+                cn[0],
+                cn[1].home_work / max(1e-9, cn[1].speed * cn[1].slots),
+                cn[1].id,
+            ),
+        )
+        home = job.home
+        if home is not None and home != best.id and home in costs:
+            home_cost, home_node = costs[home]
+            if home_cost <= best_cost + self.stickiness * knowledge.expected(job, best):
+                return home_node
+        return best
+
+
+@register
+class LeastLoaded(Placement):
+    """The node with the fewest queued jobs per slot (ties: lowest id); durations ignored."""
+
+    name = "least_loaded"
+
+    def choose(
+        self, job: JobInfo, candidates: Sequence[NodeLoad], knowledge: Knowledge
+    ) -> NodeLoad | None:
+        return min(usable(job, candidates), key=lambda n: (n.queued_jobs / max(1, n.slots), n.id))
+
+
+@register
+class RoundRobin(Placement):
+    """Each job on the next node in turn (nodes ordered by id)."""
+
+    name = "round_robin"
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self._turn = 0
+
+    def choose(
+        self, job: JobInfo, candidates: Sequence[NodeLoad], knowledge: Knowledge
+    ) -> NodeLoad | None:
+        nodes = sorted(usable(job, candidates), key=lambda n: n.id)
+        node = nodes[self._turn % len(nodes)]
+        self._turn += 1
+        return node
+
+
+def affinity_key(key: str, by: str = "host", pattern: str | None = None) -> str:
+    """The part of a job key that decides its node.
+
+    ``pattern``: a regular expression; its first group (or whole match) is the
+    part, the whole key when it does not match. Else ``by``: ``"host"`` (the host
+    of a URL, or what precedes the first ``/``) or ``"key"`` (the whole key).
+    """
+    if pattern:
+        match = re.search(pattern, key)
+        if match is None:
+            return key
+        return match.group(1) if match.groups() else match.group(0)
+    if by == "host":
+        host = urlsplit(key).hostname if "://" in key else key.split("/", 1)[0]
+        return (host or key).lower()
+    if by == "key":
+        return key
+    raise ValueError(f"affinity: unknown 'by' {by!r} (host or key)")
+
+
+def rendezvous_score(part: str, node: NodeLoad, weighted: bool = True) -> float:
+    """Highest-random-weight score of ``node`` for ``part``: the highest score wins.
+
+    With weights (slots), a node with twice the slots wins about twice as many
+    parts (logarithmic method: ``-w / ln(u)`` with ``u`` uniform from the hash).
+    """
+    digest = hashlib.blake2b(f"{node.address}\x00{part}".encode(), digest_size=8).digest()
+    u = (int.from_bytes(digest, "big") + 0.5) / 2.0**64
+    weight = float(max(1, node.slots)) if weighted else 1.0
+    return -weight / math.log(u)
+
+
+@register
+class RendezvousAffinity(Placement):
+    """Jobs whose keys share a part (by default the URL's host) go to the same node.
+
+    Parameters: ``by`` (``"host"`` or ``"key"``), ``pattern`` (a regular
+    expression picking the part instead), ``weighted`` (default true: nodes win
+    in proportion to their slots). Nodes are identified by address, so a node
+    that comes back gets its keys back.
+    """
+
+    name = "affinity"
+
+    def __init__(
+        self, by: str = "host", pattern: str | None = None, weighted: bool = True, **params: Any
+    ) -> None:
+        super().__init__(by=by, pattern=pattern, weighted=weighted, **params)
+        affinity_key("x", by, pattern)  # reject a bad 'by' at once
+        if pattern:
+            re.compile(pattern)
+        self.by, self.pattern, self.weighted = by, pattern, bool(weighted)
+
+    def choose(
+        self, job: JobInfo, candidates: Sequence[NodeLoad], knowledge: Knowledge
+    ) -> NodeLoad | None:
+        part = affinity_key(job.key, self.by, self.pattern)
+        return max(
+            usable(job, candidates),
+            key=lambda n: (rendezvous_score(part, n, self.weighted), n.id),
+        )
