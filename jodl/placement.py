@@ -380,12 +380,12 @@ def per_cycle(
 def account_homes(jobs: Iterable[JobInfo], nodes: Sequence[NodeLoad], knowledge: Knowledge) -> None:
     """Set each node's ``home_work``: the expected seconds per cycle of the jobs at home there."""
     by_id = {n.id: n for n in nodes}
-    for node in nodes:
-        node.home_work = 0.0
+    for each in nodes:
+        each.home_work = 0.0
     for job in jobs:
-        node = by_id.get(job.home) if job.home is not None else None
-        if node is not None:
-            node.home_work += job.per_cycle * knowledge.expected(job, node)
+        home = by_id.get(job.home) if job.home is not None else None
+        if home is not None:
+            home.home_work += job.per_cycle * knowledge.expected(job, home)
 
 
 STRATEGIES: dict[str, type[Placement]] = {}

@@ -164,9 +164,12 @@ class RendezvousAffinity(Placement):
         self, by: str = "host", pattern: str | None = None, weighted: bool = True, **params: Any
     ) -> None:
         super().__init__(by=by, pattern=pattern, weighted=weighted, **params)
-        affinity_key("x", by, pattern)  # reject a bad 'by' at once
         if pattern:
-            re.compile(pattern)
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"affinity: bad pattern {pattern!r}: {exc}") from None
+        affinity_key("x", by, pattern)  # reject a bad 'by' at once
         self.by, self.pattern, self.weighted = by, pattern, bool(weighted)
 
     def choose(
