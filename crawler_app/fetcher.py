@@ -1,0 +1,605 @@
+"""Fetching pages with httpx: guarded, conditional, bounded and polite.
+
+Every request — page, redirect hop, robots.txt — goes through one path:
+
+1. the SSRF guard (:mod:`crawler_app.guard`) checks the URL and resolves the
+   host once;
+2. the connection goes to the address the guard checked: the client's
+   :class:`GuardedTransport` replaces DNS with that address for the current
+   fetch and refuses any connection the guard did not check, while the URL
+   keeps the host name, so the ``Host`` header, the TLS server name (SNI) and
+   certificate checks are those of the real host and kept-alive connections
+   are never shared between host names;
+3. per-host politeness (:mod:`crawler_app.politeness`) spaces and limits the
+   requests and honours robots.txt and ``Retry-After``.
+
+A fetch sends the stored validators back exactly as the server gave them
+(``If-None-Match``/``If-Modified-Since``); a ``304`` is reported as
+``not_modified`` without reading a body. Redirects are followed by hand, each
+hop checked again. Bodies are streamed and cut at ``max_bytes``. The result is a
+plain JSON-able dict (see :data:`RESULT_KEYS`); errors come back in it with a
+short code (:data:`ERROR_CODES`) and a one-line message, never as exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import http.cookiejar
+import ssl
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, fields
+from typing import Any
+from urllib.parse import urljoin
+
+import httpcore
+import httpx
+
+from .guard import AsyncResolver, CheckedTarget, FetchRefused, check_url_async, parse_allowlist
+from .politeness import (
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MAX_PAUSE,
+    DEFAULT_MIN_INTERVAL,
+    ROBOTS_MAX_BYTES,
+    Politeness,
+)
+from .text import SelectorError, compile_selector, extract, fingerprint, media_type
+
+#: Sent with every request; its first word is the robots.txt agent name.
+USER_AGENT = "JODL-PageChecker/0.1 (page change checker; obeys robots.txt)"
+#: Seconds to open a connection (TCP and TLS).
+CONNECT_TIMEOUT = 10.0
+#: Seconds without a byte from the server before giving up.
+READ_TIMEOUT = 20.0
+#: Seconds of network time for one fetch, all hops and robots.txt included
+#: (time spent waiting for a politeness slot is not counted).
+TOTAL_TIMEOUT = 60.0
+#: Largest body read, in bytes (after content decoding).
+MAX_BYTES = 5 * 1024 * 1024
+#: Redirects followed before giving up.
+MAX_REDIRECTS = 5
+#: Longest normalised text kept, in characters; the fingerprint covers what is kept.
+MAX_TEXT_CHARS = 200_000
+#: Media types fetched; an entry starting with "+" matches a suffix (``+xml``).
+ACCEPTED_TYPES = (
+    "text/html",
+    "application/xhtml+xml",
+    "text/plain",
+    "text/xml",
+    "application/xml",
+    "application/json",
+    "+xml",
+    "+json",
+)
+#: Connections open at once across all hosts, per client.
+MAX_CONNECTIONS = 100
+#: Bodies larger than this are parsed in a worker thread so the event loop stays free.
+THREAD_PARSE_BYTES = 64 * 1024
+
+ACCEPT = (
+    "text/html,application/xhtml+xml,application/xml;q=0.9,text/plain;q=0.8,"
+    "application/json;q=0.8,*/*;q=0.1"
+)
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+
+#: Error codes a result may carry in ``error``.
+ERROR_CODES = (
+    "refused",  # the SSRF guard refused the URL or a redirect target (see error_reason)
+    "dns_error",  # the host name does not resolve
+    "robots_disallowed",  # robots.txt forbids the URL for our agent
+    "timeout",  # connect, read or total time limit exceeded
+    "connect_error",  # the connection could not be opened
+    "network_error",  # the connection broke while talking
+    "protocol_error",  # the server broke HTTP (or sent an undecodable body)
+    "too_large",  # body longer than max_bytes
+    "bad_content_type",  # not a text media type we read
+    "too_many_redirects",
+    "http_error",  # an answer other than 2xx, 3xx redirect or 304
+    "bad_selector",  # the CSS selector cannot be parsed
+    "internal_error",  # a bug: reported, never raised
+)
+
+#: Keys of every result dict:
+#: ``url`` as asked; ``final_url`` normalised URL of the last hop (None if refused at once);
+#: ``status`` last HTTP status or None; ``ok`` True for a usable answer (2xx read, or 304);
+#: ``not_modified`` True for a 304 to our validators; ``etag``/``last_modified`` the
+#: validators to store, exactly as the server sent them; ``content_type`` the header;
+#: ``size`` body bytes read; ``title`` the HTML title; ``text`` normalised visible text
+#: (None without a body); ``truncated`` True if the text was cut to ``max_text_chars``;
+#: ``fingerprint`` SHA-256 of ``text`` (None without a body); ``selector_matches``
+#: elements the selector matched (None without a selector); ``redirects`` the URLs
+#: redirected to, in order; ``elapsed`` seconds the call took, politeness waits
+#: included; ``error`` a code from :data:`ERROR_CODES` or None; ``error_reason`` the
+#: guard's code when ``error`` is ``refused``; ``error_message`` one line for people.
+RESULT_KEYS = (
+    "url", "final_url", "status", "ok", "not_modified", "etag", "last_modified",
+    "content_type", "size", "title", "text", "truncated", "fingerprint",
+    "selector_matches", "redirects", "elapsed", "error", "error_reason", "error_message",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FetchSettings:
+    """How pages are fetched; every default is a named constant of this module."""
+
+    user_agent: str = USER_AGENT
+    connect_timeout: float = CONNECT_TIMEOUT
+    read_timeout: float = READ_TIMEOUT
+    total_timeout: float = TOTAL_TIMEOUT
+    max_bytes: int = MAX_BYTES
+    max_redirects: int = MAX_REDIRECTS
+    max_text_chars: int = MAX_TEXT_CHARS
+    accepted_types: tuple[str, ...] = ACCEPTED_TYPES
+    #: Networks admitted although not public, e.g. ("127.0.0.0/8",) for tests.
+    allow_networks: tuple[str, ...] = ()
+    obey_robots: bool = True
+    per_host_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    per_host_interval: float = DEFAULT_MIN_INTERVAL
+    max_retry_after: float = DEFAULT_MAX_PAUSE
+    max_connections: int = MAX_CONNECTIONS
+    verify_tls: bool = True
+    #: Extra CA certificates (PEM file) trusted besides the public ones, e.g. an intranet CA.
+    ca_file: str | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                allowed_zero = f.name in ("max_redirects", "per_host_interval", "max_retry_after")
+                if value < 0 or (value == 0 and not allowed_zero):
+                    raise ValueError(f"FetchSettings.{f.name} must be positive, not {value!r}")
+        if not isinstance(self.allow_networks, tuple) or not isinstance(self.accepted_types, tuple):
+            raise ValueError("FetchSettings.allow_networks and accepted_types must be tuples")
+        parse_allowlist(self.allow_networks)  # raises ValueError naming a bad entry
+
+
+DEFAULT_SETTINGS = FetchSettings()
+
+# --- the guarded connection path ------------------------------------------------------------
+
+# The target the guard checked for the request being made in this task.
+_CONNECT_TO: contextvars.ContextVar[CheckedTarget | None] = contextvars.ContextVar(
+    "jodl_connect_to", default=None
+)
+
+
+class PinnedBackend(httpcore.AsyncNetworkBackend):
+    """Opens TCP connections only to the address the guard checked for this fetch."""
+
+    def __init__(self) -> None:
+        self._inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore.AsyncNetworkStream:
+        target = _CONNECT_TO.get()
+        if target is None or target.host != host or target.port != port:
+            raise httpcore.ConnectError(
+                f"connection to {host}:{port} refused: the address was not checked by the guard"
+            )
+        return await self._inner.connect_tcp(
+            target.address, port, timeout, local_address, socket_options
+        )
+
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Any = None
+    ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("unix socket connections are never made")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+class GuardedTransport(httpx.AsyncHTTPTransport):
+    """An httpx transport whose new connections go through :class:`PinnedBackend`.
+
+    No proxies and no environment settings: a proxy would connect wherever it
+    likes, undoing the guard.
+    """
+
+    def __init__(self, ssl_context: ssl.SSLContext, limits: httpx.Limits | None = None) -> None:
+        limits = limits or httpx.Limits()
+        super().__init__(verify=ssl_context, limits=limits, trust_env=False)
+        # httpx has no parameter for the network backend, so the pool it built
+        # is replaced by an equal one that uses ours.
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=ssl_context,
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=PinnedBackend(),
+        )
+
+
+_GUARDED_CLIENTS: weakref.WeakSet[httpx.AsyncClient] = weakref.WeakSet()
+
+
+def make_client(settings: FetchSettings = DEFAULT_SETTINGS) -> httpx.AsyncClient:
+    """An ``httpx.AsyncClient`` for :func:`fetch` and :class:`Fetcher`.
+
+    Its connections go only to guard-checked addresses; it keeps no cookies (one
+    user's page must not change what another's fetch sees) and reads no proxy
+    settings from the environment.
+    """
+    no_cookies = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+    limits = httpx.Limits(
+        max_connections=settings.max_connections,
+        max_keepalive_connections=min(20, settings.max_connections),
+    )
+    context = httpx.create_ssl_context(verify=settings.verify_tls, trust_env=False)
+    if settings.verify_tls and settings.ca_file:
+        context.load_verify_locations(cafile=settings.ca_file)
+    client = httpx.AsyncClient(
+        transport=GuardedTransport(context, limits),
+        trust_env=False,
+        follow_redirects=False,
+        cookies=no_cookies,
+        headers={"User-Agent": settings.user_agent, "Accept": ACCEPT},
+    )
+    _GUARDED_CLIENTS.add(client)
+    return client
+
+
+# --- one fetch ------------------------------------------------------------------------------
+
+
+class _Failure(Exception):
+    def __init__(self, code: str, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.reason = code, message, reason
+
+
+@dataclass
+class _Answer:
+    status: int
+    headers: httpx.Headers
+    body: bytes | None  # None: not read
+    complete: bool = True  # False: stopped at the size limit
+
+
+class _Budget:
+    """Network time left for one fetch."""
+
+    def __init__(self, seconds: float) -> None:
+        self.total = seconds
+        self.left = seconds
+
+    @asynccontextmanager
+    async def spend(self) -> AsyncIterator[None]:
+        if self.left <= 0:
+            raise _Failure("timeout", f"total time limit of {self.total:g} s exceeded")
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.left):
+                yield
+        except TimeoutError:
+            raise _Failure("timeout", f"total time limit of {self.total:g} s exceeded") from None
+        finally:
+            self.left -= time.monotonic() - started
+
+
+def _accepted(kind: str, accepted: tuple[str, ...]) -> bool:
+    return any(kind == a or (a.startswith("+") and kind.endswith(a)) for a in accepted)
+
+
+def _new_result(url: str) -> dict[str, Any]:
+    result: dict[str, Any] = dict.fromkeys(RESULT_KEYS)
+    result.update(url=url, ok=False, not_modified=False, size=0, truncated=False, redirects=[])
+    return result
+
+
+class Fetcher:
+    """Fetches many pages with one client and one set of per-host limits.
+
+    Use as ``async with Fetcher(settings) as f: await f.fetch(url)``; many
+    fetches may run at once (``asyncio.gather``). ``client`` must come from
+    :func:`make_client` (a client given here is not closed by the fetcher);
+    ``resolve`` replaces the system resolver (tests, custom DNS).
+    """
+
+    def __init__(
+        self,
+        settings: FetchSettings = DEFAULT_SETTINGS,
+        *,
+        client: httpx.AsyncClient | None = None,
+        politeness: Politeness | None = None,
+        resolve: AsyncResolver | None = None,
+    ) -> None:
+        if client is not None and client not in _GUARDED_CLIENTS:
+            raise ValueError("client must be made by crawler_app.fetcher.make_client()")
+        self.settings = settings
+        self._own_client = client is None
+        self.client = client if client is not None else make_client(settings)
+        self.politeness = politeness or Politeness(
+            max_in_flight=settings.per_host_in_flight,
+            min_interval=settings.per_host_interval,
+            max_pause=settings.max_retry_after,
+            obey_robots=settings.obey_robots,
+            user_agent=settings.user_agent,
+        )
+        self._resolve = resolve
+        self._timeout = httpx.Timeout(
+            connect=settings.connect_timeout,
+            read=settings.read_timeout,
+            write=settings.read_timeout,
+            pool=settings.total_timeout,
+        )
+
+    async def __aenter__(self) -> Fetcher:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the client if this fetcher made it."""
+        if self._own_client:
+            await self.client.aclose()
+
+    async def fetch(
+        self,
+        url: str,
+        *,
+        etag: str | None = None,
+        last_modified: str | None = None,
+        selector: str | None = None,
+    ) -> dict[str, Any]:
+        """Fetch ``url`` and return the result dict (keys: :data:`RESULT_KEYS`).
+
+        ``etag``/``last_modified`` are the validators stored from the last fetch;
+        ``selector`` a CSS selector the text is restricted to. Never raises
+        (except on cancellation).
+        """
+        started = time.monotonic()
+        result = _new_result(url)
+        try:
+            await self._fetch(url, etag, last_modified, selector, result)
+        except _Failure as failure:
+            result.update(
+                ok=False, error=failure.code, error_reason=failure.reason,
+                error_message=failure.message,
+            )  # fmt: skip
+        except Exception as exc:  # the contract: errors are reported, never raised
+            result.update(
+                ok=False, error="internal_error", error_message=f"{type(exc).__name__}: {exc}"
+            )
+        result["elapsed"] = round(time.monotonic() - started, 3)
+        return result
+
+    async def _fetch(
+        self,
+        url: str,
+        etag: str | None,
+        last_modified: str | None,
+        selector: str | None,
+        result: dict[str, Any],
+    ) -> None:
+        if selector is not None:
+            try:
+                compile_selector(selector)
+            except SelectorError as exc:
+                raise _Failure("bad_selector", str(exc)) from None
+        headers = {"User-Agent": self.settings.user_agent}
+        if etag:
+            headers["If-None-Match"] = etag
+        if last_modified:
+            headers["If-Modified-Since"] = last_modified
+        budget = _Budget(self.settings.total_timeout)
+        current = url
+        for _hop in range(self.settings.max_redirects + 1):
+            target = await self._check(current, budget)
+            result["final_url"] = target.url
+            refusal = await self.politeness.robots_refusal(
+                target, lambda robots_url: self._load_robots(robots_url, budget)
+            )
+            if refusal is not None:
+                raise _Failure("robots_disallowed", refusal)
+            answer = await self._exchange(target, headers, budget, self._page_body_wanted)
+            result["status"] = answer.status
+            result["content_type"] = answer.headers.get("content-type")
+            location = answer.headers.get("location")
+            if answer.status in REDIRECT_STATUSES and location:
+                current = urljoin(target.url, location.strip())
+                result["redirects"].append(current)
+                continue
+            await self._finish(result, answer, etag, last_modified, selector)
+            return
+        raise _Failure(
+            "too_many_redirects", f"gave up after {self.settings.max_redirects} redirects"
+        )
+
+    def _page_body_wanted(self, status: int, headers: httpx.Headers) -> bool:
+        if not 200 <= status < 300:
+            return False
+        kind = media_type(headers.get("content-type"))
+        if kind and not _accepted(kind, self.settings.accepted_types):
+            return False
+        length = headers.get("content-length", "")
+        return not (length.isdigit() and int(length) > self.settings.max_bytes)
+
+    async def _finish(
+        self,
+        result: dict[str, Any],
+        answer: _Answer,
+        etag: str | None,
+        last_modified: str | None,
+        selector: str | None,
+    ) -> None:
+        status, headers = answer.status, answer.headers
+        if status == 304 and (etag or last_modified):
+            result.update(
+                ok=True, not_modified=True,
+                etag=headers.get("etag", etag),
+                last_modified=headers.get("last-modified", last_modified),
+            )  # fmt: skip
+            return
+        if not 200 <= status < 300:
+            phrase = httpx.codes.get_reason_phrase(status)
+            raise _Failure("http_error", f"the server answered {status} {phrase}".rstrip())
+        kind = media_type(headers.get("content-type"))
+        if kind and not _accepted(kind, self.settings.accepted_types):
+            raise _Failure("bad_content_type", f"content type {kind!r} is not fetched")
+        body = answer.body
+        if body is None or not answer.complete:
+            limit = self.settings.max_bytes
+            raise _Failure("too_large", f"the body is larger than {limit} bytes")
+        content_type = headers.get("content-type", "")
+        if not kind:  # no declared type: sniff text from binary
+            if b"\x00" in body[:1024]:
+                raise _Failure("bad_content_type", "no content type and the body is binary")
+            content_type = "text/html" if body.lstrip()[:1] == b"<" else "text/plain"
+        if len(body) > THREAD_PARSE_BYTES:
+            page = await asyncio.to_thread(extract, body, content_type, selector=selector)
+        else:
+            page = extract(body, content_type, selector=selector)
+        text = page.text
+        truncated = len(text) > self.settings.max_text_chars
+        if truncated:
+            text = text[: self.settings.max_text_chars].rstrip()
+        result.update(
+            ok=True, etag=headers.get("etag"), last_modified=headers.get("last-modified"),
+            size=len(body), title=page.title, text=text, truncated=truncated,
+            fingerprint=fingerprint(text), selector_matches=page.selector_matches,
+        )  # fmt: skip
+
+    async def _check(self, url: str, budget: _Budget) -> CheckedTarget:
+        try:
+            async with budget.spend():
+                return await check_url_async(
+                    url,
+                    allow=self.settings.allow_networks,
+                    resolve=self._resolve,
+                    timeout=self.settings.connect_timeout,
+                )
+        except FetchRefused as exc:
+            if exc.code == "dns_error":
+                raise _Failure("dns_error", exc.message) from None
+            raise _Failure("refused", f"{url}: {exc.message}", reason=exc.code) from None
+
+    async def _exchange(
+        self,
+        target: CheckedTarget,
+        headers: dict[str, str],
+        budget: _Budget,
+        body_wanted: Callable[[int, httpx.Headers], bool],
+        *,
+        max_bytes: int | None = None,
+    ) -> _Answer:
+        """One GET to the checked address, inside the host's politeness slot."""
+        limit = self.settings.max_bytes if max_bytes is None else max_bytes
+        async with self.politeness.slot(target.host):
+            token = _CONNECT_TO.set(target)
+            try:
+                async with budget.spend():
+                    return await self._send(target, headers, body_wanted, limit)
+            except httpx.TimeoutException as exc:
+                raise _Failure("timeout", f"{target.url}: {_describe(exc)}") from None
+            except httpx.ConnectError as exc:
+                raise _Failure("connect_error", f"{target.url}: {_describe(exc)}") from None
+            except (httpx.RemoteProtocolError, httpx.LocalProtocolError, httpx.DecodingError) as e:
+                raise _Failure("protocol_error", f"{target.url}: {_describe(e)}") from None
+            except httpx.TransportError as exc:
+                raise _Failure("network_error", f"{target.url}: {_describe(exc)}") from None
+            finally:
+                _CONNECT_TO.reset(token)
+
+    async def _send(
+        self,
+        target: CheckedTarget,
+        headers: dict[str, str],
+        body_wanted: Callable[[int, httpx.Headers], bool],
+        limit: int,
+    ) -> _Answer:
+        request = self.client.build_request(
+            "GET", target.url, headers=headers, timeout=self._timeout
+        )
+        default_port = 443 if target.scheme == "https" else 80
+        if request.url.host != target.host or (request.url.port or default_port) != target.port:
+            # httpx must parse our normalised URL as we did; anything else is refused.
+            raise _Failure("refused", f"{target.url}: URL parsers disagree", "parser_mismatch")
+        response = await self.client.send(request, stream=True)
+        try:
+            status = response.status_code
+            self.politeness.note_response(target.host, status, response.headers.get("retry-after"))
+            if not body_wanted(status, response.headers):
+                return _Answer(status, response.headers, None)
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > limit:
+                    return _Answer(status, response.headers, b"".join(chunks)[:limit], False)
+            return _Answer(status, response.headers, b"".join(chunks))
+        finally:
+            await response.aclose()
+
+    async def _load_robots(self, robots_url: str, budget: _Budget) -> tuple[int | None, str]:
+        """robots.txt through the guarded path: (status or None if unreachable, text)."""
+        current = robots_url
+        status: int | None = None
+        for _hop in range(MAX_REDIRECTS + 1):
+            try:
+                target = await self._check(current, budget)
+            except _Failure as failure:
+                # A refused redirect target is "unavailable" (allow); DNS trouble "unreachable".
+                return (None, "") if failure.code in ("dns_error", "timeout") else (404, "")
+            try:
+                answer = await self._exchange(
+                    target,
+                    {"User-Agent": self.settings.user_agent},
+                    budget,
+                    lambda status, _headers: 200 <= status < 300,
+                    max_bytes=ROBOTS_MAX_BYTES,
+                )
+            except _Failure:
+                return None, ""
+            status = answer.status
+            location = answer.headers.get("location")
+            if status in REDIRECT_STATUSES and location:
+                current = urljoin(target.url, location.strip())
+                continue
+            body = answer.body or b""
+            return status, body.decode("utf-8", errors="replace")
+        return status, ""
+
+
+def _describe(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    name = type(exc).__name__
+    return f"{name}: {text[0]}" if text else name
+
+
+async def fetch(
+    url: str,
+    *,
+    etag: str | None = None,
+    last_modified: str | None = None,
+    selector: str | None = None,
+    settings: FetchSettings = DEFAULT_SETTINGS,
+    client: httpx.AsyncClient | None = None,
+    politeness: Politeness | None = None,
+) -> dict[str, Any]:
+    """Fetch one page; see :meth:`Fetcher.fetch`. Never raises.
+
+    ``client`` (from :func:`make_client`) and ``politeness`` are reused when
+    given; otherwise this call makes its own (and reads the host's robots.txt).
+    """
+    try:
+        fetcher = Fetcher(settings, client=client, politeness=politeness)
+    except ValueError as exc:
+        result = _new_result(url)
+        result.update(error="internal_error", error_message=str(exc))
+        return result
+    try:
+        return await fetcher.fetch(url, etag=etag, last_modified=last_modified, selector=selector)
+    finally:
+        await fetcher.aclose()

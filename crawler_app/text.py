@@ -1,0 +1,281 @@
+"""Page bodies to normalised visible text, and the fingerprint of that text.
+
+The checker compares *what a reader sees*, not bytes: markup, scripts, styles,
+``noscript``, ``template`` and comments are dropped, each block element starts a
+new line, whitespace inside a line is folded to single spaces, blank lines are
+removed and the text is put in Unicode NFC form. An optional CSS selector
+restricts the text to the matching elements (e.g. ``#prices`` to ignore a
+changing sidebar). JSON is re-serialised with sorted keys so key order does not
+count; plain text is only folded.
+
+:func:`fingerprint` is the SHA-256 of the normalised text; two fetches whose
+visible text is the same have the same fingerprint.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import re
+import unicodedata
+from dataclasses import dataclass
+
+import lxml.etree
+import lxml.html
+from cssselect import SelectorError as _CssSelectorError
+from lxml.cssselect import CSSSelector
+
+#: Elements whose content is never visible text.
+HIDDEN_TAGS = frozenset(
+    {"script", "style", "noscript", "template", "head", "iframe", "object", "embed", "svg"}
+)
+#: Elements that start a new line of text.
+BLOCK_TAGS = frozenset(
+    {
+        "address", "article", "aside", "blockquote", "br", "caption", "dd", "details",
+        "dialog", "div", "dl", "dt", "fieldset", "figcaption", "figure", "footer", "form",
+        "h1", "h2", "h3", "h4", "h5", "h6", "header", "hgroup", "hr", "li", "main", "nav",
+        "ol", "option", "p", "pre", "section", "summary", "table", "tbody", "tfoot", "thead",
+        "tr", "ul", "title", "body", "html",
+    }
+)  # fmt: skip
+#: Elements whose own line breaks are kept.
+PRE_TAGS = frozenset({"pre", "textarea", "listing", "plaintext"})
+#: Longest title kept, in characters.
+MAX_TITLE_CHARS = 300
+
+_WS = re.compile(r"\s+")
+# C0/C1 control characters other than line breaks and tabs: never visible text.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([a-zA-Z0-9_:.-]+)""", re.I)
+
+
+class SelectorError(ValueError):
+    """A CSS selector that cannot be parsed."""
+
+
+@dataclass(frozen=True)
+class Extract:
+    """What a body says: its title (HTML only), normalised text, selector matches."""
+
+    title: str | None
+    text: str
+    selector_matches: int | None = None
+
+
+def fingerprint(text: str) -> str:
+    """SHA-256 hex digest of ``text`` after normalisation (see :func:`normalise`)."""
+    return hashlib.sha256(normalise(text).encode("utf-8")).hexdigest()
+
+
+def normalise(text: str) -> str:
+    """Fold whitespace within lines, drop blank lines and control characters, NFC-normalise."""
+    text = unicodedata.normalize("NFC", _CONTROLS.sub(" ", text))
+    lines = (_WS.sub(" ", line).strip() for line in text.splitlines())
+    return "\n".join(line for line in lines if line)
+
+
+def media_type(content_type: str | None) -> str:
+    """``text/html; charset=utf-8`` → ``text/html`` (lower case; empty if absent)."""
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def charset_of(content_type: str | None) -> str | None:
+    """The known charset named in a Content-Type header, if any."""
+    for param in (content_type or "").split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset":
+            return _known_encoding(value.strip().strip("\"'"))
+    return None
+
+
+def _known_encoding(name: str | None) -> str | None:
+    if not name:
+        return None
+    try:
+        return codecs.lookup(name).name
+    except LookupError:
+        return None
+
+
+def _decode(body: bytes, charset: str | None) -> str:
+    if body.startswith(codecs.BOM_UTF8):
+        return body[3:].decode("utf-8", errors="replace")
+    if charset:
+        return body.decode(charset, errors="replace")
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        return body.decode("cp1252", errors="replace")
+
+
+def _html_encoding(body: bytes, charset: str | None) -> str:
+    """Header charset, else a BOM, else ``<meta charset>``, else UTF-8 if valid, else cp1252."""
+    if body.startswith(codecs.BOM_UTF8):
+        return "utf-8"
+    if charset:
+        return charset
+    match = _META_CHARSET.search(body[:4096])
+    declared = _known_encoding(match.group(1).decode("ascii")) if match else None
+    if declared:
+        return declared
+    try:
+        body.decode("utf-8")
+        return "utf-8"
+    except UnicodeDecodeError:
+        return "cp1252"
+
+
+def parse_html(body: bytes | str, *, charset: str | None = None) -> lxml.html.HtmlElement | None:
+    """Parse an HTML document leniently; None when it holds no element at all."""
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+        charset = "utf-8"
+    if not body.strip():
+        return None
+    parser = lxml.html.HTMLParser(
+        encoding=_html_encoding(body, charset),
+        remove_comments=True,
+        remove_pis=True,
+        no_network=True,
+    )
+    try:
+        return lxml.html.document_fromstring(body, parser=parser)
+    except (lxml.etree.ParserError, ValueError):
+        return None
+
+
+def _visible_lines(root: lxml.etree._Element, *, xml: bool = False) -> str:
+    """Visible text of ``root`` with block boundaries as newlines (not yet folded).
+
+    In XML (``xml=True``) every element is a block.
+    """
+    out: list[str] = []
+    pre_depth = 0
+    walker = lxml.etree.iterwalk(root, events=("start", "end"))
+    for event, el in walker:
+        tag = el.tag.lower() if isinstance(el.tag, str) else None
+        if tag is not None and "}" in tag:
+            tag = tag.rsplit("}", 1)[1]
+        if event == "start":
+            if tag is None or tag in HIDDEN_TAGS:
+                walker.skip_subtree()
+                continue
+            if xml or tag in BLOCK_TAGS:
+                out.append("\n")
+            if tag in PRE_TAGS:
+                pre_depth += 1
+            if el.text:
+                out.append(el.text if pre_depth else _WS.sub(" ", el.text))
+        else:
+            if tag is not None and tag not in HIDDEN_TAGS:
+                if tag in PRE_TAGS:
+                    pre_depth -= 1
+                if xml or tag in BLOCK_TAGS:
+                    out.append("\n")
+                elif tag in ("td", "th"):
+                    out.append(" ")
+            if el is not root and el.tail:
+                out.append(el.tail if pre_depth else _WS.sub(" ", el.tail))
+    return "".join(out)
+
+
+def compile_selector(selector: str) -> CSSSelector:
+    """Compile a CSS selector; raises :class:`SelectorError` with a clear message."""
+    try:
+        return CSSSelector(selector)
+    except (_CssSelectorError, SyntaxError, ValueError) as exc:
+        raise SelectorError(f"invalid CSS selector {selector!r}: {exc}") from None
+
+
+def _select(root: lxml.etree._Element, selector: str) -> list[lxml.etree._Element]:
+    found = compile_selector(selector)(root)
+    chosen = set(found)
+    # Keep outermost matches only, so nested matches do not repeat their text.
+    return [el for el in found if not any(a in chosen for a in el.iterancestors())]
+
+
+def html_title(root: lxml.etree._Element) -> str | None:
+    """The document's ``<title>``, whitespace folded and shortened; None if absent."""
+    for el in root.iter("title"):
+        title = normalise(" ".join(el.itertext())).replace("\n", " ")
+        return title[:MAX_TITLE_CHARS] or None
+    return None
+
+
+def element_text(
+    root: lxml.etree._Element, selector: str | None = None, *, xml: bool = False
+) -> tuple[str, int | None]:
+    """Normalised visible text of ``root`` (or of its ``selector`` matches) and the match count."""
+    if selector is None:
+        return normalise(_visible_lines(root, xml=xml)), None
+    matches = _select(root, selector)
+    return normalise("\n".join(_visible_lines(el, xml=xml) for el in matches)), len(matches)
+
+
+def html_to_text(
+    body: bytes | str, *, selector: str | None = None, charset: str | None = None
+) -> str:
+    """Normalised visible text of an HTML document (see the module doc)."""
+    if selector is not None:
+        compile_selector(selector)  # a bad selector is an error even on an empty page
+    root = parse_html(body, charset=charset)
+    if root is None:
+        return ""
+    return element_text(root, selector)[0]
+
+
+def json_to_text(body: bytes | str, *, charset: str | None = None) -> str:
+    """JSON re-serialised with sorted keys, one value per line; plain text if not JSON."""
+    text = body if isinstance(body, str) else _decode(body, charset)
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return normalise(text)
+    return normalise(json.dumps(value, sort_keys=True, indent=1, ensure_ascii=False))
+
+
+def _parse_xml(body: bytes) -> lxml.etree._Element | None:
+    # No DTDs, no entity expansion, no network: an XML body must not read local files.
+    parser = lxml.etree.XMLParser(
+        resolve_entities=False,
+        load_dtd=False,
+        no_network=True,
+        remove_comments=True,
+        remove_pis=True,
+        huge_tree=False,
+    )
+    try:
+        return lxml.etree.fromstring(body, parser=parser)
+    except lxml.etree.XMLSyntaxError:
+        return None
+
+
+def extract(body: bytes, content_type: str | None, *, selector: str | None = None) -> Extract:
+    """Title and normalised text of a body of the given Content-Type.
+
+    HTML and XHTML go through the HTML parser, other XML through a safe XML
+    parser, JSON is canonicalised, anything else is decoded as text. The
+    selector applies to HTML and XML. Raises :class:`SelectorError`.
+    """
+    if selector is not None:
+        compile_selector(selector)  # a bad selector is an error even on an empty page
+    kind = media_type(content_type)
+    charset = charset_of(content_type)
+    is_json = kind == "application/json" or kind.endswith("+json")
+    is_xml = (kind.endswith("/xml") or kind.endswith("+xml")) and kind != "application/xhtml+xml"
+    if is_json:
+        return Extract(None, json_to_text(body, charset=charset))
+    if is_xml:
+        xml_root = _parse_xml(body)
+        if xml_root is not None:
+            text, matches = element_text(xml_root, selector, xml=True)
+            return Extract(None, text, matches)
+    if kind in ("text/html", "application/xhtml+xml") or is_xml:
+        root = parse_html(body, charset=charset)
+        if root is None:
+            return Extract(None, "", 0 if selector is not None else None)
+        text, matches = element_text(root, selector)
+        return Extract(html_title(root), text, matches)
+    return Extract(None, normalise(_decode(body, charset)))
