@@ -188,6 +188,7 @@ class Master:
         self._waiting: dict[int, Future[RunSummary]] = {}
         self._last_refresh = 0.0
         self._started = False
+        self._hello: Any = None
 
     # -- start ------------------------------------------------------------------------------
 
@@ -197,10 +198,17 @@ class Master:
             return
         self.epoch = self.store.acquire_lease(self.name)
         self.store.load_knowledge(self.knowledge)
+        if self.settings.register_listen and self._hello is None:
+            from .registry import serve_hello
+
+            self._hello = serve_hello(self.settings, self.store, self.settings.register_listen)
         self._started = True
         self.refresh_nodes(force=True)
 
     def close(self) -> None:
+        if self._hello is not None:
+            self._hello.close()
+            self._hello = None
         for slot in self.nodes.values():
             if slot.acks and slot.usable:
                 try:

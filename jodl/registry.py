@@ -1,0 +1,75 @@
+"""One-shot self-registration: an agent says hello to the master once, then is polled.
+
+The master (``JODL_REGISTER_LISTEN=HOST:PORT``) serves a tiny rpyc service with a
+single call, ``hello(address, slots, labels_json)``, behind the same
+authentication as the agents (shared secret or mutual TLS). It only records the
+node in the log; the master's loop picks it up on its next node refresh. Agents
+never call the master otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+import rpyc
+from rpyc.utils.server import ThreadedServer
+
+from .config import Settings
+from .exceptions import AgentUnavailable, AuthError, JodlError
+from .protocol import STRICT_CONFIG, connect, is_loopback, server_authenticator, split_address
+from .store import Store
+
+log = logging.getLogger("jodl.registry")
+
+
+class HelloService(rpyc.Service):
+    """The master's only inbound call."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self._store = store
+
+    def exposed_hello(self, address: str, slots: int, labels_json: str) -> int:
+        address = str(address)
+        split_address(address)  # refuse anything but HOST:PORT
+        labels = json.loads(str(labels_json) or "{}")
+        if not isinstance(labels, dict):
+            raise ValueError("labels must be a JSON object")
+        node = self._store.add_node(address, slots=max(1, int(slots)), labels=labels)
+        log.info("node %s said hello (%d slots)", address, slots)
+        return int(node.id)
+
+
+def serve_hello(settings: Settings, store: Store, listen: str) -> ThreadedServer:
+    """Start the hello service in a daemon thread; return the server (``close()`` stops it)."""
+    host, port = split_address(listen)
+    if not is_loopback(host) and not (settings.secret or settings.tls):
+        raise AuthError(f"refusing to accept hellos on {listen} without JODL_SECRET or TLS")
+    server = ThreadedServer(
+        HelloService(store),
+        hostname=host,
+        port=port,
+        reuse_addr=True,
+        authenticator=server_authenticator(settings),
+        protocol_config=dict(STRICT_CONFIG),
+        logger=logging.getLogger("jodl.registry.rpyc"),
+    )
+    threading.Thread(target=server.start, name="hello", daemon=True).start()
+    return server
+
+
+def hello(master: str, address: str, slots: int, settings: Settings,
+          labels: dict[str, str] | None = None) -> int:
+    """Announce the agent at ``address`` to the master's hello service; return the node id."""
+    try:
+        conn = connect(master, settings)
+    except (OSError, AuthError) as exc:
+        raise AgentUnavailable(f"cannot say hello to the master at {master}: {exc}") from None
+    try:
+        return int(conn.root.hello(address, slots, json.dumps(labels or {})))
+    except Exception as exc:  # noqa: BLE001 - remote errors arrive as generic exceptions
+        raise JodlError(f"the master at {master} refused the hello: {exc}") from None
+    finally:
+        conn.close()
