@@ -1,0 +1,301 @@
+"""The page checker's ``jodl`` commands: users, track, untrack, tracked, check, cycle.
+
+Installed through the entry point group ``jodl.commands``: :func:`register`
+receives the ``jodl`` click group and adds the commands to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.orm import Session
+
+from jodl.exceptions import JodlError
+
+
+def _engine(ctx: click.Context) -> Any:
+    from jodl.cli import _store
+
+    return _store(ctx).engine
+
+
+@contextmanager
+def _session(ctx: click.Context) -> Iterator[Session]:
+    """A session in one transaction; a missing table becomes one clear line."""
+    from sqlalchemy.orm import sessionmaker
+
+    sessions = sessionmaker(_engine(ctx), expire_on_commit=False)
+    try:
+        with sessions() as s, s.begin():
+            yield s
+    except (OperationalError, ProgrammingError) as exc:
+        if "no such table" in str(exc) or "does not exist" in str(exc):
+            raise JodlError(
+                "the database has no page checker tables; run: jodl db upgrade"
+            ) from None
+        raise
+
+
+# -- users ----------------------------------------------------------------------------------
+
+
+@click.group()
+def users() -> None:
+    """Add, list and remove users of the page checker."""
+
+
+@users.command("add")
+@click.argument("email")
+@click.option(
+    "--with-password", is_flag=True, help="Ask for a password (for the web UI), twice, hidden."
+)
+@click.pass_context
+def users_add(ctx: click.Context, email: str, with_password: bool) -> None:
+    """Add the user EMAIL."""
+    from .pages import add_user
+
+    password = None
+    if with_password:
+        password = click.prompt("password", hide_input=True, confirmation_prompt=True)
+    with _session(ctx) as s:
+        user = add_user(s, email, password)
+        click.echo(f"user {user.id} {user.email} added")
+
+
+@users.command("list")
+@click.pass_context
+def users_list(ctx: click.Context) -> None:
+    """List users with how many pages each tracks."""
+    from sqlalchemy import func, select
+
+    from .models import Tracking, User
+
+    with _session(ctx) as s:
+        rows = s.execute(
+            select(User.id, User.email, func.count(Tracking.id))
+            .outerjoin(Tracking, Tracking.user_id == User.id)
+            .group_by(User.id, User.email)
+            .order_by(User.email)
+        ).all()
+    for user_id, email, count in rows:
+        click.echo(f"{user_id:5d} {email:40s} {count} tracked")
+
+
+@users.command("remove")
+@click.argument("email")
+@click.pass_context
+def users_remove(ctx: click.Context, email: str) -> None:
+    """Remove the user EMAIL and their trackings."""
+    from .pages import remove_user
+
+    with _session(ctx) as s:
+        remove_user(s, email)
+    click.echo(f"user {email} removed")
+
+
+# -- tracking ---------------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("url")
+@click.option("--user", "email", required=True, help="E-mail of the user who tracks it.")
+@click.option("--selector", default=None, help="CSS selector: track only that part of the page.")
+@click.option(
+    "--period",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Check the page every N-th cycle (default 1).",
+)
+@click.pass_context
+def track(
+    ctx: click.Context, url: str, email: str, selector: str | None, period: int | None
+) -> None:
+    """USER tracks URL: they get a digest when it changes."""
+    from sqlalchemy import func, select
+
+    from .models import Page, Tracking
+    from .pages import track as do_track
+
+    with _session(ctx) as s:
+        tracking = do_track(s, email, url, selector=selector, period=period)
+        page = s.get(Page, tracking.page_id)
+        assert page is not None
+        trackers = s.scalar(select(func.count()).where(Tracking.page_id == page.id))
+    part = f" (selector {tracking.selector})" if tracking.selector else ""
+    click.echo(f"{email} tracks {page.url}{part}; {trackers} tracker(s), one fetch per cycle")
+
+
+@click.command()
+@click.argument("url")
+@click.option("--user", "email", required=True, help="E-mail of the user.")
+@click.pass_context
+def untrack(ctx: click.Context, url: str, email: str) -> None:
+    """USER stops tracking URL."""
+    from .pages import untrack as do_untrack
+
+    with _session(ctx) as s:
+        if not do_untrack(s, email, url):
+            raise JodlError(f"{email} does not track {url}")
+    click.echo(f"{email} no longer tracks {url}")
+
+
+@click.command()
+@click.option("--user", "email", default=None, help="Only this user's trackings.")
+@click.pass_context
+def tracked(ctx: click.Context, email: str | None) -> None:
+    """List tracked pages with their last check."""
+    from sqlalchemy import select
+
+    from .models import Page, Tracking, User
+
+    with _session(ctx) as s:
+        query = (
+            select(User.email, Page, Tracking.selector)
+            .join(Tracking, Tracking.user_id == User.id)
+            .join(Page, Page.id == Tracking.page_id)
+            .order_by(Page.url, User.email)
+        )
+        if email:
+            from .pages import normalise_email
+
+            query = query.where(User.email == normalise_email(email))
+        rows = s.execute(query).all()
+    for address, page, selector in rows:
+        checked = (
+            page.last_checked_at.isoformat(timespec="seconds") if page.last_checked_at else "never"
+        )
+        state = page.last_error or (f"HTTP {page.last_status}" if page.last_status else "-")
+        part = f" [{selector}]" if selector else ""
+        click.echo(f"{page.url}{part}  {address}  checked={checked}  {state}")
+
+
+# -- checking ----------------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("urls", nargs=-1, required=True)
+@click.option("--selector", default=None, help="CSS selector applied to every page.")
+@click.option("--text", "show_text", is_flag=True, help="Print the normalised text too.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON result per line.")
+def check(urls: tuple[str, ...], selector: str | None, show_text: bool, as_json: bool) -> None:
+    """Fetch URL... now, in this process, and print what a check sees (nothing is stored).
+
+    The same fetch path as the agents: SSRF guard, limits, robots.txt, politeness
+    (JODL_FETCH_* settings).
+    """
+    from .fetcher import Fetcher
+    from .pages import check_selector, normalise_url
+    from .settings import AppSettings
+
+    settings = AppSettings.from_env()
+    selector = check_selector(selector)
+    normal = [normalise_url(url) for url in urls]
+
+    async def fetch_all() -> list[dict[str, Any]]:
+        async with Fetcher(settings.fetch_settings()) as fetcher:
+            return await asyncio.gather(*(fetcher.fetch(u, selector=selector) for u in normal))
+
+    failed = 0
+    for result in asyncio.run(fetch_all()):
+        failed += not result["ok"]
+        if as_json:
+            click.echo(json.dumps(result, default=str))
+            continue
+        if result["ok"]:
+            title = f" {result['title']!r}" if result.get("title") else ""
+            click.echo(
+                f"{result['url']}: HTTP {result['status']}, {result['size']} bytes, "
+                f"{len(result['text'] or '')} chars, fingerprint {result['fingerprint'][:16]}"
+                f"{title} ({result['elapsed']:.2f}s)"
+            )
+            if show_text:
+                click.echo(result["text"] or "")
+        else:
+            click.echo(f"{result['url']}: {result['error']}: {result['error_message']}")
+    if failed:
+        sys.exit(1)
+
+
+@click.command()
+@click.pass_context
+def cycle(ctx: click.Context) -> None:
+    """Run one application cycle now (resuming an unfinished one) with a progress bar.
+
+    Checks every tracked page on the registered agents, records changes, e-mails
+    digests. Run it while no `jodl master` serves the same database (it takes the
+    master lease).
+    """
+    from jodl.cli import _settings, _store
+    from jodl.master import Master
+
+    from .cycle import PageCycle
+    from .settings import AppSettings
+
+    app = AppSettings.from_env()
+    with _cycle_progress() as (on_step, progress):
+        master = Master(_settings(ctx), store=_store(ctx), progress=progress)
+        try:
+            runner = PageCycle(master.store.engine, master.run_cycle, app, on_step=on_step)
+            try:
+                result = runner.run(trigger="command")
+            except (OperationalError, ProgrammingError) as exc:
+                if "no such table" in str(exc) or "does not exist" in str(exc):
+                    raise JodlError(
+                        "the database has no page checker tables; run: jodl db upgrade"
+                    ) from None
+                raise
+        finally:
+            master.close()
+    click.echo(result.line())
+
+
+@contextmanager
+def _cycle_progress() -> Iterator[tuple[Any, Any]]:
+    """(on_step, progress) callbacks: a rich bar on a terminal, plain lines otherwise."""
+    if sys.stdout.isatty():
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        ) as bar:
+            task = bar.add_task("cycle", total=None)
+
+            def on_step(step: str) -> None:
+                bar.update(task, description=step.replace("_", " "), completed=0, total=None)
+
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            yield on_step, progress
+        return
+    state = {"step": "", "last": -1}
+
+    def plain_step(step: str) -> None:
+        state["step"], state["last"] = step, -1
+        click.echo(f"step {step.replace('_', ' ')}")
+
+    def plain_progress(done: int, total: int) -> None:
+        tenth = max(1, total // 10)
+        if done // tenth != state["last"] or done == total:
+            state["last"] = done // tenth
+            click.echo(f"  {state['step']}: {done}/{total}")
+
+    yield plain_step, plain_progress
+
+
+def register(group: click.Group) -> None:
+    """Add the page checker's commands to the ``jodl`` group (entry point ``jodl.commands``)."""
+    from . import settings  # noqa: F401 - registers the JODL_* options for `jodl config`
+
+    for command in (users, track, untrack, tracked, check, cycle):
+        group.add_command(command)

@@ -1,0 +1,632 @@
+"""The application cycle (DESIGN §8) as a recorded state machine.
+
+::
+
+    prepare                jobs in line with the trackings; payloads carry validators,
+                           known fingerprints and (scheduled cycles) spread start times
+    check                  one JODL cycle of ``check_page`` on the agents
+    analyse                results -> confirmed-change rule -> views, snapshots, pages
+    prepare_notifications  one digest per user with confirmed changes: a row with an
+                           idempotency key and a ``notify`` job, committed together
+    send                   one JODL cycle of ``notify`` (agents send over SMTP); outcomes
+    finish                 snapshot retention, counts, the cycle closed
+
+The step reached is committed in :class:`~crawler_app.models.AppCycle` after each
+step's work, and every step can be redone: a process killed anywhere starts the
+same cycle again at the recorded step. The JODL run of each of the two job steps
+is opened and recorded *before* it runs, so a restart resumes that run (the
+library redoes only jobs without a committed result) instead of opening another.
+At most one cycle is open (a unique index); starting a cycle resumes the open one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, and_, bindparam, delete, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from jodl import failpoint
+from jodl.models import ExecState, Execution, Job, JobState, Run, RunState, utcnow
+from jodl.store import Store
+
+from . import change, mail
+from .models import (
+    WHOLE_PAGE,
+    AppCycle,
+    CycleStep,
+    Notification,
+    NotificationState,
+    Page,
+    PageView,
+    Snapshot,
+    Tracking,
+    User,
+    compress,
+    decompress,
+)
+from .pages import CHECK_FAMILY, NOTIFY_FAMILY, family_id, sync_jobs
+from .settings import AppSettings
+
+log = logging.getLogger("crawler_app.cycle")
+
+#: Check results applied per transaction in the analyse step.
+ANALYSE_CHUNK = 500
+
+#: Runs one JODL cycle of the named family to its end (e.g. ``Master.run_cycle``).
+RunFamily = Callable[[str], Any]
+#: Told the step being started (for progress displays).
+OnStep = Callable[[str], None]
+
+
+@dataclass
+class CycleResult:
+    """What one application cycle did (also stored in its :class:`AppCycle` row)."""
+
+    id: int
+    resumed: bool
+    pages: int
+    checked: int
+    not_modified: int
+    errors: int
+    changed: int
+    notifications: int
+    sent: int
+    elapsed: float
+
+    def line(self) -> str:
+        return (
+            f"cycle {self.id}{' (resumed)' if self.resumed else ''}: {self.checked}/{self.pages}"
+            f" pages checked ({self.not_modified} not modified, {self.errors} errors), "
+            f"{self.changed} changed, {self.sent}/{self.notifications} digests sent, "
+            f"{self.elapsed:.1f}s"
+        )
+
+
+def spread_fraction(url: str) -> float:
+    """A stable number in [0, 1) from the URL: where in the spread window its check starts."""
+    return int.from_bytes(hashlib.sha256(url.encode("utf-8")).digest()[:8], "big") / 2**64
+
+
+def _unix(when: dt.datetime) -> float:
+    return when.replace(tzinfo=dt.UTC).timestamp()
+
+
+class PageCycle:
+    """Runs (or resumes) application cycles on one database.
+
+    ``run_family`` runs a JODL cycle of a family to its end: ``master.run_cycle``
+    in a one-shot process, or ``lambda f: master.request_cycle(f).result()`` beside
+    a serving master.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        run_family: RunFamily,
+        settings: AppSettings | None = None,
+        on_step: OnStep | None = None,
+    ) -> None:
+        self.engine = engine
+        self.sessions = sessionmaker(engine, expire_on_commit=False)
+        self.run_family = run_family
+        self.settings = settings or AppSettings.from_env()
+        self.on_step = on_step
+        self.store = Store(engine)
+
+    # -- the state machine ---------------------------------------------------------------
+
+    def run(self, trigger: str = "command", spread: float = 0.0) -> CycleResult:
+        """Run one application cycle: resume the open one, or start a new one."""
+        started = time.perf_counter()
+        cycle, resumed = self.open_cycle(trigger, spread)
+        if resumed:
+            log.info("resuming cycle %d at step %s", cycle.id, cycle.step)
+        steps: dict[str, Callable[[AppCycle], None]] = {
+            CycleStep.PREPARE: self.prepare,
+            CycleStep.CHECK: self.check,
+            CycleStep.ANALYSE: self.analyse,
+            CycleStep.PREPARE_NOTIFICATIONS: self.prepare_notifications,
+            CycleStep.SEND: self.send,
+            CycleStep.FINISH: self.finish,
+        }
+        while cycle.step != CycleStep.DONE:
+            step = cycle.step
+            if self.on_step is not None:
+                self.on_step(step)
+            t0 = time.perf_counter()
+            steps[step](cycle)
+            failpoint.hit(f"app_{step}")  # work done, step not recorded: a restart redoes it
+            cycle = self._advance(cycle.id, step, time.perf_counter() - t0)
+        return CycleResult(
+            cycle.id,
+            resumed,
+            cycle.pages,
+            cycle.checked,
+            cycle.not_modified,
+            cycle.errors,
+            cycle.changed,
+            cycle.notifications,
+            cycle.sent,
+            time.perf_counter() - started,
+        )
+
+    def open_cycle(self, trigger: str = "command", spread: float = 0.0) -> tuple[AppCycle, bool]:
+        """The open cycle (resumed: True), or a new one at step ``prepare``."""
+        for _ in range(3):
+            with self.sessions() as s, s.begin():
+                cycle = s.scalar(select(AppCycle).where(AppCycle.is_open.is_(True)))
+                if cycle is not None:
+                    return cycle, True
+            try:
+                with self.sessions() as s, s.begin():
+                    now = utcnow()
+                    cycle = AppCycle(
+                        step=CycleStep.PREPARE,
+                        is_open=True,
+                        trigger=trigger,
+                        spread=spread,
+                        started_at=now,
+                        step_started_at=now,
+                        timings={},
+                    )
+                    s.add(cycle)
+                    s.flush()
+                    return cycle, False
+            except IntegrityError:
+                continue  # another process opened one meanwhile: resume that
+        raise RuntimeError("could not open an application cycle")
+
+    def _advance(self, cycle_id: int, step: str, seconds: float) -> AppCycle:
+        following = CycleStep.ORDER[CycleStep.ORDER.index(step) + 1]
+        with self.sessions() as s, s.begin():
+            cycle = s.get(AppCycle, cycle_id, with_for_update=True)
+            assert cycle is not None
+            if cycle.step != step:
+                return cycle  # someone else advanced it
+            cycle.timings = {**(cycle.timings or {}), step: round(seconds, 3)}
+            cycle.step = following
+            cycle.step_started_at = utcnow()
+            if following == CycleStep.DONE:
+                cycle.finished_at = utcnow()
+                cycle.is_open = None
+            return cycle
+
+    # -- prepare ---------------------------------------------------------------------------
+
+    def prepare(self, cycle: AppCycle) -> None:
+        """Jobs in line with trackings; each payload gets validators, known fingerprints
+        and, for a spread cycle, its start time and an ordering priority."""
+        with self.sessions() as s, s.begin():
+            family_id(s, NOTIFY_FAMILY)
+            live = sync_jobs(s)
+            fid = family_id(s, CHECK_FAMILY)
+            pages = s.execute(
+                select(Page.id, Page.url, Page.job_id, Page.etag, Page.last_modified)
+                .join(Job, Job.id == Page.job_id)
+                .where(Job.family_id == fid, Job.state == JobState.IDLE)
+            ).all()
+            wanted: dict[int, set[str]] = {}
+            for page_id, selector in s.execute(select(Tracking.page_id, Tracking.selector)):
+                wanted.setdefault(page_id, set()).add(selector or WHOLE_PAGE)
+            known: dict[tuple[int, str], tuple[list[str], bool]] = {}
+            for page_id, selector, fp, pending, recent in s.execute(
+                select(
+                    PageView.page_id,
+                    PageView.selector,
+                    PageView.fingerprint,
+                    PageView.pending,
+                    PageView.recent,
+                )
+            ):
+                fps = [f for f in (fp, pending, *(recent or [])) if f]
+                known[(page_id, selector)] = (fps, fp is not None or pending is not None)
+            start = _unix(cycle.started_at)
+            rows = []
+            for page_id, url, job_id, etag, last_modified in pages:
+                views: dict[str, list[str]] = {}
+                every_view_known = True
+                for selector in sorted(wanted.get(page_id, {WHOLE_PAGE})):
+                    fps, has_state = known.get((page_id, selector), ([], False))
+                    views[selector] = fps
+                    every_view_known &= has_state
+                payload: dict[str, Any] = {"url": url, "views": views}
+                # A 304 tells nothing about a view never seen: fetch in full then.
+                if every_view_known:
+                    if etag:
+                        payload["etag"] = etag
+                    if last_modified:
+                        payload["last_modified"] = last_modified
+                priority = 0
+                if cycle.spread > 0:
+                    fraction = spread_fraction(url)
+                    payload["start_at"] = round(start + fraction * cycle.spread, 3)
+                    priority = -int(fraction * 1_000_000)  # earliest start sent first
+                rows.append({"jid": job_id, "payload": json.dumps(payload), "prio": priority})
+            table = Job.__table__
+            for i in range(0, len(rows), 5000):
+                s.connection().execute(
+                    update(table)
+                    .where(table.c.id == bindparam("jid"))
+                    .values(payload=bindparam("payload"), priority=bindparam("prio")),
+                    rows[i : i + 5000],
+                )
+            s.get(AppCycle, cycle.id).pages = live  # type: ignore[union-attr]
+            cycle.pages = live
+
+    # -- the two JODL cycles -----------------------------------------------------------------
+
+    def _family_run(self, cycle: AppCycle, family: str, field: str) -> Run:
+        """Open (or find the recorded) JODL run of ``family`` for this cycle and run it."""
+        run_id = getattr(cycle, field)
+        if run_id is None:
+            fam = self.store.family(family)
+            assert fam is not None, f"family {family} is created in the prepare step"
+            run, _ = self.store.open_run(fam, 0)
+            with self.sessions() as s, s.begin():
+                row = s.get(AppCycle, cycle.id)
+                assert row is not None
+                setattr(row, field, run.id)
+            setattr(cycle, field, run.id)
+            run_id = run.id
+            failpoint.hit(f"app_{family}_opened")
+        with self.sessions() as s:
+            run = s.get(Run, run_id)
+            assert run is not None
+        if run.state == RunState.RUNNING:
+            self.run_family(family)
+            with self.sessions() as s:
+                run = s.get(Run, run_id)
+                assert run is not None
+        return run
+
+    def check(self, cycle: AppCycle) -> None:
+        """One JODL cycle of ``check_page``: every due page fetched once, on the agents."""
+        self._family_run(cycle, CHECK_FAMILY, "check_run_id")
+
+    # -- analyse ----------------------------------------------------------------------------
+
+    def analyse(self, cycle: AppCycle) -> None:
+        """Apply every check result of the cycle's run to its page and views.
+
+        In chunks, one transaction each; a page marks the cycle it was analysed
+        for, so a redone step skips what was already applied (counts included).
+        """
+        run_id = cycle.check_run_id
+        if run_id is None:
+            return
+        last = 0
+        while True:
+            with self.sessions() as s, s.begin():
+                rows = s.execute(
+                    select(Execution.id, Execution.job_id, Execution.result, Execution.finished_at)
+                    .where(
+                        Execution.run_id == run_id,
+                        Execution.state == ExecState.DONE,
+                        Execution.id > last,
+                    )
+                    .order_by(Execution.id)
+                    .limit(ANALYSE_CHUNK)
+                ).all()
+                if not rows:
+                    break
+                last = rows[-1][0]
+                self._analyse_chunk(s, cycle, rows)
+        with self.sessions() as s, s.begin():
+            # Jobs that failed every attempt: the page records why (never a change).
+            dead = s.execute(
+                select(Page, Job.last_error)
+                .join(Job, Job.id == Page.job_id)
+                .where(Job.run_id == run_id, Job.state == JobState.DEAD)
+            ).all()
+            for page, error in dead:
+                if page.analysed_cycle_id != cycle.id:
+                    page.analysed_cycle_id = cycle.id
+                    page.last_error = f"internal_error: {error}"
+                    page.last_checked_at = utcnow()
+                    row = s.get(AppCycle, cycle.id)
+                    assert row is not None
+                    row.errors += 1
+
+    def _analyse_chunk(self, s: Session, cycle: AppCycle, rows: list[Any]) -> None:
+        by_job = {job_id: (result, finished) for _, job_id, result, finished in rows}
+        pages = s.scalars(
+            select(Page).where(
+                Page.job_id.in_(list(by_job)),
+                or_(Page.analysed_cycle_id.is_(None), Page.analysed_cycle_id != cycle.id),
+            )
+        ).all()
+        if not pages:
+            return
+        views: dict[int, list[PageView]] = {}
+        for view in s.scalars(
+            select(PageView).where(PageView.page_id.in_([p.id for p in pages]))
+        ).all():
+            views.setdefault(view.page_id, []).append(view)
+        counts = {"checked": 0, "not_modified": 0, "errors": 0, "changed": 0}
+        for page in pages:
+            result_json, finished = by_job[page.job_id]
+            try:
+                result = json.loads(result_json or "null") or {}
+            except ValueError:
+                result = {"ok": False, "error": "internal_error", "error_message": "bad result"}
+            changed = self._apply(s, cycle, page, views.get(page.id, []), result, finished)
+            counts["checked"] += 1
+            counts["not_modified"] += bool(result.get("not_modified"))
+            counts["errors"] += not result.get("ok")
+            counts["changed"] += changed
+            page.analysed_cycle_id = cycle.id
+        row = s.get(AppCycle, cycle.id)
+        assert row is not None
+        for key, value in counts.items():
+            setattr(row, key, getattr(row, key) + value)
+
+    def _apply(
+        self,
+        s: Session,
+        cycle: AppCycle,
+        page: Page,
+        views: list[PageView],
+        result: dict[str, Any],
+        finished: dt.datetime | None,
+    ) -> int:
+        """Apply one check result; returns how many of the page's views changed."""
+        now = finished or utcnow()
+        ok = bool(result.get("ok"))
+        not_modified = bool(result.get("not_modified"))
+        page.last_checked_at = now
+        page.last_status = result.get("status")
+        if ok:
+            page.last_error = None
+            if not not_modified:
+                page.etag = result.get("etag")
+                page.last_modified = result.get("last_modified")
+                page.title = (result.get("title") or None) and result["title"][:300]
+                whole = (result.get("views") or {}).get(WHOLE_PAGE) or {}
+                page.fingerprint = whole.get("fingerprint") or page.fingerprint
+        else:
+            code = result.get("error") or "error"
+            page.last_error = f"{code}: {result.get('error_message') or ''}".strip()
+        seen = result.get("views") or {}
+        changed = 0
+        for view in views:
+            fetched = seen.get(view.selector) or {}
+            if not ok:
+                new = None
+            elif not_modified:
+                new = view.pending or view.fingerprint
+            elif view.selector not in seen or fetched.get("error"):
+                continue  # a view added after the payload was made, or a bad selector
+            else:
+                new = fetched.get("fingerprint")
+            history = [view.fingerprint, *(view.recent or [])] if view.fingerprint else []
+            decision = change.decide(
+                new, history, view.pending, flip_window=self.settings.flip_window
+            )
+            text = fetched.get("text")
+            if decision.store_snapshot and new is not None:
+                if text is None and new == view.pending:
+                    text = decompress(view.pending_text)
+                kind = "baseline" if decision.verdict == change.BASELINE else "change"
+                s.add(
+                    Snapshot(
+                        page_id=page.id,
+                        selector=view.selector,
+                        cycle_id=cycle.id,
+                        taken_at=now,
+                        status=result.get("status"),
+                        kind=kind,
+                        fingerprint=new,
+                        text_z=compress(text),
+                        chars=len(text or ""),
+                    )
+                )
+                if view.fingerprint:
+                    window = max(1, self.settings.flip_window)
+                    view.recent = [view.fingerprint, *(view.recent or [])][:window]
+                view.fingerprint = new
+                if kind == "change":
+                    view.last_changed_at = now
+                    page.last_changed_at = now
+                    changed += 1
+            if decision.pending != view.pending:
+                view.pending = decision.pending
+                view.pending_text = compress(text) if decision.pending else None
+                view.pending_since = now if decision.pending else None
+        return changed
+
+    # -- notifications ------------------------------------------------------------------------
+
+    def prepare_notifications(self, cycle: AppCycle) -> None:
+        """One digest per user tracking a view that changed in this cycle.
+
+        The notification row (with its idempotency key) and its ``notify`` job are
+        committed in one transaction; a redone step skips users that have one.
+        """
+        with self.sessions() as s, s.begin():
+            changes = s.execute(
+                select(Snapshot, Page)
+                .join(Page, Page.id == Snapshot.page_id)
+                .where(Snapshot.cycle_id == cycle.id, Snapshot.kind == "change")
+                .order_by(Page.url, Snapshot.selector)
+            ).all()
+            if not changes:
+                return
+            digests: dict[int, list[tuple[Snapshot, mail.ChangedPage]]] = {}
+            emails: dict[int, str] = {}
+            for snap, page in changes:
+                previous = s.scalar(
+                    select(Snapshot.text_z)
+                    .where(
+                        Snapshot.page_id == snap.page_id,
+                        Snapshot.selector == snap.selector,
+                        Snapshot.id < snap.id,
+                    )
+                    .order_by(Snapshot.id.desc())
+                    .limit(1)
+                )
+                item = mail.ChangedPage(
+                    url=page.url,
+                    title=page.title,
+                    selector=snap.selector or None,
+                    changed_at=snap.taken_at,
+                    diff=change.short_diff(decompress(previous) or "", snap.text),
+                    page_id=page.id,
+                )
+                trackers = s.execute(
+                    select(User.id, User.email)
+                    .join(Tracking, Tracking.user_id == User.id)
+                    .where(
+                        Tracking.page_id == snap.page_id,
+                        func.coalesce(Tracking.selector, WHOLE_PAGE) == snap.selector,
+                    )
+                ).all()
+                for user_id, address in trackers:
+                    emails[user_id] = address
+                    digests.setdefault(user_id, []).append((snap, item))
+            have = set(
+                s.scalars(select(Notification.user_id).where(Notification.cycle_id == cycle.id))
+            )
+            fid = family_id(s, NOTIFY_FAMILY)
+            domain = self.settings.mail_from.rpartition("@")[2].strip(" >") or "localhost"
+            stamp = cycle.started_at.strftime("%Y%m%d%H%M%S")
+            for user_id in sorted(digests):
+                if user_id in have:
+                    continue
+                key = f"digest-{cycle.id}-{user_id}"
+                message_id = f"<{key}.{stamp}@{domain}>"
+                digest = mail.Digest(
+                    emails[user_id], [item for _, item in digests[user_id]], self.settings.app_url
+                )
+                subject, text, html = mail.render(digest)
+                payload = {
+                    "key": key,
+                    "message_id": message_id,
+                    "from": self.settings.mail_from,
+                    "to": emails[user_id],
+                    "subject": subject,
+                    "text": text,
+                    "html": html,
+                }
+                job = Job(
+                    family_id=fid,
+                    key=key,
+                    payload=json.dumps(payload),
+                    state=JobState.IDLE,
+                    created_at=utcnow(),
+                    updated_at=utcnow(),
+                )
+                s.add(job)
+                s.flush()
+                s.add(
+                    Notification(
+                        cycle_id=cycle.id,
+                        user_id=user_id,
+                        idem_key=key,
+                        message_id=message_id,
+                        state=NotificationState.PREPARED,
+                        job_id=job.id,
+                        snapshots=[snap.id for snap, _ in digests[user_id]],
+                        created_at=utcnow(),
+                    )
+                )
+            row = s.get(AppCycle, cycle.id)
+            assert row is not None
+            row.notifications = len(digests)
+
+    def send(self, cycle: AppCycle) -> None:
+        """One JODL cycle of ``notify``, then each digest's outcome is recorded.
+
+        Sent digests' jobs end as ``done`` so no later ``notify`` cycle runs them again.
+        """
+        with self.sessions() as s:
+            prepared = s.scalar(
+                select(func.count()).where(
+                    Notification.cycle_id == cycle.id,
+                    Notification.state == NotificationState.PREPARED,
+                )
+            )
+        if not prepared:
+            return
+        run = self._family_run(cycle, NOTIFY_FAMILY, "notify_run_id")
+        failpoint.hit("app_send_ran")
+        with self.sessions() as s, s.begin():
+            rows = s.execute(
+                select(Notification, Job.state, Job.last_error, Execution.result)
+                .join(Job, Job.id == Notification.job_id)
+                .outerjoin(
+                    Execution,
+                    and_(
+                        Execution.job_id == Job.id,
+                        Execution.run_id == run.id,
+                        Execution.state == ExecState.DONE,
+                    ),
+                )
+                .where(
+                    Notification.cycle_id == cycle.id,
+                    Notification.state == NotificationState.PREPARED,
+                )
+            ).all()
+            sent = 0
+            for note, job_state, job_error, result in rows:
+                if result is not None:
+                    note.state = NotificationState.SENT
+                    note.sent_at = utcnow()
+                    sent += 1
+                elif job_state == JobState.DEAD:
+                    note.state = NotificationState.FAILED
+                    note.error = job_error
+            job_ids = [note.job_id for note, *_ in rows if note.job_id is not None]
+            if job_ids:
+                s.execute(
+                    update(Job)
+                    .where(Job.id.in_(job_ids), Job.state == JobState.IDLE)
+                    .values(state=JobState.DONE, updated_at=utcnow())
+                    .execution_options(synchronize_session=False)
+                )
+            row = s.get(AppCycle, cycle.id)
+            assert row is not None
+            row.sent += sent
+
+    # -- finish --------------------------------------------------------------------------------
+
+    def finish(self, cycle: AppCycle) -> None:
+        """Keep the newest ``JODL_SNAPSHOT_RETENTION`` snapshots of every view touched."""
+        keep = self.settings.snapshot_retention
+        with self.sessions() as s, s.begin():
+            touched = s.execute(
+                select(Snapshot.page_id, Snapshot.selector)
+                .where(Snapshot.cycle_id == cycle.id)
+                .distinct()
+            ).all()
+            for page_id, selector in touched:
+                old = list(
+                    s.scalars(
+                        select(Snapshot.id)
+                        .where(Snapshot.page_id == page_id, Snapshot.selector == selector)
+                        .order_by(Snapshot.id.desc())
+                        .offset(keep)
+                    )
+                )
+                if old:
+                    s.execute(delete(Snapshot).where(Snapshot.id.in_(old)))
+
+
+def open_cycle_step(engine: Engine) -> str | None:
+    """The step of the open application cycle, or None when none is open."""
+    with engine.connect() as conn:
+        return conn.scalar(select(AppCycle.step).where(AppCycle.is_open.is_(True)))
+
+
+def last_cycle_start(engine: Engine) -> dt.datetime | None:
+    """When the most recent application cycle started (UTC, naive), if any."""
+    with engine.connect() as conn:
+        return conn.scalar(select(func.max(AppCycle.started_at)))

@@ -1,0 +1,221 @@
+"""Tables of the page checker (DESIGN §8), on the library's metadata.
+
+Users track pages; a page is fetched once per cycle however many users track it
+(its :class:`Page` is linked 1 : 0..1 to a JODL job of family ``check_page``
+keyed by the normalised URL). A page is seen through one or more *views*: the
+whole page, and each CSS selector some tracking asks for. Every view keeps the
+state the confirmed-change rule needs (:mod:`crawler_app.change`) and a history
+of snapshots for diffs. An application cycle (:class:`AppCycle`) records the
+step it is at, so a killed process resumes there; a digest e-mail is one
+:class:`Notification` row per user per cycle, unique by its idempotency key.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import zlib
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from jodl.models import Base, BigId, utcnow
+
+#: Longest normalised URL kept (the guard refuses longer ones anyway).
+URL_LENGTH = 2048
+#: Longest CSS selector accepted for a tracking.
+SELECTOR_LENGTH = 500
+#: The view of the whole page (no selector).
+WHOLE_PAGE = ""
+
+
+def compress(text: str | None) -> bytes | None:
+    """Normalised text as stored in snapshots (zlib, UTF-8)."""
+    return None if text is None else zlib.compress(text.encode("utf-8"), 6)
+
+
+def decompress(data: bytes | None) -> str | None:
+    """The text :func:`compress` stored."""
+    return None if data is None else zlib.decompress(data).decode("utf-8")
+
+
+class User(Base):
+    """Someone who tracks pages and receives digests."""
+
+    __tablename__ = "app_user"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    email: Mapped[str] = mapped_column(String(320), unique=True)
+    password_hash: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Page(Base):
+    """A URL checked once per cycle for all its trackers."""
+
+    __tablename__ = "app_page"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    url: Mapped[str] = mapped_column(String(URL_LENGTH), unique=True)
+    #: The ``check_page`` job that fetches it (None while nobody tracks the page).
+    job_id: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("jodl_job.id", ondelete="SET NULL"), unique=True
+    )
+    #: Validators exactly as the server sent them (sent back in conditional GETs).
+    etag: Mapped[str | None] = mapped_column(String(1024))
+    last_modified: Mapped[str | None] = mapped_column(String(255))
+    #: Fingerprint of the whole page's text as last fetched.
+    fingerprint: Mapped[str | None] = mapped_column(String(64))
+    title: Mapped[str | None] = mapped_column(String(300))
+    #: HTTP status of the last fetch (None: no answer).
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    #: ``code: message`` of the last failed fetch; None after a good one.
+    last_error: Mapped[str | None] = mapped_column(Text)
+    last_checked_at: Mapped[dt.datetime | None]
+    last_changed_at: Mapped[dt.datetime | None]
+    #: Checked every N-th application cycle (1 = every cycle).
+    period: Mapped[int] = mapped_column(Integer, default=1)
+    #: The application cycle whose check result was applied last (analysis is idempotent).
+    analysed_cycle_id: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Tracking(Base):
+    """User U tracks page P since T, optionally only the part a CSS selector picks."""
+
+    __tablename__ = "app_tracking"
+    __table_args__ = (UniqueConstraint("user_id", "page_id", name="uq_app_tracking_user_page"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("app_user.id", ondelete="CASCADE"))
+    page_id: Mapped[int] = mapped_column(ForeignKey("app_page.id", ondelete="CASCADE"), index=True)
+    selector: Mapped[str | None] = mapped_column(String(SELECTOR_LENGTH))
+    since: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class PageView(Base):
+    """A page seen through one selector: the state of the confirmed-change rule."""
+
+    __tablename__ = "app_page_view"
+    __table_args__ = (
+        UniqueConstraint("page_id", "selector", name="uq_app_page_view_page_selector"),
+    )
+    id: Mapped[int] = mapped_column(primary_key=True)
+    page_id: Mapped[int] = mapped_column(ForeignKey("app_page.id", ondelete="CASCADE"))
+    #: The CSS selector; empty for the whole page.
+    selector: Mapped[str] = mapped_column(String(SELECTOR_LENGTH), default=WHOLE_PAGE)
+    #: Fingerprint of the current (confirmed) text; None before the first good fetch.
+    fingerprint: Mapped[str | None] = mapped_column(String(64))
+    #: Earlier confirmed fingerprints, newest first (to recognise a page flipping back).
+    recent: Mapped[list[str]] = mapped_column(JSON, default=list)
+    #: A new text seen once and not yet confirmed, with its text for the snapshot.
+    pending: Mapped[str | None] = mapped_column(String(64))
+    pending_text: Mapped[bytes | None] = mapped_column(LargeBinary)
+    pending_since: Mapped[dt.datetime | None]
+    last_changed_at: Mapped[dt.datetime | None]
+
+
+class Snapshot(Base):
+    """A confirmed state of a view: its text (compressed), for history and diffs."""
+
+    __tablename__ = "app_snapshot"
+    __table_args__ = (
+        Index("ix_app_snapshot_view", "page_id", "selector", "id"),
+        Index("ix_app_snapshot_cycle", "cycle_id"),
+    )
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    page_id: Mapped[int] = mapped_column(ForeignKey("app_page.id", ondelete="CASCADE"))
+    selector: Mapped[str] = mapped_column(String(SELECTOR_LENGTH), default=WHOLE_PAGE)
+    cycle_id: Mapped[int | None] = mapped_column(ForeignKey("app_cycle.id", ondelete="SET NULL"))
+    taken_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    #: HTTP status of the fetch that confirmed it (304 when confirmed by a 304).
+    status: Mapped[int | None] = mapped_column(Integer)
+    #: ``baseline`` (first state seen) or ``change`` (a confirmed change, notified).
+    kind: Mapped[str] = mapped_column(String(16))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    text_z: Mapped[bytes | None] = mapped_column(LargeBinary)
+    chars: Mapped[int] = mapped_column(Integer, default=0)
+
+    @property
+    def text(self) -> str:
+        return decompress(self.text_z) or ""
+
+
+class CycleStep:
+    """Steps of the application cycle, in order (DESIGN §8)."""
+
+    PREPARE = "prepare"
+    CHECK = "check"
+    ANALYSE = "analyse"
+    PREPARE_NOTIFICATIONS = "prepare_notifications"
+    SEND = "send"
+    FINISH = "finish"
+    DONE = "done"
+    ORDER = (PREPARE, CHECK, ANALYSE, PREPARE_NOTIFICATIONS, SEND, FINISH, DONE)
+
+
+class AppCycle(Base):
+    """One application cycle and the step it has reached (resumed there after a crash)."""
+
+    __tablename__ = "app_cycle"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    step: Mapped[str] = mapped_column(String(32), default=CycleStep.PREPARE)
+    #: True while unfinished, NULL after: the unique index allows one open cycle at most.
+    is_open: Mapped[bool | None] = mapped_column(Boolean, unique=True, default=True)
+    #: Why the cycle was started (``schedule``, ``command``, ...).
+    trigger: Mapped[str] = mapped_column(String(32), default="command")
+    #: Checks of this cycle start spread over this many seconds (0: all at once).
+    spread: Mapped[float] = mapped_column(default=0.0)
+    started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    step_started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[dt.datetime | None]
+    check_run_id: Mapped[int | None] = mapped_column(ForeignKey("jodl_run.id", ondelete="SET NULL"))
+    notify_run_id: Mapped[int | None] = mapped_column(
+        ForeignKey("jodl_run.id", ondelete="SET NULL")
+    )
+    pages: Mapped[int] = mapped_column(Integer, default=0)
+    checked: Mapped[int] = mapped_column(Integer, default=0)
+    not_modified: Mapped[int] = mapped_column(Integer, default=0)
+    errors: Mapped[int] = mapped_column(Integer, default=0)
+    changed: Mapped[int] = mapped_column(Integer, default=0)
+    notifications: Mapped[int] = mapped_column(Integer, default=0)
+    sent: Mapped[int] = mapped_column(Integer, default=0)
+    #: Per step: seconds it took.
+    timings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class NotificationState:
+    PREPARED = "prepared"  # committed with its job; not sent yet
+    SENT = "sent"  # the agent reported the SMTP server accepted it
+    FAILED = "failed"  # sending failed every attempt
+
+
+class Notification(Base):
+    """One digest e-mail: one user, one cycle, one idempotency key."""
+
+    __tablename__ = "app_notification"
+    __table_args__ = (
+        UniqueConstraint("cycle_id", "user_id", name="uq_app_notification_cycle_user"),
+    )
+    id: Mapped[int] = mapped_column(primary_key=True)
+    cycle_id: Mapped[int] = mapped_column(ForeignKey("app_cycle.id", ondelete="CASCADE"))
+    user_id: Mapped[int] = mapped_column(ForeignKey("app_user.id", ondelete="CASCADE"))
+    #: ``digest-<cycle>-<user>``: the ``notify`` job's key; the Message-ID is built from it.
+    idem_key: Mapped[str] = mapped_column(String(100), unique=True)
+    message_id: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16), default=NotificationState.PREPARED)
+    job_id: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("jodl_job.id", ondelete="SET NULL")
+    )
+    #: Snapshot ids of the changes the digest lists.
+    snapshots: Mapped[list[int]] = mapped_column(JSON, default=list)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    sent_at: Mapped[dt.datetime | None]
+    error: Mapped[str | None] = mapped_column(Text)

@@ -1,0 +1,342 @@
+"""Users, pages and trackings: the operations behind ``jodl users``/``track``/``untrack``.
+
+Every function works inside the caller's SQLAlchemy session and transaction, so
+the CLI and the web UI can combine them and commit once. A URL is normalised
+(and checked for syntax by the SSRF guard) before it is stored; the same URL
+tracked by any number of users is one :class:`~crawler_app.models.Page` with one
+``check_page`` job keyed by that normalised URL.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import bindparam, func, insert, select, true, update
+from sqlalchemy.orm import Session
+from werkzeug.security import check_password_hash, generate_password_hash
+
+from jodl.exceptions import JodlError
+from jodl.models import Family, Job, JobState, utcnow
+
+from .guard import FetchRefused, parse_url
+from .models import SELECTOR_LENGTH, URL_LENGTH, WHOLE_PAGE, Page, PageView, Tracking, User
+from .text import SelectorError, compile_selector
+
+#: Family of the jobs that fetch pages.
+CHECK_FAMILY = "check_page"
+#: Family of the jobs that send digests.
+NOTIFY_FAMILY = "notify"
+
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$|^[^@\s]+@localhost$")
+
+
+class PageError(JodlError):
+    """A user, URL or selector the page checker cannot accept (one-line message)."""
+
+
+def normalise_url(url: str) -> str:
+    """The normalised form of ``url`` (lower-case scheme and host, no default port, no
+    fragment); :class:`PageError` if the guard refuses its syntax (``file:``, credentials,
+    odd IPv4 forms, backslashes...). No DNS lookup: addresses are checked at every fetch."""
+    try:
+        normal = parse_url(url.strip()).url
+    except FetchRefused as exc:
+        raise PageError(f"cannot track {url!r}: {exc.message}") from None
+    if len(normal) > URL_LENGTH:
+        raise PageError(f"cannot track a URL longer than {URL_LENGTH} characters")
+    return normal
+
+
+def check_selector(selector: str | None) -> str | None:
+    """A CSS selector ready to store (stripped; None for the whole page) or :class:`PageError`."""
+    if selector is None or not selector.strip():
+        return None
+    selector = selector.strip()
+    if len(selector) > SELECTOR_LENGTH:
+        raise PageError(f"a CSS selector may have at most {SELECTOR_LENGTH} characters")
+    try:
+        compile_selector(selector)
+    except SelectorError as exc:
+        raise PageError(str(exc)) from None
+    return selector
+
+
+def normalise_email(email: str) -> str:
+    """Lower-cased, stripped address; :class:`PageError` if it does not look like one."""
+    email = email.strip().lower()
+    if len(email) > 320 or not _EMAIL.match(email):
+        raise PageError(f"not an e-mail address: {email!r}")
+    return email
+
+
+# -- users -------------------------------------------------------------------------------------
+
+
+def add_user(session: Session, email: str, password: str | None = None) -> User:
+    """Create a user; :class:`PageError` if the address is taken or malformed.
+
+    The password is stored only as a salted hash (werkzeug's scrypt); without a
+    password the user cannot log in to the web UI but still gets e-mails.
+    """
+    email = normalise_email(email)
+    if session.scalar(select(User.id).where(User.email == email)) is not None:
+        raise PageError(f"user {email} already exists")
+    user = User(
+        email=email,
+        password_hash=generate_password_hash(password) if password else None,
+        created_at=utcnow(),
+    )
+    session.add(user)
+    session.flush()
+    return user
+
+
+def get_user(session: Session, email: str) -> User:
+    """The user with this address; :class:`PageError` if there is none."""
+    email = normalise_email(email)
+    user = session.scalar(select(User).where(User.email == email))
+    if user is None:
+        raise PageError(f"no user {email}; add one with: jodl users add {email}")
+    return user
+
+
+def set_password(user: User, password: str) -> None:
+    """Replace the user's password (hash only)."""
+    user.password_hash = generate_password_hash(password)
+
+
+def check_password(user: User, password: str) -> bool:
+    """True when ``password`` is the user's."""
+    return bool(user.password_hash) and check_password_hash(user.password_hash or "", password)
+
+
+def remove_user(session: Session, email: str) -> None:
+    """Delete a user and their trackings; pages nobody tracks any more stop being checked."""
+    user = get_user(session, email)
+    page_ids = list(session.scalars(select(Tracking.page_id).where(Tracking.user_id == user.id)))
+    session.delete(user)
+    session.flush()
+    sync_jobs(session, page_ids)
+
+
+# -- tracking ----------------------------------------------------------------------------------
+
+
+def track(
+    session: Session,
+    email: str,
+    url: str,
+    selector: str | None = None,
+    period: int | None = None,
+) -> Tracking:
+    """``email`` tracks ``url`` (only the part ``selector`` picks, if given).
+
+    Tracking a page again replaces the selector. The page's ``check_page`` job is
+    created (or revived) at once. ``period`` (checked every N-th cycle) applies to
+    the page, hence to all its trackers.
+    """
+    user = get_user(session, email)
+    normal = normalise_url(url)
+    selector = check_selector(selector)
+    if period is not None and period < 1:
+        raise PageError("the period is a whole number of cycles, at least 1")
+    page = session.scalar(select(Page).where(Page.url == normal))
+    if page is None:
+        page = Page(url=normal, period=period or 1, created_at=utcnow())
+        session.add(page)
+        session.flush()
+    elif period is not None:
+        page.period = period
+    tracking = session.scalar(
+        select(Tracking).where(Tracking.user_id == user.id, Tracking.page_id == page.id)
+    )
+    if tracking is None:
+        tracking = Tracking(user_id=user.id, page_id=page.id, selector=selector, since=utcnow())
+        session.add(tracking)
+    else:
+        tracking.selector = selector
+    session.flush()
+    sync_jobs(session, [page.id])
+    return tracking
+
+
+def untrack(session: Session, email: str, url: str) -> bool:
+    """Stop ``email`` tracking ``url``; False if they did not track it.
+
+    A page nobody tracks keeps its history but its job is deleted (no more fetches).
+    """
+    user = get_user(session, email)
+    normal = normalise_url(url)
+    page = session.scalar(select(Page).where(Page.url == normal))
+    if page is None:
+        return False
+    tracking = session.scalar(
+        select(Tracking).where(Tracking.user_id == user.id, Tracking.page_id == page.id)
+    )
+    if tracking is None:
+        return False
+    session.delete(tracking)
+    session.flush()
+    sync_jobs(session, [page.id])
+    return True
+
+
+def trackings_of(session: Session, email: str) -> list[tuple[Tracking, Page]]:
+    """A user's trackings with their pages, by URL."""
+    user = get_user(session, email)
+    rows = session.execute(
+        select(Tracking, Page)
+        .join(Page, Page.id == Tracking.page_id)
+        .where(Tracking.user_id == user.id)
+        .order_by(Page.url)
+    )
+    return [(t, p) for t, p in rows.tuples()]
+
+
+# -- pages and their check_page jobs -------------------------------------------------------------
+
+
+def family_id(session: Session, name: str) -> int:
+    """Id of the JODL family ``name``, created on first use."""
+    fid = session.scalar(select(Family.id).where(Family.name == name))
+    if fid is None:
+        # Both families are idempotent for the master: a check may run twice harmlessly,
+        # and a digest carries its own idempotency key (the agent journal refuses a resend).
+        fam = Family(name=name, idempotent=True, created_at=utcnow())
+        session.add(fam)
+        session.flush()
+        fid = fam.id
+    return fid
+
+
+def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
+    """Give every tracked page an idle ``check_page`` job and delete the untracked ones' jobs.
+
+    ``page_ids`` limits the work to those pages (None: all pages). Also gives each
+    page a view per selector its trackers use. A handful of statements whatever
+    the number of pages. Returns the number of pages with a live job.
+    """
+    fid = family_id(session, CHECK_FAMILY)
+    ids = None if page_ids is None else list(page_ids)
+    if ids is not None and not ids:
+        return 0
+
+    def only(column: Any) -> Any:
+        return column.in_(ids) if ids is not None else true()
+
+    pages = session.execute(
+        select(Page.id, Page.url, Page.job_id, Page.period, Job.state, Job.every_n_cycles)
+        .outerjoin(Job, Job.id == Page.job_id)
+        .where(only(Page.id))
+    ).all()
+    selectors: dict[int, set[str]] = {}
+    for page_id, selector in session.execute(
+        select(Tracking.page_id, Tracking.selector).where(only(Tracking.page_id))
+    ):
+        selectors.setdefault(page_id, set()).add(selector or WHOLE_PAGE)
+    views = set(
+        session.execute(select(PageView.page_id, PageView.selector).where(only(PageView.page_id)))
+        .tuples()
+        .all()
+    )
+    now = utcnow()
+    missing: dict[str, tuple[int, int]] = {}  # url -> (page id, period)
+    revive: list[dict[str, Any]] = []
+    delete: list[int] = []
+    for page_id, url, job_id, period, state, every in pages:
+        if page_id in selectors:
+            if job_id is None or state is None:
+                missing[url] = (page_id, period)
+            elif state != JobState.IDLE or every != period:
+                revive.append({"jid": job_id, "every": period})
+        elif job_id is not None and state not in (None, JobState.DELETED):
+            delete.append(job_id)
+    if missing:
+        # A job of that key may exist without the page pointing at it (added elsewhere).
+        existing = _jobs_by_key(session, fid, list(missing))
+        new_rows = [
+            {
+                "family_id": fid,
+                "key": url,
+                "payload": json.dumps({"url": url}),
+                "state": JobState.IDLE,
+                "every_n_cycles": period,
+                "priority": 0,
+                "attempts": 0,
+                "created_at": now,
+                "updated_at": now,
+            }
+            for url, (_, period) in missing.items()
+            if url not in existing
+        ]
+        if new_rows:
+            session.execute(insert(Job), new_rows)
+        existing = _jobs_by_key(session, fid, list(missing))
+        session.execute(
+            update(Page.__table__).where(Page.__table__.c.id == bindparam("pid")),
+            [{"pid": pid, "job_id": existing[url]} for url, (pid, _) in missing.items()],
+        )
+        revive.extend(
+            {"jid": existing[url], "every": period}
+            for url, (_, period) in missing.items()
+            if url not in {r["key"] for r in new_rows}
+        )
+    if revive:
+        # Tracked again (or dead after repeated failures): back into the cycles.
+        table = Job.__table__
+        session.execute(
+            update(table)
+            .where(table.c.id == bindparam("jid"))
+            .values(
+                state=JobState.IDLE,
+                every_n_cycles=bindparam("every"),
+                attempts=0,
+                updated_at=now,
+            ),
+            revive,
+        )
+    if delete:
+        session.execute(
+            update(Job)
+            .where(Job.id.in_(delete))
+            .values(state=JobState.DELETED, updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+    new_views = [
+        {"page_id": page_id, "selector": sel, "recent": []}
+        for page_id, sels in selectors.items()
+        for sel in sorted(sels)
+        if (page_id, sel) not in views
+    ]
+    if new_views:
+        session.execute(insert(PageView), new_views)
+    session.expire_all()
+    return len(selectors)
+
+
+def _jobs_by_key(session: Session, fid: int, keys: list[str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for start in range(0, len(keys), 1000):
+        chunk = keys[start : start + 1000]
+        found.update(
+            session.execute(select(Job.key, Job.id).where(Job.family_id == fid, Job.key.in_(chunk)))
+            .tuples()
+            .all()
+        )
+    return found
+
+
+def page_counts(session: Session) -> dict[str, int]:
+    """Numbers of users, pages, tracked pages and trackings."""
+    return {
+        "users": session.scalar(select(func.count()).select_from(User)) or 0,
+        "pages": session.scalar(select(func.count()).select_from(Page)) or 0,
+        "tracked_pages": session.scalar(
+            select(func.count(func.distinct(Tracking.page_id))).select_from(Tracking)
+        )
+        or 0,
+        "trackings": session.scalar(select(func.count()).select_from(Tracking)) or 0,
+    }

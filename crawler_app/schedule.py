@@ -1,0 +1,197 @@
+"""Scheduled application cycles beside a serving master (``jodl master``).
+
+An APScheduler ``BackgroundScheduler`` fires the page-check cycle on the cron
+expression ``JODL_SCHEDULE`` (five fields, local time; a sixth leading field
+gives seconds). The cycle runs in the scheduler's thread; its two job steps ask
+the serving master (single-threaded) to run a JODL cycle with
+``Master.request_cycle`` and wait for it.
+
+* One cycle at a time: the job has ``max_instances=1`` and a lock guards the
+  cycle; at most one application cycle is open in the database anyway.
+* Slots missed while the master was down run **once** at start, not once per
+  missed slot: the database says when the last cycle started; if a slot fell
+  between then and now (or a cycle is still open) the job's first run is now.
+  ``coalesce`` folds slots missed while a long cycle ran into one run.
+* The checks of a scheduled cycle start spread over ``JODL_CHECK_SPREAD``
+  seconds by a hash of the URL, never more than a quarter of the time to the
+  next slot.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.cron import CronTrigger
+from sqlalchemy import Engine
+
+from jodl.exceptions import JodlError
+
+from .cycle import CycleResult, PageCycle, RunFamily, last_cycle_start, open_cycle_step
+from .settings import AppSettings
+
+log = logging.getLogger("crawler_app.schedule")
+
+#: Id of the scheduler job that runs the application cycle.
+JOB_ID = "page-check-cycle"
+
+
+def cron_trigger(expression: str, timezone: Any = None) -> CronTrigger:
+    """A trigger for a crontab line (``MIN HOUR DAY MONTH WEEKDAY``, or ``SEC`` first)."""
+    fields = expression.split()
+    if len(fields) == 6:
+        second, minute, hour, day, month, dow = fields
+        return CronTrigger(
+            second=second,
+            minute=minute,
+            hour=hour,
+            day=day,
+            month=month,
+            day_of_week=dow,
+            timezone=timezone,
+        )
+    return CronTrigger.from_crontab(expression, timezone=timezone)
+
+
+class CycleScheduler:
+    """Runs the application cycle on a cron schedule, once at a time, catching up once."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        run_family: RunFamily,
+        settings: AppSettings | None = None,
+        timezone: Any = None,
+    ) -> None:
+        self.engine = engine
+        self.run_family = run_family
+        self.settings = settings or AppSettings.from_env()
+        self.scheduler = BackgroundScheduler(
+            timezone=timezone,
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+        )
+        self.trigger = cron_trigger(self.settings.schedule, self.scheduler.timezone)
+        self._lock = threading.Lock()
+        #: Results of the cycles run by this scheduler, oldest first.
+        self.results: list[CycleResult] = []
+        #: Cycles the scheduler wanted to start while one was running (skipped).
+        self.skipped = 0
+
+    def _now(self) -> dt.datetime:
+        return dt.datetime.now(self.scheduler.timezone)
+
+    def missed(self, now: dt.datetime | None = None) -> bool:
+        """True when a cycle is open, or a slot passed since the last cycle started."""
+        if open_cycle_step(self.engine) is not None:
+            return True
+        last = last_cycle_start(self.engine)
+        if last is None:
+            return True  # never ran: the first slot is now
+        now = now or self._now()
+        after = last.replace(tzinfo=dt.UTC)
+        slot = self.trigger.get_next_fire_time(None, after)
+        return slot is not None and slot <= now
+
+    def spread(self, now: dt.datetime | None = None) -> float:
+        """Seconds to spread the checks over: the setting, capped at a quarter period."""
+        if self.settings.check_spread <= 0:
+            return 0.0
+        now = now or self._now()
+        first = self.trigger.get_next_fire_time(None, now)
+        if first is None:
+            return self.settings.check_spread
+        second = self.trigger.get_next_fire_time(first, first + dt.timedelta(seconds=1))
+        if second is None:
+            return self.settings.check_spread
+        return max(0.0, min(self.settings.check_spread, (second - first).total_seconds() / 4))
+
+    def start(self) -> None:
+        """Schedule the cycle (first run now when one was missed) and start the thread."""
+        first = self._now() if self.missed() else None
+        self.scheduler.add_job(
+            self.run_cycle,
+            self.trigger,
+            id=JOB_ID,
+            name="page check cycle",
+            next_run_time=first if first is not None else _undefined(),
+            replace_existing=True,
+        )
+        self.scheduler.start()
+        job = self.scheduler.get_job(JOB_ID)
+        log.info(
+            "page check cycle scheduled (%s), next run %s%s",
+            self.settings.schedule,
+            job.next_run_time if job else "?",
+            " (catching up a missed run)" if first is not None else "",
+        )
+
+    def next_run_time(self) -> dt.datetime | None:
+        job = self.scheduler.get_job(JOB_ID)
+        return job.next_run_time if job else None
+
+    def run_cycle(self, trigger: str = "schedule") -> CycleResult | None:
+        """Run (or resume) one application cycle unless one is running in this process."""
+        if not self._lock.acquire(blocking=False):
+            self.skipped += 1
+            log.warning("page check cycle still running; this slot is skipped")
+            return None
+        try:
+            runner = PageCycle(self.engine, self.run_family, self.settings)
+            result = runner.run(trigger=trigger, spread=self.spread())
+            log.info("%s", result.line())
+            self.results.append(result)
+            return result
+        except Exception:
+            log.exception("page check cycle failed; it resumes at its step on the next run")
+            return None
+        finally:
+            self._lock.release()
+
+    def stop(self) -> None:
+        """Stop firing; a cycle in progress stays open and resumes on the next start."""
+        self.scheduler.shutdown(wait=False)
+
+
+def _undefined() -> Any:
+    from apscheduler.util import undefined
+
+    return undefined
+
+
+class _MasterRunner:
+    """Runs a family's cycle on a serving master from another thread, until stopped."""
+
+    def __init__(self, master: Any) -> None:
+        self.master = master
+        self.stopped = threading.Event()
+
+    def __call__(self, family: str) -> Any:
+        future: Future[Any] = self.master.request_cycle(family)
+        while True:
+            try:
+                return future.result(timeout=0.5)
+            except FutureTimeout:
+                if self.stopped.is_set():
+                    raise JodlError(f"the master stopped while the {family} cycle ran") from None
+
+
+def start(master: Any, settings: Any = None) -> Callable[[], None]:
+    """Entry point ``jodl.services``: schedule page-check cycles on a serving master.
+
+    Returns the function that stops the scheduler.
+    """
+    runner = _MasterRunner(master)
+    scheduler = CycleScheduler(master.store.engine, runner, AppSettings.from_env())
+    scheduler.start()
+
+    def stop() -> None:
+        runner.stopped.set()
+        scheduler.stop()
+
+    return stop

@@ -1,0 +1,287 @@
+"""Settings of the page checker: ``JODL_*`` options added to the library's one table.
+
+The master reads the schedule, mail and retention options; agents read the
+fetch and SMTP options from their own environment (job code runs there). Every
+option is declared once here with :class:`jodl.config.Option`, so ``jodl config``
+prints them with the library's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from apscheduler.triggers.cron import CronTrigger
+
+from jodl.config import Option, read_values, register_options
+from jodl.exceptions import ConfigError
+
+from . import change, fetcher, politeness
+from .guard import parse_allowlist
+
+#: Cron expression of the application cycle run by ``jodl master`` (daily at 06:00).
+DEFAULT_SCHEDULE = "0 6 * * *"
+#: Seconds over which the checks of a scheduled cycle are spread (by a hash of the URL).
+DEFAULT_CHECK_SPREAD = 300.0
+#: Confirmed snapshots kept per page view (older ones are deleted).
+DEFAULT_SNAPSHOT_RETENTION = 50
+#: Sender of the digests.
+DEFAULT_MAIL_FROM = "JODL page checker <jodl@localhost>"
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _cron(text: str) -> str:
+    try:
+        CronTrigger.from_crontab(text)
+    except ValueError as exc:
+        raise ValueError(f"not a cron expression (MIN HOUR DAY MONTH WEEKDAY): {exc}") from None
+    return text
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 < value < 65536:
+        raise ValueError(f"expected a port number, got {text!r}")
+    return value
+
+
+_LOCAL_PARSERS = {
+    "int0": _non_negative_int,
+    "float0": _non_negative_float,
+    "cron": _cron,
+    "port": _port,
+}
+
+
+@dataclass(frozen=True)
+class AppOption(Option):
+    """An :class:`Option` with the few extra kinds the page checker needs."""
+
+    def parse(self, text: str) -> Any:
+        parser = _LOCAL_PARSERS.get(self.kind)
+        if parser is None:
+            return super().parse(text)
+        try:
+            return parser(text)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{self.name}: {exc}") from None
+
+
+FS = fetcher.FetchSettings()
+
+OPTIONS: tuple[Option, ...] = (
+    AppOption(
+        "JODL_SCHEDULE",
+        DEFAULT_SCHEDULE,
+        "cron",
+        "Cron expression (MIN HOUR DAY MONTH WEEKDAY, local time) of the page-check cycle "
+        "that `jodl master` runs; a run missed while the master was down runs once at start",
+        "master",
+    ),
+    AppOption(
+        "JODL_CHECK_SPREAD",
+        str(DEFAULT_CHECK_SPREAD),
+        "float0",
+        "Seconds over which a scheduled cycle's checks start, ordered by a hash of the URL "
+        "(0: all at once; never more than a quarter of the time between two runs)",
+        "master",
+    ),
+    AppOption(
+        "JODL_SNAPSHOT_RETENTION",
+        str(DEFAULT_SNAPSHOT_RETENTION),
+        "int+",
+        "Confirmed snapshots kept per tracked page (and selector) for history and diffs",
+        "master",
+    ),
+    AppOption(
+        "JODL_FLIP_WINDOW",
+        str(change.DEFAULT_FLIP_WINDOW),
+        "int0",
+        "Earlier states a page may flip back to without that counting as a change",
+        "master",
+    ),
+    AppOption(
+        "JODL_MAIL_FROM", DEFAULT_MAIL_FROM, "str", "From: address of the digest e-mails", "master"
+    ),
+    AppOption(
+        "JODL_APP_URL",
+        "",
+        "str?",
+        "Public URL of the web UI, linked from the e-mails (no link when empty)",
+        "master",
+    ),
+    AppOption("JODL_SMTP_HOST", "localhost", "str", "SMTP server the agents send mail to", "agent"),
+    AppOption("JODL_SMTP_PORT", "25", "port", "Port of the SMTP server", "agent"),
+    AppOption("JODL_SMTP_USER", "", "str?", "SMTP login (none when empty)", "agent"),
+    AppOption("JODL_SMTP_PASSWORD", "", "str?", "SMTP password", "agent"),
+    AppOption(
+        "JODL_SMTP_STARTTLS", "false", "bool", "Upgrade the SMTP session with STARTTLS", "agent"
+    ),
+    AppOption("JODL_SMTP_TIMEOUT", "30", "float+", "Seconds an SMTP exchange may take", "agent"),
+    AppOption(
+        "JODL_MAIL_JOURNAL",
+        "",
+        "str?",
+        "SQLite file where an agent records each digest before and after sending it, so a "
+        "digest is never sent twice even across agent restarts (in memory when empty)",
+        "agent",
+    ),
+    AppOption(
+        "JODL_FETCH_ALLOW",
+        "",
+        "list",
+        "Comma-separated networks fetches may reach although not public "
+        "(e.g. 10.1.0.0/16 for an intranet, 127.0.0.0/8 for tests); everything else private "
+        "is refused",
+        "agent",
+    ),
+    AppOption("JODL_FETCH_USER_AGENT", FS.user_agent, "str", "User-Agent of every fetch", "agent"),
+    AppOption(
+        "JODL_FETCH_CONNECT_TIMEOUT",
+        str(FS.connect_timeout),
+        "float+",
+        "Seconds to connect",
+        "agent",
+    ),
+    AppOption(
+        "JODL_FETCH_READ_TIMEOUT",
+        str(FS.read_timeout),
+        "float+",
+        "Seconds without a byte before a fetch gives up",
+        "agent",
+    ),
+    AppOption(
+        "JODL_FETCH_TOTAL_TIMEOUT",
+        str(FS.total_timeout),
+        "float+",
+        "Seconds of network time one fetch may take, redirects included",
+        "agent",
+    ),
+    AppOption(
+        "JODL_FETCH_MAX_BYTES", str(FS.max_bytes), "int+", "Largest page body read (bytes)", "agent"
+    ),
+    AppOption(
+        "JODL_FETCH_MAX_REDIRECTS", str(FS.max_redirects), "int0", "Redirects followed", "agent"
+    ),
+    AppOption(
+        "JODL_FETCH_ACCEPT",
+        ",".join(FS.accepted_types),
+        "list",
+        "Media types fetched (an entry +xml matches a suffix); others are an error",
+        "agent",
+    ),
+    AppOption(
+        "JODL_FETCH_HOST_IN_FLIGHT",
+        str(politeness.DEFAULT_MAX_IN_FLIGHT),
+        "int+",
+        "Requests to one host in flight at once, per agent",
+        "agent",
+    ),
+    AppOption(
+        "JODL_FETCH_HOST_INTERVAL",
+        str(politeness.DEFAULT_MIN_INTERVAL),
+        "float0",
+        "Seconds between the starts of two requests to one host, per agent "
+        "(raised to the host's robots.txt Crawl-delay)",
+        "agent",
+    ),
+    AppOption(
+        "JODL_FETCH_MAX_RETRY_AFTER",
+        str(politeness.DEFAULT_MAX_PAUSE),
+        "float0",
+        "Longest pause a host's Retry-After may impose (seconds)",
+        "agent",
+    ),
+    AppOption("JODL_FETCH_ROBOTS", "true", "bool", "Obey robots.txt", "agent"),
+    AppOption(
+        "JODL_FETCH_MAX_CONNECTIONS",
+        str(FS.max_connections),
+        "int+",
+        "Connections open at once per agent, all hosts together",
+        "agent",
+    ),
+)
+
+register_options(OPTIONS)
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """The page checker's settings; build with :meth:`from_env`."""
+
+    schedule: str = DEFAULT_SCHEDULE
+    check_spread: float = DEFAULT_CHECK_SPREAD
+    snapshot_retention: int = DEFAULT_SNAPSHOT_RETENTION
+    flip_window: int = change.DEFAULT_FLIP_WINDOW
+    mail_from: str = DEFAULT_MAIL_FROM
+    app_url: str | None = None
+    smtp_host: str = "localhost"
+    smtp_port: int = 25
+    smtp_user: str | None = None
+    smtp_password: str | None = None
+    smtp_starttls: bool = False
+    smtp_timeout: float = 30.0
+    mail_journal: str | None = None
+    fetch_allow: tuple[str, ...] = ()
+    fetch_user_agent: str = FS.user_agent
+    fetch_connect_timeout: float = FS.connect_timeout
+    fetch_read_timeout: float = FS.read_timeout
+    fetch_total_timeout: float = FS.total_timeout
+    fetch_max_bytes: int = FS.max_bytes
+    fetch_max_redirects: int = FS.max_redirects
+    fetch_accept: tuple[str, ...] = FS.accepted_types
+    fetch_host_in_flight: int = politeness.DEFAULT_MAX_IN_FLIGHT
+    fetch_host_interval: float = politeness.DEFAULT_MIN_INTERVAL
+    fetch_max_retry_after: float = politeness.DEFAULT_MAX_PAUSE
+    fetch_robots: bool = True
+    fetch_max_connections: int = FS.max_connections
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> AppSettings:
+        """Read every option from ``env`` (default: the process environment) and the file."""
+        values = read_values(OPTIONS, env)
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in values.items() if k in known}
+        values.update(overrides)
+        settings = cls(**values)
+        try:
+            parse_allowlist(tuple(settings.fetch_allow))
+        except ValueError as exc:
+            raise ConfigError(f"JODL_FETCH_ALLOW: {exc}") from None
+        settings.fetch_settings()
+        return settings
+
+    def fetch_settings(self) -> fetcher.FetchSettings:
+        """The fetcher's settings from these options."""
+        try:
+            return fetcher.FetchSettings(
+                user_agent=self.fetch_user_agent,
+                connect_timeout=self.fetch_connect_timeout,
+                read_timeout=self.fetch_read_timeout,
+                total_timeout=self.fetch_total_timeout,
+                max_bytes=self.fetch_max_bytes,
+                max_redirects=self.fetch_max_redirects,
+                accepted_types=tuple(self.fetch_accept),
+                allow_networks=tuple(self.fetch_allow),
+                obey_robots=self.fetch_robots,
+                per_host_in_flight=self.fetch_host_in_flight,
+                per_host_interval=self.fetch_host_interval,
+                max_retry_after=self.fetch_max_retry_after,
+                max_connections=self.fetch_max_connections,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"JODL_FETCH_*: {exc}") from None
