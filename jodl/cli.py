@@ -297,11 +297,21 @@ def master_cmd(ctx: click.Context) -> None:
 
     master = Master(_settings(ctx), store=_store(ctx))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    stops = []
     try:
+        master.start()
+        # Installed applications' services (e.g. a scheduler) run beside the serve loop;
+        # each is a callable start(master, settings) returning its stop function.
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group="jodl.services"):
+            stops.append(ep.load()(master, master.settings))
         master.serve()
     except KeyboardInterrupt:
         pass
     finally:
+        for stop in reversed(stops):
+            stop()
         master.close()
 
 
