@@ -367,7 +367,7 @@ class Master:
             makespan = active.last_result - active.first_send
         lower_bound = self._lower_bound(active)
         self._flush_acks()
-        run = self.store.finish_run(active.run, self.knowledge, self.changed, makespan, lower_bound)
+        run = self.store.finish_run(active.run, makespan, lower_bound)
         self.changed.clear()
         del self.runs[active.run.id]
         summary = RunSummary(
@@ -703,7 +703,7 @@ class Master:
         node_id = slot.load.id
         rows: list[tuple[Any, ...]] = []
         durations: list[float] = []
-        dead: list[tuple[int, str]] = []
+        dead: list[tuple[int, str, int | None]] = []
         claims: list[tuple[int, int]] = []
         finished: list[PendingJob] = []
         retry: list[int] = []
@@ -756,7 +756,7 @@ class Master:
             if active is not None:
                 active.failed += 1
             if not retryable or job.attempts >= self.max_attempts.get(job.family, 1):
-                dead.append((job.id, error))
+                dead.append((job.id, error, job.run_id))
                 finished.append(job)
                 if active is not None:
                     active.dead += 1

@@ -148,7 +148,7 @@ class Job(Base):
     #: On demand: failures (errors and expired leases) since the job was last
     #: enqueued fresh; the job is dead when this reaches its family's max attempts.
     failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    #: The run this job last belonged to (set for every due job when a run opens).
+    #: The run in which the job last failed for good (set when it is declared dead).
     run_id: Mapped[int | None] = mapped_column(ForeignKey("jodl_run.id", ondelete="SET NULL"))
     lease_until: Mapped[dt.datetime | None]
     last_error: Mapped[str | None] = mapped_column(Text)
@@ -206,6 +206,8 @@ class Run(Base):
     epoch: Mapped[int] = mapped_column(Integer, default=0)
     started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[dt.datetime | None]
+    #: The family's newest job id when the run opened: later jobs wait for the next run.
+    max_job_id: Mapped[int | None] = mapped_column(BigId)
     jobs_total: Mapped[int] = mapped_column(Integer, default=0)
     jobs_done: Mapped[int] = mapped_column(Integer, default=0)
     jobs_failed: Mapped[int] = mapped_column(Integer, default=0)

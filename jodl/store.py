@@ -25,10 +25,13 @@ from sqlalchemy import (
     exists,
     func,
     insert,
+    literal,
     or_,
     select,
     update,
 )
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -50,7 +53,7 @@ from .models import (
     RunState,
     utcnow,
 )
-from .placement import Knowledge, Learned
+from .placement import RECENT_WEIGHT, Knowledge, Learned
 
 log = logging.getLogger("jodl.store")
 
@@ -361,8 +364,12 @@ class Store:
     # -- runs ----------------------------------------------------------------------------------
 
     def open_run(self, family: Family, epoch: int) -> tuple[Run, bool]:
-        """The family's unfinished run (resumed: True) or a new one with its due jobs."""
-        now = utcnow()
+        """The family's unfinished run (resumed: True) or a new one with its due jobs.
+
+        A run's jobs are not written one by one: the run records what fixes its
+        membership (number, opening time, the newest job id then), and
+        :meth:`run_jobs` selects the members again with the same rule on resume.
+        """
         with self.session() as s, s.begin():
             run = s.scalar(
                 select(Run)
@@ -376,38 +383,47 @@ class Store:
             number = (
                 s.scalar(select(func.max(Run.number)).where(Run.family_id == family.id)) or 0
             ) + 1
-            run = Run(family_id=family.id, number=number, epoch=epoch, started_at=now)
+            run = Run(
+                family_id=family.id,
+                number=number,
+                epoch=epoch,
+                started_at=utcnow(),
+                max_job_id=s.scalar(select(func.max(Job.id)).where(Job.family_id == family.id)),
+            )
             s.add(run)
             s.flush()
-            # "Not more often than T": few jobs have an interval, so filter them here
-            # rather than with dialect-specific date arithmetic in SQL.
-            too_recent = [
-                job_id
-                for job_id, last, interval in s.execute(
-                    select(Job.id, Job.last_done_at, Job.min_interval).where(
-                        Job.family_id == family.id,
-                        Job.min_interval.is_not(None),
-                        Job.last_done_at.is_not(None),
-                    )
-                )
-                if last + dt.timedelta(seconds=interval) > now
-            ]
-            due = (
-                update(Job)
-                .where(
-                    Job.family_id == family.id,
-                    Job.state == JobState.IDLE,
-                    or_(
-                        Job.last_run_number.is_(None),
-                        number - Job.last_run_number >= Job.every_n_cycles,
-                    ),
-                    Job.id.not_in(too_recent),
-                )
-                .values(run_id=run.id)
-                .execution_options(synchronize_session=False)
-            )
-            run.jobs_total = s.execute(due).rowcount
+            run.jobs_total = (
+                s.scalar(select(func.count()).where(*self._member_filter(run))) or 0
+            ) - len(self._too_recent(s, run))
             return run, False
+
+    @staticmethod
+    def _member_filter(run: Run) -> tuple[Any, ...]:
+        """Jobs due in ``run``: idle, older than the run, and due by their every-N-cycles."""
+        return (
+            Job.family_id == run.family_id,
+            Job.state == JobState.IDLE,
+            Job.id <= (run.max_job_id or 0),
+            or_(
+                Job.last_run_number.is_(None),
+                run.number - Job.last_run_number >= Job.every_n_cycles,
+            ),
+        )
+
+    @staticmethod
+    def _too_recent(s: Session | Any, run: Run) -> set[int]:
+        """Jobs excluded by "not more often than T" when the run opened (few have a T)."""
+        return {
+            job_id
+            for job_id, last, interval in s.execute(
+                select(Job.id, Job.last_done_at, Job.min_interval).where(
+                    Job.family_id == run.family_id,
+                    Job.min_interval.is_not(None),
+                    Job.last_done_at.is_not(None),
+                )
+            )
+            if last + dt.timedelta(seconds=interval) > run.started_at
+        }
 
     def run_jobs(self, run: Run, family_name: str) -> list[PendingJob]:
         """Jobs of ``run`` with no committed result, with their attempts so far in it."""
@@ -417,20 +433,14 @@ class Store:
             Execution.state == ExecState.DONE,
         )
         with self.engine.connect() as conn:
-            attempts: dict[int, int] = dict(
-                conn.execute(  # type: ignore[arg-type]
-                    select(Execution.job_id, func.count())
-                    .where(Execution.run_id == run.id, Execution.state == ExecState.FAILED)
-                    .group_by(Execution.job_id)
-                ).all()
-            )
-            failed_on: dict[int, set[int]] = {}
+            failed_on: dict[int, list[int]] = {}
             for job_id, node_id in conn.execute(
                 select(Execution.job_id, Execution.node_id).where(
                     Execution.run_id == run.id, Execution.state == ExecState.FAILED
                 )
             ):
-                failed_on.setdefault(job_id, set()).add(node_id)
+                failed_on.setdefault(job_id, []).append(node_id)
+            skip = self._too_recent(conn, run)
             rows = conn.execute(
                 select(
                     Job.id,
@@ -439,23 +449,24 @@ class Store:
                     Job.priority,
                     Job.permanent_node_id,
                     Job.trial_node_id,
-                ).where(Job.run_id == run.id, Job.state == JobState.IDLE, ~done)
+                ).where(*self._member_filter(run), ~done)
             )
             return [
                 PendingJob(
-                    r[0],
-                    r[1],
+                    job_id,
+                    key,
                     family_name,
-                    r[2],
-                    r[3],
+                    payload,
+                    priority,
                     run.id,
-                    r[4],
-                    r[5],
-                    attempts.get(r[0], 0),
-                    failed_on.get(r[0], set()),
+                    home,
+                    trial,
+                    len(failed_on.get(job_id, ())),
+                    set(failed_on.get(job_id, ())),
                     None,
                 )
-                for r in rows
+                for job_id, key, payload, priority, home, trial in rows
+                if job_id not in skip
             ]
 
     def sent_executions(self, run_ids: Sequence[int | None]) -> list[Sent]:
@@ -511,17 +522,12 @@ class Store:
             )
             return int(done or 0), int(failed or 0)
 
-    def finish_run(
-        self,
-        run: Run,
-        knowledge: Knowledge,
-        changed: Iterable[tuple[int, int]],
-        makespan: float | None,
-        lower_bound: float | None,
-    ) -> Run:
-        """Close the run: counts, makespan, jobs' last run, learned JobOnNode rows."""
+    def finish_run(self, run: Run, makespan: float | None, lower_bound: float | None) -> Run:
+        """Close the run: counts, makespan, learned JobOnNode rows, jobs' last run."""
         now = utcnow()
         with self.session() as s, s.begin():
+            # Only jobs that run every N cycles or not more often than T need to know
+            # when they last ran; the others are due in every run.
             done_here = exists().where(
                 Execution.run_id == run.id,
                 Execution.job_id == Job.id,
@@ -529,35 +535,39 @@ class Store:
             )
             s.execute(
                 update(Job)
-                .where(Job.run_id == run.id, done_here)
-                .values(last_run_number=run.number, last_done_at=now, attempts=0)
+                .where(
+                    Job.family_id == run.family_id,
+                    or_(Job.every_n_cycles > 1, Job.min_interval.is_not(None)),
+                    done_here,
+                )
+                .values(last_run_number=run.number, last_done_at=now)
                 .execution_options(synchronize_session=False)
             )
-            self._save_knowledge(s, knowledge, changed)
+            learn_from_executions(s.connection(), Execution.run_id == run.id, now)
             s.execute(
                 update(Dispatch)
                 .where(Dispatch.run_id == run.id, Dispatch.is_open)
                 .values(is_open=False)
             )
+            counts = dict(
+                s.execute(
+                    select(Execution.state, func.count())
+                    .where(
+                        Execution.run_id == run.id,
+                        Execution.state.in_((ExecState.DONE, ExecState.FAILED)),
+                    )
+                    .group_by(Execution.state)
+                ).all()
+            )
             db_run = s.get(Run, run.id)
             assert db_run is not None
-            done = s.scalar(
-                select(func.count()).where(
-                    Execution.run_id == run.id, Execution.state == ExecState.DONE
+            db_run.jobs_done = counts.get(ExecState.DONE, 0)
+            db_run.jobs_failed = counts.get(ExecState.FAILED, 0)
+            db_run.jobs_dead = (
+                s.scalar(
+                    select(func.count()).where(Job.run_id == run.id, Job.state == JobState.DEAD)
                 )
-            )
-            failed = s.scalar(
-                select(func.count()).where(
-                    Execution.run_id == run.id, Execution.state == ExecState.FAILED
-                )
-            )
-            dead = s.scalar(
-                select(func.count()).where(Job.run_id == run.id, Job.state == JobState.DEAD)
-            )
-            db_run.jobs_done, db_run.jobs_failed, db_run.jobs_dead = (
-                done or 0,
-                failed or 0,
-                dead or 0,
+                or 0
             )
             db_run.state = RunState.FINISHED
             db_run.finished_at = now
@@ -584,7 +594,7 @@ class Store:
     def record_outcomes(
         self,
         executions: Sequence[tuple[Any, ...]],
-        dead: Sequence[tuple[int, str]] = (),
+        dead: Sequence[tuple[int, str, int | None]] = (),
         claims_done: Sequence[tuple[int, int]] = (),
         closed: Sequence[int] = (),
         claims_failed: Sequence[tuple[int, int, str, dt.datetime | None]] = (),
@@ -592,7 +602,7 @@ class Store:
         """Commit outcomes in one transaction.
 
         ``executions``: rows in :data:`EXEC_COLUMNS` order (done, failed, lost, ...).
-        ``dead``: (job_id, error) of jobs that used up their attempts.
+        ``dead``: (job_id, error, run_id) of jobs that used up their attempts.
         ``claims_done``: (job_id, attempt) of on-demand jobs now complete; the
         attempt guards completion, so a superseded attempt changes nothing.
         ``closed``: dispatches whose executions all have an outcome now.
@@ -609,8 +619,13 @@ class Store:
                 conn.execute(
                     update(Job)
                     .where(Job.id == bindparam("jid"))
-                    .values(state=JobState.DEAD, last_error=bindparam("err"), updated_at=utcnow()),
-                    [{"jid": j, "err": e} for j, e in dead],
+                    .values(
+                        state=JobState.DEAD,
+                        last_error=bindparam("err"),
+                        run_id=bindparam("rid"),
+                        updated_at=utcnow(),
+                    ),
+                    [{"jid": j, "err": e, "rid": r} for j, e, r in dead],
                 )
             close_claims(conn, claims_done, claims_failed)
             if closed:
@@ -644,33 +659,6 @@ class Store:
                 knowledge.load(
                     job_id, node_id, Learned(count, failures, mean, recent, m2 or 0.0, last), fam
                 )
-
-    def _save_knowledge(
-        self, s: Session, knowledge: Knowledge, changed: Iterable[tuple[int, int]]
-    ) -> None:
-        """Upsert the JobOnNode rows of the (job, node) pairs learned about, in batches."""
-        now = utcnow()
-        rows = []
-        for job_id, node_id in dict.fromkeys(changed):
-            st = knowledge.stats[(job_id, node_id)]
-            rows.append(
-                {
-                    "job_id": job_id,
-                    "node_id": node_id,
-                    "executions": st.count,
-                    "failures": st.failures,
-                    "mean_duration": st.mean,
-                    "recent_duration": st.recent,
-                    "m2": st.m2,
-                    "last_duration": st.last,
-                    "updated_at": now,
-                }
-            )
-        conn = s.connection()
-        for start in range(0, len(rows), 20_000):
-            bulk.upsert_rows(
-                conn, JobOnNode.__table__, ("job_id", "node_id"), rows[start : start + 20_000]
-            )
 
     # -- jobs ---------------------------------------------------------------------------------
 
@@ -718,3 +706,142 @@ class Store:
                     )
                 )
         return out
+
+    # -- placement: homes, trial moves, cycle period ---------------------------------------
+
+    def set_homes(self, rows: Sequence[tuple[int, int | None, int | None]]) -> None:
+        """Persist (job_id, permanent node, trial node) of jobs whose home changed."""
+        if not rows:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(Job)
+                .where(Job.id == bindparam("jid"))
+                .values(permanent_node_id=bindparam("perm"), trial_node_id=bindparam("trial")),
+                [{"jid": j, "perm": p, "trial": t} for j, p, t in rows],
+            )
+
+    def node_gone_for_good(self, node_id: int) -> None:
+        """A removed node: trial moves away from it become permanent, its other homes free."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(Job)
+                .where(Job.permanent_node_id == node_id, Job.trial_node_id.is_not(None))
+                .values(permanent_node_id=Job.trial_node_id, trial_node_id=None)
+            )
+            conn.execute(
+                update(Job).where(Job.permanent_node_id == node_id).values(permanent_node_id=None)
+            )
+            conn.execute(update(Job).where(Job.trial_node_id == node_id).values(trial_node_id=None))
+
+    def homes(self, family_id: int) -> list[tuple[int, int | None, int | None, int, float | None]]:
+        """(job, permanent, trial node, every_n_cycles, min_interval) of a family's homed jobs."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(
+                    Job.id,
+                    Job.permanent_node_id,
+                    Job.trial_node_id,
+                    Job.every_n_cycles,
+                    Job.min_interval,
+                ).where(
+                    Job.family_id == family_id,
+                    Job.state == JobState.IDLE,
+                    or_(Job.permanent_node_id.is_not(None), Job.trial_node_id.is_not(None)),
+                )
+            )
+            return [(r[0], r[1], r[2], r[3] or 1, r[4]) for r in rows]
+
+    def cycle_period(self, family_id: int, runs: int = 6) -> float | None:
+        """Mean seconds between the starts of a family's last runs (None: fewer than two)."""
+        with self.engine.connect() as conn:
+            starts = list(
+                conn.scalars(
+                    select(Run.started_at)
+                    .where(Run.family_id == family_id)
+                    .order_by(Run.number.desc())
+                    .limit(runs)
+                )
+            )
+        if len(starts) < 2:
+            return None
+        return (starts[0] - starts[-1]).total_seconds() / (len(starts) - 1)
+
+
+def learn_from_executions(conn: Any, where: Any, now: dt.datetime) -> None:
+    """Fold the outcomes selected by ``where`` into JobOnNode, inside the database.
+
+    Per (job, node): counts add up; means, variances (Welford/Chan) and the recent
+    mean (weight :data:`~jodl.placement.RECENT_WEIGHT`) combine with what was known,
+    so no row travels through Python.
+    """
+    t = JobOnNode.__table__
+    e = Execution.__table__
+    done = e.c.state == ExecState.DONE
+    n = func.sum(case((done, 1), else_=0))
+    mean = func.avg(case((done, e.c.duration)))
+    sq = func.sum(case((done, e.c.duration * e.c.duration)))
+    new = (
+        select(
+            e.c.job_id,
+            e.c.node_id,
+            n.label("executions"),
+            func.sum(case((e.c.state == ExecState.FAILED, 1), else_=0)).label("failures"),
+            mean.label("mean_duration"),
+            mean.label("recent_duration"),
+            func.coalesce(sq - n * mean * mean, 0.0).label("m2"),
+            mean.label("last_duration"),
+            literal(now).label("updated_at"),
+        )
+        .where(where, e.c.state.in_((ExecState.DONE, ExecState.FAILED)))
+        .group_by(e.c.job_id, e.c.node_id)
+    )
+    ins = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(t)
+    stmt = ins.from_select(list(NEW_COLUMNS), new)
+    old, x = t.c, stmt.excluded
+    total = old.executions + x.executions
+    w = RECENT_WEIGHT
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["job_id", "node_id"],
+        set_={
+            "executions": total,
+            "failures": old.failures + x.failures,
+            "mean_duration": case(
+                (x.executions == 0, old.mean_duration),
+                (old.mean_duration.is_(None), x.mean_duration),
+                else_=(old.mean_duration * old.executions + x.mean_duration * x.executions) / total,
+            ),
+            "m2": case(
+                (x.executions == 0, old.m2),
+                (old.mean_duration.is_(None), x.m2),
+                else_=old.m2
+                + x.m2
+                + (x.mean_duration - old.mean_duration)
+                * (x.mean_duration - old.mean_duration)
+                * old.executions
+                * x.executions
+                / total,
+            ),
+            "recent_duration": case(
+                (x.executions == 0, old.recent_duration),
+                (old.recent_duration.is_(None), x.recent_duration),
+                else_=w * x.recent_duration + (1 - w) * old.recent_duration,
+            ),
+            "last_duration": func.coalesce(x.last_duration, old.last_duration),
+            "updated_at": x.updated_at,
+        },
+    )
+    conn.execute(stmt)
+
+
+NEW_COLUMNS = (
+    "job_id",
+    "node_id",
+    "executions",
+    "failures",
+    "mean_duration",
+    "recent_duration",
+    "m2",
+    "last_duration",
+    "updated_at",
+)

@@ -91,6 +91,7 @@ def upgrade() -> None:
         sa.Column("epoch", sa.Integer(), nullable=False),
         sa.Column("started_at", sa.DateTime(), nullable=False),
         sa.Column("finished_at", sa.DateTime(), nullable=True),
+        sa.Column("max_job_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=True),
         sa.Column("jobs_total", sa.Integer(), nullable=False),
         sa.Column("jobs_done", sa.Integer(), nullable=False),
         sa.Column("jobs_failed", sa.Integer(), nullable=False),
