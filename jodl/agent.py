@@ -26,7 +26,16 @@ from . import family as family_registry
 from .config import Settings
 from .exceptions import AuthError, JodlError, UnknownFamily
 from .family import Family, Permanent
-from .protocol import STRICT_CONFIG, is_loopback, server_authenticator, split_address
+from .protocol import (
+    STRICT_CONFIG,
+    decode_ids,
+    decode_jobs,
+    encode_done,
+    encode_failed,
+    is_loopback,
+    server_authenticator,
+    split_address,
+)
 
 log = logging.getLogger("jodl.agent")
 
@@ -347,12 +356,16 @@ def _str(value: Any, what: str = "value") -> str:
 
 
 def _ids(values: Any) -> tuple[int, ...]:
+    if type(values) is str:
+        return decode_ids(values)
     if type(values) is not tuple or any(type(v) is not int for v in values):
         raise TypeError("ids must be a plain tuple of ints")
     return values
 
 
 def _jobs(values: Any) -> list[tuple[int, str, str]]:
+    if type(values) is str:
+        return decode_jobs(values)
     if type(values) is not tuple:
         raise TypeError("jobs must be a plain tuple of (exec_id, family, payload_json) tuples")
     for job in values:
@@ -389,13 +402,20 @@ class AgentService(rpyc.Service):
         self._core.check_epoch(_int(epoch, "epoch"))
         return self._core.send(_jobs(jobs))
 
-    def exposed_done(self, epoch: int, ack: tuple, limit: int) -> tuple[Done, ...]:
+    def exposed_done(
+        self, epoch: int, ack: tuple | str, limit: int, framed: bool = False
+    ) -> tuple[Done, ...] | str:
+        """Held results (acknowledging ``ack`` first); one framed str when ``framed``."""
         self._core.check_epoch(_int(epoch, "epoch"))
-        return self._core.take("done", _ids(ack), _int(limit, "limit"))
+        rows = self._core.take("done", _ids(ack), _int(limit, "limit"))
+        return encode_done(rows) if framed is True else rows
 
-    def exposed_failed(self, epoch: int, ack: tuple, limit: int) -> tuple[Failed, ...]:
+    def exposed_failed(
+        self, epoch: int, ack: tuple | str, limit: int, framed: bool = False
+    ) -> tuple[Failed, ...] | str:
         self._core.check_epoch(_int(epoch, "epoch"))
-        return self._core.take("failed", _ids(ack), _int(limit, "limit"))
+        rows = self._core.take("failed", _ids(ack), _int(limit, "limit"))
+        return encode_failed(rows) if framed is True else rows
 
     def exposed_ack(self, epoch: int, ids: tuple) -> int:
         self._core.check_epoch(_int(epoch, "epoch"))

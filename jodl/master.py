@@ -38,6 +38,8 @@ from .connection import AgentLink
 from .exceptions import AgentUnavailable, Fenced, JodlError, UnknownFamily
 from .models import ExecState, Family, NodeState, Run, utcnow
 from .placement import JobInfo, Knowledge, NodeLoad, Placement, strategy
+from .protocol import decode_done, decode_failed, encode_ids, encode_jobs
+from .rebalancer import Rebalancer
 from .store import PendingJob, Store, make_engine
 
 log = logging.getLogger("jodl.master")
@@ -155,8 +157,11 @@ class Feeder:
         raise NotImplementedError
 
 
-class Master:
-    """Runs cycles of job families on the registered agents."""
+class Master(Rebalancer):
+    """Runs cycles of job families on the registered agents.
+
+    The balancing steps of the loop come from :class:`jodl.rebalancer.Rebalancer`.
+    """
 
     def __init__(
         self,
@@ -189,6 +194,7 @@ class Master:
         self._last_refresh = 0.0
         self._started = False
         self._hello: Any = None
+        self._balancing_init()
 
     # -- start ------------------------------------------------------------------------------
 
@@ -304,6 +310,7 @@ class Master:
         for job in jobs:
             self.pending[job.id] = job
         attached = self._reattach(run.id) if resumed else set()
+        self.make_trial_moves(active, jobs)
         self.unassigned.extend(job.id for job in jobs if job.id not in attached)
         log.info(
             "run %s#%d %s: %d jobs to do",
@@ -316,7 +323,8 @@ class Master:
 
     def _family_setup(self, family: Family) -> None:
         if family.name not in self.strategies:
-            self.strategies[family.name] = strategy(family.strategy, family.strategy_params)
+            params = self.family_tuning(family)  # balancing knobs out, the strategy's own left
+            self.strategies[family.name] = strategy(family.strategy, params)
             self.max_attempts[family.name] = family.max_attempts or self.settings.max_attempts
 
     def _reattach(self, run_id: int | None) -> set[int]:
@@ -386,23 +394,6 @@ class Master:
         log.info("%s", summary.line())
         return summary
 
-    def _lower_bound(self, active: ActiveRun) -> float | None:
-        """max(total work / total speed, longest job / fastest node), from learned durations."""
-        slots = [s for s in self.nodes.values() if not s.removed]
-        if not slots:
-            return None
-        speeds = {s.load.id: self.knowledge.node_speed.get(s.load.id, 1.0) for s in slots}
-        capacity = sum(speeds[s.load.id] * max(1, s.load.slots) for s in slots)
-        fastest = max(speeds.values())
-        works = [
-            st.last * self.knowledge.node_speed.get(node_id, 1.0)
-            for (job_id, node_id), st in self.knowledge.stats.items()
-            if (job_id, node_id) in self.changed and st.last is not None
-        ]
-        if not works or capacity <= 0:
-            return None
-        return max(sum(works) / capacity, max(works) / fastest)
-
     # -- the loop ------------------------------------------------------------------------
 
     def step(self) -> bool:
@@ -412,6 +403,9 @@ class Master:
         sent = self.send()
         got = self.collect()
         self.balance()
+        self.check_timeouts()
+        self.review_durations()
+        self.run_backups()
         if not (sent or got):
             time.sleep(self._idle_pause())
         else:
@@ -437,6 +431,7 @@ class Master:
                     if slot is not None and not slot.removed:
                         slot.removed = True
                         self._node_down(slot, gone=True)
+                        self.node_gone(node.id)
                     continue
                 if slot is None or slot.removed:
                     link = AgentLink(node.id, node.address, self.settings)
@@ -483,6 +478,8 @@ class Master:
         lost = []
         for exec_id, flight in slot.inflight.items():
             lost.append(self._outcome(exec_id, flight, ExecState.LOST, error=reason))
+            if self.other_copy(flight.job_id, exec_id):
+                continue  # a copy runs elsewhere (a backup): it carries on
             self._unplace(flight.job_id)
             self.unassigned.append(flight.job_id)
         for job_id in slot.backlog:
@@ -569,7 +566,7 @@ class Master:
         placed = 0
         leftover: list[int] = []
         for fam, infos in by_family.items():
-            loads = [s.load for s in self.nodes.values() if s.usable and fam in s.families]
+            loads = self.candidates(fam)
             if not loads:
                 leftover.extend(i.id for i in infos)
                 continue
@@ -637,7 +634,7 @@ class Master:
             slot = self.nodes[node_id]
             slot.inflight.update(flights[node_id])
             try:
-                refused = slot.link.call("send", self.epoch, tuple(wire))
+                refused = slot.link.call("send", self.epoch, encode_jobs(wire))
             except AgentUnavailable:
                 self._check_fenced(slot)
                 self._node_down(slot)
@@ -676,12 +673,12 @@ class Master:
             if not slot.usable or not (slot.inflight or slot.acks):
                 continue
             try:
-                acks = tuple(slot.acks)
-                done = slot.link.call("done", self.epoch, acks, COLLECT_LIMIT)
+                acks = encode_ids(slot.acks)
+                done = decode_done(slot.link.call("done", self.epoch, acks, COLLECT_LIMIT, True))
                 slot.acks.clear()
                 failed = (
-                    slot.link.call("failed", self.epoch, (), COLLECT_LIMIT)
-                    if (slot.inflight)
+                    decode_failed(slot.link.call("failed", self.epoch, "", COLLECT_LIMIT, True))
+                    if slot.inflight
                     else ()
                 )
             except AgentUnavailable:
@@ -730,6 +727,7 @@ class Master:
                 claims.append((job.id, job.claim))
             finished.append(job)
             record(job.id, node_id, job.family, duration)
+            self.note_done(slot, job, exec_id, duration, rows)
             self.changed.add((job.id, node_id))
         for exec_id, duration, finished_at, error, retryable in failed:
             flight = slot.inflight.pop(exec_id, None)
@@ -747,8 +745,10 @@ class Master:
                     finished=finished_at,
                 )
             )
+            if self.other_copy(job.id, exec_id):
+                continue  # another copy of the job still runs: let it finish
             job.attempts += 1
-            job.failed_on.add(node_id)
+            self.note_failure(job, node_id)
             record(job.id, node_id, job.family, None)
             self.changed.add((job.id, node_id))
             self._unplace(job.id)
@@ -787,42 +787,6 @@ class Master:
                 self.progress(active.done + active.dead, active.total)
         return len(rows)
 
-    def balance(self) -> int:
-        """Give idle agents part of the unsent backlog of the agent that finishes last."""
-        usable = [s for s in self.nodes.values() if s.usable]
-        idle = [s for s in usable if not s.backlog and len(s.inflight) < s.load.slots]
-        if not idle:
-            return 0
-        moved = 0
-        for thief in idle:
-            victims = [
-                s
-                for s in usable
-                if s.backlog
-                and s is not thief
-                and thief.families >= {self.pending[j].family for j in list(s.backlog)[:1]}
-            ]
-            if not victims:
-                break
-            victim = max(victims, key=lambda s: s.load.expected_finish())
-            share = max(
-                1, len(victim.backlog) * thief.load.slots // (victim.load.slots + thief.load.slots)
-            )
-            for _ in range(min(share, len(victim.backlog))):
-                job_id = victim.backlog.pop()
-                job = self.pending[job_id]
-                if job.family not in thief.families:
-                    victim.backlog.append(job_id)
-                    break
-                self._unplace(job_id)
-                expected = self._expected(job, thief.load)
-                self.placed[job_id] = (thief.load.id, expected)
-                thief.load.queued_jobs += 1
-                thief.load.queued_work += expected
-                thief.backlog.append(job_id)
-                moved += 1
-        return moved
-
     def _flush_acks(self) -> None:
         for slot in self.nodes.values():
             if slot.acks and slot.usable:
@@ -850,10 +814,12 @@ def _info(job: PendingJob) -> JobInfo:
     )
 
 
-def _ts(unix: float) -> Any:
-    import datetime as dt
+def _ts(unix: float) -> dt.datetime:
+    """A naive UTC datetime from a unix time (the log stores naive UTC)."""
+    return _EPOCH + dt.timedelta(seconds=unix)
 
-    return dt.datetime.fromtimestamp(unix, dt.UTC).replace(tzinfo=None)
+
+_EPOCH = dt.datetime(1970, 1, 1)
 
 
 __all__ = ["Master", "RunSummary", "JodlError"]
