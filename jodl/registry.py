@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 
 import rpyc
 from rpyc.utils.server import ThreadedServer
@@ -57,6 +58,9 @@ def serve_hello(settings: Settings, store: Store, listen: str) -> ThreadedServer
         logger=logging.getLogger("jodl.registry.rpyc"),
     )
     threading.Thread(target=server.start, name="hello", daemon=True).start()
+    deadline = time.monotonic() + 5.0
+    while not server.active and time.monotonic() < deadline:  # listening before we return
+        time.sleep(0.005)
     return server
 
 
