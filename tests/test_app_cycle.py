@@ -1,0 +1,242 @@
+"""The application cycle end to end: local site, real agents, real SMTP, real database."""
+
+from __future__ import annotations
+
+import json
+
+from agents import run_jodl
+from app_support import add_users_tracking, agent_env, inbox, run_app_cycle
+from sqlalchemy import func, select
+from sqlalchemy.orm import sessionmaker
+
+from crawler_app.models import (
+    AppCycle,
+    CycleStep,
+    Notification,
+    NotificationState,
+    Page,
+    Snapshot,
+)
+from crawler_app.pages import normalise_url
+from jodl.models import ExecState, Execution, Family, Job, JobState, Run
+
+pytest_plugins = ("tests.site",)
+__all__ = ["inbox"]  # the fixture, imported for pytest
+
+
+def html(title: str, *paragraphs: str, extra: str = "") -> str:
+    body = "".join(f"<p>{p}</p>" for p in paragraphs)
+    return (
+        f"<html><head><title>{title}</title><script>var t = Math.random();</script>"
+        f"<style>p {{ color: red }}</style></head><body>{body}{extra}</body></html>"
+    )
+
+
+def page_row(store, url: str) -> Page:
+    with sessionmaker(store.engine)() as s:
+        page = s.scalar(select(Page).where(Page.url == normalise_url(url)))
+        assert page is not None
+        s.expunge(page)
+        return page
+
+
+def test_a_changed_page_mails_exactly_its_trackers_once(store, agents, settings, site, inbox):
+    site.set_page("/a", html("News", "first story", "second story"), headers={"ETag": '"a1"'})
+    site.set_page("/b", html("Other", "nothing new"), headers={"ETag": '"b1"'})
+    a, b = site.url("/a"), site.url("/b")
+    add_users_tracking(store, a, ["ann@example.org", "bob@example.org"])
+    add_users_tracking(store, b, ["cid@example.org"])
+    # Tracks only a part of /a that does not change: no mail for this one.
+    add_users_tracking(store, a, ["dan@example.org"], selector="#sidebar")
+    site.set_page(
+        "/a",
+        html("News", "first story", "second story", extra="<div id=sidebar>links</div>"),
+        headers={"ETag": '"a1"'},
+    )
+    agents(1, env=agent_env(inbox))
+
+    first = run_app_cycle(store, settings)
+    assert (first.checked, first.changed, first.notifications) == (2, 0, 0)
+    site.set_page(
+        "/a",
+        html(
+            "News", "first story", "a <b>brand</b> new story", extra="<div id=sidebar>links</div>"
+        ),
+        headers={"ETag": '"a2"'},
+    )
+    second = run_app_cycle(store, settings)  # seen once: a candidate, nobody told yet
+    assert (second.changed, second.notifications) == (0, 0)
+    assert inbox.mails == []
+    third = run_app_cycle(store, settings)  # seen again (a 304 for ETag "a2"): confirmed
+    assert (third.changed, third.notifications, third.sent) == (1, 2, 2)
+    assert third.not_modified == 2
+    fourth = run_app_cycle(store, settings)
+    assert (fourth.changed, fourth.notifications) == (0, 0)
+
+    assert inbox.per_recipient() == {"ann@example.org": 1, "bob@example.org": 1}
+    mail = inbox.to("ann@example.org")[0]
+    assert mail.subject == "JODL: 1 tracked page changed"
+    assert a in mail.text
+    assert "- second story" in mail.text
+    assert "+ a brand new story" in mail.text
+    assert "Math.random" not in mail.text
+    assert mail.message_id.startswith(f"<digest-{third.id}-")
+    assert "a brand new story" in mail.html
+    # One fetch of /a per cycle for its three trackers.
+    assert len(site.requests("/a")) == 4
+    page = page_row(store, a)
+    assert page.etag == '"a2"'
+    assert page.last_changed_at is not None
+    assert page.title == "News"
+    with sessionmaker(store.engine)() as s:
+        kinds = s.execute(
+            select(Snapshot.selector, Snapshot.kind).where(Snapshot.page_id == page.id)
+        ).all()
+        assert sorted(kinds) == [("", "baseline"), ("", "change"), ("#sidebar", "baseline")]
+        notes = s.scalars(select(Notification)).all()
+        assert {n.state for n in notes} == {NotificationState.SENT}
+        # The digests' jobs never run again.
+        states = s.scalars(select(Job.state).join(Family).where(Family.name == "notify")).all()
+        assert states == [JobState.DONE, JobState.DONE]
+
+
+def test_not_modified_reads_no_body_and_sends_validators_as_given(
+    store, agents, settings, site, inbox
+):
+    etag = 'W/"v-1; odd=yes"'
+    stamp = "Tue, 15 Nov 1994 12:45:26 GMT"
+    site.set_page("/e", html("E", "etag page"), headers={"ETag": etag})
+    site.set_page("/m", html("M", "dated page"), headers={"Last-Modified": stamp})
+    add_users_tracking(store, site.url("/e"), ["ann@example.org"])
+    add_users_tracking(store, site.url("/m"), ["ann@example.org"])
+    agents(1, env=agent_env(inbox))
+    run_app_cycle(store, settings)
+    again = run_app_cycle(store, settings)
+    assert (again.checked, again.not_modified, again.changed) == (2, 2, 0)
+    e_second = site.requests("/e")[-1]
+    assert e_second.headers["if-none-match"] == etag
+    assert (e_second.status, e_second.body_sent, e_second.bytes_sent) == (304, False, 0)
+    m_second = site.requests("/m")[-1]
+    assert m_second.headers["if-modified-since"] == stamp
+    assert (m_second.status, m_second.body_sent) == (304, False)
+    assert page_row(store, site.url("/m")).last_modified == stamp
+    with sessionmaker(store.engine)() as s:
+        run_id = s.scalar(select(AppCycle.check_run_id).where(AppCycle.id == again.id))
+        results = [
+            json.loads(r)
+            for r in s.scalars(
+                select(Execution.result).where(
+                    Execution.run_id == run_id, Execution.state == ExecState.DONE
+                )
+            )
+        ]
+    assert all(r["not_modified"] and r["size"] == 0 and "views" not in r for r in results)
+
+
+def test_ssrf_targets_are_refused_with_a_recorded_error(store, agents, settings, site, inbox):
+    site.set_page("/ok", html("Fine", "public content"))
+    site.set_redirect("/jump", "http://169.254.169.254/latest/meta-data/")
+    targets = {
+        "http://169.254.169.254/latest/meta-data/": "169.254.169.254",
+        "http://10.0.0.1/admin": "10.0.0.1",
+        "http://100.64.0.1/": "100.64.0.1",
+        "http://[::ffff:192.168.0.1]/": "IPv4-mapped private",
+        site.url("/jump"): "169.254.169.254",
+    }
+    for url in [*targets, site.url("/ok")]:
+        add_users_tracking(store, url, ["eve@example.org"])
+    agents(1, env=agent_env(inbox))  # allowlist: 127.0.0.0/8 only
+    result = run_app_cycle(store, settings)
+    assert (result.checked, result.errors) == (6, 5)
+    for url, address in targets.items():
+        page = page_row(store, url)
+        assert page.last_error is not None and page.last_error.startswith("refused: "), url
+        assert address in page.last_error
+        assert page.fingerprint is None
+    assert page_row(store, site.url("/ok")).last_error is None
+    assert len(site.requests("/jump")) == 1  # the hop was fetched, its target never
+
+
+def test_without_the_allowlist_loopback_is_refused(store, agents, settings, site, inbox):
+    site.set_page("/ok", html("Fine", "content"))
+    add_users_tracking(store, site.url("/ok"), ["eve@example.org"])
+    agents(1, env=agent_env(inbox, allow=None))
+    result = run_app_cycle(store, settings)
+    assert result.errors == 1
+    error = page_row(store, site.url("/ok")).last_error
+    assert error.startswith("refused: ") and "127.0.0.1" in error
+    assert site.requests() == []
+    with sessionmaker(store.engine)() as s:
+        assert s.scalar(select(func.count()).select_from(Snapshot)) == 0
+
+
+# The kill test: a cycle is SIGKILLed at every step in turn (the application's steps,
+# the JODL runs' own crash points inside both job steps), restarted each time, and
+# must finish with every digest sent exactly once.
+KILL_CHAIN = (
+    "app_prepare",
+    "app_check_page_opened",
+    "after_send",  # check jobs sent to the agent, nothing collected
+    "before_commit",  # check results collected, not committed
+    "app_check",
+    "app_analyse",
+    "app_prepare_notifications",
+    "app_notify_opened",
+    "after_send",  # digests handed to the agent, nothing collected
+    "before_commit",  # the agent sent them; the master dies before committing that
+    "app_send_ran",
+    "app_send",
+    "app_finish",
+)
+
+
+def test_a_kill_and_restart_at_each_step_sends_no_duplicate_mail(
+    store, agents, settings, site, inbox, db_url
+):
+    for name in ("p", "q"):
+        site.set_page(f"/{name}", html(name, "v1"), headers={"ETag": '"1"'})
+    add_users_tracking(store, site.url("/p"), ["ann@example.org", "all@example.org"])
+    add_users_tracking(store, site.url("/q"), ["bob@example.org", "all@example.org"])
+    agents(1, env=agent_env(inbox))
+    run_app_cycle(store, settings)
+    for name in ("p", "q"):
+        site.set_page(f"/{name}", html(name, "v2"), headers={"ETag": '"2"'})
+    run_app_cycle(store, settings)  # candidates; the next cycle confirms and mails
+    env = {"JODL_DATABASE_URL": db_url, "JODL_MAIL_FROM": "JODL <jodl@example.org>"}
+    for point in KILL_CHAIN:
+        killed = run_jodl("cycle", env={**env, "JODL_FAILPOINT": point})
+        assert killed.returncode == -9, (point, killed.stdout, killed.stderr)
+        with sessionmaker(store.engine)() as s:
+            assert s.scalar(select(func.count()).where(AppCycle.is_open.is_(True))) == 1
+    final = run_jodl("cycle", env=env)
+    assert final.returncode == 0, final.stderr
+    assert "(resumed)" in final.stdout
+
+    assert inbox.per_recipient() == {
+        "ann@example.org": 1,
+        "bob@example.org": 1,
+        "all@example.org": 1,
+    }
+    assert len(inbox.to("all@example.org")[0].text.split("* ")) == 3  # both pages, one digest
+    with sessionmaker(store.engine)() as s:
+        cycle = s.scalar(select(AppCycle).order_by(AppCycle.id.desc()).limit(1))
+        assert (cycle.step, cycle.is_open, cycle.changed, cycle.sent) == (
+            CycleStep.DONE,
+            None,
+            2,
+            3,
+        )
+        # Not sent twice in the first place: one attempt per digest, none a duplicate.
+        results = s.execute(
+            select(Execution.job_id, Execution.result).where(
+                Execution.run_id == cycle.notify_run_id, Execution.state == ExecState.DONE
+            )
+        ).all()
+        assert len(results) == 3
+        assert all(json.loads(r)["sent"] is True for _, r in results)
+        runs = s.scalar(select(func.count()).select_from(Run).where(Run.id == cycle.check_run_id))
+        assert runs == 1
+    # A later cycle sends nothing again.
+    again = run_app_cycle(store, settings)
+    assert again.sent == 0
+    assert sum(inbox.per_recipient().values()) == 3
