@@ -41,6 +41,7 @@ from .placement import JobInfo, Knowledge, NodeLoad, Placement, strategy
 from .protocol import decode_done, decode_failed, encode_ids, encode_jobs
 from .rebalancer import Rebalancer
 from .store import PendingJob, Store, make_engine
+from .writer import LogWriter
 
 log = logging.getLogger("jodl.master")
 
@@ -111,10 +112,21 @@ class NodeSlot:
     #: Executions sent to the node and not finished, by execution id.
     inflight: dict[int, Flight] = field(default_factory=dict)
     #: Execution ids whose outcome is committed: acknowledged on the next call.
+    #: The log writer adds to it from its thread, hence the lock.
     acks: list[int] = field(default_factory=list)
+    ack_lock: threading.Lock = field(default_factory=threading.Lock)
     removed: bool = False
     #: Moving mean of the durations this node reported (seconds); None before any.
     recent_duration: float | None = None
+
+    def add_acks(self, ids: list[int]) -> None:
+        with self.ack_lock:
+            self.acks.extend(ids)
+
+    def take_acks(self) -> list[int]:
+        with self.ack_lock:
+            acks, self.acks = self.acks, []
+        return acks
 
     def observe(self, durations: list[float]) -> None:
         if not durations:
@@ -189,6 +201,7 @@ class Master(Rebalancer):
         #: Open dispatches: executions without an outcome, by dispatch id.
         self.dispatch_left: dict[int, int] = {}
         self.closed_dispatches: list[int] = []
+        self.writer = LogWriter(self.store)
         self._requests: queue.SimpleQueue[tuple[str, Future[RunSummary]]] = queue.SimpleQueue()
         self._waiting: dict[int, Future[RunSummary]] = {}
         self._last_refresh = 0.0
@@ -212,17 +225,21 @@ class Master(Rebalancer):
         self.refresh_nodes(force=True)
 
     def close(self) -> None:
-        if self._hello is not None:
-            self._hello.close()
-            self._hello = None
-        for slot in self.nodes.values():
-            if slot.acks and slot.usable:
-                try:
-                    slot.link.call("ack", self.epoch, tuple(slot.acks))
-                    slot.acks.clear()
-                except AgentUnavailable:
-                    pass
-            slot.link.close()
+        """Commit what is queued, acknowledge it, and disconnect (the log stays resumable)."""
+        try:
+            self.writer.flush()
+        finally:
+            self.writer.close()
+            if self._hello is not None:
+                self._hello.close()
+                self._hello = None
+            for slot in self.nodes.values():
+                if slot.acks and slot.usable:
+                    try:
+                        slot.link.call("ack", self.epoch, tuple(slot.take_acks()))
+                    except AgentUnavailable:
+                        pass
+                slot.link.close()
 
     # -- cycles -----------------------------------------------------------------------------
 
@@ -374,6 +391,7 @@ class Master(Rebalancer):
         if active.first_send is not None and active.last_result is not None:
             makespan = active.last_result - active.first_send
         lower_bound = self._lower_bound(active)
+        self.writer.flush()  # every outcome of the run committed before it is closed
         self._flush_acks()
         run = self.store.finish_run(active.run, makespan, lower_bound)
         self.changed.clear()
@@ -398,6 +416,7 @@ class Master(Rebalancer):
 
     def step(self) -> bool:
         """One pass of the loop; True when something happened (results or sends)."""
+        self.writer.check()
         self.refresh_nodes()
         self.assign()
         sent = self.send()
@@ -416,7 +435,7 @@ class Master(Rebalancer):
 
     def _idle_pause(self) -> float:
         self._idle = min(self._idle + 1, 12)
-        return min(self.settings.idle_sleep, 0.0005 * 2**self._idle)
+        return min(self.settings.idle_sleep, 0.0005 * 2**self._idle, self.poll_cap())
 
     def refresh_nodes(self, force: bool = False) -> None:
         """Pick up nodes added or removed in the log; reconnect unreachable ones when due."""
@@ -487,7 +506,7 @@ class Master(Rebalancer):
             self.unassigned.append(job_id)
         slot.inflight.clear()
         slot.backlog.clear()
-        slot.acks.clear()
+        slot.take_acks()
         self._commit(lost)
         if not gone:
             self.store.update_node(
@@ -537,10 +556,16 @@ class Master(Rebalancer):
             error,
         )
 
-    def _commit(self, executions: list[tuple[Any, ...]], dead: Any = (), claims: Any = ()) -> None:
-        """Commit outcome rows (and the dispatches they close) in one transaction."""
+    def _commit(
+        self,
+        executions: list[tuple[Any, ...]],
+        dead: Any = (),
+        claims: Any = (),
+        after: Callable[[], None] | None = None,
+    ) -> None:
+        """Commit outcome rows (and the dispatches they close) through the log writer."""
         closed, self.closed_dispatches = self.closed_dispatches, []
-        self.store.record_outcomes(executions, dead, claims, closed)
+        self.writer.submit(executions, dead, claims, closed, after)
 
     def _unplace(self, job_id: int) -> None:
         placed = self.placed.pop(job_id, None)
@@ -673,9 +698,8 @@ class Master(Rebalancer):
             if not slot.usable or not (slot.inflight or slot.acks):
                 continue
             try:
-                acks = encode_ids(slot.acks)
+                acks = encode_ids(slot.take_acks())
                 done = decode_done(slot.link.call("done", self.epoch, acks, COLLECT_LIMIT, True))
-                slot.acks.clear()
                 failed = (
                     decode_failed(slot.link.call("failed", self.epoch, "", COLLECT_LIMIT, True))
                     if slot.inflight
@@ -763,10 +787,8 @@ class Master(Rebalancer):
             else:
                 retry.append(job.id)
         slot.observe(durations)
-        failpoint.hit("before_commit")
-        self._commit(rows, dead, claims)
-        failpoint.hit("after_commit")
-        slot.acks.extend(acks)  # acknowledged on the next call, after the commit
+        # Acknowledged to the agent on a later call, once the writer has committed.
+        self._commit(rows, dead, claims, after=lambda: slot.add_acks(acks))
         dead_ids = {d[0] for d in dead}
         touched: set[int] = set()
         for job in finished:
@@ -791,8 +813,7 @@ class Master(Rebalancer):
         for slot in self.nodes.values():
             if slot.acks and slot.usable:
                 try:
-                    slot.link.call("ack", self.epoch, tuple(slot.acks))
-                    slot.acks.clear()
+                    slot.link.call("ack", self.epoch, tuple(slot.take_acks()))
                 except AgentUnavailable:
                     self._node_down(slot)
 

@@ -1,0 +1,79 @@
+"""The log writer: commits outcome batches in order, off the master's thread.
+
+The master hands each batch of outcome rows to :class:`LogWriter` and goes on
+sending and collecting while the database works; the batch's ``after`` callback
+(which releases the acknowledgements to the agents) runs only once the batch is
+committed, so "commit before acknowledging" holds exactly as with a synchronous
+commit. One thread, one queue: batches commit in the order they were made. A
+failed commit stops the writer; the master re-raises the error on its next call.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from . import failpoint
+from .store import Store
+
+_STOP = object()
+
+
+class LogWriter:
+    """Commits :meth:`Store.record_outcomes` batches in a background thread, in order."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self,
+        executions: Any,
+        dead: Any = (),
+        claims: Any = (),
+        closed: Any = (),
+        after: Callable[[], None] | None = None,
+    ) -> None:
+        """Queue one batch; ``after`` runs in the writer thread once it is committed."""
+        self.check()
+        self._queue.put((executions, dead, claims, closed, after))
+
+    def flush(self) -> None:
+        """Wait until every queued batch is committed (and its ``after`` has run)."""
+        self._queue.join()
+        self.check()
+
+    def check(self) -> None:
+        """Raise the error that stopped the writer, if any."""
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                if self._error is not None:
+                    continue  # after a failure nothing more is committed (or acknowledged)
+                executions, dead, claims, closed, after = item
+                try:
+                    failpoint.hit("before_commit")
+                    self.store.record_outcomes(executions, dead, claims, closed)
+                    failpoint.hit("after_commit")
+                    if after is not None:
+                        after()
+                except BaseException as exc:  # noqa: BLE001 - handed to the master's thread
+                    self._error = exc
+            finally:
+                self._queue.task_done()
