@@ -153,9 +153,10 @@ class CycleScheduler:
         finally:
             self._lock.release()
 
-    def stop(self) -> None:
-        """Stop firing; a cycle in progress stays open and resumes on the next start."""
-        self.scheduler.shutdown(wait=False)
+    def stop(self, wait: bool = False) -> None:
+        """Stop firing; ``wait`` for a cycle in progress, else it stays open and resumes
+        on the next start."""
+        self.scheduler.shutdown(wait=wait)
 
 
 def _undefined() -> Any:
@@ -164,7 +165,7 @@ def _undefined() -> Any:
     return undefined
 
 
-class _MasterRunner:
+class MasterRunner:
     """Runs a family's cycle on a serving master from another thread, until stopped."""
 
     def __init__(self, master: Any) -> None:
@@ -186,7 +187,7 @@ def start(master: Any, settings: Any = None) -> Callable[[], None]:
 
     Returns the function that stops the scheduler.
     """
-    runner = _MasterRunner(master)
+    runner = MasterRunner(master)
     scheduler = CycleScheduler(master.store.engine, runner, AppSettings.from_env())
     scheduler.start()
 

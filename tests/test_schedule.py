@@ -1,0 +1,196 @@
+"""Scheduled application cycles: cron, one at a time, a missed run once, checks spread."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+import threading
+import time
+
+import pytest
+from agents import spawn_jodl, wait_for
+from app_support import add_users_tracking, agent_env, app_settings, inbox
+from sqlalchemy import select
+from sqlalchemy.orm import sessionmaker
+
+from crawler_app.cycle import PageCycle, spread_fraction
+from crawler_app.models import AppCycle, CycleStep, Page
+from crawler_app.schedule import CycleScheduler, MasterRunner, cron_trigger
+from jodl.master import Master
+from jodl.models import Job, utcnow
+
+pytest_plugins = ("tests.site",)
+__all__ = ["inbox"]  # the fixture, imported for pytest
+
+UTC = dt.UTC
+
+
+def cycles(store) -> list[AppCycle]:
+    with sessionmaker(store.engine, expire_on_commit=False)() as s:
+        return list(s.scalars(select(AppCycle).order_by(AppCycle.id)))
+
+
+def add_cycle(store, started: dt.datetime, open_: bool = False) -> None:
+    with sessionmaker(store.engine)() as s, s.begin():
+        row = AppCycle(
+            step=CycleStep.CHECK if open_ else CycleStep.DONE,
+            started_at=started,
+            step_started_at=started,
+            finished_at=None if open_ else started + dt.timedelta(seconds=5),
+            timings={},
+        )
+        s.add(row)
+        s.flush()
+        if not open_:
+            row.is_open = None  # closed, as a finished cycle is
+
+
+def test_cron_expressions_with_and_without_seconds():
+    daily = cron_trigger("0 6 * * *", UTC)
+    now = dt.datetime(2030, 5, 1, 7, 0, tzinfo=UTC)
+    assert daily.get_next_fire_time(None, now) == dt.datetime(2030, 5, 2, 6, 0, tzinfo=UTC)
+    every_2s = cron_trigger("*/2 * * * * *", UTC)
+    assert every_2s.get_next_fire_time(None, now + dt.timedelta(seconds=1)) == now.replace(second=2)
+    with pytest.raises(ValueError):
+        cron_trigger("61 * * * *", UTC)
+    assert app_settings().schedule == "0 6 * * *"
+
+
+def test_a_missed_run_is_due_once_and_an_open_cycle_at_once(store):
+    sched = CycleScheduler(store.engine, lambda family: None, app_settings(), timezone=UTC)
+    assert sched.missed()  # never ran: the first run is now
+    add_cycle(store, utcnow() - dt.timedelta(minutes=1))
+    assert not sched.missed()  # ran after the last 06:00 slot or the slot is yet to come...
+    now = dt.datetime.now(UTC)
+    last_slot = now.replace(hour=6, minute=0, second=0, microsecond=0)
+    if last_slot > now:
+        last_slot -= dt.timedelta(days=1)
+    add_cycle(store, (last_slot - dt.timedelta(days=3)).replace(tzinfo=None))
+    assert not sched.missed()  # ... the newest cycle counts, not the oldest
+    with sessionmaker(store.engine)() as s, s.begin():
+        for row in s.scalars(select(AppCycle)):
+            row.started_at = (last_slot - dt.timedelta(days=3)).replace(tzinfo=None)
+    assert sched.missed()  # three slots passed: due, and once (see the serving test)
+    add_cycle(store, utcnow(), open_=True)
+    assert sched.missed()  # an unfinished cycle resumes at start
+
+
+def test_spread_is_capped_at_a_quarter_of_the_period(store):
+    hourly = CycleScheduler(
+        store.engine, lambda f: None, app_settings(schedule="0 * * * *", check_spread=3600)
+    )
+    assert hourly.spread() == 900
+    daily = CycleScheduler(store.engine, lambda f: None, app_settings(check_spread=300))
+    assert daily.spread() == 300
+    off = CycleScheduler(store.engine, lambda f: None, app_settings(check_spread=0))
+    assert off.spread() == 0
+
+
+def test_checks_start_spread_by_url_hash(store, agents, settings, site, inbox):
+    spread = 1.5
+    paths = [f"/s{i}" for i in range(6)]
+    for path in paths:
+        site.set_page(path, f"<p>{path}</p>")
+        add_users_tracking(store, site.url(path), ["ann@example.org"])
+    agents(1, env=agent_env(inbox))
+    master = Master(settings, store=store)
+    wall_minus_mono = time.time() - time.monotonic()
+    try:
+        result = PageCycle(store.engine, master.run_cycle, app_settings()).run(
+            trigger="schedule", spread=spread
+        )
+    finally:
+        master.close()
+    assert result.checked == len(paths)
+    with sessionmaker(store.engine)() as s:
+        started = s.scalar(select(AppCycle.started_at))
+        payloads = {
+            url: json.loads(payload)
+            for url, payload in s.execute(select(Page.url, Job.payload).join(Job))
+        }
+    start = started.replace(tzinfo=UTC).timestamp()
+    for path in paths:
+        url = site.url(path)
+        expected = start + spread_fraction(url) * spread
+        assert payloads[url]["start_at"] == pytest.approx(expected, abs=0.002)
+        fetched_at = site.requests(path)[0].started + wall_minus_mono
+        assert fetched_at >= expected - 0.05, path  # never before its slot
+    fractions = sorted(spread_fraction(site.url(p)) for p in paths)
+    assert fractions[-1] - fractions[0] > 0.3  # the slots really are spread
+
+
+def test_serving_master_runs_one_cycle_at_a_time_and_catches_up_once(
+    store, agents, settings, site, inbox
+):
+    site.set_page("/slow", "<p>slow page</p>", delay=0.6)
+    add_users_tracking(store, site.url("/slow"), ["ann@example.org"])
+    agents(1, env=agent_env(inbox))
+    # The last cycle ran three hourly slots ago: one catch-up run at start, not three.
+    add_cycle(store, utcnow() - dt.timedelta(hours=3, minutes=1))
+    master = Master(settings, store=store)
+    stop = threading.Event()
+    serving = threading.Thread(target=master.serve, args=(stop,), daemon=True)
+    serving.start()
+    hourly = CycleScheduler(
+        store.engine,
+        MasterRunner(master),
+        app_settings(schedule="0 * * * *"),
+    )
+    try:
+        hourly.start()
+        wait_for(lambda: len(hourly.results) == 1, 30, "the catch-up cycle")
+        nxt = hourly.next_run_time()
+        assert nxt is not None and nxt > dt.datetime.now(nxt.tzinfo)
+        assert nxt.minute == 0 and nxt.second == 0
+        assert len(cycles(store)) == 2
+    finally:
+        hourly.stop(wait=True)
+    # Every second, while a cycle takes longer than that: never two at once.
+    fast = CycleScheduler(
+        store.engine,
+        MasterRunner(master),
+        app_settings(schedule="* * * * * *"),
+    )
+    try:
+        fast.start()
+        wait_for(lambda: len(fast.results) >= 3, 60, "three scheduled cycles")
+    finally:
+        fast.stop(wait=True)
+        stop.set()
+        serving.join(timeout=30)
+        master.close()
+    done = [c for c in cycles(store) if c.finished_at is not None]
+    for earlier, later in zip(done, done[1:], strict=False):
+        assert later.started_at >= earlier.finished_at
+    assert all(c.trigger == "schedule" for c in done[1:])
+
+
+def test_jodl_master_runs_the_scheduled_cycle(store, agents, site, inbox, db_url, tmp_path):
+    site.set_page("/p", "<p>hello</p>")
+    add_users_tracking(store, site.url("/p"), ["ann@example.org"])
+    agents(1, env=agent_env(inbox))
+    master = spawn_jodl(
+        "master",
+        log_path=tmp_path / "master.log",
+        env={
+            "JODL_DATABASE_URL": db_url,
+            "JODL_SCHEDULE": "0 6 * * *",
+            "JODL_CHECK_SPREAD": "0",
+            "JODL_LOG_LEVEL": "INFO",
+        },
+    )
+    try:
+        # No cycle ever ran: the first one runs at start.
+        wait_for(
+            lambda: any(c.step == CycleStep.DONE for c in cycles(store)),
+            60,
+            "a cycle run by jodl master",
+        )
+    finally:
+        master.send_signal(signal.SIGTERM)
+        master.wait(timeout=20)
+    (cycle,) = cycles(store)
+    assert (cycle.trigger, cycle.checked) == ("schedule", 1)
+    assert len(site.requests("/p")) == 1
+    assert "scheduled (0 6 * * *)" in (tmp_path / "master.log").read_text()
