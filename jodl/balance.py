@@ -1,0 +1,374 @@
+"""Balancing decisions of the master's loop (thesis: the reasons to move a job).
+
+Pure functions over a snapshot of the master's state, so each rule is tested
+without agents; :class:`jodl.master.Master` gathers the snapshot, calls them and
+carries the decisions out (one method per step of its loop):
+
+* :func:`plan_steals` — an idle node takes unstarted jobs from the node whose
+  expected finish is latest, while each move ends the job earlier by more than
+  the round trip plus a margin;
+* :func:`overdue` — executions past their family's timeout;
+* :func:`verdict` — trial and permanent moves: what a job's home becomes after
+  it ran somewhere;
+* :func:`slow_reason`, :func:`trial_node` — a job much slower than average, or
+  slower than it used to be, gets a trial move on another node;
+* :func:`explore`, :func:`new_node_share` — random exploration, and a share of
+  the jobs for a node that never ran the family;
+* :func:`pick_backups` — backup copies of stragglers near the end of a cycle;
+* :func:`lower_bound` — the makespan's lower bound from learned figures.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .placement import JobInfo, Knowledge, NodeLoad
+
+#: Node states as the balancing rules see them.
+USABLE, UNREACHABLE, REMOVED = "usable", "unreachable", "removed"
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The knobs of balancing, from a family's ``strategy_params`` (and its columns)."""
+
+    #: A duration this many times the expected one triggers a trial move.
+    slow_factor: float = 3.0
+    #: Share of a cycle's due jobs given a random trial move.
+    explore: float = 0.02
+    #: Failures of a job on one node (in a run) before it moves to another.
+    attempts_before_move: int = 1
+    #: Seconds a steal must gain beyond the round trip (plus a tenth of the job).
+    steal_margin: float = 0.005
+    #: A running job this many times past its expected duration is a straggler.
+    backup_factor: float = 2.0
+    #: How much faster a trial node must be for the move to become permanent.
+    faster_by: float = 0.1
+    #: Give a node that never ran the family a share of the jobs as trial moves.
+    new_node_share: bool = True
+    #: Seconds an execution may take (the family's ``timeout``; None: no limit).
+    timeout: float | None = None
+    #: The family's jobs may run twice (allows backup copies).
+    idempotent: bool = False
+
+    @classmethod
+    def split(
+        cls, params: Mapping[str, Any] | None, **family: Any
+    ) -> tuple[Tuning, dict[str, Any]]:
+        """(tuning, the strategy's own parameters) from a family's ``strategy_params``."""
+        names = {f.name for f in fields(cls)}
+        params = dict(params or {})
+        knobs = {k: params.pop(k) for k in list(params) if k in names}
+        try:
+            tuning = cls(**knobs, **{k: v for k, v in family.items() if v is not None})
+        except TypeError as exc:
+            raise ValueError(f"bad balancing parameter: {exc}") from None
+        return tuning, params
+
+
+def allows(allowed: bool | None, conditions: Mapping[str, Any] | None, labels: Mapping) -> bool:
+    """Whether a FamilyOnNode rule lets a node with ``labels`` run the family.
+
+    No rule (``allowed`` None) allows; ``conditions={"labels": {...}}`` asks for
+    those labels with those values.
+    """
+    if allowed is False:
+        return False
+    wanted = (conditions or {}).get("labels") or {}
+    return all(str(labels.get(k)) == str(v) for k, v in wanted.items())
+
+
+# -- stealing --------------------------------------------------------------------------------
+
+
+@dataclass
+class Waiting:
+    """A job placed on a node that has not started (``sent``: it is on the agent already)."""
+
+    job: JobInfo
+    expected: float
+    sent: bool = False
+    exec_id: int | None = None
+
+
+@dataclass
+class Queue:
+    """One node as stealing sees it."""
+
+    node: NodeLoad
+    #: Seconds until the node is expected to have finished everything it holds.
+    finish: float
+    #: Its unstarted jobs, first to start first.
+    waiting: list[Waiting] = field(default_factory=list)
+    #: Measured round trip (seconds).
+    rtt: float = 0.001
+    idle: bool = False
+    families: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Steal:
+    """Move ``job_id`` from ``source`` to ``target`` (``exec_id``: ask the agent for it back)."""
+
+    job_id: int
+    source: int
+    target: int
+    exec_id: int | None
+    gain: float
+
+
+def plan_steals(
+    queues: Sequence[Queue],
+    expected: Callable[[JobInfo, NodeLoad], float],
+    margin: float,
+) -> list[Steal]:
+    """Moves from the latest-finishing nodes to the idle ones, last-to-start jobs first.
+
+    Idle nodes steal fastest first. A job moves only if it would end sooner on the
+    thief, by more than the round trips (one more when the agent must hand it back)
+    plus ``margin`` plus a tenth of its duration there, so the makespan never grows
+    and a move is not made for noise. The victim is the node whose expected finish
+    is latest (not the one with the most jobs).
+    """
+    out: list[Steal] = []
+    thieves = sorted((q for q in queues if q.idle), key=lambda q: (-q.node.speed, q.node.id))
+    for thief in thieves:
+        slots = max(1, thief.node.slots)
+        while True:
+            victims = [q for q in queues if q is not thief and q.waiting]
+            if not victims:
+                break
+            victim = max(victims, key=lambda q: (q.finish, -q.node.id))
+            last = victim.waiting[-1]
+            if last.job.family not in thief.families or thief.node.id in last.job.failed_on:
+                break
+            took = expected(last.job, thief.node)
+            cost = thief.rtt + (victim.rtt if last.sent else 0.0)
+            ends_there = thief.finish + took + cost + margin + 0.1 * took
+            if ends_there >= victim.finish:
+                break
+            victim.waiting.pop()
+            victim.finish -= last.expected / max(1, victim.node.slots)
+            thief.finish += took / slots
+            out.append(
+                Steal(
+                    last.job.id,
+                    victim.node.id,
+                    thief.node.id,
+                    last.exec_id if last.sent else None,
+                    victim.finish + last.expected - ends_there,
+                )
+            )
+    return out
+
+
+# -- timeouts --------------------------------------------------------------------------------
+
+
+def overdue(running: Mapping[int, float], now: float, timeout: float | None) -> list[int]:
+    """Execution ids (of ``{exec_id: started}``) out for longer than ``timeout`` seconds."""
+    if not timeout:
+        return []
+    return [exec_id for exec_id, started in running.items() if now - started > timeout]
+
+
+# -- trial and permanent moves ----------------------------------------------------------------
+
+
+def verdict(
+    job: JobInfo,
+    ran_on: int,
+    knowledge: Knowledge,
+    state: Callable[[int], str],
+    faster_by: float = 0.1,
+) -> tuple[int | None, int | None]:
+    """The job's (permanent node, trial node) after a success on ``ran_on``.
+
+    A job with no home (or whose home is gone for good) settles where it ran. A
+    job that ran away from home is on a trial move: permanent when the new node
+    proved faster or the home failed it, reverted when the home is reachable and
+    the new node was not faster, left open while the home is unreachable. A job
+    that ran at home while a tried trial is open has that trial decided the same
+    way; a trial not tried yet stays open.
+    """
+    home, trial = job.permanent_node_id, job.trial_node_id
+    if home is None or state(home) == REMOVED:
+        return ran_on, None
+    if ran_on == home:
+        if trial is None:
+            return home, None
+        tried = knowledge.learned(job.id, trial)
+        if tried is None or not tried.count:
+            return home, trial
+        ran_on = trial
+    if state(home) == REMOVED or _better(job, ran_on, home, knowledge, faster_by):
+        return ran_on, None
+    if state(home) == USABLE:
+        return home, None
+    return home, ran_on
+
+
+def _better(job: JobInfo, new: int, old: int, knowledge: Knowledge, faster_by: float) -> bool:
+    if old in job.failed_on:
+        return True  # the old node failed it in this run: the new one is more reliable
+    was, now = knowledge.learned(job.id, old), knowledge.learned(job.id, new)
+    if now is None or now.recent is None:
+        return False
+    if was is None or was.recent is None:
+        return was is not None and was.failures > 0
+    return now.recent < was.recent * (1.0 - faster_by)
+
+
+def slow_reason(
+    job: JobInfo, node_id: int, duration: float, knowledge: Knowledge, slow_factor: float
+) -> str | None:
+    """Why ``job`` should get a trial move after taking ``duration`` on ``node_id`` (or None).
+
+    Slower than it used to be there (``slow_factor`` times its earlier mean, after
+    at least two earlier runs), or much slower than the average job of its family
+    on that node while it never ran anywhere else (a trial tells whether it is the
+    job or the node). Call after the duration was recorded.
+    """
+    stat = knowledge.learned(job.id, node_id)
+    if stat is None or not stat.count or stat.mean is None:
+        return None
+    if stat.count >= 3:
+        before = (stat.mean * stat.count - duration) / (stat.count - 1)
+        if before > 0 and duration > slow_factor * before:
+            return "slower than before"
+    ran_on = [n for n, st in knowledge.of_job(job.id).items() if st.count]
+    family = knowledge.family_mean(job.family, node_id)
+    if ran_on == [node_id] and family and duration > slow_factor * family:
+        return "much slower than average"
+    return None
+
+
+def trial_node(
+    job: JobInfo,
+    candidates: Sequence[NodeLoad],
+    knowledge: Knowledge,
+    exclude: int | None = None,
+    rng: random.Random | None = None,
+) -> int | None:
+    """Where to try ``job``: a node it never ran on (fastest first), else another random one."""
+    others = [n for n in candidates if n.id != exclude and n.id not in job.failed_on]
+    if not others:
+        return None
+    fresh = [n for n in others if not (st := knowledge.learned(job.id, n.id)) or not st.count]
+    if fresh:
+        best = max(knowledge.speed(n.id) for n in fresh)
+        fresh = [n for n in fresh if knowledge.speed(n.id) >= best * 0.999]
+        return (rng or random).choice(fresh).id
+    return (rng or random).choice(others).id
+
+
+def explore(
+    jobs: Sequence[JobInfo],
+    candidates: Sequence[NodeLoad],
+    knowledge: Knowledge,
+    rate: float,
+    rng: random.Random,
+) -> list[tuple[int, int]]:
+    """(job, node) trial moves for about ``rate`` of ``jobs``, picked at random."""
+    if rate <= 0 or len(candidates) < 2:
+        return []
+    out = []
+    for job in jobs:
+        if job.trial_node_id is None and rng.random() < rate:
+            node = trial_node(job, candidates, knowledge, exclude=job.home, rng=rng)
+            if node is not None:
+                out.append((job.id, node))
+    return out
+
+
+def new_node_share(
+    jobs: Sequence[JobInfo],
+    candidates: Sequence[NodeLoad],
+    knowledge: Knowledge,
+    family: str,
+    rng: random.Random,
+) -> list[tuple[int, int]]:
+    """Trial moves giving each node that never ran ``family`` its share of ``jobs``.
+
+    Only when some other node did run it (in the first cycle every node is new and
+    placement spreads the jobs anyway). A node that comes back is not new: what
+    was learned there is kept, so it gets its homes back instead.
+    """
+    seen = [n for n in candidates if knowledge.family_mean(family, n.id) is not None]
+    new = [n for n in candidates if knowledge.family_mean(family, n.id) is None]
+    if not seen or not new:
+        return []
+    capacity = sum(n.slots * max(n.speed, 1e-6) for n in candidates)
+    pool = [j for j in jobs if j.trial_node_id is None]
+    rng.shuffle(pool)
+    out: list[tuple[int, int]] = []
+    for node in new:
+        share = round(len(jobs) * node.slots * max(node.speed, 1e-6) / capacity)
+        for job in pool[:share]:
+            out.append((job.id, node.id))
+        pool = pool[share:]
+    return out
+
+
+# -- backups -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Running:
+    """An execution running on a node, as backup decisions see it."""
+
+    exec_id: int
+    job: JobInfo
+    node_id: int
+    elapsed: float
+    expected: float
+
+
+def pick_backups(
+    running: Sequence[Running],
+    idle: Sequence[NodeLoad],
+    expected: Callable[[JobInfo, NodeLoad], float],
+    factor: float,
+    rtt: float = 0.0,
+) -> list[tuple[Running, NodeLoad]]:
+    """Backup copies for stragglers: the longest-overdue first, one per idle node.
+
+    A straggler has run ``factor`` times its expected duration. Its remaining time
+    is unknown; it is assumed to be as long as it has run already (a job that is
+    late tends to stay late), so a copy goes to an idle node only if it is
+    expected to end there sooner than that.
+    """
+    free = sorted(idle, key=lambda n: (-n.speed, n.id))
+    late = sorted(
+        (r for r in running if r.elapsed > factor * r.expected),
+        key=lambda r: -r.elapsed / max(r.expected, 1e-9),
+    )
+    out: list[tuple[Running, NodeLoad]] = []
+    for run in late:
+        options = [n for n in free if n.id != run.node_id and n.id not in run.job.failed_on]
+        if not options:
+            continue
+        node = min(options, key=lambda n: (expected(run.job, n), n.id))
+        if expected(run.job, node) + rtt < run.elapsed:
+            out.append((run, node))
+            free.remove(node)
+    return out
+
+
+# -- makespan ---------------------------------------------------------------------------------
+
+
+def lower_bound(works: Sequence[float], nodes: Mapping[int, tuple[float, int]]) -> float | None:
+    """max(total work ÷ total speed, longest job ÷ fastest node), works measured at speed 1.0.
+
+    ``nodes`` maps each node to (speed, slots); a node's capacity is speed × slots,
+    but one job runs in one slot, so the longest job is bounded by the fastest speed.
+    """
+    capacity = sum(speed * max(1, slots) for speed, slots in nodes.values())
+    if not works or capacity <= 0:
+        return None
+    fastest = max(speed for speed, _slots in nodes.values())
+    return max(sum(works) / capacity, max(works) / fastest)
