@@ -135,10 +135,12 @@ class AgentCore:
         async_jobs: list[tuple[int, str, str]] = []
         with self._cond:
             known = self._known_locked()
+            batch: set[int] = set()  # the same id twice in one batch runs once too
             for job in jobs:
                 exec_id, fam = job[0], job[1]
-                if exec_id in known:
+                if exec_id in batch or exec_id in known:
                     continue
+                batch.add(exec_id)
                 cls = self._classes.get(fam)
                 if cls is None:
                     refused.append((exec_id, f"unknown family {fam!r} on agent {self.name}"))

@@ -1,0 +1,192 @@
+"""The agent's protocol (DESIGN §5), call by call, against a real agent subprocess.
+
+The ``flaky`` example family with ``times: 0`` never fails and returns how many
+times its key ran on this agent: a run counter the tests read back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from agents import AgentProcess, wait_for
+
+from jodl.config import Settings
+from jodl.protocol import connect
+
+EPOCH = 1
+
+
+class Client:
+    """The master's side of one agent connection, as the tests drive it."""
+
+    def __init__(self, agent: AgentProcess) -> None:
+        self.conn = connect(agent.address, Settings(call_timeout=10.0))
+        self.root = self.conn.root
+        self.epoch = EPOCH
+        info = json.loads(self.root.init("test-master", self.epoch, "{}"))
+        self.slots = info["slots"]
+
+    def send(self, *jobs: tuple[int, str, dict[str, Any]]) -> tuple[tuple[int, str], ...]:
+        wire = tuple((eid, fam, json.dumps(payload)) for eid, fam, payload in jobs)
+        return self.root.send(self.epoch, wire)
+
+    def done(self, ack: tuple[int, ...] = ()) -> dict[int, Any]:
+        return {
+            eid: json.loads(result)
+            for eid, _duration, _finished, result in self.root.done(self.epoch, ack, 1000)
+        }
+
+    def failed(self, ack: tuple[int, ...] = ()) -> dict[int, tuple[str, bool]]:
+        return {
+            eid: (error, retryable)
+            for eid, _d, _f, error, retryable in self.root.failed(self.epoch, ack, 1000)
+        }
+
+    def remaining(self) -> tuple[int, int, int, int]:
+        return tuple(self.root.remaining(self.epoch))  # type: ignore[return-value]
+
+    def wait_done(self, *ids: int) -> dict[int, Any]:
+        wait_for(lambda: set(ids) <= set(self.done()), timeout=20, what=f"results of {ids}")
+        return self.done()
+
+    def wait_idle(self) -> None:
+        wait_for(lambda: self.remaining()[:2] == (0, 0), timeout=20, what="an idle agent")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def counter(key: str) -> dict[str, Any]:
+    return {"key": key, "times": 0}
+
+
+@pytest.fixture
+def agent(spawn_agent: Callable[..., AgentProcess]) -> AgentProcess:
+    return spawn_agent(env={"JODL_AGENT_SLOTS": "1"})
+
+
+@pytest.fixture
+def client(agent: AgentProcess) -> Iterator[Client]:
+    c = Client(agent)
+    yield c
+    c.close()
+
+
+def test_ping_and_families(client):
+    name, epoch, now = client.root.ping()
+    assert epoch == EPOCH and now > 0 and name
+    families = {name: (version, is_async) for name, version, is_async in client.root.families()}
+    assert {"noop", "sleep", "fail", "flaky"} <= set(families)
+
+
+def test_send_is_idempotent_by_execution_id(client):
+    # The same id twice in one batch, again in a second batch, and again after the ack:
+    # a send that timed out on the master and was repeated must not run twice.
+    assert client.send((1, "flaky", counter("a")), (1, "flaky", counter("a"))) == ()
+    assert client.send((1, "flaky", counter("a"))) == ()
+    assert client.wait_done(1) == {1: {"attempt": 1}}
+    assert client.send((1, "flaky", counter("a"))) == ()
+    assert client.done(ack=(1,)) == {}
+    client.send((1, "flaky", counter("a")))
+    client.send((2, "flaky", counter("a")))
+    assert client.wait_done(2) == {2: {"attempt": 2}}, "exec 1 ran exactly once"
+
+
+def test_results_are_held_until_acknowledged(client):
+    client.send((10, "noop", {}), (11, "noop", {}))
+    assert set(client.wait_done(10, 11)) == {10, 11}
+    assert set(client.done()) == {10, 11}, "asking again without an ack returns them again"
+    assert client.remaining() == (0, 0, 2, 0)
+    assert set(client.done(ack=(10,))) == {11}, "the ack is applied before the answer"
+    assert client.root.ack(client.epoch, (11,)) == 1
+    assert client.done() == {}
+    assert client.remaining() == (0, 0, 0, 0)
+
+
+def test_failures_are_reported_with_retryability(client):
+    client.send((20, "fail", {"message": "boom"}), (21, "fail", {"permanent": True}))
+    wait_for(lambda: len(client.failed()) == 2, timeout=20, what="two failures")
+    failed = client.failed(ack=())
+    assert failed[20][1] is True and "boom" in failed[20][0]
+    assert failed[21][1] is False
+    assert client.failed(ack=(20, 21)) == {}
+
+
+def test_unknown_family_is_refused_at_send(client):
+    refused = dict(client.send((30, "no-such-family", {}), (31, "noop", {})))
+    assert list(refused) == [30]
+    assert "unknown family" in refused[30]
+    assert set(client.wait_done(31)) == {31}
+
+
+def test_take_back_returns_only_unstarted_jobs(client):
+    assert client.slots == 1
+    client.send((40, "sleep", {"seconds": 3}), (41, "noop", {}), (42, "noop", {}))
+    wait_for(lambda: client.remaining()[1] == 1, timeout=20, what="the sleep job to start")
+    client.send((43, "noop", {}))
+    assert sorted(client.root.take_back(client.epoch, 0, (40, 41, 42))) == [41, 42]
+    assert client.root.take_back(client.epoch, 5, ()) == (43,), "the last queued, by count"
+    assert client.remaining() == (0, 1, 0, 0)
+    # Taken-back ids never run here, even if a late duplicate send arrives.
+    client.send((41, "noop", {}))
+    assert client.remaining()[0] == 0
+    assert client.root.cancel(client.epoch, (40,)) == (40,)
+    client.wait_idle()
+    assert client.done() == {}
+
+
+def test_cancel_drops_queued_jobs_and_discards_running_ones(client):
+    client.send((50, "sleep", {"seconds": 0.5}), (51, "flaky", counter("c")))
+    wait_for(lambda: client.remaining()[1] == 1, timeout=20, what="the sleep job to start")
+    assert client.root.cancel(client.epoch, (50, 51, 52)) == (50, 51)
+    client.wait_idle()
+    assert client.done() == {} and client.failed() == {}
+    assert client.root.held(client.epoch, (50, 51)) == ()
+    client.send((53, "flaky", counter("c")))
+    assert client.wait_done(53) == {53: {"attempt": 1}}, "the cancelled queued job never ran"
+
+
+def test_held_lists_what_the_agent_still_knows(client):
+    client.send((60, "sleep", {"seconds": 0.2}), (61, "noop", {}))
+    assert sorted(client.root.held(client.epoch, (60, 61, 62))) == [60, 61]
+    client.wait_done(60, 61)
+    assert sorted(client.root.held(client.epoch, (60, 61, 62))) == [60, 61]
+    client.done(ack=(60,))
+    assert client.root.held(client.epoch, (60, 61, 62)) == (61,)
+
+
+def test_remaining_counts_queued_running_and_held(client):
+    client.send((70, "sleep", {"seconds": 0.3}), (71, "noop", {}), (72, "fail", {}))
+    wait_for(lambda: client.remaining()[1] == 1, timeout=20, what="the sleep job to start")
+    assert client.remaining() == (2, 1, 0, 0)
+    client.wait_idle()
+    assert client.remaining() == (0, 0, 2, 1)
+
+
+def test_an_older_epoch_is_fenced_after_a_newer_init(agent, client):
+    client.send((80, "noop", {}))
+    newer = Client.__new__(Client)
+    newer.conn = connect(agent.address, Settings(call_timeout=10.0))
+    newer.root, newer.epoch = newer.conn.root, EPOCH + 1
+    try:
+        newer.root.init("newer-master", newer.epoch, "{}")
+        for call in (
+            lambda: client.send((81, "noop", {})),
+            lambda: client.done(),
+            lambda: client.root.remaining(EPOCH),
+            lambda: client.root.ack(EPOCH, (80,)),
+            lambda: client.root.take_back(EPOCH, 1, ()),
+            lambda: client.root.held(EPOCH, (80,)),
+            lambda: client.root.init("old-master", EPOCH, "{}"),
+        ):
+            with pytest.raises(Exception, match="fenced"):
+                call()
+        assert client.root.ping()[1] == EPOCH + 1
+        # The newer master finds the older one's work and collects it.
+        assert newer.root.held(newer.epoch, (80, 81)) == (80,)
+        assert set(newer.wait_done(80)) == {80}
+    finally:
+        newer.close()

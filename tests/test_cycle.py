@@ -1,0 +1,123 @@
+"""Whole cycles on real agent subprocesses, checked against the reconstruction log."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+
+from jodl.master import Master
+from jodl.models import ExecState, Execution, Job, JobOnNode, JobState, Run, RunState
+from jodl.store import Store
+
+CYCLE_JOBS = 1200
+
+
+def add_jobs(store: Store, family: str, count: int, payload: str = "{}", **fields: object) -> int:
+    fam = store.ensure_family(family, **fields)
+    return store.add_jobs(fam, ((f"{family}-{i}", payload) for i in range(count)))
+
+
+def done_per_job(store: Store, run_id: int) -> dict[int, int]:
+    """job id -> number of 'done' executions in the run."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            select(Execution.job_id, func.count())
+            .where(Execution.run_id == run_id, Execution.state == ExecState.DONE)
+            .group_by(Execution.job_id)
+        )
+        return {job_id: count for job_id, count in rows}
+
+
+def job_ids(store: Store, family_id: int) -> set[int]:
+    with store.engine.connect() as conn:
+        return set(conn.scalars(select(Job.id).where(Job.family_id == family_id)))
+
+
+def test_cycle_of_1000_jobs_on_three_agents(store, agents, settings):
+    add_jobs(store, "noop", CYCLE_JOBS)
+    nodes = agents(3, slots=4)
+    master = Master(settings, store=store)
+    try:
+        summary = master.run_cycle("noop")
+    finally:
+        master.close()
+
+    assert (summary.total, summary.done, summary.dead) == (CYCLE_JOBS, CYCLE_JOBS, 0)
+    family = store.family("noop")
+    done = done_per_job(store, summary.run_id)
+    assert set(done) == job_ids(store, family.id), "every job has a committed result"
+    assert set(done.values()) == {1}, "no job has two committed results"
+    with store.session() as s:
+        run = s.get(Run, summary.run_id)
+        assert run.state == RunState.FINISHED
+        assert (run.jobs_total, run.jobs_done, run.jobs_dead) == (CYCLE_JOBS, CYCLE_JOBS, 0)
+        per_node = dict(
+            s.execute(
+                select(Execution.node_id, func.count())
+                .where(Execution.run_id == run.id, Execution.state == ExecState.DONE)
+                .group_by(Execution.node_id)
+            ).all()
+        )
+        open_execs = s.scalar(
+            select(func.count()).where(
+                Execution.run_id == run.id, Execution.state == ExecState.SENT
+            )
+        )
+    assert len(per_node) == len(nodes), f"all three agents ran jobs: {per_node}"
+    assert open_execs == 0
+
+
+def test_next_cycle_runs_every_job_again_and_keeps_learning(store, agents, settings):
+    add_jobs(store, "sleep", 60, payload='{"seconds": 0.001}')
+    agents(2, slots=2)
+    master = Master(settings, store=store)
+    try:
+        first = master.run_cycle("sleep")
+        second = master.run_cycle("sleep")
+    finally:
+        master.close()
+    assert (first.number, second.number) == (1, 2)
+    assert second.done == second.total == 60
+    for run_id in (first.run_id, second.run_id):
+        done = done_per_job(store, run_id)
+        assert len(done) == 60 and set(done.values()) == {1}
+    with store.engine.connect() as conn:
+        learned = conn.scalar(select(func.sum(JobOnNode.executions)))
+        last_runs = set(conn.scalars(select(Job.last_run_number)))
+    assert learned == 120, "JobOnNode counts every execution of both cycles"
+    # Jobs due in every cycle need no per-run bookkeeping (the log has their runs);
+    # only every-N-cycles / minimum-interval jobs record their last run.
+    assert last_runs == {None}
+
+
+def test_failures_are_retried_and_hopeless_jobs_die(store, agents, settings):
+    # flaky fails the first run of each key on each agent.
+    flaky_family = store.ensure_family("flaky", max_attempts=3)
+    store.add_jobs(flaky_family, ((f"k{i}", f'{{"times": 1, "key": "k{i}"}}') for i in range(20)))
+    fam = store.ensure_family("fail", max_attempts=2)
+    store.add_jobs(fam, [("bad-0", '{"message": "boom"}'), ("bad-1", '{"permanent": true}')])
+    agents(2, slots=2)
+    master = Master(settings, store=store)
+    try:
+        flaky = master.run_cycle("flaky")
+        failing = master.run_cycle("fail")
+    finally:
+        master.close()
+    assert (flaky.done, flaky.dead) == (20, 0)
+    # A retry on the same agent would succeed (its second run of the key), so 40
+    # failures mean every retry went to the other agent, as the master must do.
+    assert flaky.failed == 40, "each job failed once on each agent, then succeeded"
+    assert (failing.done, failing.dead) == (0, 2)
+    with store.engine.connect() as conn:
+        attempts = dict(
+            conn.execute(
+                select(Job.key, func.count())
+                .join(Execution, Execution.job_id == Job.id)
+                .where(Job.family_id == fam.id, Execution.state == ExecState.FAILED)
+                .group_by(Job.key)
+            ).all()
+        )
+        states = set(conn.scalars(select(Job.state).where(Job.family_id == fam.id)))
+        errors = set(conn.scalars(select(Job.last_error).where(Job.family_id == fam.id)))
+    assert attempts == {"bad-0": 2, "bad-1": 1}, "retryable twice, permanent once"
+    assert states == {JobState.DEAD}
+    assert any("boom" in (e or "") for e in errors)

@@ -1,0 +1,394 @@
+"""Who may call an agent, and what a caller can reach: real agents, real sockets, real TLS.
+
+A peer without the shared secret or a certificate of the private CA gets no call
+through; an authenticated peer reaches the ``exposed_`` calls and nothing else
+(no attribute walk into the agent's objects); arguments that are not plain value
+types (rpyc netrefs of lists, dicts or any object) are refused without the agent
+ever calling back into them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import socket
+import ssl
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import rpyc
+from agents import AgentProcess, free_port, run_jodl, start_agent, wait_for
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from jodl.config import Settings
+from jodl.exceptions import AuthError
+from jodl.master import Master
+from jodl.models import NodeState
+from jodl.protocol import connect
+
+SECRET = "correct horse battery staple"
+
+# -- a private CA in a temporary directory -------------------------------------------------
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+
+
+class CA:
+    """A certificate authority that issues PEM files for agents and masters."""
+
+    def __init__(self, directory: Path, name: str) -> None:
+        self.directory = directory
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        now = dt.datetime.now(dt.UTC)
+        self.cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(name))
+            .issuer_name(_name(name))
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False
+            )
+            .sign(self.key, hashes.SHA256())
+        )
+        self.pem = directory / f"{name}.pem"
+        self.pem.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
+
+    def issue(self, name: str) -> tuple[Path, Path]:
+        """(certificate, key) files for ``name``, good for server and client use."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = dt.datetime.now(dt.UTC)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(name))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                ),
+                critical=False,
+            )
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
+                critical=False,
+            )
+            .sign(self.key, hashes.SHA256())
+        )
+        cert_path = self.directory / f"{name}.crt"
+        key_path = self.directory / f"{name}.key"
+        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_key(key, key_path)
+        return cert_path, key_path
+
+
+def tls_settings(ca: CA, cert: tuple[Path, Path], **kwargs: object) -> Settings:
+    return Settings(
+        tls_cert=str(cert[0]), tls_key=str(cert[1]), tls_ca=str(ca.pem), call_timeout=10.0
+    ).replace(**kwargs)
+
+
+def tls_env(ca: CA, cert: tuple[Path, Path]) -> dict[str, str]:
+    return {"JODL_TLS_CERT": str(cert[0]), "JODL_TLS_KEY": str(cert[1]), "JODL_TLS_CA": str(ca.pem)}
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def raw_rpyc_gets_nothing(agent: AgentProcess) -> None:
+    """A plain rpyc client (no handshake) cannot make a single call."""
+    try:
+        conn = rpyc.connect(
+            "127.0.0.1", agent.port, config={"sync_request_timeout": 10, "allow_pickle": False}
+        )
+    except (OSError, EOFError):
+        return
+    try:
+        with pytest.raises((EOFError, OSError)):
+            conn.root.ping()
+    finally:
+        conn.close()
+
+
+def nothing_ran(agent: AgentProcess, settings: Settings) -> None:
+    conn = connect(agent.address, settings)
+    try:
+        assert conn.root.remaining(conn.root.ping()[1]) == (0, 0, 0, 0)
+    finally:
+        conn.close()
+
+
+class Spy:
+    """Records every use the agent might make of it through a netref."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __int__(self) -> int:
+        self.calls.append("int")
+        return 1
+
+    def __index__(self) -> int:
+        self.calls.append("index")
+        return 1
+
+    def __str__(self) -> str:
+        self.calls.append("str")
+        return "noop"
+
+    def __len__(self) -> int:
+        self.calls.append("len")
+        return 3
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        self.calls.append("iter")
+        return iter((1, "noop", "{}"))
+
+    def __getitem__(self, index: int) -> object:
+        self.calls.append("getitem")
+        return (1, "noop", "{}")[index]
+
+
+# -- shared secret --------------------------------------------------------------------------------
+
+
+def test_only_a_peer_with_the_secret_gets_through(spawn_agent: Callable[..., AgentProcess]):
+    agent = spawn_agent(env={"JODL_SECRET": SECRET})
+    good = Settings(secret=SECRET, call_timeout=10.0)
+    conn = connect(agent.address, good)
+    assert conn.root.ping()[0]
+    conn.close()
+
+    with pytest.raises(AuthError, match="JODL_SECRET"):
+        connect(agent.address, Settings(secret="wrong", call_timeout=10.0))
+    with pytest.raises(AuthError, match="requires the shared secret"):
+        connect(agent.address, Settings(call_timeout=10.0))
+    raw_rpyc_gets_nothing(agent)
+    # A peer that sends bytes which are not the protocol's is dropped at once.
+    with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as sock:
+        sock.sendall(b"GET / HTTP/1.0\r\n\r\n" + b"x" * 100)
+        received = b""
+        while chunk := sock.recv(4096):
+            received += chunk
+    assert len(received) == 6 + 32, "the banner, then the agent closed the connection"
+    nothing_ran(agent, good)
+    assert agent.alive()
+
+
+def test_a_master_with_a_secret_refuses_an_agent_without_one(
+    spawn_agent: Callable[..., AgentProcess],
+):
+    agent = spawn_agent()
+    with pytest.raises(AuthError, match="no shared secret"):
+        connect(agent.address, Settings(secret=SECRET, call_timeout=10.0))
+
+
+def test_a_master_with_the_wrong_secret_marks_the_node_unreachable(store, spawn_agent, settings):
+    agent = spawn_agent(env={"JODL_SECRET": SECRET})
+    node = store.add_node(agent.address, slots=2)
+    master = Master(settings.replace(secret="wrong"), store=store)
+    try:
+        master.start()
+    finally:
+        master.close()
+    (row,) = [n for n in store.nodes() if n.id == node.id]
+    assert row.state == NodeState.UNREACHABLE
+    assert "authentication failed" in (row.last_error or "")
+
+
+# -- mutual TLS ----------------------------------------------------------------------
+
+
+def test_mutual_tls_admits_only_certificates_of_the_private_ca(
+    tmp_path: Path, spawn_agent: Callable[..., AgentProcess]
+):
+    ca = CA(tmp_path, "jodl-ca")
+    rogue = CA(tmp_path, "rogue-ca")
+    agent = spawn_agent(env=tls_env(ca, ca.issue("agent")))
+    master = tls_settings(ca, ca.issue("master"))
+
+    conn = connect(agent.address, master)
+    assert conn.root.ping()[0]
+    conn.close()
+
+    # A client certificate signed by another CA (the client trusts the right CA).
+    with pytest.raises(AuthError, match="TLS"):
+        connect(agent.address, tls_settings(ca, rogue.issue("intruder")))
+    # No client certificate at all.
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.load_verify_locations(str(ca.pem))
+    with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as sock:
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            with ctx.wrap_socket(sock) as tls:
+                assert tls.recv(64) == b"", "no banner without a client certificate"
+    raw_rpyc_gets_nothing(agent)
+    nothing_ran(agent, master)
+
+
+def test_a_master_refuses_an_agent_certified_by_another_ca(
+    tmp_path: Path, spawn_agent: Callable[..., AgentProcess]
+):
+    ca = CA(tmp_path, "jodl-ca")
+    rogue = CA(tmp_path, "rogue-ca")
+    impostor = spawn_agent(env=tls_env(rogue, rogue.issue("impostor")))
+    with pytest.raises(AuthError, match="TLS"):
+        connect(impostor.address, tls_settings(ca, ca.issue("master")))
+
+
+# -- what an authenticated peer can reach --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The root object of one agent shared by this module's probes (none of them runs a job)."""
+    agent = start_agent(tmp_path_factory.mktemp("probed-agent"))
+    conn = connect(agent.address, Settings(call_timeout=10.0))
+    yield conn.root
+    conn.close()
+    agent.kill()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "_conn",
+        "__dict__",
+        "_core",
+        "_protocol",
+        "service",
+        "exposed_send.__globals__",
+        "exposed_send.__func__",
+        "exposed_send.__self__",
+        "exposed_init.__code__",
+        "send.__self__",
+        "ping.__self__",
+        "send.__func__",
+        "ping.__globals__",
+        "exposed_ping.__closure__",
+        "on_connect.__globals__",
+    ],
+)
+def test_an_attribute_walk_over_the_agent_is_refused(root, path: str):
+    obj = root
+    with pytest.raises(AttributeError):
+        for part in path.split("."):
+            obj = getattr(obj, part)
+    assert root.ping()[0], "the agent still serves"
+
+
+def test_the_root_class_is_not_reachable(root):
+    # rpyc answers __class__ locally when the agent refuses it: no remote class object.
+    cls = root.__class__
+    assert not isinstance(cls, rpyc.BaseNetref)
+    assert cls.__name__ != "AgentService"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda r: r.send(1, [(1, "noop", "{}")]),
+        lambda r: r.send(1, ([1, "noop", "{}"],)),
+        lambda r: r.send(1, ((1, "noop", ["{}"]),)),
+        lambda r: r.send(1, ((1, "noop", {"a": 1}),)),
+        lambda r: r.held(1, [1, 2]),
+        lambda r: r.held(1, {1: 1}),
+        lambda r: r.done(1, (1,), [10]),
+        lambda r: r.ack(1, {1, 2}),
+        lambda r: r.take_back(1, 1, [1]),
+        lambda r: r.init(["master"], 1, "{}"),
+    ],
+)
+def test_a_netref_where_a_value_is_expected_is_refused(root, call):
+    with pytest.raises(TypeError, match="plain"):
+        call(root)
+    assert root.remaining(1) == (0, 0, 0, 0), "nothing was queued"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda r, spy: r.send(1, (spy,)),
+        lambda r, spy: r.send(spy, ()),
+        lambda r, spy: r.send(1, ((spy, "noop", "{}"),)),
+        lambda r, spy: r.send(1, ((1, spy, "{}"),)),
+        lambda r, spy: r.send(1, ((1, "noop", spy),)),
+        lambda r, spy: r.held(1, (spy,)),
+        lambda r, spy: r.done(1, (), spy),
+        lambda r, spy: r.init("m", spy, "{}"),
+        lambda r, spy: r.init("m", 1, spy),
+    ],
+)
+def test_the_agent_never_calls_back_into_a_netref(root, call):
+    spy = Spy()
+    with pytest.raises(TypeError):
+        call(root, spy)
+    assert spy.calls == [], "the agent used the caller's object"
+    assert root.remaining(1) == (0, 0, 0, 0)
+
+
+# -- listening beyond loopback ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "[::]"])
+def test_an_agent_beyond_loopback_without_auth_refuses_to_start(host: str):
+    result = run_jodl("agent", "--listen", f"{host}:{free_port()}", timeout=60)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "refusing to listen" in lines[0] and "JODL_SECRET" in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_an_agent_on_loopback_answers_health_pings(spawn_agent):
+    agent = spawn_agent()
+    wait_for(agent.alive, what="agent alive")
+    conn = connect(agent.address, Settings(call_timeout=10.0))
+    try:
+        assert conn.root.ping()[1] == 0
+    finally:
+        conn.close()
