@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from .config import Settings, markdown_table
-from .exceptions import BadPayload, JodlError
+from .exceptions import BadPayload, ConfigError, JodlError
 from .protocol import loads_object
 
 
@@ -31,22 +31,44 @@ def _settings(ctx: click.Context) -> Settings:
 
 
 def _store(ctx: click.Context) -> Any:
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
     from .store import Store, make_engine
 
     obj = ctx.ensure_object(dict)
     if "store" not in obj:
-        obj["store"] = Store(make_engine(_settings(ctx).database_url))
+        url = _settings(ctx).database_url
+        try:
+            engine = make_engine(url)
+        except (ArgumentError, NoSuchModuleError) as exc:
+            raise ConfigError(f"JODL_DATABASE_URL: not a usable database URL ({exc})") from None
+        obj["store"] = Store(engine)
     return obj["store"]
+
+
+def _database_error(exc: Exception) -> str:
+    """One line for a database failure, with the fix when the schema is missing."""
+    orig = getattr(exc, "orig", None)
+    lines = str(orig if orig is not None else exc).strip().splitlines()
+    first = lines[0] if lines else type(exc).__name__
+    if "no such table" in first or ("relation" in first and "does not exist" in first):
+        return f"the database has no JODL tables yet ({first}): run `jodl db upgrade`"
+    return f"database error: {first}"
 
 
 class JodlGroup(click.Group):
     """Turns every expected failure into one clear line and a non-zero exit."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        from sqlalchemy.exc import SQLAlchemyError
+
         try:
             return super().invoke(ctx)
         except JodlError as exc:
             click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except SQLAlchemyError as exc:
+            click.echo(f"error: {_database_error(exc)}", err=True)
             sys.exit(1)
 
 

@@ -76,6 +76,17 @@ def _optional_str(text: str) -> str | None:
     return text or None
 
 
+#: Names JODL_LOG_LEVEL accepts (any case).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in LOG_LEVELS:
+        raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}, got {text!r}")
+    return level
+
+
 def _str_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -89,6 +100,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "fraction": _fraction,
     "host:port": _host_port,
     "list": _str_list,
+    "level": _log_level,
 }
 
 
@@ -222,7 +234,7 @@ OPTIONS: tuple[Option, ...] = (
         "HOST:PORT where the master accepts agents' one-shot hello (off when empty)",
         "master",
     ),
-    Option("JODL_LOG_LEVEL", "INFO", "str", "Logging level", "all"),
+    Option("JODL_LOG_LEVEL", "INFO", "level", "Logging level", "all"),
 )
 
 
@@ -237,6 +249,10 @@ def _read_file(path: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in data.items():
         name = "JODL_" + key.upper().removeprefix("JODL_")
+        if isinstance(value, dict):
+            raise ConfigError(f"JODL_CONFIG: {key!r} in {path!r} is a table; expected a value")
+        if isinstance(value, list):
+            value = ",".join(str(item) for item in value)  # the "list" kind's text form
         out[name] = str(value).lower() if isinstance(value, bool) else str(value)
     return out
 
@@ -252,8 +268,15 @@ def read_values(options: Iterable[Option], env: Mapping[str, str] | None = None)
             raise ConfigError(f"JODL_CONFIG: unknown setting {name!r}")
     values: dict[str, Any] = {}
     for opt in options:
-        raw = env.get(opt.name, file_values.get(opt.name, opt.default))
-        values[opt.attr] = opt.parse(raw)
+        if opt.name in env:
+            values[opt.attr] = opt.parse(env[opt.name])
+        elif opt.name in file_values:
+            try:
+                values[opt.attr] = opt.parse(file_values[opt.name])
+            except ConfigError as exc:
+                raise ConfigError(f"{exc} (set in {env['JODL_CONFIG']})") from None
+        else:
+            values[opt.attr] = opt.parse(opt.default)
     return values
 
 
@@ -294,8 +317,15 @@ class Settings:
         tls = (self.tls_cert, self.tls_key, self.tls_ca)
         if any(tls) and not all(tls):
             raise ConfigError("JODL_TLS_CERT, JODL_TLS_KEY and JODL_TLS_CA: set all three or none")
-        if self.register_listen:
-            _host_port(self.register_listen)
+        for name, address in (
+            ("JODL_REGISTER_LISTEN", self.register_listen),
+            ("JODL_AGENT_LISTEN", self.agent_listen),
+        ):
+            if address:
+                try:
+                    _host_port(address)
+                except ValueError as exc:
+                    raise ConfigError(f"{name}: {exc}") from None
 
     @property
     def tls(self) -> bool:

@@ -1,0 +1,149 @@
+"""Every user-facing failure of ``jodl``: one clear line, a non-zero exit, nothing half-written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Any
+
+import pytest
+from agents import run_jodl
+from click.testing import CliRunner
+from sqlalchemy import func, select
+
+from jodl.cli import main
+from jodl.models import Family, Job
+from jodl.store import Store
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """Assert ``result`` failed with exactly one ``error:`` line containing ``needles``."""
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    line = lines[0]
+    assert line.startswith("error: "), line
+    for needle in needles:
+        assert needle in line, line
+    return line
+
+
+def usage_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    """click's own usage errors: exit 2, an ``Error:`` line naming the problem, no traceback."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    for needle in needles:
+        assert needle in error, error
+
+
+def counts(store: Store) -> tuple[int, int]:
+    with store.engine.connect() as conn:
+        return (
+            conn.scalar(select(func.count()).select_from(Family)),
+            conn.scalar(select(func.count()).select_from(Job)),
+        )
+
+
+def test_unknown_family_writes_nothing(store, db_url):
+    env = {"JODL_DATABASE_URL": db_url}
+    one_line_error(run_jodl("jobs", "add", "nosuch", env=env), "unknown family 'nosuch'")
+    assert counts(store) == (0, 0)
+    # The same command with a real family writes: the check above could fail.
+    ok = run_jodl("jobs", "add", "noop", "--count", "3", env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert counts(store) == (1, 3)
+
+
+@pytest.mark.parametrize(
+    ("payload", "needle"), [("{bad", "not JSON"), ("[1, 2]", "must be a JSON object")]
+)
+def test_bad_payload_writes_nothing(store, db_url, payload, needle):
+    result = run_jodl(
+        "jobs", "add", "noop", "--payload", payload, env={"JODL_DATABASE_URL": db_url}
+    )
+    usage_error(result, "--payload", needle)
+    assert counts(store) == (0, 0)
+
+
+def test_unreachable_database():
+    url = "postgresql+psycopg://nobody@127.0.0.1:1/x"
+    line = one_line_error(
+        run_jodl("status", env={"JODL_DATABASE_URL": url}), "cannot reach the database"
+    )
+    assert "127.0.0.1:1" in line
+
+
+def test_sqlite_file_in_a_missing_directory(tmp_path):
+    url = f"sqlite:///{tmp_path / 'missing' / 'jodl.db'}"
+    one_line_error(run_jodl("status", env={"JODL_DATABASE_URL": url}), "cannot reach the database")
+    assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("args", [("status",), ("run", "noop"), ("node", "list")])
+def test_a_database_without_tables_says_to_upgrade(tmp_path, args):
+    env = {"JODL_DATABASE_URL": f"sqlite:///{tmp_path / 'empty.db'}"}
+    one_line_error(run_jodl(*args, env=env), "jodl db upgrade")
+
+
+def test_run_of_a_family_without_jobs(store, db_url):
+    one_line_error(
+        run_jodl("run", "nosuch", env={"JODL_DATABASE_URL": db_url}), "no family 'nosuch'"
+    )
+
+
+def test_removing_an_unknown_node(store, db_url):
+    one_line_error(
+        run_jodl("node", "remove", "127.0.0.1:9", env={"JODL_DATABASE_URL": db_url}),
+        "no node '127.0.0.1:9'",
+    )
+
+
+def test_node_address_must_be_host_port(store, db_url):
+    usage_error(run_jodl("node", "add", "no-port", env={"JODL_DATABASE_URL": db_url}), "HOST:PORT")
+
+
+def test_a_port_already_in_use(spawn_agent):
+    first = spawn_agent()
+    result = run_jodl("agent", "--listen", first.address, timeout=60)
+    one_line_error(result, f"cannot listen on {first.address}", "in use")
+    assert first.alive(), "the agent already listening is untouched"
+
+
+def invoke(args: tuple[str, ...], env: dict[str, str]) -> Any:
+    """Run the real ``jodl`` command in this process (no interpreter start-up per case)."""
+    clean: dict[str, str | None] = {k: None for k in os.environ if k.startswith("JODL_")}
+    return CliRunner().invoke(main, list(args), env={**clean, **env})
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "variable"),
+    [
+        ({"JODL_AGENT_SLOTS": "abc"}, ("agent",), "JODL_AGENT_SLOTS"),
+        ({"JODL_AGENT_SLOTS": "0"}, ("agent",), "JODL_AGENT_SLOTS"),
+        ({"JODL_AGENT_SPEED": "fast"}, ("agent",), "JODL_AGENT_SPEED"),
+        ({"JODL_AGENT_LISTEN": "nowhere"}, ("agent",), "JODL_AGENT_LISTEN"),
+        ({"JODL_CALL_TIMEOUT": "-1"}, ("status",), "JODL_CALL_TIMEOUT"),
+        ({"JODL_MAX_ATTEMPTS": "many"}, ("status",), "JODL_MAX_ATTEMPTS"),
+        ({"JODL_LOG_LEVEL": "loud"}, ("status",), "JODL_LOG_LEVEL"),
+        ({"JODL_DATABASE_URL": "nonsense"}, ("status",), "JODL_DATABASE_URL"),
+        ({"JODL_DATABASE_URL": "nosuchdb://x/y"}, ("status",), "JODL_DATABASE_URL"),
+        ({"JODL_CONFIG": "/nonexistent/jodl.toml"}, ("status",), "JODL_CONFIG"),
+        ({"JODL_TLS_CERT": "/tmp/cert.pem"}, ("agent",), "JODL_TLS_KEY"),
+        ({"JODL_REGISTER_LISTEN": "nope"}, ("status",), "JODL_REGISTER_LISTEN"),
+    ],
+)
+def test_a_bad_setting_names_its_variable(tmp_path, env, args, variable):
+    env = {"JODL_DATABASE_URL": f"sqlite:///{tmp_path / 'jodl.db'}", **env}
+    result = invoke(args, env)
+    assert isinstance(result.exception, SystemExit), result.exception
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and variable in lines[0], lines[0]
+    assert not (tmp_path / "jodl.db").exists() or "DATABASE" in variable, "nothing written"
+
+
+def test_a_bad_setting_in_a_subprocess_is_one_line_too(tmp_path):
+    env = {"JODL_DATABASE_URL": f"sqlite:///{tmp_path / 'jodl.db'}", "JODL_AGENT_SLOTS": "x"}
+    one_line_error(run_jodl("agent", env=env, timeout=60), "JODL_AGENT_SLOTS")
