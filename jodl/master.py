@@ -40,7 +40,7 @@ from .models import ExecState, Family, NodeState, Run, utcnow
 from .placement import JobInfo, Knowledge, NodeLoad, Placement, strategy
 from .protocol import decode_done, decode_failed, encode_ids, encode_jobs
 from .rebalancer import Rebalancer
-from .store import PendingJob, Store, make_engine
+from .store import PendingJob, Store, make_engine, retry_delay
 from .writer import LogWriter
 
 log = logging.getLogger("jodl.master")
@@ -270,6 +270,11 @@ class Master(Rebalancer):
             for feeder in self.feeders:
                 for job in feeder.claim(self, self._feed_room()):
                     if job.id not in self.pending:
+                        if job.family not in self.strategies:
+                            family = self.store.family(job.family)
+                            if family is None:
+                                continue
+                            self._family_setup(family)
                         self.pending[job.id] = job
                         self.unassigned.append(job.id)
             if self.pending or self.runs:
@@ -725,7 +730,7 @@ class Master(Rebalancer):
         rows: list[tuple[Any, ...]] = []
         durations: list[float] = []
         dead: list[tuple[int, str, int | None]] = []
-        claims: list[tuple[int, int]] = []
+        claims: list[tuple[Any, ...]] = []
         finished: list[PendingJob] = []
         retry: list[int] = []
         acks: list[int] = []
@@ -772,6 +777,16 @@ class Master(Rebalancer):
             if self.other_copy(job.id, exec_id):
                 continue  # another copy of the job still runs: let it finish
             job.attempts += 1
+            if job.claim is not None:
+                # On demand: back to the queue after a backoff (or dead there), guarded by
+                # the claimed attempt; the failure count lives on disk, not in this master.
+                record(job.id, node_id, job.family, None)
+                self.changed.add((job.id, node_id))
+                out = not retryable or job.attempts >= self.max_attempts.get(job.family, 1)
+                due = None if out else utcnow() + dt.timedelta(seconds=retry_delay(job.attempts))
+                claims.append((job.id, job.claim, error, due))
+                finished.append(job)
+                continue
             self.note_failure(job, node_id)
             record(job.id, node_id, job.family, None)
             self.changed.add((job.id, node_id))
@@ -808,6 +823,36 @@ class Master(Rebalancer):
             if self.progress is not None:
                 self.progress(active.done + active.dead, active.total)
         return len(rows)
+
+    def cancel(self, job_ids: list[int], reason: str = "job deleted") -> int:
+        """Stop dispatching these jobs: drop them unsent, cancel them on agents if sent.
+
+        For jobs deleted (or claimed by another attempt) while this master holds
+        them; a result they still report is only acknowledged. Returns how many
+        of them this master held.
+        """
+        ids = {job_id for job_id in job_ids if job_id in self.pending}
+        if not ids:
+            return 0
+        rows: list[tuple[Any, ...]] = []
+        for slot in self.nodes.values():
+            if any(job_id in ids for job_id in slot.backlog):
+                slot.backlog = deque(j for j in slot.backlog if j not in ids)
+            execs = [e for e, f in slot.inflight.items() if f.job_id in ids]
+            for exec_id in execs:
+                flight = slot.inflight.pop(exec_id)
+                rows.append(self._outcome(exec_id, flight, ExecState.CANCELLED, error=reason))
+            if execs and slot.usable:
+                self._cancel(slot, execs)
+        for job_id in ids:
+            self._unplace(job_id)
+            self.copies.pop(job_id, None)
+            job = self.pending.pop(job_id)
+            active = self.runs.get(job.run_id) if job.run_id is not None else None
+            if active is not None:
+                active.remaining -= 1
+        self._commit(rows)
+        return len(ids)
 
     def _flush_acks(self) -> None:
         for slot in self.nodes.values():

@@ -52,4 +52,7 @@ def collect(store: Store, runs: int = 10) -> dict[str, Any]:
             }
             for r in s.scalars(select(Run).order_by(Run.id.desc()).limit(runs))
         ]
-    return {"nodes": nodes, "families": families, "runs": recent}
+    from .queue import Queue  # the queue module imports the master: only when asked
+
+    queue = Queue(store).counts()
+    return {"nodes": nodes, "families": families, "runs": recent, "queue": queue}

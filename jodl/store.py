@@ -595,7 +595,7 @@ class Store:
         self,
         executions: Sequence[tuple[Any, ...]],
         dead: Sequence[tuple[int, str, int | None]] = (),
-        claims_done: Sequence[tuple[int, int]] = (),
+        claims_done: Sequence[tuple[Any, ...]] = (),
         closed: Sequence[int] = (),
         claims_failed: Sequence[tuple[int, int, str, dt.datetime | None]] = (),
     ) -> None:
@@ -603,11 +603,13 @@ class Store:
 
         ``executions``: rows in :data:`EXEC_COLUMNS` order (done, failed, lost, ...).
         ``dead``: (job_id, error, run_id) of jobs that used up their attempts.
-        ``claims_done``: (job_id, attempt) of on-demand jobs now complete; the
-        attempt guards completion, so a superseded attempt changes nothing.
+        ``claims_done``: outcomes of claimed on-demand jobs: (job_id, attempt) of
+        those now complete, (job_id, attempt, error, due_at) of those that failed
+        (see :func:`close_claims`); the attempt guards them, so a superseded
+        attempt changes nothing.
         ``closed``: dispatches whose executions all have an outcome now.
-        ``claims_failed``: (job_id, attempt, error, due_at) of on-demand jobs that
-        failed: back in the queue at ``due_at``, or dead when it is None.
+        ``claims_failed``: more failed claims, (job_id, attempt, error, due_at):
+        back in the queue at ``due_at``, or dead when it is None.
         An execution id has one outcome row at most (primary key), and a job one
         ``done`` row per run (unique index): the database refuses a second.
         """
@@ -627,7 +629,10 @@ class Store:
                     ),
                     [{"jid": j, "err": e, "rid": r} for j, e, r in dead],
                 )
-            close_claims(conn, claims_done, claims_failed)
+            if claims_done or claims_failed:
+                done = [c for c in claims_done if len(c) == 2]
+                failed = [c for c in claims_done if len(c) == 4]
+                close_claims(conn, done, [*failed, *claims_failed])
             if closed:
                 conn.execute(
                     update(Dispatch).where(Dispatch.id.in_(list(closed))).values(is_open=False)
