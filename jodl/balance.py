@@ -12,8 +12,8 @@ carries the decisions out (one method per step of its loop):
   it ran somewhere;
 * :func:`slow_reason`, :func:`trial_node` — a job much slower than average, or
   slower than it used to be, gets a trial move on another node;
-* :func:`explore`, :func:`new_node_share` — random exploration, and a share of
-  the jobs for a node that never ran the family;
+* :func:`explore`, :func:`new_node_share` — random exploration (trial moves),
+  and a share of the jobs (new homes) for a node that never ran the family;
 * :func:`pick_backups` — backup copies of stragglers near the end of a cycle;
 * :func:`lower_bound` — the makespan's lower bound from learned figures.
 """
@@ -37,6 +37,8 @@ class Tuning:
 
     #: A duration this many times the expected one triggers a trial move.
     slow_factor: float = 3.0
+    #: Jobs shorter than this (seconds) are never moved for being slow.
+    slow_floor: float = 0.05
     #: Share of a cycle's due jobs given a random trial move.
     explore: float = 0.02
     #: Failures of a job on one node (in a run) before it moves to another.
@@ -123,13 +125,14 @@ class Steal:
 def plan_steals(
     queues: Sequence[Queue],
     expected: Callable[[JobInfo, NodeLoad], float],
-    margin: float,
+    margin: float | Callable[[JobInfo], float],
 ) -> list[Steal]:
     """Moves from the latest-finishing nodes to the idle ones, last-to-start jobs first.
 
     Idle nodes steal fastest first. A job moves only if it would end sooner on the
     thief, by more than the round trips (one more when the agent must hand it back)
-    plus ``margin`` plus a tenth of its duration there, so the makespan never grows
+    plus ``margin`` (seconds, or a function of the job) plus a tenth of its duration
+    there, so the makespan never grows
     and a move is not made for noise. The victim is the node whose expected finish
     is latest (not the one with the most jobs).
     """
@@ -147,7 +150,8 @@ def plan_steals(
                 break
             took = expected(last.job, thief.node)
             cost = thief.rtt + (victim.rtt if last.sent else 0.0)
-            ends_there = thief.finish + took + cost + margin + 0.1 * took
+            extra = margin(last.job) if callable(margin) else margin
+            ends_there = thief.finish + took + cost + extra + 0.1 * took
             if ends_there >= victim.finish:
                 break
             victim.waiting.pop()
@@ -291,11 +295,12 @@ def new_node_share(
     family: str,
     rng: random.Random,
 ) -> list[tuple[int, int]]:
-    """Trial moves giving each node that never ran ``family`` its share of ``jobs``.
+    """(job, node) moves giving each node that never ran ``family`` its share of ``jobs``.
 
-    Only when some other node did run it (in the first cycle every node is new and
-    placement spreads the jobs anyway). A node that comes back is not new: what
-    was learned there is kept, so it gets its homes back instead.
+    The jobs are picked at random and the share follows the nodes' slots and
+    speeds. Only when some other node did run the family (in the first cycle
+    every node is new and placement spreads the jobs anyway). A node that comes
+    back is not new: what was learned there is kept, so it gets its homes back.
     """
     seen = [n for n in candidates if knowledge.family_mean(family, n.id) is not None]
     new = [n for n in candidates if knowledge.family_mean(family, n.id) is None]

@@ -368,7 +368,11 @@ def status(ctx: click.Context, as_json: bool) -> None:
         )
     click.echo("runs:")
     for r in data["runs"]:
-        ratio = f" makespan={r['makespan']:.2f}s ratio={r['ratio']:.2f}" if r["ratio"] else ""
+        ratio = (
+            f" makespan={r['makespan']:.2f}s LB={r['lower_bound']:.2f}s ratio={r['ratio']:.2f}"
+            if r["ratio"]
+            else ""
+        )
         click.echo(
             f"  {r['family']}#{r['number']:<5d} {r['state']:9s} "
             f"done={r['jobs_done']}/{r['jobs_total']} failed={r['jobs_failed']} "

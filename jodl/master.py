@@ -397,6 +397,7 @@ class Master(Rebalancer):
             makespan = active.last_result - active.first_send
         lower_bound = self._lower_bound(active)
         self.writer.flush()  # every outcome of the run committed before it is closed
+        self.settle_homes(active)
         self._flush_acks()
         run = self.store.finish_run(active.run, makespan, lower_bound)
         self.changed.clear()
@@ -600,6 +601,7 @@ class Master(Rebalancer):
             if not loads:
                 leftover.extend(i.id for i in infos)
                 continue
+            infos = self.retry_in_place(infos)  # failed there fewer than K times: once more
             pairs = self.strategies[fam].place(infos, lambda _job, ls=loads: ls, self.knowledge)
             chosen = set()
             for info, load in pairs:

@@ -29,6 +29,8 @@ DEFAULT_DURATION = 0.5
 RECENT_WEIGHT = 0.3
 #: Strategy of a family that names none.
 DEFAULT_STRATEGY = "earliest_finish"
+#: Jobs seen on several nodes used to fit node speeds at most (a spread sample).
+SPEED_SAMPLE = 3000
 
 
 @dataclass(frozen=True)
@@ -244,6 +246,10 @@ class Knowledge:
             for job_id, per in self._by_job.items()
         }
         shared = {j: obs for j, obs in shared.items() if len(obs) > 1}
+        if len(shared) > SPEED_SAMPLE:  # a spread sample keeps this cheap on huge families
+            keys = sorted(shared)
+            step = len(keys) / SPEED_SAMPLE
+            shared = {keys[int(i * step)]: shared[keys[int(i * step)]] for i in range(SPEED_SAMPLE)}
         linked = {n for obs in shared.values() for n in obs}
         if linked:
             anchor = sum(log_s[n] for n in linked) / len(linked)
@@ -258,11 +264,16 @@ class Knowledge:
                     for n, (d, c) in obs.items():
                         acc[n][0] += c * (log_w[j] - d)
                         acc[n][1] += c
+                moved = 0.0
                 for n in linked:
-                    log_s[n] = acc[n][0] / acc[n][1]
+                    new = acc[n][0] / acc[n][1]
+                    moved = max(moved, abs(new - log_s[n]))
+                    log_s[n] = new
                 shift = anchor - sum(log_s[n] for n in linked) / len(linked)
                 for n in linked:
                     log_s[n] += shift
+                if moved < 1e-6:
+                    break
         speeds = {n: math.exp(v) for n, v in log_s.items()}
         scale = len(speeds) / sum(speeds.values())
         self.node_speed.update({n: s * scale for n, s in speeds.items()})

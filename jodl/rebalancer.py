@@ -102,6 +102,8 @@ class Rebalancer:
         self.home_changes: dict[int, tuple[int | None, int | None]] = {}
         #: (job, node) -> failures in the current run.
         self.node_failures: dict[tuple[int, int], int] = {}
+        #: job -> the node that failed it fewer than ``attempts_before_move`` times.
+        self.retry_on: dict[int, int] = {}
         #: Nodes past a timeout: no new jobs until they report a result.
         self.late: set[int] = set()
         #: node -> unix time of the last result it reported.
@@ -221,6 +223,27 @@ class Rebalancer:
         self.node_failures[key] = self.node_failures.get(key, 0) + 1
         if self.node_failures[key] >= self._tuned(job.family).attempts_before_move:
             job.failed_on.add(node_id)
+            self.retry_on.pop(job.id, None)
+        else:
+            self.retry_on[job.id] = node_id
+
+    def retry_in_place(self, jobs: list[JobInfo]) -> list[JobInfo]:
+        """Put jobs that failed on a node fewer than K times back on it; return the others."""
+        if not self.retry_on:
+            return jobs
+        rest = []
+        for info in jobs:
+            node_id = self.retry_on.pop(info.id, None)
+            slot = self.nodes.get(node_id) if node_id is not None else None
+            if slot is None or not self.allowed(info.family, slot):
+                rest.append(info)
+                continue
+            expected = self._expected_now(info, slot.load)
+            self.placed[info.id] = (slot.load.id, expected)
+            slot.load.queued_jobs += 1
+            slot.load.queued_work += expected
+            slot.backlog.append(info.id)
+        return rest
 
     def other_copy(self, job_id: int, exec_id: int) -> bool:
         """Forget copy ``exec_id`` of ``job_id``; True when another copy still runs."""
@@ -234,20 +257,23 @@ class Rebalancer:
 
     def node_gone(self, node_id: int) -> None:
         """A node removed for good: its trial moves become permanent, its homes are freed."""
+        self._write_homes()
         self.store.node_gone_for_good(node_id)
-        for job in self.pending.values():
+        for job in self.pending.values():  # the same change in memory
             if job.permanent_node_id == node_id:
-                self._set_home(job, job.trial_node_id, None)
+                job.permanent_node_id, job.trial_node_id = job.trial_node_id, None
             elif job.trial_node_id == node_id:
-                self._set_home(job, job.permanent_node_id, None)
-        self.home_changes = {
-            j: pt for j, pt in self.home_changes.items() if j not in self.pending
-        }  # already written by node_gone_for_good
+                job.trial_node_id = None
+
+    def settle_homes(self, active: ActiveRun) -> None:
+        """End of a run: jobs that had no home get the node that ran them (one statement)."""
+        self._write_homes()
+        self.store.settle_homes(active.run.id)
 
     # -- make_trial_moves --------------------------------------------------------------------------
 
     def make_trial_moves(self, active: ActiveRun, jobs: Sequence[PendingJob]) -> None:
-        """When a cycle opens: decide open trials, explore at random, give new nodes a share.
+        """When a cycle opens: decide open trials, give new nodes a share, explore at random.
 
         Also sets each node's expected work per cycle of the jobs whose home it is
         (weighted by how often each job is due), which placement sees.
@@ -269,14 +295,24 @@ class Rebalancer:
                     ),
                 )
         infos = [job_info(job) for job in jobs]
-        moves = balance.explore(infos, nodes, self.knowledge, tuning.explore, self.rng)
+        shared: list[tuple[int, int]] = []
         if tuning.new_node_share:
-            moves += balance.new_node_share(infos, nodes, self.knowledge, fam, self.rng)
+            shared = balance.new_node_share(infos, nodes, self.knowledge, fam, self.rng)
+            for job_id, node_id in shared:
+                self._set_home(self.pending[job_id], node_id, None)  # its new home
+            infos = [job_info(job) for job in jobs]
+        moves = balance.explore(infos, nodes, self.knowledge, tuning.explore, self.rng)
         for job_id, node_id in moves:
             job = self.pending[job_id]
             self._set_home(job, job.permanent_node_id, node_id)
-        if moves:
-            log.info("run %s#%d: %d trial moves", fam, active.run.number, len(moves))
+        if moves or shared:
+            log.info(
+                "run %s#%d: %d jobs to new nodes, %d trial moves",
+                fam,
+                active.run.number,
+                len(shared),
+                len(moves),
+            )
         period = self.store.cycle_period(active.family.id)
         homed = [
             JobInfo(j, "", fam, 0, p, t, per_cycle=per_cycle(n, interval, period))
@@ -307,8 +343,9 @@ class Rebalancer:
             return 0
         now = time.time()
         queues = {s.load.id: self._queue(s, now, s in idle) for s in usable}
-        margin = min((self._tuned(f).steal_margin for f in self.tuning), default=0.005)
-        steals = balance.plan_steals(list(queues.values()), self._expected_now, margin)
+        steals = balance.plan_steals(
+            list(queues.values()), self._expected_now, lambda j: self._tuned(j.family).steal_margin
+        )
         moved = self._carry_out(steals)
         moved += self._strategy_moves(queues, idle)
         return moved
@@ -351,8 +388,14 @@ class Rebalancer:
             source = self.nodes[source_id]
             targets = {st.job_id: st.target for st in group}
             unsent = [st.job_id for st in group if st.exec_id is None]
-            for job_id in unsent:
-                source.backlog.remove(job_id)
+            wanted, kept = set(unsent), []
+            while wanted and source.backlog:  # steals come from the end of the backlog
+                job_id = source.backlog.pop()
+                if job_id in wanted:
+                    wanted.discard(job_id)
+                else:
+                    kept.append(job_id)
+            source.backlog.extend(reversed(kept))
             taken: list[int] = []
             asked = {st.exec_id: st.job_id for st in group if st.exec_id is not None}
             if asked:
@@ -504,13 +547,21 @@ class Rebalancer:
         trials = 0
         for job, node_id, duration in reviews:
             tuning = self._tuned(job.family)
+            if duration < tuning.slow_floor and job.trial_node_id is None:
+                if job.permanent_node_id is None and job.run_id is not None:
+                    job.permanent_node_id = node_id  # written at the run's end, in one go
+                    continue
+                if job.permanent_node_id == node_id:
+                    continue  # ran at home, too short to be slow: nothing to decide
             info = job_info(job)
             permanent, trial = balance.verdict(
                 info, node_id, self.knowledge, self.node_state, tuning.faster_by
             )
-            reason = balance.slow_reason(
-                info, node_id, duration, self.knowledge, tuning.slow_factor
-            )
+            reason = None
+            if duration >= tuning.slow_floor:
+                reason = balance.slow_reason(
+                    info, node_id, duration, self.knowledge, tuning.slow_factor
+                )
             if reason is not None and trial is None:
                 target = balance.trial_node(
                     info, self.candidates(job.family), self.knowledge, node_id, self.rng
@@ -629,6 +680,7 @@ class Rebalancer:
         works = self.run_works.pop(active.run.id, {})
         self.drift.clear()
         self.node_failures.clear()
+        self.retry_on.clear()
         nodes = {
             s.load.id: (self.knowledge.speed(s.load.id), s.load.slots)
             for s in self.nodes.values()

@@ -726,6 +726,38 @@ class Store:
                 [{"jid": j, "perm": p, "trial": t} for j, p, t in rows],
             )
 
+    def settle_homes(self, run_id: int) -> None:
+        """Jobs of a run with no home get the node that committed their result as home.
+
+        One set-based statement at the end of a run, so the first cycle of many
+        jobs does not write one row per job from the loop.
+        """
+        ran_on = (
+            select(Execution.node_id)
+            .where(
+                Execution.run_id == run_id,
+                Execution.job_id == Job.id,
+                Execution.state == ExecState.DONE,
+            )
+            .limit(1)
+            .scalar_subquery()
+        )
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(Job)
+                .where(
+                    Job.id.in_(
+                        select(Execution.job_id).where(
+                            Execution.run_id == run_id, Execution.state == ExecState.DONE
+                        )
+                    ),
+                    Job.permanent_node_id.is_(None),
+                    Job.trial_node_id.is_(None),
+                )
+                .values(permanent_node_id=ran_on)
+                .execution_options(synchronize_session=False)
+            )
+
     def node_gone_for_good(self, node_id: int) -> None:
         """A removed node: trial moves away from it become permanent, its other homes free."""
         with self.engine.begin() as conn:

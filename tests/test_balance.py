@@ -1,0 +1,400 @@
+"""Balancing, trial moves, reverts, dead jobs and backups, end to end.
+
+Real agents in subprocesses run ``sleep`` jobs at different speeds (``sleep``
+divides its seconds by the agent's speed factor); a fresh Master per cycle, so
+everything a cycle decides must come back from the reconstruction log.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agents import AgentProcess, port_answers, run_jodl, wait_for  # noqa: I001 - tests/ is on sys.path
+from sqlalchemy import select, update
+
+from jodl.config import Settings
+from jodl.master import Master, RunSummary
+from jodl.migrate import upgrade
+from jodl.models import ExecState, Execution, Job, JobState, Node, Run
+from jodl.store import Store, make_engine
+
+Spawn = Callable[..., AgentProcess]
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[tuple[Store, str]]:
+    url = f"sqlite:///{tmp_path / 'jodl.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    yield Store(engine), url
+    engine.dispose()
+
+
+def start(spawn: Spawn, store: Store, *speeds: float) -> list[AgentProcess]:
+    """One-slot agents of these speeds, started together, registered as nodes in order."""
+    procs = [
+        spawn(env={"JODL_AGENT_SLOTS": "1", "JODL_AGENT_SPEED": str(s)}, wait=False) for s in speeds
+    ]
+    for proc in procs:
+        wait_for(lambda p=proc: port_answers(p.port), 30, f"agent on port {proc.port}")
+        store.add_node(proc.address, slots=1)
+    return procs
+
+
+def agent(spawn: Spawn, store: Store, speed: float, port: int | None = None) -> AgentProcess:
+    env = {"JODL_AGENT_SLOTS": "1", "JODL_AGENT_SPEED": str(speed)}
+    proc = spawn(env=env, port=port) if port else spawn(env=env)
+    store.add_node(proc.address, slots=1)
+    return proc
+
+
+def node_id(store: Store, proc: AgentProcess) -> int:
+    return next(n.id for n in store.nodes(include_removed=True) if n.address == proc.address)
+
+
+def add_sleep_jobs(store: Store, seconds: list[float], **family: Any) -> None:
+    fam = store.ensure_family("sleep", **family)
+    store.add_jobs(fam, ((f"job-{i}", json.dumps({"seconds": s})) for i, s in enumerate(seconds)))
+
+
+def cycle(db: tuple[Store, str], family: str = "sleep") -> RunSummary:
+    store, url = db
+    master = Master(Settings.from_env(env={}, database_url=url, call_timeout=5.0), store=store)
+    try:
+        return master.run_cycle(family)
+    finally:
+        master.close()
+
+
+def executions(store: Store, run_id: int) -> list[Any]:
+    with store.engine.connect() as conn:
+        return list(
+            conn.execute(
+                select(
+                    Execution.job_id,
+                    Execution.node_id,
+                    Execution.state,
+                    Execution.backup,
+                    Execution.error,
+                    Execution.attempt,
+                )
+                .where(Execution.run_id == run_id)
+                .order_by(Execution.id)
+            )
+        )
+
+
+def done_on(store: Store, run_id: int) -> dict[int, int]:
+    """job -> node that committed its result in the run."""
+    return {e.job_id: e.node_id for e in executions(store, run_id) if e.state == ExecState.DONE}
+
+
+def homes(store: Store) -> dict[str, tuple[int | None, int | None]]:
+    with store.engine.connect() as conn:
+        rows = conn.execute(select(Job.key, Job.permanent_node_id, Job.trial_node_id))
+        return {key: (perm, trial) for key, perm, trial in rows}
+
+
+def job_ids(store: Store) -> dict[str, int]:
+    with store.engine.connect() as conn:
+        return dict(conn.execute(select(Job.key, Job.id)).all())  # type: ignore[arg-type]
+
+
+# -- (a) an idle agent takes unstarted jobs back from the one that ends last ------------------
+
+
+def test_idle_agent_takes_unstarted_jobs_from_the_busy_one(db: Any, spawn_agent: Spawn) -> None:
+    store, _ = db
+    # the slow agent holds half a second of work (its window): several unstarted jobs
+    slow, fast = start(spawn_agent, store, 0.25, 1.0)
+    add_sleep_jobs(store, [0.02] * 40, strategy_params={"explore": 0})
+    summary = cycle(db)
+    assert summary.done == 40
+    rows = executions(store, summary.run_id)
+    slow_id, fast_id = node_id(store, slow), node_id(store, fast)
+    taken = [e for e in rows if e.state == ExecState.TAKEN_BACK]
+    assert taken and all(e.node_id == slow_id for e in taken)  # asked back from the agent
+    finished = done_on(store, summary.run_id)
+    assert all(finished[e.job_id] == fast_id for e in taken)
+    per_node = [sum(1 for n in finished.values() if n == i) for i in (slow_id, fast_id)]
+    assert per_node[1] > 2 * per_node[0]
+
+
+# -- (b) an agent past its timeout has its jobs taken back ------------------------------------
+
+
+def test_agent_past_its_timeout_loses_its_jobs(db: Any, spawn_agent: Spawn) -> None:
+    store, _ = db
+    stuck, ok = start(spawn_agent, store, 0.005, 1.0)
+    add_sleep_jobs(store, [0.05] * 6, timeout=0.5, strategy_params={"explore": 0})
+    summary = cycle(db)
+    assert summary.done == 6 and summary.dead == 0
+    rows = executions(store, summary.run_id)
+    stuck_id = node_id(store, stuck)
+    late = [e for e in rows if e.state == ExecState.FAILED]
+    assert late and all(e.node_id == stuck_id and "timed out" in e.error for e in late)
+    assert set(done_on(store, summary.run_id).values()) == {node_id(store, ok)}
+
+
+# -- (c) failures: K on a node before moving, N in all before dead -----------------------------
+
+
+@pytest.mark.parametrize("attempts_before_move", [1, 2])
+def test_a_failing_job_moves_after_k_failures(
+    db: Any, spawn_agent: Spawn, attempts_before_move: int
+) -> None:
+    store, _ = db
+    start(spawn_agent, store, 1.0, 1.0)
+    fam = store.ensure_family(
+        "flaky", max_attempts=3, strategy_params={"attempts_before_move": attempts_before_move}
+    )
+    store.add_jobs(fam, [("k", json.dumps({"key": "k", "times": 1}))])
+    summary = cycle(db, "flaky")
+    assert summary.done == 1
+    rows = executions(store, summary.run_id)
+    first, second = rows[0], rows[1]
+    assert first.state == ExecState.FAILED
+    if attempts_before_move == 1:
+        assert second.node_id != first.node_id  # moved at once (and fails there the first time)
+    else:
+        assert second.node_id == first.node_id and second.state == ExecState.DONE
+
+
+def test_a_job_failing_everywhere_is_dead_and_shown(db: Any, spawn_agent: Spawn) -> None:
+    store, url = db
+    start(spawn_agent, store, 1.0, 1.0)
+    fam = store.ensure_family("fail", max_attempts=3)
+    store.add_jobs(fam, [("doomed", json.dumps({"message": "always broken"}))])
+    summary = cycle(db, "fail")
+    assert summary.dead == 1
+    rows = executions(store, summary.run_id)
+    assert [e.state for e in rows] == [ExecState.FAILED] * 3
+    assert len({e.node_id for e in rows[:2]}) == 2  # the second attempt went elsewhere
+    with store.engine.connect() as conn:
+        state, error = conn.execute(select(Job.state, Job.last_error)).one()
+    assert state == JobState.DEAD and "always broken" in error
+    out = run_jodl("status", env={"JODL_DATABASE_URL": url})
+    assert out.returncode == 0, out.stderr
+    assert "dead=1" in out.stdout
+
+
+# -- (d) slow jobs get a trial move; a trial that was not faster is reverted -------------------
+
+
+def test_much_slower_job_is_tried_elsewhere_then_reverted(db: Any, spawn_agent: Spawn) -> None:
+    store, _ = db
+    start(spawn_agent, store, 1.0, 1.0)
+    add_sleep_jobs(store, [0.01] * 9 + [0.3], strategy_params={"explore": 0, "faster_by": 0.5})
+    long_id = job_ids(store)["job-9"]
+    first = cycle(db)
+    ran_on = done_on(store, first.run_id)[long_id]
+    home, trial = homes(store)["job-9"]
+    assert home == ran_on and trial is not None and trial != ran_on
+    second = cycle(db)
+    assert done_on(store, second.run_id)[long_id] == trial  # the trial was made
+    assert homes(store)["job-9"] == (ran_on, None)  # not faster there: back home
+
+
+def test_job_slower_than_before_moves_for_good_to_a_faster_node(
+    db: Any, spawn_agent: Spawn
+) -> None:
+    store, _ = db
+    a, _b = start(spawn_agent, store, 1.0, 1.0)
+    add_sleep_jobs(store, [0.03] * 4, strategy_params={"explore": 0, "stickiness": 5})
+    for _ in range(3):
+        cycle(db)
+    a_id = node_id(store, a)
+    homed_on_a = {k for k, (p, _t) in homes(store).items() if p == a_id}
+    assert homed_on_a
+    a.kill()
+    agent(spawn_agent, store, 0.1, port=a.port)  # the same node, now ten times slower
+    cycle(db)
+    tried = {k for k in homed_on_a if homes(store)[k][1] is not None}
+    assert tried, "a job slower than before got no trial move"
+    cycle(db)
+    after = homes(store)
+    assert all(after[k][0] != a_id and after[k][1] is None for k in tried)
+
+
+# -- (e) random exploration ------------------------------------------------------------------
+
+
+def test_exploration_tries_jobs_on_nodes_they_never_ran_on(db: Any, spawn_agent: Spawn) -> None:
+    store, _ = db
+    start(spawn_agent, store, 1.0, 1.0)
+    # stealing off (a huge margin), so each job runs where exploration sent it
+    add_sleep_jobs(store, [0.01] * 6, strategy_params={"explore": 1.0, "steal_margin": 100})
+    first = done_on(store, cycle(db).run_id)
+    second = done_on(store, cycle(db).run_id)
+    assert all(second[j] != first[j] for j in first)
+
+
+# -- (f) a new node gets a share; (g) a node gone keeps no jobs and comes back not new ---------
+
+
+def test_a_new_node_gets_a_share_of_the_jobs(db: Any, spawn_agent: Spawn) -> None:
+    store, _ = db
+    start(spawn_agent, store, 1.0, 1.0)
+    add_sleep_jobs(store, [0.02] * 12, strategy_params={"explore": 0, "faster_by": 0.5})
+    cycle(db)
+    new = agent(spawn_agent, store, 1.0)
+    new_id = node_id(store, new)
+    summary = cycle(db)
+    homed_there = [k for k, (p, _t) in homes(store).items() if p == new_id]
+    assert len(homed_there) == 4  # a third of the jobs
+    assert sum(1 for n in done_on(store, summary.run_id).values() if n == new_id) >= 2
+
+
+def test_jobs_of_a_node_that_dies_mid_cycle_run_elsewhere(db: Any, spawn_agent: Spawn) -> None:
+    store, url = db
+    a, b = start(spawn_agent, store, 1.0, 1.0)
+    add_sleep_jobs(store, [0.1] * 12, strategy_params={"explore": 0})
+    some_done = threading.Event()
+    master = Master(
+        Settings.from_env(env={}, database_url=url, call_timeout=5.0),
+        store=store,
+        progress=lambda done, _total: some_done.set() if done >= 2 else None,
+    )
+    result: list[RunSummary] = []
+    runner = threading.Thread(target=lambda: result.append(master.run_cycle("sleep")))
+    runner.start()
+    assert some_done.wait(30)
+    b.kill()
+    runner.join(60)
+    master.close()
+    assert result and result[0].done == 12
+    rows = executions(store, result[0].run_id)
+    b_id = node_id(store, b)
+    assert any(e.state == ExecState.LOST and e.node_id == b_id for e in rows)
+    assert len(done_on(store, result[0].run_id)) == 12
+    assert node_id(store, a) in done_on(store, result[0].run_id).values()
+
+
+def test_trial_moves_while_a_node_is_away_are_reverted_when_it_returns(
+    db: Any, spawn_agent: Spawn
+) -> None:
+    store, _ = db
+    _a, b = start(spawn_agent, store, 1.0, 1.0)
+    # equal speeds: "not faster" must hold against timing noise, hence faster_by 0.5
+    add_sleep_jobs(store, [0.03] * 8, strategy_params={"explore": 0, "faster_by": 0.5})
+    cycle(db)
+    b_id = node_id(store, b)
+    homed_on_b = {k for k, (p, _t) in homes(store).items() if p == b_id}
+    assert homed_on_b
+    b.kill()
+    away = cycle(db)
+    assert b_id not in done_on(store, away.run_id).values()
+    during = homes(store)
+    assert all(during[k][0] == b_id and during[k][1] not in (None, b_id) for k in homed_on_b)
+    back = agent(spawn_agent, store, 1.0, port=b.port)  # the same address: the same node
+    assert node_id(store, back) == b_id
+    returned = cycle(db)
+    after = homes(store)
+    assert all(after[k] == (b_id, None) for k in homed_on_b)  # reverted, not a new node
+    assert b_id in done_on(store, returned.run_id).values()
+
+
+def test_trial_moves_become_permanent_when_faster_or_the_node_is_removed(
+    db: Any, spawn_agent: Spawn
+) -> None:
+    store, _ = db
+    a, b, fast = start(spawn_agent, store, 1.0, 1.0, 4.0)
+    add_sleep_jobs(store, [0.04] * 12, strategy_params={"explore": 0, "stickiness": 50})
+    cycle(db)
+    a_id, b_id, fast_id = (node_id(store, p) for p in (a, b, fast))
+    on_a = {k for k, (p, _t) in homes(store).items() if p == a_id}
+    on_b = {k for k, (p, _t) in homes(store).items() if p == b_id}
+    assert on_a and on_b
+    a.kill()
+    b.kill()
+    cycle(db)  # everything on the fast node, faster than at home: permanent at once
+    moved = homes(store)
+    assert all(moved[k] == (fast_id, None) for k in on_a | on_b)
+    # a trial move that was not faster stays open while its home is away ...
+    with store.engine.begin() as conn:
+        conn.execute(update(Job).values(permanent_node_id=a_id, trial_node_id=fast_id))
+        conn.execute(update(Node).where(Node.id == fast_id).values(speed=1.0))
+    store.remove_node(a.address)  # ... and becomes permanent when the home is gone for good
+    cycle(db)
+    assert set(homes(store).values()) == {(fast_id, None)}
+
+
+# -- (7) straggler backups ---------------------------------------------------------------------
+
+
+def test_a_straggler_gets_a_backup_and_the_first_result_wins(db: Any, spawn_agent: Spawn) -> None:
+    store, _ = db
+    straggler, _ok = start(spawn_agent, store, 0.01, 1.0)
+    add_sleep_jobs(store, [0.05] * 4, idempotent=True, strategy_params={"explore": 0})
+    summary = cycle(db)
+    assert summary.done == 4
+    rows = executions(store, summary.run_id)
+    backups = [e for e in rows if e.backup]
+    assert backups and all(e.state == ExecState.DONE for e in backups)
+    slow_id = node_id(store, straggler)
+    for copy in backups:
+        originals = [e for e in rows if e.job_id == copy.job_id and not e.backup]
+        assert [(e.node_id, e.state) for e in originals] == [(slow_id, ExecState.CANCELLED)]
+    assert len(done_on(store, summary.run_id)) == 4
+
+
+def test_no_backups_for_a_family_not_idempotent(db: Any, spawn_agent: Spawn) -> None:
+    store, _ = db
+    start(spawn_agent, store, 0.02, 1.0)
+    add_sleep_jobs(store, [0.02] * 2, strategy_params={"explore": 0, "steal_margin": 100})
+    summary = cycle(db)
+    assert summary.done == 2
+    assert not any(e.backup for e in executions(store, summary.run_id))
+
+
+# -- (3) frequency, (8) makespan and lower bound -------------------------------------------------
+
+
+def test_jobs_run_only_when_due(db: Any, spawn_agent: Spawn) -> None:
+    store, _ = db
+    agent(spawn_agent, store, 1.0)
+    add_sleep_jobs(store, [0.0] * 4)
+    with store.engine.begin() as conn:
+        conn.execute(update(Job).where(Job.key == "job-1").values(every_n_cycles=2))
+        conn.execute(update(Job).where(Job.key == "job-2").values(min_interval=3600.0))
+    ids = job_ids(store)
+    ran = [set(done_on(store, cycle(db).run_id)) for _ in range(3)]
+    assert ran[0] == set(ids.values())
+    assert ran[1] == {ids["job-0"], ids["job-3"]}
+    assert ran[2] == {ids["job-0"], ids["job-1"], ids["job-3"]}
+
+
+def test_runs_record_makespan_lower_bound_and_learned_speeds(db: Any, spawn_agent: Spawn) -> None:
+    store, url = db
+    slow, fast = start(spawn_agent, store, 1.0, 4.0)
+    add_sleep_jobs(store, [0.02] * 30)
+    cycle(db)
+    summary = cycle(db)
+    with store.session() as session:
+        run = session.get(Run, summary.run_id)
+    assert run is not None
+    with store.engine.connect() as conn:
+        speeds = dict(conn.execute(select(Node.address, Node.speed)).all())  # type: ignore[arg-type]
+    assert run.makespan and run.lower_bound and run.ratio
+    assert run.ratio == pytest.approx(run.makespan / run.lower_bound)
+    assert speeds[fast.address] > 2 * speeds[slow.address]
+    out = run_jodl("status", env={"JODL_DATABASE_URL": url})
+    assert f"LB={run.lower_bound:.2f}s" in out.stdout and f"ratio={run.ratio:.2f}" in out.stdout
+
+
+def test_returning_node_keeps_its_id_and_learning(db: Any, spawn_agent: Spawn) -> None:
+    store, _ = db
+    a = agent(spawn_agent, store, 1.0)
+    add_sleep_jobs(store, [0.01] * 3)
+    cycle(db)
+    a.kill()
+    wait_for(lambda: not a.alive(), 10, "the agent to die")
+    back = agent(spawn_agent, store, 1.0, port=a.port)
+    assert node_id(store, back) == node_id(store, a)
+    summary = cycle(db)
+    assert set(done_on(store, summary.run_id).values()) == {node_id(store, a)}
