@@ -237,15 +237,17 @@ class Knowledge:
                 num[node_id] = num.get(node_id, 0.0) + count * math.log(mean_all / (total / count))
                 den[node_id] = den.get(node_id, 0.0) + count
         log_s = {n: num[n] / den[n] if den.get(n) else 0.0 for n in nodes}
-        shared = {
-            job_id: {
+        shared: dict[int, dict[int, tuple[float, float]]] = {}
+        for job_id, seen_on in self._by_job.items():
+            if len(seen_on) < 2:
+                continue  # most jobs ran on one node: they say nothing about ratios
+            obs = {
                 n: (math.log(st.mean), float(st.count))
-                for n, st in per.items()
+                for n, st in seen_on.items()
                 if st.count and st.mean and st.mean > 0
             }
-            for job_id, per in self._by_job.items()
-        }
-        shared = {j: obs for j, obs in shared.items() if len(obs) > 1}
+            if len(obs) > 1:
+                shared[job_id] = obs
         if len(shared) > SPEED_SAMPLE:  # a spread sample keeps this cheap on huge families
             keys = sorted(shared)
             step = len(keys) / SPEED_SAMPLE
@@ -382,10 +384,10 @@ def per_cycle(
 ) -> float:
     """Expected runs per cycle of a job due every ``every_n_cycles`` cycles and not more
     often than every ``min_interval`` seconds, when cycles start every ``period`` seconds."""
-    gap = max(1, every_n_cycles)
+    rate = 1.0 / max(1, every_n_cycles)
     if min_interval and period and period > 0:
-        gap = max(gap, math.ceil(min_interval / period - 1e-9))
-    return 1.0 / gap
+        rate = min(rate, period / min_interval)
+    return rate
 
 
 def account_homes(jobs: Iterable[JobInfo], nodes: Sequence[NodeLoad], knowledge: Knowledge) -> None:

@@ -29,15 +29,7 @@ from . import balance
 from .balance import REMOVED, UNREACHABLE, USABLE, Queue, Running, Steal, Tuning, Waiting
 from .exceptions import AgentUnavailable
 from .models import ExecState, Family, utcnow
-from .placement import (
-    BalanceView,
-    JobInfo,
-    Move,
-    NodeLoad,
-    Placement,
-    account_homes,
-    per_cycle,
-)
+from .placement import BalanceView, JobInfo, Move, NodeLoad, Placement
 from .placement import Waiting as WaitingView
 
 if TYPE_CHECKING:
@@ -202,6 +194,8 @@ class Rebalancer:
         if job.run_id is not None:
             self.run_works.setdefault(job.run_id, {})[job.id] = (node_id, duration)
         self.reviews.append((job, node_id, duration))
+        if not self.copies:
+            return
         for other_exec, other_node in self.copies.pop(job.id, {}).items():
             other = self.nodes.get(other_node)
             flight = other.inflight.pop(other_exec, None) if other is not None else None
@@ -294,14 +288,17 @@ class Rebalancer:
                         job_info(job), trial, self.knowledge, self.node_state, tuning.faster_by
                     ),
                 )
-        infos = [job_info(job) for job in jobs]
         shared: list[tuple[int, int]] = []
-        if tuning.new_node_share:
+        known = [self.knowledge.family_mean(fam, n.id) is not None for n in nodes]
+        if tuning.new_node_share and any(known) and not all(known):
+            infos = [job_info(job) for job in jobs]
             shared = balance.new_node_share(infos, nodes, self.knowledge, fam, self.rng)
             for job_id, node_id in shared:
                 self._set_home(self.pending[job_id], node_id, None)  # its new home
-            infos = [job_info(job) for job in jobs]
-        moves = balance.explore(infos, nodes, self.knowledge, tuning.explore, self.rng)
+        # Each job is explored with probability ``explore``: draw first, describe the few.
+        drawn = [j for j in jobs if j.trial_node_id is None and self.rng.random() < tuning.explore]
+        picked = [job_info(job) for job in drawn]
+        moves = balance.explore(picked, nodes, self.knowledge, 1.0, self.rng)
         for job_id, node_id in moves:
             job = self.pending[job_id]
             self._set_home(job, job.permanent_node_id, node_id)
@@ -313,13 +310,12 @@ class Rebalancer:
                 len(shared),
                 len(moves),
             )
-        period = self.store.cycle_period(active.family.id)
-        homed = [
-            JobInfo(j, "", fam, 0, p, t, per_cycle=per_cycle(n, interval, period))
-            for j, p, t, n, interval in self.store.homes(active.family.id)
-        ]
-        account_homes(homed, nodes, self.knowledge)
         self._write_homes()
+        period = self.store.cycle_period(active.family.id)
+        default = self.knowledge.family_mean(fam) or self.knowledge.default_duration
+        work = self.store.home_work(active.family.id, default, period)
+        for node in nodes:
+            node.home_work = work.get(node.id, 0.0)
 
     # -- balance -------------------------------------------------------------------------------
 

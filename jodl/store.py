@@ -18,6 +18,7 @@ from sqlalchemy import (
     Connection,
     DateTime,
     Engine,
+    and_,
     bindparam,
     case,
     create_engine,
@@ -771,23 +772,29 @@ class Store:
             )
             conn.execute(update(Job).where(Job.trial_node_id == node_id).values(trial_node_id=None))
 
-    def homes(self, family_id: int) -> list[tuple[int, int | None, int | None, int, float | None]]:
-        """(job, permanent, trial node, every_n_cycles, min_interval) of a family's homed jobs."""
+    def home_work(self, family_id: int, default: float, period: float | None) -> dict[int, float]:
+        """Per node, expected seconds per cycle of the family's jobs at home there (one query).
+
+        A job counts at its trial node while a trial is in force, else at its
+        permanent node, with its learned moving average there (``default`` when
+        none), weighted by how often it is due: 1/every_n_cycles, or ``period``
+        / min_interval when that is less (see :func:`jodl.placement.per_cycle`).
+        """
+        home = func.coalesce(Job.trial_node_id, Job.permanent_node_id)
+        per = literal(1.0) / func.coalesce(func.nullif(Job.every_n_cycles, 0), 1)
+        if period:
+            by_time = literal(float(period)) / Job.min_interval
+            per = case((and_(Job.min_interval > 0, by_time < per), by_time), else_=per)
+        seconds = func.coalesce(JobOnNode.recent_duration, literal(float(default)))
+        query = (
+            select(home, func.sum(seconds * per))
+            .select_from(Job)
+            .outerjoin(JobOnNode, and_(JobOnNode.job_id == Job.id, JobOnNode.node_id == home))
+            .where(Job.family_id == family_id, Job.state == JobState.IDLE, home.is_not(None))
+            .group_by(home)
+        )
         with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(
-                    Job.id,
-                    Job.permanent_node_id,
-                    Job.trial_node_id,
-                    Job.every_n_cycles,
-                    Job.min_interval,
-                ).where(
-                    Job.family_id == family_id,
-                    Job.state == JobState.IDLE,
-                    or_(Job.permanent_node_id.is_not(None), Job.trial_node_id.is_not(None)),
-                )
-            )
-            return [(r[0], r[1], r[2], r[3] or 1, r[4]) for r in rows]
+            return {node: float(total or 0.0) for node, total in conn.execute(query)}
 
     def cycle_period(self, family_id: int, runs: int = 6) -> float | None:
         """Mean seconds between the starts of a family's last runs (None: fewer than two)."""

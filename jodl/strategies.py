@@ -68,19 +68,23 @@ class EarliestFinish(Placement):
                 for node in nodes:
                     if node.id == trial:
                         return node  # the point of a trial is to measure it there
-        costs = {n.id: (n.expected_finish(knowledge.expected(job, n)), n) for n in nodes}
-        best_cost, best = min(
-            costs.values(),
-            key=lambda cn: (
-                cn[0],
-                cn[1].home_work / max(1e-9, cn[1].speed * cn[1].slots),
-                cn[1].id,
-            ),
-        )
         home = job.home
-        if home is not None and home != best.id and home in costs:
-            home_cost, home_node = costs[home]
-            if home_cost <= best_cost + self.stickiness * knowledge.expected(job, best):
+        best: NodeLoad | None = None
+        best_key: tuple[float, float, int] = (math.inf, math.inf, 0)
+        best_took = home_cost = 0.0
+        home_node: NodeLoad | None = None
+        for node in nodes:
+            took = knowledge.expected(job, node)
+            cost = node.expected_finish(took)
+            # ties: the node with less work per cycle at home, then the lowest id
+            key = (cost, node.home_work / max(1e-9, node.speed * node.slots), node.id)
+            if best is None or key < best_key:
+                best, best_key, best_took = node, key, took
+            if node.id == home:
+                home_node, home_cost = node, cost
+        assert best is not None
+        if home_node is not None and home_node is not best:
+            if home_cost <= best_key[0] + self.stickiness * best_took:
                 return home_node
         return best
 
