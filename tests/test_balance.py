@@ -21,7 +21,9 @@ from jodl.config import Settings
 from jodl.master import Master, RunSummary
 from jodl.migrate import upgrade
 from jodl.models import ExecState, Execution, Job, JobState, Node, Run
+from jodl.placement import BalanceView, JobInfo, Move, NodeLoad, register
 from jodl.store import Store, make_engine
+from jodl.strategies import EarliestFinish
 
 Spawn = Callable[..., AgentProcess]
 
@@ -398,3 +400,38 @@ def test_returning_node_keeps_its_id_and_learning(db: Any, spawn_agent: Spawn) -
     assert node_id(store, back) == node_id(store, a)
     summary = cycle(db)
     assert set(done_on(store, summary.run_id).values()) == {node_id(store, a)}
+
+
+# -- a strategy's own moves while balancing ------------------------------------------------------
+
+
+class PinThenMove(EarliestFinish):
+    """Places everything on the first node, then moves waiting jobs to an idle one."""
+
+    name = "test_pin_then_move"
+
+    def choose(self, job: JobInfo, candidates: Any, knowledge: Any) -> NodeLoad | None:
+        return min(candidates, key=lambda n: n.id)
+
+    def moves(self, view: BalanceView) -> list[Move]:
+        if not view.idle:
+            return []
+        target = min(view.idle)
+        return [Move(w.job.id, target) for w in view.waiting if w.node_id != target][:2]
+
+
+def test_a_strategy_can_propose_moves_while_balancing(db: Any, spawn_agent: Spawn) -> None:
+    register(PinThenMove)
+    store, _ = db
+    first, second = start(spawn_agent, store, 1.0, 1.0)
+    # built-in stealing off (a huge margin): whatever runs on the second node was moved
+    add_sleep_jobs(
+        store,
+        [0.05] * 10,
+        strategy="test_pin_then_move",
+        strategy_params={"explore": 0, "steal_margin": 100},
+    )
+    summary = cycle(db)
+    assert summary.done == 10
+    ran = done_on(store, summary.run_id)
+    assert node_id(store, second) in ran.values() and node_id(store, first) in ran.values()
