@@ -26,6 +26,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -57,6 +58,8 @@ class User(Base):
     email: Mapped[str] = mapped_column(String(320), unique=True)
     password_hash: Mapped[str | None] = mapped_column(String(255))
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    #: Operators (admin role) see and manage nodes, runs and the queue in the web UI.
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Page(Base):

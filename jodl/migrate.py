@@ -13,7 +13,7 @@ from sqlalchemy import Engine, MetaData
 from .models import Base
 
 #: Modules whose models join the library's metadata when they are installed.
-APP_MODELS = ("crawler_app.models",)
+APP_MODELS = ("crawler_app.models", "web.models")
 
 
 def target_metadata() -> MetaData:

@@ -1,0 +1,314 @@
+"""The JSON API through Flask's test client: validation, auth, CSRF, rate limit, OpenAPI."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from sqlalchemy.orm import sessionmaker
+
+from crawler_app.models import Snapshot, compress
+from crawler_app.pages import add_user
+from jodl.migrate import upgrade
+from jodl.store import make_engine
+from web.app import create_app
+from web.settings import WebSettings
+
+PASSWORD = "correct horse battery"
+
+
+def make_app(tmp_path: Path, **settings: Any) -> Flask:
+    url = f"sqlite:///{tmp_path / 'api.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    values: dict[str, Any] = {"web_secure_cookies": False, "web_submit_burst": 1000}
+    values.update(settings)
+    starter = values.pop("start_cycle", None)
+    app = create_app(WebSettings(database_url=url, **values), engine=engine, start_cycle=starter)
+    sessions = sessionmaker(engine)
+    with sessions.begin() as s:
+        add_user(s, "user@example.org", PASSWORD)
+        add_user(s, "ops@example.org", PASSWORD).is_admin = True
+    return app
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[Flask]:
+    application = make_app(tmp_path)
+    yield application
+    application.extensions["jodl"].engine.dispose()
+
+
+@pytest.fixture
+def client(app: Flask) -> FlaskClient:
+    return app.test_client()
+
+
+def basic(email: str, password: str = PASSWORD) -> dict[str, str]:
+    raw = base64.b64encode(f"{email}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {raw}"}
+
+
+USER = basic("user@example.org")
+OPS = basic("ops@example.org")
+
+
+def test_submit_and_read_a_batch(client: FlaskClient) -> None:
+    r = client.post(
+        "/api/batches", json={"urls": ["http://a.example/", "mailto:x@y", "http://a.example/"]}
+    )
+    assert r.status_code == 201
+    data = r.get_json()
+    assert data["size"] == 2 and data["duplicates"] == 1 and data["queued"] == 1
+    assert [i["answer"] for i in data["items"]] == ["queued", "refused"]
+    assert r.headers["Location"] == data["self"]
+    got = client.get(data["self"]).get_json()
+    assert got["complete"] is False and got["pending"] == [0]
+    assert [e["position"] for e in got["results"]] == [1]
+    assert client.get("/api/batches/nope").status_code == 404
+
+
+def test_submission_validation(client: FlaskClient) -> None:
+    cases: list[tuple[dict[str, Any], int, str]] = [
+        (
+            {"data": "urls=http://a.example/", "content_type": "application/x-www-form-urlencoded"},
+            415,
+            "JSON",
+        ),
+        ({"data": "{not json", "content_type": "application/json"}, 400, "JSON object"),
+        ({"json": ["http://a.example/"]}, 400, "JSON object"),
+        ({"json": {"urls": "http://a.example/"}}, 400, "list of URL"),
+        ({"json": {"urls": []}}, 400, "no URL"),
+        ({"json": {"urls": [f"http://a.example/{i}" for i in range(101)]}}, 400, "at most 100"),
+        ({"json": {}}, 400, "list of URL"),
+        (
+            {"data": "[" * 50_000 + "]" * 50_000, "content_type": "application/json"},
+            400,
+            "JSON object",
+        ),
+        ({"data": b"\xff\xfe", "content_type": "application/json"}, 400, "JSON object"),
+        ({"data": "x" * (2 * 1024 * 1024), "content_type": "application/json"}, 413, ""),
+    ]
+    for kwargs, status, message in cases:
+        r = client.post("/api/batches", **kwargs)
+        assert r.status_code == status, (kwargs.get("json"), r.get_data(as_text=True)[:200])
+        body = r.get_json()
+        assert body is not None and message in body["message"]
+    # Items of the wrong type are refused one by one, the rest goes ahead.
+    r = client.post("/api/batches", json={"urls": [{"a": 1}, 5, None, "http://a.example/"]})
+    assert r.status_code == 201
+    assert [i["error"] for i in r.get_json()["items"]] == ["not a string"] * 3 + [None]
+
+
+def test_rate_limit(tmp_path: Path) -> None:
+    app = make_app(tmp_path, web_submit_burst=3, web_submit_per_minute=1.0)
+    client = app.test_client()
+    codes = [
+        client.post("/api/batches", json={"urls": ["http://a.example/"]}).status_code
+        for _ in range(4)
+    ]
+    assert codes == [201, 201, 201, 429]
+    r = client.post("/api/batches", json={"urls": ["http://a.example/"]})
+    assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
+    assert r.get_json()["error"] == "too_many_requests"
+    # Another client (address) has its own bucket.
+    other = client.post(
+        "/api/batches",
+        json={"urls": ["http://a.example/"]},
+        environ_base={"REMOTE_ADDR": "10.9.9.9"},
+    )
+    assert other.status_code == 201
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert re.search(r"^jodl_web_rate_limited_total 2$", metrics, re.M)
+
+
+def test_failed_logins_are_limited(tmp_path: Path) -> None:
+    app = make_app(tmp_path, web_submit_burst=2, web_submit_per_minute=1.0)
+    client = app.test_client()
+    wrong = basic("user@example.org", "wrong password")
+    assert [client.get("/api/pages", headers=wrong).status_code for _ in range(3)] == [
+        401,
+        401,
+        429,
+    ]
+    # The right password is refused too while the address is locked: no guessing around it.
+    assert client.get("/api/pages", headers=USER).status_code == 429
+
+
+def test_session_auth_needs_csrf_header_basic_does_not(client: FlaskClient) -> None:
+    assert client.post("/api/reset", json={"urls": ["http://a.example/"]}).status_code == 401
+    r = client.post("/api/session", json={"email": "user@example.org", "password": PASSWORD})
+    assert r.status_code == 200
+    token = r.get_json()["csrf_token"]
+    assert client.get("/api/session").get_json()["user"]["email"] == "user@example.org"
+    r = client.post("/api/reset", json={"urls": ["http://a.example/"]})
+    assert r.status_code == 403 and "X-CSRF-Token" in r.get_json()["message"]
+    r = client.post(
+        "/api/reset", json={"urls": ["http://a.example/"]}, headers={"X-CSRF-Token": "forged"}
+    )
+    assert r.status_code == 403
+    r = client.post(
+        "/api/reset", json={"urls": ["http://a.example/"]}, headers={"X-CSRF-Token": token}
+    )
+    assert r.status_code == 200 and r.get_json()["unknown"] == ["http://a.example/"]
+    assert client.delete("/api/session").status_code == 403
+    assert client.delete("/api/session", headers={"X-CSRF-Token": token}).status_code == 204
+    assert client.get("/api/session").get_json()["user"] is None
+    # HTTP Basic: no cookie, no token needed; wrong credentials are a 401 with a challenge.
+    fresh = client.application.test_client()
+    r = fresh.post("/api/reset", json={"urls": ["http://a.example/"]}, headers=USER)
+    assert r.status_code == 200
+    r = fresh.post("/api/reset", json={"urls": ["x"]}, headers=basic("user@example.org", "no"))
+    assert r.status_code == 401 and r.headers["WWW-Authenticate"].startswith("Basic")
+    bad = fresh.post("/api/session", json={"email": "user@example.org", "password": "nope"})
+    assert bad.status_code == 401
+
+
+def test_signup_through_the_api(client: FlaskClient) -> None:
+    r = client.post("/api/users", json={"email": "new@example.org", "password": PASSWORD})
+    assert r.status_code == 201 and r.get_json()["user"]["email"] == "new@example.org"
+    for body, status in [
+        ({"email": "new@example.org", "password": PASSWORD}, 400),
+        ({"email": "x@example.org", "password": "short"}, 400),
+        ({"email": 5, "password": PASSWORD}, 400),
+        ({"email": "x@example.org"}, 400),
+    ]:
+        assert client.post("/api/users", json=body).status_code == status
+
+
+def test_tracked_pages_history_and_diff(app: Flask, client: FlaskClient) -> None:
+    r = client.post(
+        "/api/pages", json={"url": "http://news.example/", "selector": "main"}, headers=USER
+    )
+    assert r.status_code == 201
+    page_id = r.get_json()["id"]
+    assert client.get("/api/pages", headers=USER).get_json()["pages"][0]["selector"] == "main"
+    assert client.get("/api/pages", headers=OPS).get_json()["pages"] == []
+    with sessionmaker(app.extensions["jodl"].engine).begin() as s:
+        for kind, text in (("baseline", "a\nb\n<script>"), ("change", "a\nc\n<script>")):
+            s.add(
+                Snapshot(
+                    page_id=page_id, selector="main", kind=kind, fingerprint=kind,
+                    text_z=compress(text), chars=len(text), status=200,
+                )
+            )  # fmt: skip
+    hist = client.get(f"/api/pages/{page_id}", headers=USER).get_json()
+    assert [s["kind"] for s in hist["snapshots"]] == ["change", "baseline"]
+    diff = client.get(f"/api/pages/{page_id}/diff", headers=USER)
+    assert diff.headers["Content-Type"] == "application/json"
+    data = diff.get_json()
+    assert {"kind": "remove", "text": "-b"} in data["inline"]
+    assert {"kind": "add", "text": "+c"} in data["inline"]
+    assert any(r["kind"] == "change" and r["left"] == "b" for r in data["side_by_side"])
+    for query, status in [("?a=x", 400), ("?a=999", 404), ("?a=99999999999999999999", 404)]:
+        assert client.get(f"/api/pages/{page_id}/diff{query}", headers=USER).status_code == status
+    assert client.get(f"/api/pages/{page_id}", headers=OPS).status_code == 404
+    assert client.delete(f"/api/pages/{page_id}", headers=OPS).status_code == 404
+    assert client.delete(f"/api/pages/{page_id}", headers=USER).status_code == 204
+    for body in (
+        {"url": "javascript:alert(1)"},
+        {"url": 5},
+        {"url": "http://a.example/", "selector": "p[["},
+        {"url": "http://a.example/", "selector": ["p"]},
+    ):
+        assert client.post("/api/pages", json=body, headers=USER).status_code == 400
+
+
+def test_operator_endpoints(tmp_path: Path) -> None:
+    started: list[str] = []
+    app = make_app(tmp_path, start_cycle=lambda: started.append("go") or "cycle started")
+    client = app.test_client()
+    assert client.get("/api/admin/status", headers=USER).status_code == 403
+    assert client.get("/api/admin/status").status_code == 401
+    r = client.post("/api/admin/nodes", json={"address": "127.0.0.1:9", "slots": 3}, headers=OPS)
+    assert r.status_code == 201
+    status = client.get("/api/admin/status", headers=OPS).get_json()
+    assert [(n["address"], n["slots"], n["state"]) for n in status["nodes"]] == [
+        ("127.0.0.1:9", 3, "active")
+    ]
+    assert status["can_start_cycle"] is True
+    for body in (
+        {"address": "nope"},
+        {"address": "127.0.0.1:9", "slots": 0},
+        {"address": "127.0.0.1:9", "slots": True},
+        {"address": 9},
+    ):
+        assert client.post("/api/admin/nodes", json=body, headers=OPS).status_code == 400
+    r = client.post("/api/admin/nodes/remove", json={"address": "127.0.0.1:9"}, headers=OPS)
+    assert r.status_code == 200
+    assert client.get("/api/admin/status", headers=OPS).get_json()["nodes"][0]["state"] == "removed"
+    assert (
+        client.post(
+            "/api/admin/nodes/remove", json={"address": "1.2.3.4:5"}, headers=OPS
+        ).status_code
+        == 404
+    )
+    assert client.post("/api/admin/cycles", json={}, headers=OPS).status_code == 202
+    assert started == ["go"]
+
+
+def test_cycle_needs_a_master_in_this_process(client: FlaskClient) -> None:
+    r = client.post("/api/admin/cycles", json={}, headers=OPS)
+    assert r.status_code == 400 and "schedule" in r.get_json()["message"]
+
+
+def test_openapi_describes_every_api_route(app: Flask, client: FlaskClient) -> None:
+    doc = client.get("/api/openapi.json").get_json()
+    assert doc["openapi"].startswith("3.")
+    documented = {(path, method) for path, ops in doc["paths"].items() for method in ops}
+    served = set()
+    for rule in app.url_map.iter_rules():
+        if not (rule.rule.startswith("/api/") or rule.rule in ("/healthz", "/metrics")):
+            continue
+        path = re.sub(r"<(?:[a-z]+:)?([a-z_]+)>", r"{\1}", rule.rule)
+        for method in rule.methods - {"HEAD", "OPTIONS"}:  # type: ignore[operator]
+            served.add((path, method.lower()))
+    assert served == documented
+    limits = doc["paths"]["/api/batches"]["post"]["requestBody"]["content"]["application/json"]
+    assert limits["schema"]["properties"]["urls"]["maxItems"] == 100
+
+
+def test_health_and_metrics(client: FlaskClient) -> None:
+    assert client.get("/healthz").get_json() == {"status": "ok", "database": "ok"}
+    client.post("/api/batches", json={"urls": ["http://a.example/", "ftp://b"]})
+    text = client.get("/metrics").get_data(as_text=True)
+    sample = re.compile(r'^[a-z_]+(\{([a-z_]+="[^"\n]*",?)*\})? -?[0-9.e+]+$')
+    for line in text.splitlines():
+        assert line.startswith("# HELP ") or line.startswith("# TYPE ") or sample.match(line), line
+    assert 'jodl_web_urls_total{answer="queued"} 1' in text
+    assert 'jodl_web_urls_total{answer="refused"} 1' in text
+    assert 'jodl_queue_jobs{family="check_page",state="queued"} 1' in text
+    assert "jodl_web_streams_open 0" in text
+
+
+def test_stream_slots_are_limited(tmp_path: Path) -> None:
+    app = make_app(tmp_path, web_threads=4, web_max_streams=1, web_stream_poll=0.01)
+    client = app.test_client()
+    batch = client.post("/api/batches", json={"urls": ["http://a.example/"]}).get_json()
+    svc = app.extensions["jodl"]
+    assert svc.streams.acquire(blocking=False)  # another stream holds the only slot
+    try:
+        body = client.get(batch["events"]).get_data(as_text=True)
+    finally:
+        svc.streams.release()
+    assert body.startswith("retry: 3000\n") and "event:" not in body
+
+
+def test_json_errors_everywhere_under_api(client: FlaskClient) -> None:
+    for method, path in [
+        ("get", "/api/nope"),
+        ("put", "/api/batches"),
+        ("get", "/api/pages/abc"),
+        ("post", "/api/admin/cycles"),
+    ]:
+        r = getattr(client, method)(path)
+        assert r.status_code in (401, 404, 405, 415)
+        assert r.headers["Content-Type"] == "application/json"
+        assert set(json.loads(r.get_data())) == {"error", "message"}

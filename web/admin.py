@@ -1,0 +1,147 @@
+"""Operator views (admin role): nodes, runs with live progress, queue counts, actions.
+
+Operators add and remove agent nodes (the serving master picks the change up
+within a second), and start an application cycle now when this web process
+runs beside a master (``jodl up``); otherwise cycles follow the master's schedule.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from flask import Blueprint, flash, redirect, render_template, request, url_for
+from sqlalchemy import func, select
+from werkzeug.exceptions import BadRequest, NotFound
+
+from jodl.models import ExecState, Execution, Family, Run, RunState
+from jodl.protocol import split_address
+from jodl.status import collect
+
+from .app import Services, services
+from .auth import admin_required
+
+bp = Blueprint("admin", __name__, url_prefix="/admin")
+
+#: Most slots an operator may give a node from the web UI.
+MAX_SLOTS = 10_000
+
+
+def _iso(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat(timespec="seconds") + "Z"
+    return value
+
+
+def overview(svc: Services, runs: int = 10) -> dict[str, Any]:
+    """Nodes, families, queue counts and recent runs; running runs with live progress."""
+    data = collect(svc.store, runs=runs)
+    running = [r["id"] for r in data["runs"] if r["state"] == RunState.RUNNING]
+    progress: dict[int, dict[str, int]] = {}
+    if running:
+        with svc.engine.connect() as conn:
+            for run_id, state, count in conn.execute(
+                select(Execution.run_id, Execution.state, func.count())
+                .where(Execution.run_id.in_(running))
+                .group_by(Execution.run_id, Execution.state)
+            ):
+                progress.setdefault(run_id, {})[state] = int(count)
+    for run in data["runs"]:
+        if run["id"] in progress:
+            counts = progress[run["id"]]
+            run["jobs_done"] = counts.get(ExecState.DONE, 0)
+            run["jobs_failed"] = counts.get(ExecState.FAILED, 0)
+        total = run["jobs_total"] or 0
+        run["percent"] = round(100.0 * run["jobs_done"] / total, 1) if total else None
+    for node in data["nodes"]:
+        node["last_seen"] = _iso(node["last_seen"])
+    for run in data["runs"]:
+        run["started_at"] = _iso(run["started_at"])
+        run["finished_at"] = _iso(run["finished_at"])
+    data["queue"] = svc.queue.counts()
+    data["can_start_cycle"] = svc.start_cycle is not None
+    return data
+
+
+def add_node(svc: Services, address: str, slots: int) -> str:
+    """Register (or bring back) the agent at ``address``; a line saying so."""
+    try:
+        split_address(address)
+    except ValueError as exc:
+        raise BadRequest(f"address: {exc}") from None
+    if not 1 <= slots <= MAX_SLOTS:
+        raise BadRequest(f"slots: a whole number from 1 to {MAX_SLOTS}")
+    node = svc.store.add_node(address, slots=slots)
+    return f"node {node.address} added ({node.slots} slots)"
+
+
+def remove_node(svc: Services, address: str) -> str:
+    if not address or len(address) > 255 or not svc.store.remove_node(address):
+        raise NotFound(f"no node {address[:255]!r}")
+    return f"node {address} removed"
+
+
+def start_cycle(svc: Services) -> str:
+    if svc.start_cycle is None:
+        raise BadRequest(
+            "this web process runs no master: cycles follow the master's schedule "
+            "(or run `jodl cycle`)"
+        )
+    return svc.start_cycle()
+
+
+def _slots(text: str | None) -> int:
+    try:
+        return int(text or "1")
+    except ValueError:
+        raise BadRequest("slots: a whole number") from None
+
+
+@bp.route("/")
+@admin_required
+def index() -> Any:
+    return render_template("admin.html", data=overview(services()))
+
+
+@bp.route("/runs/<id:run_id>")
+@admin_required
+def run(run_id: int) -> Any:
+    svc = services()
+    with svc.store.session() as s:
+        row = s.get(Run, run_id)
+        if row is None:
+            raise NotFound("no such run")
+        family = s.scalar(select(Family.name).where(Family.id == row.family_id))
+        counts = dict(
+            s.execute(
+                select(Execution.state, func.count())
+                .where(Execution.run_id == run_id)
+                .group_by(Execution.state)
+            )
+            .tuples()
+            .all()
+        )
+    return render_template("run.html", run=row, family=family, counts=counts)
+
+
+@bp.route("/nodes", methods=["POST"])
+@admin_required
+def nodes_add() -> Any:
+    svc = services()
+    address = request.form.get("address", "").strip()
+    flash(add_node(svc, address, _slots(request.form.get("slots"))), "ok")
+    return redirect(url_for("admin.index"), 303)
+
+
+@bp.route("/nodes/remove", methods=["POST"])
+@admin_required
+def nodes_remove() -> Any:
+    flash(remove_node(services(), request.form.get("address", "").strip()), "ok")
+    return redirect(url_for("admin.index"), 303)
+
+
+@bp.route("/cycle", methods=["POST"])
+@admin_required
+def cycle() -> Any:
+    flash(start_cycle(services()), "ok")
+    return redirect(url_for("admin.index"), 303)

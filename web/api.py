@@ -1,0 +1,301 @@
+"""The JSON API: everything the HTML views do, described by ``/api/openapi.json``.
+
+Authentication: the session cookie (log in with ``POST /api/session``; then
+every state-changing request carries the session's token in ``X-CSRF-Token``)
+or HTTP Basic credentials on each request (no token needed). State-changing
+requests must send JSON (``Content-Type: application/json``), which a page of
+another site cannot make a browser send without the API's consent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, jsonify, request, session, url_for
+from werkzeug.exceptions import BadRequest, Forbidden, NotFound, UnsupportedMediaType
+
+from crawler_app.pages import PageError
+
+from . import admin, tracking
+from .app import services
+from .auth import (
+    _check_credentials,
+    admin_required,
+    create_account,
+    current_user,
+    limit,
+    login_required,
+    start_session,
+)
+from .batch import SubmissionError
+from .openapi import document
+from .security import CSRF_HEADER, csrf_token, csrf_valid
+
+bp = Blueprint("api", __name__, url_prefix="/api")
+
+
+@bp.before_request
+def _guard() -> None:
+    if request.method in ("GET", "HEAD", "OPTIONS"):
+        return
+    has_body = bool(request.content_length) or request.headers.get("Transfer-Encoding")
+    if (has_body or request.method in ("POST", "PUT", "PATCH")) and not request.is_json:
+        raise UnsupportedMediaType("send JSON (Content-Type: application/json)")
+    user = current_user()
+    if (
+        user is not None
+        and user.via == "session"
+        and not csrf_valid(request.headers.get(CSRF_HEADER))
+    ):
+        raise Forbidden(f"send the session's CSRF token in {CSRF_HEADER} (GET /api/session)")
+
+
+def body() -> dict[str, Any]:
+    """The request's JSON object; 400 when the body is not one."""
+    try:
+        data = request.get_json(silent=True)
+    except RecursionError:  # nested deeper than the JSON parser goes
+        data = None
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object")
+    return data
+
+
+def url_list(data: dict[str, Any]) -> list[str]:
+    urls = data.get("urls")
+    if not isinstance(urls, list):
+        raise BadRequest('urls: a list of URL strings, e.g. {"urls": ["https://example.org/"]}')
+    return urls
+
+
+def _user_json(user: Any) -> dict[str, Any] | None:
+    if user is None:
+        return None
+    return {"id": user.id, "email": user.email, "is_admin": bool(user.is_admin)}
+
+
+@bp.route("")
+@bp.route("/")
+def index() -> Any:
+    return jsonify(
+        {
+            "openapi": url_for("api.openapi"),
+            "batches": url_for("api.batches_create"),
+            "health": url_for("ops.healthz"),
+            "metrics": url_for("ops.metrics"),
+        }
+    )
+
+
+@bp.route("/openapi.json")
+def openapi() -> Any:
+    return jsonify(document(services().settings))
+
+
+# -- batches ----------------------------------------------------------------------------------
+
+
+@bp.route("/batches", methods=["POST"])
+def batches_create() -> Any:
+    svc = services()
+    limit("submit")
+    urls = url_list(body())
+    user = current_user()
+    try:
+        submitted = svc.batches.submit(urls, user.id if user else None)
+    except SubmissionError as exc:
+        raise BadRequest(str(exc)) from None
+    svc.metrics.inc("jodl_web_batches_total")
+    for how in ("cached", "queued", "refused"):
+        svc.metrics.inc("jodl_web_urls_total", getattr(submitted, how), answer=how)
+    items = [
+        {
+            "position": i.position,
+            "url": i.url,
+            "answer": "refused" if i.error else ("cached" if i.cached_exec_id else "queued"),
+            "error": i.error,
+        }
+        for i in submitted.items
+    ]
+    return (
+        jsonify(
+            {
+                "id": submitted.id,
+                "size": len(items),
+                "duplicates": submitted.duplicates,
+                "cached": submitted.cached,
+                "queued": submitted.queued,
+                "refused": submitted.refused,
+                "refreshed": submitted.refreshed,
+                "items": items,
+                "events": url_for("stream.batch_stream", batch_id=submitted.id),
+                "page": url_for("ui.batch", batch_id=submitted.id),
+                "self": url_for("api.batches_get", batch_id=submitted.id),
+            }
+        ),
+        201,
+        {"Location": url_for("api.batches_get", batch_id=submitted.id)},
+    )
+
+
+@bp.route("/batches/<batch_id>")
+def batches_get(batch_id: str) -> Any:
+    """The batch's answers so far (the event stream gives them as they arrive)."""
+    svc = services()
+    loaded = svc.batches.load(batch_id)
+    if loaded is None:
+        raise NotFound("no such batch (batches are kept for a week)")
+    batch, items = loaded
+    results = svc.batches.immediate(items)
+    pending = [i for i in items if i.pending]
+    arrived = svc.batches.arrived(pending)
+    done = {i.position for i, _ in arrived}
+    arrived += svc.batches.given_up(i for i in pending if i.position not in done)
+    results += [event for _, event in arrived]
+    results.sort(key=lambda e: e["position"])
+    answered = {e["position"] for e in results}
+    return jsonify(
+        {
+            "id": batch.id,
+            "created_at": batch.created_at.isoformat(timespec="seconds") + "Z",
+            "size": batch.size,
+            "complete": len(answered) == len(items),
+            "pending": [i.position for i in items if i.position not in answered],
+            "results": results,
+        }
+    )
+
+
+@bp.route("/reset", methods=["POST"])
+@login_required
+def reset() -> Any:
+    svc = services()
+    user = current_user()
+    try:
+        outcome = svc.batches.reset(url_list(body()), user.id if user else None)
+    except SubmissionError as exc:
+        raise BadRequest(str(exc)) from None
+    svc.metrics.inc("jodl_web_cache_resets_total", len(outcome["forgotten"]))
+    return jsonify(outcome)
+
+
+# -- accounts ---------------------------------------------------------------------------------
+
+
+@bp.route("/users", methods=["POST"])
+def signup() -> Any:
+    svc = services()
+    if not svc.settings.web_signup:
+        raise Forbidden("sign-up is closed; ask an operator for an account")
+    limit("signup")
+    data = body()
+    email, password = data.get("email"), data.get("password")
+    if not isinstance(email, str) or not isinstance(password, str):
+        raise BadRequest("email and password: strings")
+    try:
+        with svc.batches.sessions.begin() as s:
+            user = create_account(s, email, password)
+    except PageError as exc:
+        raise BadRequest(str(exc)) from None
+    return jsonify({"user": _user_json(user)}), 201
+
+
+@bp.route("/session", methods=["GET"])
+def session_get() -> Any:
+    return jsonify({"user": _user_json(current_user()), "csrf_token": csrf_token()})
+
+
+@bp.route("/session", methods=["POST"])
+def session_create() -> Any:
+    data = body()
+    email, password = data.get("email"), data.get("password")
+    if not isinstance(email, str) or not isinstance(password, str):
+        raise BadRequest("email and password: strings")
+    user = _check_credentials(email, password)
+    if user is None:
+        return jsonify({"error": "unauthorized", "message": "wrong e-mail or password"}), 401
+    start_session(user)
+    return jsonify({"user": _user_json(user), "csrf_token": csrf_token()})
+
+
+@bp.route("/session", methods=["DELETE"])
+def session_delete() -> Any:
+    session.clear()
+    return "", 204
+
+
+# -- tracked pages ------------------------------------------------------------------------------
+
+
+def _me() -> Any:
+    user = current_user()
+    assert user is not None
+    return user
+
+
+@bp.route("/pages")
+@login_required
+def pages_list() -> Any:
+    return jsonify({"pages": tracking.list_pages(services(), _me())})
+
+
+@bp.route("/pages", methods=["POST"])
+@login_required
+def pages_add() -> Any:
+    data = body()
+    added = tracking.add_page(services(), _me(), data.get("url"), data.get("selector"))
+    return jsonify(added), 201
+
+
+@bp.route("/pages/<id:page_id>", methods=["DELETE"])
+@login_required
+def pages_remove(page_id: int) -> Any:
+    tracking.remove_page(services(), _me(), page_id)
+    return "", 204
+
+
+@bp.route("/pages/<id:page_id>")
+@login_required
+def pages_history(page_id: int) -> Any:
+    return jsonify(tracking.history(services(), _me(), page_id))
+
+
+@bp.route("/pages/<id:page_id>/diff")
+@login_required
+def pages_diff(page_id: int) -> Any:
+    args = request.args
+    return jsonify(tracking.diff_data(services(), _me(), page_id, args.get("a"), args.get("b")))
+
+
+# -- operators ----------------------------------------------------------------------------------
+
+
+@bp.route("/admin/status")
+@admin_required
+def admin_status() -> Any:
+    return jsonify(admin.overview(services()))
+
+
+@bp.route("/admin/nodes", methods=["POST"])
+@admin_required
+def admin_nodes_add() -> Any:
+    data = body()
+    address, slots = data.get("address"), data.get("slots", 1)
+    if not isinstance(address, str) or not isinstance(slots, int) or isinstance(slots, bool):
+        raise BadRequest("address: HOST:PORT text; slots: a whole number")
+    return jsonify({"message": admin.add_node(services(), address.strip(), slots)}), 201
+
+
+@bp.route("/admin/nodes/remove", methods=["POST"])
+@admin_required
+def admin_nodes_remove() -> Any:
+    address = body().get("address")
+    if not isinstance(address, str):
+        raise BadRequest("address: HOST:PORT text")
+    return jsonify({"message": admin.remove_node(services(), address.strip())})
+
+
+@bp.route("/admin/cycles", methods=["POST"])
+@admin_required
+def admin_cycle() -> Any:
+    return jsonify({"message": admin.start_cycle(services())}), 202

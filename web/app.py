@@ -1,0 +1,197 @@
+"""The Flask application factory and the services every view shares.
+
+``create_app(settings)`` builds the app on one database: blueprints ``ui``
+(submit, batches, reset), ``auth`` (sign up, log in, log out), ``tracking``
+(tracked pages, history, diffs), ``admin`` (operator views), ``stream`` (event
+streams), ``api`` (JSON API, OpenAPI document) and ``ops`` (``/healthz``,
+``/metrics``). Every response carries the security headers; every
+state-changing form request must carry the session's CSRF token; every error is
+answered as a page (or JSON under ``/api``) and never as a bare traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from flask import Flask, Response, current_app, g, jsonify, render_template, request
+from sqlalchemy import Engine
+from werkzeug.exceptions import BadRequest, Forbidden, HTTPException
+from werkzeug.middleware.proxy_fix import ProxyFix
+from werkzeug.routing import IntegerConverter
+
+from jodl.queue import Queue
+from jodl.store import Store, make_engine
+
+from .batch import Batches
+from .metrics import Metrics
+from .security import CSRF_FIELD, CSRF_HEADER, RateLimiter, add_headers, csrf_token, csrf_valid
+from .settings import WebSettings
+
+log = logging.getLogger("web")
+
+#: Largest request body accepted (bytes): a batch of URLs fits many times over.
+MAX_BODY = 1024 * 1024
+#: Starts one application cycle now; returns a short line saying what happened.
+CycleStarter = Callable[[], str]
+
+
+class IdConverter(IntegerConverter):
+    """A row id in a URL: a whole number a database column holds (else 404, never 500)."""
+
+    def __init__(self, map: Any, *args: Any, **kwargs: Any) -> None:  # noqa: A002
+        super().__init__(map, min=1, max=2**31 - 1)
+
+
+@dataclass
+class Services:
+    """What the views share: settings, database, queue, batches, limits, counters."""
+
+    settings: WebSettings
+    engine: Engine
+    store: Store
+    queue: Queue
+    batches: Batches
+    limiter: RateLimiter
+    metrics: Metrics
+    #: One slot per open event stream (see JODL_WEB_MAX_STREAMS).
+    streams: threading.BoundedSemaphore
+    #: Set when the server shuts down: open streams end at once.
+    stopping: threading.Event
+    #: Starts an application cycle now (None: this process cannot; the schedule does).
+    start_cycle: CycleStarter | None = None
+
+
+def services() -> Services:
+    """The services of the current app."""
+    found: Services = current_app.extensions["jodl"]
+    return found
+
+
+def is_api() -> bool:
+    """True for requests to the JSON API (answered in JSON, errors too)."""
+    return request.path.startswith("/api/") or request.path == "/api"
+
+
+def create_app(
+    settings: WebSettings | None = None,
+    *,
+    engine: Engine | None = None,
+    start_cycle: CycleStarter | None = None,
+) -> Flask:
+    """Build the web app for ``settings`` (default: from ``JODL_*`` variables)."""
+    settings = settings or WebSettings.from_env()
+    if engine is None:
+        # Streams hold a pooled connection only while they look; size for the threads.
+        extra: dict[str, Any] = {}
+        if not settings.database_url.startswith("sqlite"):
+            extra = {"pool_size": 10, "max_overflow": settings.web_threads}
+        engine = make_engine(settings.database_url, **extra)
+    app = Flask(__name__)
+    secure = settings.web_secure_cookies
+    app.config.update(
+        SECRET_KEY=settings.secret_key(),
+        SESSION_COOKIE_NAME="__Host-jodl" if secure else "jodl_session",
+        SESSION_COOKIE_SECURE=secure,
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        PERMANENT_SESSION_LIFETIME=14 * 24 * 3600,
+        MAX_CONTENT_LENGTH=MAX_BODY,
+        MAX_FORM_MEMORY_SIZE=MAX_BODY,
+        JSON_SORT_KEYS=False,
+    )
+    app.jinja_env.autoescape = True  # every template, whatever its file name
+    app.url_map.converters["id"] = IdConverter
+    if settings.web_proxies:
+        app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
+            app.wsgi_app, x_for=settings.web_proxies, x_proto=settings.web_proxies
+        )
+    store = Store(engine)
+    queue = Queue(store)
+    app.extensions["jodl"] = Services(
+        settings=settings,
+        engine=engine,
+        store=store,
+        queue=queue,
+        batches=Batches(engine, settings, queue),
+        limiter=RateLimiter(settings.web_submit_per_minute, settings.web_submit_burst),
+        metrics=Metrics(),
+        streams=threading.BoundedSemaphore(settings.web_max_streams),
+        stopping=threading.Event(),
+        start_cycle=start_cycle,
+    )
+    app.jinja_env.globals["csrf_token"] = csrf_token
+    app.jinja_env.globals["csrf_field"] = CSRF_FIELD
+    app.context_processor(lambda: {"user": g.get("user")})
+
+    from . import admin, api, auth, ops, stream, tracking, ui
+
+    for module in (ui, auth, tracking, admin, stream, api, ops):
+        app.register_blueprint(module.bp)
+
+    app.before_request(_check_csrf)
+    app.before_request(auth.load_user)
+    app.after_request(_after)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected)
+    return app
+
+
+def _check_csrf() -> None:
+    """Refuse a state-changing request of the HTML views without the session's token."""
+    if request.method in ("GET", "HEAD", "OPTIONS") or is_api():
+        return  # the API checks its own (session-authenticated requests only)
+    token = request.form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER)
+    if not csrf_valid(token):
+        raise Forbidden("the form expired or did not come from this site: reload it and retry")
+
+
+def _after(response: Response) -> Response:
+    svc = services()
+    svc.metrics.inc("jodl_web_requests_total", code=f"{response.status_code // 100}xx")
+    if request.endpoint and not request.endpoint.startswith("static"):
+        response.headers.setdefault("Cache-Control", "no-store")
+    return add_headers(response, hsts=svc.settings.web_secure_cookies)
+
+
+def _http_error(exc: HTTPException) -> Any:
+    code = exc.code or 500
+    message = exc.description or exc.name
+    if isinstance(exc, BadRequest) and code == 400 and "CSRF" in str(message):
+        message = "bad request"
+    headers = {}
+    if code == 429 and getattr(exc, "retry_after", None):
+        headers["Retry-After"] = str(exc.retry_after)  # type: ignore[attr-defined]
+    if code == 401 and is_api():
+        headers["WWW-Authenticate"] = 'Basic realm="jodl", charset="UTF-8"'
+    if exc.response is not None and code in (301, 302, 303, 307, 308):
+        return exc.response
+    if is_api() or request.accept_mimetypes.best == "application/json":
+        return (
+            jsonify({"error": exc.name.lower().replace(" ", "_"), "message": message}),
+            code,
+            headers,
+        )
+    return (
+        render_template("error.html", code=code, name=exc.name, message=message),
+        code,
+        headers,
+    )
+
+
+def _unexpected(exc: Exception) -> Any:
+    if isinstance(exc, HTTPException):
+        return _http_error(exc)
+    log.exception("unexpected error on %s %s", request.method, request.path)
+    g.pop("user", None)
+    if is_api():
+        return jsonify({"error": "internal_error", "message": "unexpected error; see the log"}), 500
+    return (
+        render_template(
+            "error.html", code=500, name="Internal error", message="Unexpected error; see the log."
+        ),
+        500,
+    )

@@ -1,0 +1,300 @@
+"""The whole system on one machine (``jodl up``): database, agents, master, scheduler, web.
+
+:class:`LocalCluster` migrates the database, creates an operator account when
+there is none, starts agents as child processes on free loopback ports and
+registers them as nodes, and runs a serving master (with the on-demand queue
+feeder and the page checker's cycle scheduler) in a thread of this process.
+The web server runs in the main thread (see :mod:`web.commands`).
+
+Agents are watched: one that dies is started again on its port, so the system
+keeps its workers (the seed's "spawn workers when too few are alive"). Agents
+end with their parent: they get SIGTERM from :meth:`stop`, and the kernel sends
+them one if this process dies without stopping them (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from crawler_app.models import User
+from crawler_app.pages import add_user
+from jodl.config import Settings
+from jodl.master import Master
+from jodl.migrate import upgrade
+from jodl.queue import Queue, QueueFeeder
+from jodl.store import Store, make_engine
+
+log = logging.getLogger("web.cluster")
+
+#: Agents ``jodl up`` starts.
+DEFAULT_AGENTS = 2
+#: Seconds an agent has to open its port.
+AGENT_START = 30.0
+#: Seconds between two checks that the agents are alive.
+WATCH_EVERY = 1.0
+#: E-mail of the operator account ``jodl up`` creates.
+ADMIN_EMAIL = "admin@localhost"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the parent dies (Linux; elsewhere a no-op)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass
+class LocalAgent:
+    """One agent child process."""
+
+    port: int
+    log_path: str | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, env: dict[str, str]) -> None:
+        out: Any = subprocess.DEVNULL
+        if self.log_path:
+            out = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "jodl", "agent", "--listen", self.address],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+            )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+        deadline = time.monotonic() + AGENT_START
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"agent {self.address} exited at start (code {self.proc.returncode})"
+                )
+            if _port_answers(self.port):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"agent {self.address} did not open its port in {AGENT_START:.0f}s")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=timeout)
+
+
+@dataclass
+class LocalCluster:
+    """A master, its agents and the cycle scheduler on one database, in this process tree."""
+
+    database_url: str
+    agents: int = DEFAULT_AGENTS
+    settings: Settings | None = None
+    log_dir: str | None = None
+    agent_env: dict[str, str] = field(default_factory=dict)
+    engine: Engine | None = None
+    store: Store | None = None
+    master: Master | None = None
+    children: list[LocalAgent] = field(default_factory=list)
+    #: Set when the cluster must stop (Ctrl-C, or the master failed).
+    stopping: threading.Event = field(default_factory=threading.Event)
+    #: Why the cluster stopped on its own (None: it was asked to).
+    failure: str | None = None
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _scheduler: Any = None
+    _queue: Queue | None = None
+    _cycle_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- start ----------------------------------------------------------------------------------
+
+    def prepare(self) -> tuple[str, str | None]:
+        """Migrate the database; create the operator account if there is no operator.
+
+        Returns (admin e-mail, new password or None when an operator existed).
+        """
+        self.settings = self.settings or Settings.from_env(database_url=self.database_url)
+        self.engine = make_engine(self.database_url)
+        upgrade(self.engine)
+        self.store = Store(self.engine)
+        with self.store.session() as s, s.begin():
+            admin = s.scalar(select(User).where(User.is_admin.is_(True)).order_by(User.id))
+            if admin is not None:
+                return admin.email, None
+            password = secrets.token_urlsafe(12)
+            existing = s.scalar(select(User).where(User.email == ADMIN_EMAIL))
+            if existing is not None:
+                from crawler_app.pages import set_password
+
+                set_password(existing, password)
+                existing.is_admin = True
+            else:
+                user = add_user(s, ADMIN_EMAIL, password)
+                user.is_admin = True
+        return ADMIN_EMAIL, password
+
+    def start_agents(self) -> None:
+        """Start the agents and register them as nodes."""
+        assert self.store is not None
+        env = dict(os.environ)
+        env.update(self.agent_env)
+        env.setdefault("JODL_LOG_LEVEL", "WARNING")
+        for n in range(self.agents):
+            for attempt in range(5):
+                agent = LocalAgent(free_port(), self._log_path(n))
+                try:
+                    agent.start(env)
+                    break
+                except RuntimeError:
+                    agent.stop()
+                    if attempt == 4:
+                        raise
+            self.children.append(agent)
+            self.store.add_node(agent.address, slots=int(env.get("JODL_AGENT_SLOTS", "4")))
+        self._env = env
+
+    def _log_path(self, n: int) -> str | None:
+        if not self.log_dir:
+            return None
+        return os.path.join(self.log_dir, f"agent-{n + 1}.log")
+
+    def start_master(self) -> None:
+        """Start the serving master (queue feeder, cycle scheduler) in a thread."""
+        assert self.settings is not None and self.store is not None
+        from crawler_app.schedule import CycleScheduler, MasterRunner
+        from crawler_app.settings import AppSettings
+
+        master = Master(self.settings, store=self.store, name=f"jodl-up:{os.getpid()}")
+        master.start()
+        if not any(isinstance(f, QueueFeeder) for f in master.feeders):
+            self._queue = Queue(self.store)
+            master.feeders.append(QueueFeeder(self._queue))
+        self.master = master
+        self._runner = MasterRunner(master)
+        self._scheduler = CycleScheduler(self.store.engine, self._runner, AppSettings.from_env())
+        self._scheduler.start()
+        self._spawn(self._serve, "jodl-master")
+        self._spawn(self._watch, "jodl-agent-watch")
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _serve(self) -> None:
+        assert self.master is not None
+        try:
+            self.master.serve(self.stopping)
+        except Exception as exc:  # noqa: BLE001 - reported, then everything stops
+            log.exception("the master stopped")
+            self.failure = f"the master stopped: {exc}"
+            self.stopping.set()
+        finally:
+            try:
+                self.master.close()
+            except Exception:  # noqa: BLE001
+                log.exception("closing the master")
+            if self._queue is not None:
+                self._queue.close()
+
+    def _watch(self) -> None:
+        """Start again any agent that died, on its port (its node keeps what was learned)."""
+        while not self.stopping.wait(WATCH_EVERY):
+            for agent in self.children:
+                if agent.alive() or self.stopping.is_set():
+                    continue
+                log.warning("agent %s died; starting it again", agent.address)
+                agent.restarts += 1
+                try:
+                    agent.start(self._env)
+                except RuntimeError as exc:
+                    log.error("%s", exc)
+
+    def start_cycle(self) -> str:
+        """Start an application cycle now in the background (one at a time)."""
+        if self._scheduler is None:
+            return "no scheduler running"
+        if not self._cycle_lock.acquire(blocking=False):
+            return "a cycle started from here is still running"
+
+        def run() -> None:
+            try:
+                self._scheduler.run_cycle(trigger="web")
+            finally:
+                self._cycle_lock.release()
+
+        self._spawn(run, "jodl-cycle")
+        return "cycle started: progress shows under Runs"
+
+    # -- stop ------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop the scheduler, the master and the agents; mark the agents' nodes removed."""
+        self.stopping.set()
+        if self._scheduler is not None:
+            self._runner.stopped.set()
+            try:
+                self._scheduler.stop()
+            except Exception:  # noqa: BLE001 - already stopped
+                pass
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=15)
+        for agent in self.children:
+            agent.stop()
+        if self.store is not None:
+            for agent in self.children:
+                try:
+                    self.store.remove_node(agent.address)
+                except Exception:  # noqa: BLE001 - the database may be gone
+                    log.exception("marking node %s removed", agent.address)
+        if self.engine is not None:
+            self.engine.dispose()
+
+    def pids(self) -> list[int]:
+        return [a.proc.pid for a in self.children if a.proc is not None]

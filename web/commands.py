@@ -1,0 +1,290 @@
+"""The web UI's ``jodl`` commands: ``web`` (serve the UI), ``up`` (the whole system), ``admins``.
+
+Installed through the entry point group ``jodl.commands`` (the library never
+imports this package): :func:`register` receives the ``jodl`` click group.
+
+``jodl web`` serves the app with waitress, a production WSGI server with a pool
+of threads; an open event stream holds one thread, and streams may take at most
+``JODL_WEB_MAX_STREAMS`` of them, so ordinary pages always find a free thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from jodl.exceptions import JodlError
+
+from .settings import WebSettings
+
+log = logging.getLogger("web")
+
+#: Database of ``jodl up`` when JODL_DATABASE_URL is not set.
+UP_DATABASE = "sqlite:///jodl-up.db"
+#: Seconds waitress keeps an idle connection (streams send keep-alives more often).
+CHANNEL_TIMEOUT = 120
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def make_server(app: Any, settings: WebSettings, listen: str | None = None) -> Any:
+    """A waitress server for ``app`` on ``listen`` (HOST:PORT; port 0: any free one)."""
+    from waitress.server import create_server
+
+    from jodl.protocol import split_address
+
+    address = listen or settings.web_listen
+    try:
+        host, port = split_address(address)
+    except ValueError as exc:
+        raise JodlError(f"--listen: {exc}") from None
+    try:
+        return create_server(
+            app,
+            host=host,
+            port=port,
+            threads=settings.web_threads,
+            channel_timeout=CHANNEL_TIMEOUT,
+            connection_limit=max(100, 4 * settings.web_threads),
+            ident="jodl",
+            clear_untrusted_proxy_headers=True,
+        )
+    except OSError as exc:
+        raise JodlError(f"cannot listen on {address}: {exc.strerror or exc}") from None
+
+
+def server_url(server: Any) -> str:
+    host = server.effective_host
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{server.effective_port}/"
+
+
+def serve(
+    server: Any, stopping: threading.Event, on_stop: Callable[[], None] | None = None
+) -> None:
+    """Serve until SIGINT/SIGTERM (or ``stopping`` is set by someone else); then return.
+
+    Open event streams end at once (``stopping``), so the server's threads finish.
+    """
+
+    asked = threading.Event()  # a signal arrived (or is on its way)
+
+    def interrupt(_signum: int, _frame: Any) -> None:
+        asked.set()
+        stopping.set()
+        raise KeyboardInterrupt
+
+    def watch() -> None:
+        # Someone else asked to stop (e.g. the master failed): interrupt the server's loop.
+        stopping.wait()
+        if not asked.is_set():
+            asked.set()
+            os.kill(os.getpid(), signal.SIGINT)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    threading.Thread(target=watch, name="jodl-web-stop", daemon=True).start()
+    try:
+        server.run()  # returns after KeyboardInterrupt (waitress shuts its threads down)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        asked.set()
+        stopping.set()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if on_stop is not None:
+            on_stop()
+
+
+def _check_schema(engine: Any) -> None:
+    from sqlalchemy import inspect
+
+    if not inspect(engine).has_table("web_batch"):
+        raise JodlError("the database has no web UI tables; run: jodl db upgrade")
+
+
+@click.command("web")
+@click.option("--listen", default=None, help="HOST:PORT to serve on (JODL_WEB_LISTEN).")
+@click.option("--threads", type=click.IntRange(min=2), default=None, help="Worker threads.")
+@click.pass_context
+def web_cmd(ctx: click.Context, listen: str | None, threads: int | None) -> None:
+    """Serve the web UI and its JSON API (waitress, threads)."""
+    from jodl.config import Settings
+
+    from .app import create_app
+
+    obj = ctx.ensure_object(dict)
+    settings = WebSettings.from_env(database_url=obj.get("database_url"), web_threads=threads)
+    if threads and settings.web_max_streams >= threads:
+        settings = settings.replace(web_max_streams=max(1, threads - max(2, threads // 4)))
+    _logging(Settings.from_env(database_url=settings.database_url).log_level)
+    app = create_app(settings)
+    svc = app.extensions["jodl"]
+    _check_schema(svc.engine)
+    if not settings.web_secret_key:
+        log.warning("JODL_WEB_SECRET_KEY is not set: logins end when this process stops")
+    server = make_server(app, settings, listen)
+    click.echo(f"JODL web UI on {server_url(server)}", err=True)
+    serve(server, svc.stopping)
+
+
+@click.command("up")
+@click.option(
+    "--listen",
+    default=None,
+    help="HOST:PORT of the web UI (default 127.0.0.1:8080, or any free port if taken).",
+)
+@click.option("--agents", type=click.IntRange(min=1, max=32), default=2, help="Local agents.")
+@click.pass_context
+def up_cmd(ctx: click.Context, listen: str | None, agents: int) -> None:
+    """Run the whole system here: database, master, agents, scheduler and web UI.
+
+    SQLite file jodl-up.db in this directory unless JODL_DATABASE_URL is set.
+    Prints the URL and the operator login; Ctrl-C stops everything.
+    """
+    from jodl.config import Settings
+
+    from .app import create_app
+    from .cluster import LocalCluster
+
+    obj = ctx.ensure_object(dict)
+    database = obj.get("database_url") or UP_DATABASE
+    lib = Settings.from_env(database_url=database)
+    _logging(lib.log_level)
+    web_settings = WebSettings.from_env(database_url=database, web_secure_cookies=False)
+    cluster = LocalCluster(database, agents=agents, settings=lib)
+    started = False
+    try:
+        email, password = cluster.prepare()
+        app = create_app(web_settings, engine=cluster.engine, start_cycle=cluster.start_cycle)
+        server = _up_server(app, web_settings, listen)
+        cluster.start_agents()
+        cluster.start_master()
+        started = True
+        svc = app.extensions["jodl"]
+        url = server_url(server)
+        login = f"{email} / {password}" if password else f"{email} (password unchanged)"
+        click.echo(f"JODL is up: {url}")
+        click.echo(f"  operator login: {login}")
+        click.echo(f"  database: {database}")
+        click.echo(f"  agents: {', '.join(a.address for a in cluster.children)}")
+        click.echo("Press Ctrl-C to stop.")
+        sys.stdout.flush()
+
+        def stop_cluster_with_web() -> None:
+            svc.stopping.set()
+
+        threading.Thread(
+            target=lambda: (cluster.stopping.wait(), stop_cluster_with_web()),
+            name="jodl-up-link",
+            daemon=True,
+        ).start()
+        serve(server, svc.stopping)
+    finally:
+        cluster.stop()
+        if started:
+            click.echo("JODL stopped.")
+    if cluster.failure:
+        raise JodlError(cluster.failure)
+
+
+def _up_server(app: Any, settings: WebSettings, listen: str | None) -> Any:
+    if listen:
+        return make_server(app, settings, listen)
+    try:
+        return make_server(app, settings, settings.web_listen)
+    except JodlError:
+        return make_server(app, settings, "127.0.0.1:0")  # the default port is taken
+
+
+# -- operators ------------------------------------------------------------------------------------
+
+
+@click.group("admins")
+def admins() -> None:
+    """Grant or revoke the operator (admin) role of web UI users."""
+
+
+def _sessions(ctx: click.Context) -> Any:
+    from sqlalchemy.orm import sessionmaker
+
+    from jodl.cli import _store
+
+    return sessionmaker(_store(ctx).engine, expire_on_commit=False)
+
+
+@admins.command("add")
+@click.argument("email")
+@click.option("--password", is_flag=True, help="Ask for a password (new users need one).")
+@click.pass_context
+def admins_add(ctx: click.Context, email: str, password: bool) -> None:
+    """Make EMAIL an operator (creating the user if needed)."""
+    from sqlalchemy import select
+
+    from crawler_app.models import User
+    from crawler_app.pages import add_user, normalise_email, set_password
+
+    secret = None
+    if password:
+        secret = click.prompt("password", hide_input=True, confirmation_prompt=True)
+    with _sessions(ctx).begin() as s:
+        user = s.scalar(select(User).where(User.email == normalise_email(email)))
+        if user is None:
+            if secret is None:
+                raise JodlError(f"no user {email}; add --password to create one")
+            user = add_user(s, email, secret)
+        elif secret is not None:
+            set_password(user, secret)
+        user.is_admin = True
+        click.echo(f"{user.email} is an operator")
+
+
+@admins.command("remove")
+@click.argument("email")
+@click.pass_context
+def admins_remove(ctx: click.Context, email: str) -> None:
+    """Take the operator role from EMAIL."""
+    from sqlalchemy import select
+
+    from crawler_app.models import User
+    from crawler_app.pages import normalise_email
+
+    with _sessions(ctx).begin() as s:
+        user = s.scalar(select(User).where(User.email == normalise_email(email)))
+        if user is None:
+            raise JodlError(f"no user {email}")
+        user.is_admin = False
+    click.echo(f"{email} is no longer an operator")
+
+
+@admins.command("list")
+@click.pass_context
+def admins_list(ctx: click.Context) -> None:
+    """List the operators."""
+    from sqlalchemy import select
+
+    from crawler_app.models import User
+
+    with _sessions(ctx)() as s:
+        for user in s.scalars(select(User).where(User.is_admin.is_(True)).order_by(User.email)):
+            click.echo(user.email)
+
+
+def register(group: click.Group) -> None:
+    """Add ``web``, ``up`` and ``admins`` to the ``jodl`` group (entry point ``jodl.commands``)."""
+    from . import settings  # noqa: F401 - registers the JODL_WEB_* options for `jodl config`
+
+    for command in (web_cmd, up_cmd, admins):
+        group.add_command(command)

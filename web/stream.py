@@ -1,0 +1,198 @@
+"""Server-Sent Events: a batch's results in completion order, and operators' live status.
+
+A batch stream first sends the items answered at submission (refused URLs and
+cache hits), then follows the reconstruction log: every ``poll`` seconds one
+query asks for the first committed ``done`` execution of each still-pending
+item's job, and each new result goes out at once, in commit (execution id)
+order. A last ``complete`` event says every item is answered.
+
+Every event's id is a **cursor**: the set of positions delivered so far (a
+bitmap). A reconnecting browser sends it back as ``Last-Event-ID`` and receives
+exactly the items it has not seen, whatever order results committed in
+meanwhile; the server keeps no per-client state.
+
+Each open stream holds a thread of the WSGI server, so streams take at most
+``JODL_WEB_MAX_STREAMS`` slots (below the thread count): a browser over the
+limit is told to retry a little later and ordinary pages never wait. A stream
+also ends after ``JODL_WEB_STREAM_SECONDS``; the browser resumes it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from flask import Blueprint, Response, request
+from werkzeug.exceptions import NotFound
+
+from .app import Services, services
+from .auth import admin_required
+
+bp = Blueprint("stream", __name__)
+
+#: Milliseconds a browser waits before it reconnects (the SSE ``retry`` field).
+RETRY_MS = 1000
+#: Milliseconds a browser turned away (all stream slots taken) waits.
+BUSY_RETRY_MS = 3000
+#: Seconds between two looks for dead or deleted jobs (rare; not latency-critical).
+GIVE_UP_CHECK = 1.0
+#: Seconds between two status events of the operators' stream.
+STATUS_EVERY = 1.0
+
+
+class Cursor:
+    """The positions of a batch already delivered, encoded as an event id."""
+
+    def __init__(self, size: int, delivered: set[int] | None = None) -> None:
+        self.size = size
+        self.delivered = set(delivered or ())
+
+    @classmethod
+    def parse(cls, text: str | None, size: int) -> Cursor:
+        """The cursor an event id names; an empty one when ``text`` is absent or malformed."""
+        if not text or len(text) > 16 + 2 * size:
+            return cls(size)
+        count, _, packed = text.partition("-")
+        try:
+            raw = base64.urlsafe_b64decode(packed + "=" * (-len(packed) % 4))
+            expected = int(count)
+        except (ValueError, binascii.Error):
+            return cls(size)
+        delivered = {
+            byte * 8 + bit for byte, value in enumerate(raw) for bit in range(8) if value >> bit & 1
+        }
+        if len(delivered) != expected or any(p >= size for p in delivered):
+            return cls(size)
+        return cls(size, delivered)
+
+    def add(self, position: int) -> None:
+        self.delivered.add(position)
+
+    def __contains__(self, position: object) -> bool:
+        return position in self.delivered
+
+    @property
+    def complete(self) -> bool:
+        return len(self.delivered) >= self.size
+
+    def text(self) -> str:
+        raw = bytearray((self.size + 7) // 8)
+        for p in self.delivered:
+            raw[p // 8] |= 1 << (p % 8)
+        packed = base64.urlsafe_b64encode(bytes(raw)).decode().rstrip("=")
+        return f"{len(self.delivered)}-{packed}"
+
+
+def sse(event: str, data: Any, event_id: str | None = None) -> str:
+    """One event in the wire format (JSON data on one line: no newline can break it)."""
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def _response(body: Iterator[str]) -> Response:
+    response = Response(body, mimetype="text/event-stream")
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["X-Accel-Buffering"] = "no"  # no buffering in a reverse proxy
+    return response
+
+
+def batch_events(svc: Services, batch_id: str, last_event_id: str | None) -> Iterator[str]:
+    """The event stream of one batch from the cursor ``last_event_id``."""
+    loaded = svc.batches.load(batch_id)
+    if loaded is None:
+        raise NotFound("no such batch (batches are kept for a week)")
+    _batch, items = loaded
+    cursor = Cursor.parse(last_event_id, len(items))
+    settings = svc.settings
+
+    def generate() -> Iterator[str]:
+        if not svc.streams.acquire(blocking=False):
+            yield f"retry: {BUSY_RETRY_MS}\n: busy, retry soon\n\n"
+            return
+        svc.metrics.add("jodl_web_streams_open", 1)
+        try:
+            yield f"retry: {RETRY_MS}\n\n"
+            yield from follow()
+        finally:
+            svc.metrics.add("jodl_web_streams_open", -1)
+            svc.streams.release()
+
+    def emit(event: dict[str, Any]) -> str:
+        cursor.add(event["position"])
+        svc.metrics.inc("jodl_web_events_total")
+        return sse("result", event, cursor.text())
+
+    def follow() -> Iterator[str]:
+        waiting = [i for i in items if i.position not in cursor]
+        for event in svc.batches.immediate(waiting):
+            yield emit(event)
+        pending = {i.position: i for i in waiting if i.pending}
+        started = time.monotonic()
+        quiet_since = started
+        next_give_up = started + GIVE_UP_CHECK
+        while pending and not svc.stopping.is_set():
+            now = time.monotonic()
+            answered = svc.batches.arrived(pending.values())
+            if now >= next_give_up:
+                next_give_up = now + GIVE_UP_CHECK
+                gone = {i.position for i, _ in answered}
+                answered += svc.batches.given_up(i for p, i in pending.items() if p not in gone)
+            for item, event in answered:
+                if pending.pop(item.position, None) is not None:
+                    yield emit(event)
+                    quiet_since = now
+            if not pending:
+                break
+            if now - started >= settings.web_stream_seconds:
+                return  # the browser reconnects with the cursor and carries on
+            if now - quiet_since >= settings.web_keepalive:
+                quiet_since = now
+                yield ": keep-alive\n\n"  # also finds out whether the client is gone
+            svc.stopping.wait(settings.web_stream_poll)
+        if cursor.complete:
+            yield sse("complete", {"total": len(items)}, cursor.text())
+
+    return generate()
+
+
+@bp.route("/batches/<batch_id>/events")
+@bp.route("/api/batches/<batch_id>/events")
+def batch_stream(batch_id: str) -> Response:
+    """The results of a batch as Server-Sent Events (resumable with Last-Event-ID)."""
+    last = request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
+    return _response(batch_events(services(), batch_id, last))
+
+
+@bp.route("/admin/events")
+@bp.route("/api/admin/events")
+@admin_required
+def admin_stream() -> Response:
+    """Nodes, queue counts and runs (with live progress) every second, as events."""
+    from .admin import overview
+
+    svc = services()
+
+    def generate() -> Iterator[str]:
+        if not svc.streams.acquire(blocking=False):
+            yield f"retry: {BUSY_RETRY_MS}\n: busy, retry soon\n\n"
+            return
+        svc.metrics.add("jodl_web_streams_open", 1)
+        try:
+            yield f"retry: {RETRY_MS}\n\n"
+            started = time.monotonic()
+            number = 0
+            while not svc.stopping.is_set():
+                number += 1
+                yield sse("status", overview(svc), str(number))
+                if time.monotonic() - started >= svc.settings.web_stream_seconds:
+                    return
+                svc.stopping.wait(STATUS_EVERY)
+        finally:
+            svc.metrics.add("jodl_web_streams_open", -1)
+            svc.streams.release()
+
+    return _response(generate())

@@ -1,0 +1,250 @@
+"""Tracked pages of the logged-in user: add (with a CSS selector), remove, history, diffs.
+
+The functions here are shared by the HTML views and the JSON API; they use the
+page checker's own operations (track, untrack) so the web UI and the ``jodl``
+commands behave the same.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from flask import Blueprint, flash, redirect, render_template, request, url_for
+from sqlalchemy import select
+from werkzeug.exceptions import BadRequest, NotFound
+
+from crawler_app.models import WHOLE_PAGE, Page, Snapshot, Tracking
+from crawler_app.pages import PageError, track, trackings_of, untrack
+
+from .app import Services, services
+from .auth import CurrentUser, current_user, login_required
+from .diff import inline, side_by_side
+
+bp = Blueprint("tracking", __name__)
+
+#: Snapshots listed in a page's history at most.
+HISTORY_LIMIT = 200
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.isoformat(timespec="seconds") + "Z" if value else None
+
+
+def list_pages(svc: Services, user: CurrentUser) -> list[dict[str, Any]]:
+    """The user's tracked pages with their last check."""
+    with svc.batches.sessions() as s:
+        rows = trackings_of(s, user.email)
+    return [
+        {
+            "id": page.id,
+            "url": page.url,
+            "selector": tracking.selector,
+            "since": _iso(tracking.since),
+            "title": page.title,
+            "last_status": page.last_status,
+            "last_error": page.last_error,
+            "last_checked_at": _iso(page.last_checked_at),
+            "last_changed_at": _iso(page.last_changed_at),
+        }
+        for tracking, page in rows
+    ]
+
+
+def add_page(svc: Services, user: CurrentUser, url: Any, selector: Any) -> dict[str, Any]:
+    """Track ``url`` (with ``selector``); :class:`BadRequest` saying why not."""
+    if not isinstance(url, str) or not url.strip():
+        raise BadRequest("url: give the address of the page")
+    if selector is not None and not isinstance(selector, str):
+        raise BadRequest("selector: a CSS selector as text")
+    if len(url) > svc.settings.web_url_max:
+        raise BadRequest(f"url: at most {svc.settings.web_url_max} characters")
+    try:
+        with svc.batches.sessions.begin() as s:
+            tracking = track(s, user.email, url, selector=selector or None)
+            page_id = tracking.page_id
+            page = s.get(Page, page_id)
+            assert page is not None
+            return {"id": page_id, "url": page.url, "selector": tracking.selector}
+    except PageError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def _tracking(svc: Services, user: CurrentUser, page_id: int) -> tuple[Page, Tracking]:
+    with svc.batches.sessions() as s:
+        row = s.execute(
+            select(Page, Tracking)
+            .join(Tracking, Tracking.page_id == Page.id)
+            .where(Page.id == page_id, Tracking.user_id == user.id)
+        ).first()
+    if row is None:
+        raise NotFound("you do not track such a page")
+    return row[0], row[1]
+
+
+def remove_page(svc: Services, user: CurrentUser, page_id: int) -> str:
+    page, _ = _tracking(svc, user, page_id)
+    with svc.batches.sessions.begin() as s:
+        untrack(s, user.email, page.url)
+    return page.url
+
+
+def history(svc: Services, user: CurrentUser, page_id: int) -> dict[str, Any]:
+    """The page's snapshots (newest first) for the user's selector."""
+    page, tracking = _tracking(svc, user, page_id)
+    selector = tracking.selector or WHOLE_PAGE
+    with svc.batches.sessions() as s:
+        snaps = s.execute(
+            select(
+                Snapshot.id,
+                Snapshot.taken_at,
+                Snapshot.kind,
+                Snapshot.status,
+                Snapshot.fingerprint,
+                Snapshot.chars,
+            )
+            .where(Snapshot.page_id == page.id, Snapshot.selector == selector)
+            .order_by(Snapshot.id.desc())
+            .limit(HISTORY_LIMIT)
+        ).all()
+    return {
+        "id": page.id,
+        "url": page.url,
+        "title": page.title,
+        "selector": tracking.selector,
+        "last_checked_at": _iso(page.last_checked_at),
+        "last_status": page.last_status,
+        "last_error": page.last_error,
+        "snapshots": [
+            {
+                "id": sid,
+                "taken_at": _iso(taken),
+                "kind": kind,
+                "status": status,
+                "fingerprint": fp,
+                "chars": chars,
+            }
+            for sid, taken, kind, status, fp, chars in snaps
+        ],
+    }
+
+
+def snapshot_pair(
+    svc: Services, user: CurrentUser, page_id: int, a: Any, b: Any
+) -> tuple[dict[str, Any], Snapshot | None, Snapshot | None]:
+    """History plus the two snapshots to compare (default: the newest two)."""
+    data = history(svc, user, page_id)
+    ids = [snap["id"] for snap in data["snapshots"]]
+
+    def pick(value: Any, default: int | None) -> int | None:
+        if value in (None, ""):
+            return default
+        try:
+            chosen = int(value)
+        except (TypeError, ValueError):
+            raise BadRequest("a and b: snapshot ids of this page") from None
+        if chosen not in ids:
+            raise NotFound("no such snapshot of this page")
+        return chosen
+
+    new_id = pick(b, ids[0] if ids else None)
+    old_id = pick(a, ids[1] if len(ids) > 1 else None)
+    with svc.batches.sessions() as s:
+        old = s.get(Snapshot, old_id) if old_id is not None else None
+        new = s.get(Snapshot, new_id) if new_id is not None else None
+        if old is not None:
+            old.text  # noqa: B018 - load while the session is open
+        if new is not None:
+            new.text  # noqa: B018
+    return data, old, new
+
+
+def diff_data(svc: Services, user: CurrentUser, page_id: int, a: Any, b: Any) -> dict[str, Any]:
+    """The inline and side-by-side diff of two snapshots, as plain data (API)."""
+    _data, old, new = snapshot_pair(svc, user, page_id, a, b)
+    if old is None or new is None:
+        return {"a": None, "b": None, "inline": [], "side_by_side": []}
+    return {
+        "a": old.id,
+        "b": new.id,
+        "inline": [{"kind": line.kind, "text": line.text} for line in inline(old.text, new.text)],
+        "side_by_side": [
+            {
+                "kind": row.kind,
+                "left_no": row.left_no,
+                "left": row.left,
+                "right_no": row.right_no,
+                "right": row.right,
+            }
+            for row in side_by_side(old.text, new.text)
+        ],
+    }
+
+
+# -- views ------------------------------------------------------------------------------------
+
+
+def _user() -> CurrentUser:
+    user = current_user()
+    assert user is not None  # login_required
+    return user
+
+
+@bp.route("/pages")
+@login_required
+def pages() -> Any:
+    return render_template("pages.html", pages=list_pages(services(), _user()))
+
+
+@bp.route("/pages", methods=["POST"])
+@login_required
+def pages_add() -> Any:
+    svc = services()
+    try:
+        added = add_page(svc, _user(), request.form.get("url", ""), request.form.get("selector"))
+    except BadRequest as exc:
+        flash(str(exc.description), "error")
+        return (
+            render_template(
+                "pages.html",
+                pages=list_pages(svc, _user()),
+                url=request.form.get("url", "")[:2100],
+                selector=request.form.get("selector", "")[:600],
+            ),
+            400,
+        )
+    flash(f"Now tracking {added['url']}.", "ok")
+    return redirect(url_for("tracking.pages"), 303)
+
+
+@bp.route("/pages/<id:page_id>/remove", methods=["POST"])
+@login_required
+def pages_remove(page_id: int) -> Any:
+    url = remove_page(services(), _user(), page_id)
+    flash(f"No longer tracking {url}.", "ok")
+    return redirect(url_for("tracking.pages"), 303)
+
+
+@bp.route("/pages/<id:page_id>")
+@login_required
+def page(page_id: int) -> Any:
+    svc = services()
+    mode = request.args.get("mode", "inline")
+    if mode not in ("inline", "side"):
+        mode = "inline"
+    data, old, new = snapshot_pair(
+        svc, _user(), page_id, request.args.get("a"), request.args.get("b")
+    )
+    lines = inline(old.text, new.text) if old and new and mode == "inline" else []
+    rows = side_by_side(old.text, new.text) if old and new and mode == "side" else []
+    latest_text = new.text if new is not None and old is None else None
+    return render_template(
+        "page.html",
+        page=data,
+        old=old,
+        new=new,
+        mode=mode,
+        lines=lines,
+        rows=rows,
+        latest_text=latest_text,
+    )
