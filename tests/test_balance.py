@@ -37,6 +37,12 @@ def db(tmp_path: Path) -> Iterator[tuple[Store, str]]:
     engine.dispose()
 
 
+@pytest.fixture
+def db_both(store: Store, db_url: str) -> tuple[Store, str]:
+    """The reconstruction log on SQLite, then on a fresh PostgreSQL database."""
+    return store, db_url
+
+
 def start(spawn: Spawn, store: Store, *speeds: float) -> list[AgentProcess]:
     """One-slot agents of these speeds, started together, registered as nodes in order."""
     procs = [
@@ -278,8 +284,9 @@ def test_jobs_of_a_node_that_dies_mid_cycle_run_elsewhere(db: Any, spawn_agent: 
 
 
 def test_trial_moves_while_a_node_is_away_are_reverted_when_it_returns(
-    db: Any, spawn_agent: Spawn
+    db_both: Any, spawn_agent: Spawn
 ) -> None:
+    db = db_both
     store, _ = db
     _a, b = start(spawn_agent, store, 1.0, 1.0)
     # equal speeds: "not faster" must hold against timing noise, hence faster_by 0.5
@@ -357,7 +364,8 @@ def test_no_backups_for_a_family_not_idempotent(db: Any, spawn_agent: Spawn) -> 
 # -- (3) frequency, (8) makespan and lower bound -------------------------------------------------
 
 
-def test_jobs_run_only_when_due(db: Any, spawn_agent: Spawn) -> None:
+def test_jobs_run_only_when_due(db_both: Any, spawn_agent: Spawn) -> None:
+    db = db_both
     store, _ = db
     agent(spawn_agent, store, 1.0)
     add_sleep_jobs(store, [0.0] * 4)
@@ -435,3 +443,35 @@ def test_a_strategy_can_propose_moves_while_balancing(db: Any, spawn_agent: Spaw
     assert summary.done == 10
     ran = done_on(store, summary.run_id)
     assert node_id(store, second) in ran.values() and node_id(store, first) in ran.values()
+
+
+def test_homes_in_the_log_when_a_node_goes_for_good(db_both: Any) -> None:
+    store, _ = db_both
+    a, b = (store.add_node(f"127.0.0.1:{port}").id for port in (1, 2))
+    add_sleep_jobs(store, [0.1] * 4)
+    ids = job_ids(store)
+    with store.engine.begin() as conn:
+        conn.execute(update(Job).where(Job.key == "job-3").values(every_n_cycles=4))
+    store.set_homes(
+        [
+            (ids["job-0"], a, b),
+            (ids["job-1"], a, None),
+            (ids["job-2"], b, a),
+            (ids["job-3"], b, None),
+        ]
+    )
+    # expected work per cycle where each job is now (its trial node while on trial), at the
+    # default duration; job-3 is due every fourth cycle: a quarter
+    work = store.home_work(store.family("sleep").id, 1.0, None)
+    assert work == pytest.approx({a: 2.0, b: 1.0 + 0.25})
+    with store.engine.begin() as conn:  # not more often than hourly, cycles every 10 min
+        conn.execute(update(Job).where(Job.key == "job-1").values(min_interval=3600.0))
+    work = store.home_work(store.family("sleep").id, 1.0, 600.0)
+    assert work == pytest.approx({a: 1.0 + 1 / 6, b: 1.0 + 0.25})
+    store.node_gone_for_good(a)
+    assert homes(store) == {
+        "job-0": (b, None),  # the trial away from a became permanent
+        "job-1": (None, None),  # its home is gone: it settles where it runs next
+        "job-2": (b, None),  # a trial on the gone node is dropped
+        "job-3": (b, None),
+    }
