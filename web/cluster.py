@@ -90,7 +90,8 @@ class LocalAgent:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self, env: dict[str, str]) -> None:
+    def start(self, env: dict[str, str], wait: bool = True) -> None:
+        """Start the process; with ``wait``, return once its port answers."""
         out: Any = subprocess.DEVNULL
         if self.log_path:
             out = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
@@ -106,6 +107,12 @@ class LocalAgent:
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Return once the agent's port answers; RuntimeError if it exits or takes too long."""
+        assert self.proc is not None
         deadline = time.monotonic() + AGENT_START
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -184,16 +191,24 @@ class LocalCluster:
         env = dict(os.environ)
         env.update(self.agent_env)
         env.setdefault("JODL_LOG_LEVEL", "WARNING")
+        # All start at once (each takes a moment to import), then each is waited for.
+        starting = []
         for n in range(self.agents):
+            agent = LocalAgent(free_port(), self._log_path(n))
+            agent.start(env, wait=False)
+            starting.append(agent)
+        for agent in starting:
             for attempt in range(5):
-                agent = LocalAgent(free_port(), self._log_path(n))
                 try:
-                    agent.start(env)
+                    agent.wait_ready()
                     break
                 except RuntimeError:
+                    # Most likely the port was taken meanwhile: another one.
                     agent.stop()
                     if attempt == 4:
                         raise
+                    agent.port = free_port()
+                    agent.start(env, wait=False)
             self.children.append(agent)
             self.store.add_node(agent.address, slots=int(env.get("JODL_AGENT_SLOTS", "4")))
         self._env = env
@@ -285,6 +300,10 @@ class LocalCluster:
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=15)
+        for agent in self.children:  # all at once: each takes a moment to close
+            if agent.alive():
+                assert agent.proc is not None
+                agent.proc.terminate()
         for agent in self.children:
             agent.stop()
         if self.store is not None:

@@ -1,0 +1,140 @@
+"""``jodl up`` as a user runs it: one command, a URL and a login, results, Ctrl-C stops all.
+
+Started as a subprocess in an empty directory (SQLite file there), it must
+migrate, create the operator, start two agents, serve the UI, answer a
+submitted URL of the local test site, restart an agent that dies, and on
+SIGINT stop every child process and mark the agents' nodes removed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+from agents import child_env, jodl_command, port_answers, wait_for  # noqa: I001
+from sqlalchemy import create_engine, text
+from webserver import AGENT_ENV, EventStream
+
+if TYPE_CHECKING:
+    from tests.site import TestSite
+
+pytest_plugins = ("tests.site",)
+
+UP_LINE = re.compile(r"^JODL is up: (http://\S+)$", re.M)
+LOGIN_LINE = re.compile(r"operator login: (\S+) / (\S+)$", re.M)
+
+
+def children(pid: int) -> list[int]:
+    """Child process ids of ``pid`` (Linux /proc)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(p) for p in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie does not count)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def start_up(cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = child_env({**AGENT_ENV, "JODL_LOG_LEVEL": "WARNING"})
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [*jodl_command(), "up", "--listen", "127.0.0.1:0"],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def wait_up(proc: subprocess.Popen[bytes], log: Path) -> str:
+    def ready() -> str | None:
+        if proc.poll() is not None:
+            raise AssertionError(f"jodl up exited ({proc.returncode}):\n{log.read_text()}")
+        return log.read_text()
+
+    wait_for(lambda: UP_LINE.search(ready() or ""), timeout=60, what="jodl up to print its URL")
+    return log.read_text()
+
+
+def test_up_runs_everything_and_stops_everything(tmp_path: Path, site: TestSite) -> None:
+    site.set_page("/hello", "<title>Hello</title><p>hello from the site</p>")
+    log = tmp_path / "up.log"
+    proc = start_up(tmp_path, log)
+    try:
+        out = wait_up(proc, log)
+        url = UP_LINE.search(out).group(1)  # type: ignore[union-attr]
+        email, password = LOGIN_LINE.search(out).groups()  # type: ignore[union-attr]
+        assert email == "admin@localhost" and len(password) >= 12
+        assert (tmp_path / "jodl-up.db").exists()
+        agents = children(proc.pid)
+        assert len(agents) == 2 and all(alive(p) for p in agents)
+
+        # A URL of the local site, through the API and the stream.
+        r = httpx.post(url + "api/batches", json={"urls": [site.url("/hello")]}, timeout=30)
+        assert r.status_code == 201
+        with EventStream(url.rstrip("/") + r.json()["events"]) as stream:
+            events = list(stream)
+        result = events[0].json()
+        assert [e.event for e in events] == ["result", "complete"]
+        assert result["ok"] and result["title"] == "Hello"
+        assert result["excerpt"] == "hello from the site"
+
+        # The operator login works; both agents are active nodes.
+        status = httpx.get(url + "api/admin/status", auth=(email, password), timeout=30)
+        assert status.status_code == 200
+        assert sorted(n["state"] for n in status.json()["nodes"]) == ["active", "active"]
+
+        # An agent that dies is started again on its port.
+        victim = agents[0]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(
+            lambda: (
+                len([p for p in children(proc.pid) if alive(p)]) == 2
+                and victim not in children(proc.pid)
+            ),
+            timeout=30,
+            what="the dead agent to be replaced",
+        )
+        ports = [n["address"].rsplit(":", 1)[1] for n in status.json()["nodes"]]
+        wait_for(lambda: all(port_answers(int(p)) for p in ports), timeout=30, what="ports")
+        agents = children(proc.pid)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0, log.read_text()
+    assert "JODL stopped." in log.read_text()
+    assert not [p for p in agents if alive(p)]
+    engine = create_engine(f"sqlite:///{tmp_path / 'jodl-up.db'}")
+    with engine.connect() as conn:
+        states = [row[0] for row in conn.execute(text("SELECT state FROM jodl_node"))]
+    engine.dispose()
+    assert states == ["removed", "removed"]
+
+    # Started again on the same database: the operator exists; SIGTERM stops it too.
+    proc = start_up(tmp_path, log)
+    try:
+        out = wait_up(proc, log)
+        assert "operator login: admin@localhost (password unchanged)" in out
+        agents = children(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
+    assert not [p for p in agents if alive(p)]
