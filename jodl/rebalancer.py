@@ -167,14 +167,20 @@ class Rebalancer:
         return out
 
     def poll_cap(self) -> float:
-        """Longest pause of the loop now: :data:`POLL_SHARE` of the shortest running job."""
+        """Longest pause of the loop now: :data:`POLL_SHARE` of the shortest running job.
+
+        A job's length is its expected duration, or how long it has run already
+        when that is longer (a job far past its estimate is not polled in a tight
+        loop).
+        """
         shortest = float("inf")
+        now = time.time()
         for slot in self.nodes.values():
             if slot.inflight and slot.usable:
-                for flight in islice(slot.inflight.values(), max(1, slot.load.slots)):
+                for _exec_id, flight, started in self._running(slot, now):
                     placed = self.placed.get(flight.job_id)
                     if placed is not None:
-                        shortest = min(shortest, placed[1])
+                        shortest = min(shortest, max(placed[1], now - started))
         return max(POLL_FLOOR, POLL_SHARE * shortest)
 
     # -- hooks called by the master's collect and node steps -------------------------------
