@@ -1,0 +1,261 @@
+"""Latency of the batch event stream and on-demand throughput through the web UI.
+
+Everything real, in one process tree: a fresh PostgreSQL database (default), a
+local HTTP site, K agent subprocesses, a serving master with the on-demand queue
+feeder (a thread here, as in ``jodl up``) and ``jodl web`` (waitress).
+
+1. **Latency**: N URLs of the local site are submitted through the API and
+   their batch stream is read over HTTP. A watcher polls the execution log every
+   millisecond on its own connection and notes when each result is first
+   visible (its commit); the figure is the time from there to the moment the
+   result's SSE event reached the client (median and 95th percentile).
+2. **Throughput**: M more URLs are submitted in batches of the API's maximum
+   size, all their streams read at once; on-demand jobs per second from the
+   first submission to the last event.
+
+The last line printed is one JSON object with the figures.
+
+    python bench/sse.py --urls 100 --jobs 1000 --agents 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import DEFAULT_PG, agents, free_port, fresh_database, wait_port  # noqa: E402
+
+AGENT_ENV = {
+    "JODL_FETCH_ALLOW": "127.0.0.0/8",
+    "JODL_FETCH_HOST_INTERVAL": "0",
+    "JODL_FETCH_HOST_IN_FLIGHT": "100",
+    "JODL_FETCH_ROBOTS": "false",
+}
+
+
+class _Page(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        body = (
+            f"<html><head><title>Page {self.path}</title></head>"
+            f"<body><p>Text of {self.path}, served for the benchmark.</p></body></html>"
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def start_site() -> tuple[ThreadingHTTPServer, str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Page)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+class CommitWatcher:
+    """Notes when each job's first done execution becomes visible (polls every ms)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.seen: dict[int, float] = {}
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        from sqlalchemy import text
+
+        query = text("SELECT DISTINCT job_id FROM jodl_execution WHERE state = 'done'")
+        with self.engine.connect() as conn:
+            while not self.stopping.is_set():
+                rows = conn.execute(query).all()
+                conn.commit()  # a fresh snapshot for the next look
+                now = time.monotonic()
+                for (job_id,) in rows:
+                    self.seen.setdefault(job_id, now)
+                time.sleep(0.001)
+
+    def __enter__(self) -> CommitWatcher:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=5)
+
+
+def read_stream(url: str, arrivals: dict[int, float], done: threading.Event) -> None:
+    """Read one batch stream to its end; note each result's arrival time by position."""
+    import httpx
+
+    with httpx.Client(timeout=120) as client, client.stream("GET", url) as response:
+        event = None
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: ") and event == "result":
+                arrivals[json.loads(line[6:])["position"]] = time.monotonic()
+            elif line.startswith("data: ") and event == "complete":
+                break
+    done.set()
+
+
+def submit(web: str, urls: list[str]) -> dict[str, Any]:
+    import httpx
+
+    r = httpx.post(web + "/api/batches", json={"urls": urls}, timeout=60)
+    r.raise_for_status()
+    data: dict[str, Any] = r.json()
+    return data
+
+
+def job_ids(engine: Any, batch_id: str) -> dict[int, int]:
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT position, job_id FROM web_batch_item WHERE batch_id = :b"),
+            {"b": batch_id},
+        ).all()
+    return {pos: jid for pos, jid in rows}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--database-url", default=os.environ.get("JODL_BENCH_DATABASE_URL", DEFAULT_PG)
+    )
+    parser.add_argument("--urls", type=int, default=100, help="URLs of the latency batch")
+    parser.add_argument("--jobs", type=int, default=1000, help="URLs of the throughput run")
+    parser.add_argument("--agents", type=int, default=2)
+    parser.add_argument("--slots", type=int, default=4)
+    args = parser.parse_args()
+
+    from jodl import Master, Settings, Store, make_engine
+    from jodl.migrate import upgrade
+    from jodl.queue import Queue, QueueFeeder
+
+    site, base = start_site()
+    with (
+        fresh_database(args.database_url) as db_url,
+        agents(args.agents, slots=args.slots, env=AGENT_ENV) as addresses,
+    ):
+        engine = make_engine(db_url)
+        upgrade(engine)
+        store = Store(engine)
+        for address in addresses:
+            store.add_node(address, slots=args.slots)
+        master = Master(Settings(database_url=db_url, log_level="WARNING"), store=store)
+        queue = Queue(store)
+        master.feeders.append(QueueFeeder(queue))
+        stopping = threading.Event()
+        serving = threading.Thread(target=master.serve, args=(stopping,), daemon=True)
+        serving.start()
+        port = free_port()
+        env = {
+            **os.environ,
+            "JODL_DATABASE_URL": db_url,
+            "JODL_LOG_LEVEL": "WARNING",
+            "JODL_WEB_SECURE_COOKIES": "false",
+            "JODL_WEB_SUBMIT_BURST": "10000",
+            "JODL_WEB_STREAM_POLL": "0.05",
+            "JODL_WEB_THREADS": "48",
+            "JODL_WEB_MAX_STREAMS": "40",
+        }
+        web_proc = subprocess.Popen(
+            [sys.executable, "-m", "jodl", "web", "--listen", f"127.0.0.1:{port}"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        web = f"http://127.0.0.1:{port}"
+        try:
+            wait_port(port, timeout=30)
+            # Warm-up: the agents' fetchers, the master's connections, the web process.
+            warm = submit(web, [f"{base}/warm/{i}" for i in range(10)])
+            read_stream(web + warm["events"], {}, threading.Event())
+
+            # 1. latency from commit to event
+            arrivals: dict[int, float] = {}
+            with CommitWatcher(engine) as watcher:
+                batch = submit(web, [f"{base}/latency/{i}" for i in range(args.urls)])
+                read_stream(web + batch["events"], arrivals, threading.Event())
+                time.sleep(0.05)
+            ids = job_ids(engine, batch["id"])
+            latencies = [
+                (arrivals[pos] - watcher.seen[jid]) * 1000.0
+                for pos, jid in ids.items()
+                if pos in arrivals and jid in watcher.seen
+            ]
+            if len(latencies) != args.urls:
+                raise SystemExit(f"only {len(latencies)} of {args.urls} results were timed")
+
+            # 2. on-demand throughput through API, queue, agents and streams
+            size = 100
+            started = time.monotonic()
+            threads = []
+            for start in range(0, args.jobs, size):
+                count = min(size, args.jobs - start)
+                sub = submit(web, [f"{base}/load/{start + i}" for i in range(count)])
+                t = threading.Thread(
+                    target=read_stream, args=(web + sub["events"], {}, threading.Event())
+                )
+                t.start()
+                threads.append(t)
+            for t in threads:
+                t.join(timeout=600)
+            seconds = time.monotonic() - started
+        finally:
+            web_proc.terminate()
+            web_proc.wait(timeout=30)
+            stopping.set()
+            serving.join(timeout=30)
+            master.close()
+            queue.close()
+            engine.dispose()
+            site.shutdown()
+
+    figures = {
+        "database": db_url.split(":", 1)[0].split("+")[0],
+        "agents": args.agents,
+        "urls": args.urls,
+        "sse_latency_ms_median": round(statistics.median(latencies), 2),
+        "sse_latency_ms_p95": round(percentile(latencies, 0.95), 2),
+        "sse_latency_ms_max": round(max(latencies), 2),
+        "ondemand_jobs": args.jobs,
+        "ondemand_seconds": round(seconds, 2),
+        "ondemand_jobs_per_s": round(args.jobs / seconds, 1),
+    }
+    print(
+        f"commit -> SSE event over {args.urls} URLs: median {figures['sse_latency_ms_median']} ms, "
+        f"p95 {figures['sse_latency_ms_p95']} ms"
+    )
+    print(
+        f"on-demand check_page jobs through API, queue and {args.agents} agents: "
+        f"{args.jobs} in {seconds:.2f}s = {figures['ondemand_jobs_per_s']} jobs/s"
+    )
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
