@@ -336,12 +336,13 @@ class Batches:
         known = [jid for jid, _ in jobs.values()]
         latest, floors = self.latest(known)
         needed: set[int] = set()
-        for entry in latest.values():
-            needed.update(entry.exec_ids)
+        for found in latest.values():
+            needed.update(found.exec_ids)
         results = self.results(needed)
         now = self.clock()
         ttl = dt.timedelta(seconds=self.settings.web_cache_ttl)
         to_queue: list[Item] = []
+        running: list[Item] = []
         for item in accepted:
             jid, state = jobs.get(item.url, (None, None))
             entry = latest.get(jid) if jid is not None else None
@@ -370,8 +371,15 @@ class Batches:
             item.previous_fingerprint = page_fingerprint(newest_result)
             out.queued += 1
             if state != JobState.CLAIMED:
-                # A job running now brings a fresh result anyway: do not run it twice.
                 to_queue.append(item)
+            else:
+                running.append(item)
+        if running:
+            # A job running now brings a fresh result anyway: it is not run twice. Unless
+            # its run ended between the two looks above: then its result may be the one
+            # taken as "before" (after_exec_id), and only a new run answers.
+            still = self.jobs([i.url for i in running])
+            to_queue += [i for i in running if still.get(i.url, (0, ""))[1] != JobState.CLAIMED]
         if to_queue:
             ids = self.queue.enqueue_many(
                 CHECK_FAMILY,
@@ -471,11 +479,12 @@ class Batches:
         One query: the first ``done`` execution of each item's job above its
         ``after_exec_id``. Items sharing a floor share one condition.
         """
-        by_job: dict[int, Item] = {i.job_id: i for i in pending if i.job_id is not None}
+        by_job: dict[int, Item | None] = {i.job_id: i for i in pending if i.job_id is not None}
         if not by_job:
             return []
         floors: dict[int, list[int]] = {}
         for jid, item in by_job.items():
+            assert item is not None
             floors.setdefault(item.after_exec_id, []).append(jid)
         condition = or_(
             *(

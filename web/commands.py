@@ -40,7 +40,7 @@ def _logging(level: str) -> None:
 
 def make_server(app: Any, settings: WebSettings, listen: str | None = None) -> Any:
     """A waitress server for ``app`` on ``listen`` (HOST:PORT; port 0: any free one)."""
-    from waitress.server import create_server
+    from waitress.server import create_server  # type: ignore[import-untyped]
 
     from jodl.protocol import split_address
 
@@ -183,14 +183,12 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int) -> None:
         click.echo("Press Ctrl-C to stop.")
         sys.stdout.flush()
 
-        def stop_cluster_with_web() -> None:
+        def stop_web_with_cluster() -> None:
+            # The master failed (or the cluster was stopped): the web server stops too.
+            cluster.stopping.wait()
             svc.stopping.set()
 
-        threading.Thread(
-            target=lambda: (cluster.stopping.wait(), stop_cluster_with_web()),
-            name="jodl-up-link",
-            daemon=True,
-        ).start()
+        threading.Thread(target=stop_web_with_cluster, name="jodl-up-link", daemon=True).start()
         serve(server, svc.stopping)
     finally:
         cluster.stop()
