@@ -36,6 +36,7 @@ The last line printed is one JSON object with the figures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -44,6 +45,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -69,6 +71,23 @@ def lower_bound(work: list[float], speeds: list[float]) -> float:
     return max(sum(work) / sum(speeds), max(work) / max(speeds))
 
 
+@contextlib.contextmanager
+def agent_set(speeds: list[float]) -> Iterator[list[str]]:
+    """One-slot agents of these speeds, started again if one of them fails to start."""
+    for attempt in range(3):
+        stack = contextlib.ExitStack()
+        try:
+            addresses = stack.enter_context(agents(len(speeds), slots=1, speeds=speeds))
+        except RuntimeError:  # e.g. another process took a port between pick and bind
+            stack.close()
+            if attempt == 2:
+                raise
+            continue
+        with stack:
+            yield addresses
+        return
+
+
 def measured_lb(runs: list[tuple[float, float]], speeds: list[float]) -> float:
     """LB of a cycle from (measured seconds, speed of the agent that ran it) per job."""
     return lower_bound([d * s for d, s in runs], speeds)
@@ -80,7 +99,7 @@ def run_master(
     """Cycles of the ``sleep`` family through a JODL master with ``strategy``."""
     out: list[dict[str, float]] = []
     true_lb = lower_bound(work, speeds)
-    with fresh_database(db) as url, agents(len(speeds), slots=1, speeds=speeds) as addresses:
+    with fresh_database(db) as url, agent_set(speeds) as addresses:
         engine = make_engine(url)
         upgrade(engine)
         store = Store(engine)
@@ -156,7 +175,7 @@ def run_pull(work: list[float], speeds: list[float], cycles: int) -> list[dict[s
     out: list[dict[str, float]] = []
     true_lb = lower_bound(work, speeds)
     settings = Settings.from_env(env={}, log_level="WARNING")
-    with agents(len(speeds), slots=1, speeds=speeds) as addresses:
+    with agent_set(speeds) as addresses:
         links = [AgentLink(i, address, settings) for i, address in enumerate(addresses)]
         for link in links:
             link.open("pull-queue", 1)

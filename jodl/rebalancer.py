@@ -96,7 +96,7 @@ class Rebalancer:
         self.node_failures: dict[tuple[int, int], int] = {}
         #: job -> the node that failed it fewer than ``attempts_before_move`` times.
         self.retry_on: dict[int, int] = {}
-        #: Nodes past a timeout: no new jobs until they report a result.
+        #: Nodes past a timeout: no new jobs until they report a result or run nothing.
         self.late: set[int] = set()
         #: node -> unix time of the last result it reported.
         self.last_finish: dict[int, float] = {}
