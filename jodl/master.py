@@ -7,8 +7,13 @@ Each loop step follows the thesis's list, one method per step::
     send             log the executions (write-ahead), then one send call per agent
     collect_done     one call per agent; commit results; acknowledge them on the next call
     collect_failed   one call per agent; retry elsewhere or declare the job dead
-    balance          give an idle agent the unsent backlog of the busiest one
+    balance          an idle agent takes unstarted jobs from the one expected to end last
     check_timeouts   take jobs back from an agent past its family's timeout
+    review_durations trial moves decided; slow jobs get a trial move for their next run
+    run_backups      near a cycle's end, backup copies of stragglers (idempotent families)
+
+and when a cycle opens, make_trial_moves (exploration, a share for new nodes). The
+balancing steps live in :mod:`jodl.rebalancer`, their decisions in :mod:`jodl.balance`.
 
 Every decision is committed to the reconstruction log before it is acted on (sends)
 or before it is acknowledged (results), so :meth:`Master.run_cycle` on a new master
