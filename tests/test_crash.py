@@ -1,0 +1,199 @@
+"""Crash tests: a master or an agent SIGKILLed mid-cycle; invariants read from the log.
+
+The master runs as ``jodl run sleep`` in a subprocess and kills itself at a named
+failpoint (``JODL_FAILPOINT=NAME:N``, see :mod:`jodl.failpoint`); it is then
+started again without the failpoint and must finish the same run: every job ends
+with exactly one committed result, and no job that had one before the kill is
+sent again (the dispatch log, written before every send, is the evidence).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from typing import Any
+
+import pytest
+from agents import run_jodl, spawn_jodl, wait_for
+from sqlalchemy import func, select
+
+from jodl.models import (
+    Dispatch,
+    ExecState,
+    Execution,
+    Job,
+    MasterLease,
+    Node,
+    NodeState,
+    Run,
+    RunState,
+)
+from jodl.store import Store
+
+JOBS = 60
+#: Job length (seconds): long enough that a cycle takes many loop steps.
+SECONDS = 0.05
+
+
+def add_sleep_jobs(store: Store, count: int = JOBS, seconds: float = SECONDS) -> None:
+    fam = store.ensure_family("sleep")
+    payload = f'{{"seconds": {seconds}}}'
+    store.add_jobs(fam, ((f"s{i}", payload) for i in range(count)))
+
+
+def executions(store: Store) -> dict[int, dict[str, Any]]:
+    """Every execution row by id (the evidence compared before and after a restart)."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            select(
+                Execution.id,
+                Execution.run_id,
+                Execution.job_id,
+                Execution.node_id,
+                Execution.state,
+                Execution.result,
+                Execution.finished_at,
+                Execution.error,
+            )
+        ).mappings()
+        return {row["id"]: dict(row) for row in rows}
+
+
+def next_exec_id(store: Store) -> int:
+    """Every execution (and dispatch) created from now on has an id at least this large."""
+    with store.engine.connect() as conn:
+        return int(conn.scalar(select(MasterLease.next_exec_id)) or 1)
+
+
+def jobs_sent_since(store: Store, first_id: int) -> set[int]:
+    """Jobs in the dispatches logged (write-ahead, before any send) from id ``first_id`` on."""
+    with store.engine.connect() as conn:
+        items = conn.scalars(select(Dispatch.items).where(Dispatch.id >= first_id))
+        return {job_id for text in items for _exec, job_id, _attempt in json.loads(text)}
+
+
+def check_complete(store: Store, after: dict[int, dict[str, Any]]) -> int:
+    """One finished run; every job exactly one 'done' row, no dispatch left open. Its id."""
+    with store.engine.connect() as conn:
+        runs = conn.execute(select(Run.id, Run.state, Run.jobs_done)).all()
+        all_jobs = set(conn.scalars(select(Job.id)))
+        still_open = conn.scalar(select(func.count()).where(Dispatch.is_open))
+    assert len(runs) == 1, "the restart resumed the run instead of opening a new one"
+    run_id, state, jobs_done = runs[0]
+    assert state == RunState.FINISHED
+    assert still_open == 0, "every dispatched execution has an outcome"
+    done: dict[int, int] = {}
+    for row in after.values():
+        assert row["run_id"] == run_id
+        if row["state"] == ExecState.DONE:
+            done[row["job_id"]] = done.get(row["job_id"], 0) + 1
+    assert set(done) == all_jobs, "no job lost"
+    assert set(done.values()) == {1}, "exactly one committed result per job"
+    assert jobs_done == len(all_jobs)
+    return run_id
+
+
+def check_no_rerun(
+    store: Store,
+    before: dict[int, dict[str, Any]],
+    after: dict[int, dict[str, Any]],
+    first_new_id: int,
+) -> None:
+    """Results committed before the kill are unchanged and their jobs were not sent again."""
+    done_before = {row["job_id"] for row in before.values() if row["state"] == ExecState.DONE}
+    for eid, row in before.items():
+        assert after[eid] == row, "an outcome committed before the kill changed"
+    resent = done_before & jobs_sent_since(store, first_new_id)
+    assert not resent, f"jobs with a committed result were sent again: {sorted(resent)[:5]}"
+    new_rows = [
+        row for eid, row in after.items() if eid >= first_new_id and row["job_id"] in done_before
+    ]
+    assert not new_rows, f"jobs with a committed result ran again: {new_rows[:3]}"
+
+
+def kill_and_resume(store: Store, db_url: str, failpoints: list[str]) -> None:
+    """Run the master once per failpoint (each must kill it), then once to the end."""
+    env = {"JODL_DATABASE_URL": db_url, "JODL_CALL_TIMEOUT": "5"}
+    before = executions(store)
+    first_new_id = next_exec_id(store)
+    for point in failpoints:
+        crashed = run_jodl("run", "sleep", env={**env, "JODL_FAILPOINT": point})
+        assert crashed.returncode == -signal.SIGKILL, (
+            f"{point} did not kill the master mid-cycle:\n{crashed.stdout}{crashed.stderr}"
+        )
+        after = executions(store)
+        check_no_rerun(store, before, after, first_new_id)
+        before, first_new_id = after, next_exec_id(store)
+    done_at_kill = sum(1 for row in before.values() if row["state"] == ExecState.DONE)
+    assert done_at_kill < JOBS, "the kill came after the cycle had finished"
+    finished = run_jodl("run", "sleep", env=env)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "(resumed)" in finished.stdout
+    after = executions(store)
+    check_no_rerun(store, before, after, first_new_id)
+    check_complete(store, after)
+
+
+@pytest.mark.parametrize(
+    "failpoint",
+    ["before_send:2", "after_log:2", "after_send:2", "before_commit:3", "after_commit:3"],
+)
+def test_master_killed_at_a_failpoint_resumes_without_redoing(store, agents, db_url, failpoint):
+    add_sleep_jobs(store)
+    agents(3, slots=2)
+    kill_and_resume(store, db_url, [failpoint])
+
+
+def test_master_killed_repeatedly_still_finishes_once(store, agents, db_url):
+    add_sleep_jobs(store)
+    agents(3, slots=2)
+    kill_and_resume(store, db_url, ["after_commit:2", "after_send:2", "before_commit:2"])
+
+
+def test_agent_killed_mid_cycle_its_jobs_finish_elsewhere(store, agents, db_url, tmp_path):
+    add_sleep_jobs(store, count=150)
+    victim, *_ = agents(3, slots=2)
+    with store.session() as s:
+        victim_id = s.scalar(select(Node.id).where(Node.address == victim.address))
+    master = spawn_jodl(
+        "run",
+        "sleep",
+        log_path=tmp_path / "master.log",
+        env={"JODL_DATABASE_URL": db_url, "JODL_CALL_TIMEOUT": "5"},
+    )
+    try:
+
+        def victim_busy() -> bool:
+            with store.engine.connect() as conn:
+                done = conn.scalar(
+                    select(func.count()).where(
+                        Execution.node_id == victim_id, Execution.state == ExecState.DONE
+                    )
+                )
+                in_flight = conn.scalar(
+                    select(func.count()).where(Dispatch.node_id == victim_id, Dispatch.is_open)
+                )
+            assert master.poll() is None, (tmp_path / "master.log").read_text()
+            return bool(done and done >= 3 and in_flight)
+
+        wait_for(victim_busy, timeout=60, what="the victim agent to be mid-cycle")
+        victim.kill()
+        assert master.wait(timeout=90) == 0, (tmp_path / "master.log").read_text()
+    finally:
+        if master.poll() is None:
+            master.kill()
+            master.wait()
+
+    after = executions(store)
+    check_complete(store, after)
+    lost = [row for row in after.values() if row["state"] == ExecState.LOST]
+    assert lost, "the killed agent's executions were closed as lost"
+    assert all(row["node_id"] == victim_id for row in lost)
+    done_node = {
+        row["job_id"]: row["node_id"] for row in after.values() if row["state"] == ExecState.DONE
+    }
+    assert all(done_node[row["job_id"]] != victim_id for row in lost), (
+        "a job lost with the victim finished on another agent"
+    )
+    with store.session() as s:
+        assert s.get(Node, victim_id).state == NodeState.UNREACHABLE
