@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from test_web_up import LOGIN_LINE, UP_LINE, start_up, wait_up  # noqa: I001
+from test_web_up import LOGIN_LINE, UP_LINE, start_up, wait_up
 
 if TYPE_CHECKING:
     from tests.site import TestSite

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 from sqlalchemy.orm import sessionmaker
-from webserver import AGENT_ENV, EventStream, ServingMaster, WebProcess, start_web  # noqa: I001
+from webserver import AGENT_ENV, EventStream, ServingMaster, WebProcess, start_web
 
 from crawler_app.pages import add_user
 from jodl.config import Settings

@@ -312,3 +312,17 @@ def test_json_errors_everywhere_under_api(client: FlaskClient) -> None:
         assert r.status_code in (401, 404, 405, 415)
         assert r.headers["Content-Type"] == "application/json"
         assert set(json.loads(r.get_data())) == {"error", "message"}
+
+
+def test_operator_status_stream(tmp_path: Path) -> None:
+    app = make_app(tmp_path, web_stream_seconds=0.01)
+    client = app.test_client()
+    assert client.get("/api/admin/events", headers=USER).status_code == 403
+    client.post("/api/admin/nodes", json={"address": "127.0.0.1:9"}, headers=OPS)
+    r = client.get("/api/admin/events", headers=OPS)
+    assert r.headers["Content-Type"].startswith("text/event-stream")
+    blocks = [b for b in r.get_data(as_text=True).split("\n\n") if "event: status" in b]
+    assert blocks, "no status event"
+    data = json.loads(blocks[0].split("data: ", 1)[1])
+    assert [n["address"] for n in data["nodes"]] == ["127.0.0.1:9"]
+    assert set(data) >= {"nodes", "runs", "queue", "families"}

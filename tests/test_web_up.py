@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
-from agents import child_env, jodl_command, port_answers, wait_for  # noqa: I001
+from agents import child_env, jodl_command, port_answers, wait_for
 from sqlalchemy import create_engine, text
 from webserver import AGENT_ENV, EventStream
 

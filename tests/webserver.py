@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from agents import child_env, free_port, jodl_command, wait_for  # noqa: I001 - tests/ on sys.path
+from agents import child_env, free_port, jodl_command, wait_for
 
 from jodl.config import Settings
 from jodl.master import Master

@@ -22,17 +22,20 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from flask import Blueprint, Response, request
+from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import NotFound
 
 from .app import Services, services
 from .auth import admin_required
 
 bp = Blueprint("stream", __name__)
+log = logging.getLogger("web.stream")
 
 #: Milliseconds a browser waits before it reconnects (the SSE ``retry`` field).
 RETRY_MS = 1000
@@ -40,6 +43,8 @@ RETRY_MS = 1000
 BUSY_RETRY_MS = 3000
 #: Seconds between two looks for dead or deleted jobs (rare; not latency-critical).
 GIVE_UP_CHECK = 1.0
+#: Longest pause between two looks while the database does not answer (seconds).
+DB_BACKOFF_MAX = 5.0
 #: Seconds between two status events of the operators' stream.
 STATUS_EVERY = 1.0
 
@@ -134,13 +139,21 @@ def batch_events(svc: Services, batch_id: str, last_event_id: str | None) -> Ite
         started = time.monotonic()
         quiet_since = started
         next_give_up = started + GIVE_UP_CHECK
+        pause = settings.web_stream_poll
         while pending and not svc.stopping.is_set():
             now = time.monotonic()
-            answered = svc.batches.arrived(pending.values())
-            if now >= next_give_up:
-                next_give_up = now + GIVE_UP_CHECK
-                gone = {i.position for i, _ in answered}
-                answered += svc.batches.given_up(i for p, i in pending.items() if p not in gone)
+            try:
+                answered = svc.batches.arrived(pending.values())
+                if now >= next_give_up:
+                    next_give_up = now + GIVE_UP_CHECK
+                    gone = {i.position for i, _ in answered}
+                    answered += svc.batches.given_up(i for p, i in pending.items() if p not in gone)
+                pause = settings.web_stream_poll
+            except SQLAlchemyError as exc:
+                # The database is away for a moment: look again later, less and less often.
+                pause = min(DB_BACKOFF_MAX, max(pause * 2, 0.1))
+                log.warning("event stream cannot read the log (retry in %.1fs): %s", pause, exc)
+                answered = []
             for item, event in answered:
                 if pending.pop(item.position, None) is not None:
                     yield emit(event)
@@ -152,7 +165,7 @@ def batch_events(svc: Services, batch_id: str, last_event_id: str | None) -> Ite
             if now - quiet_since >= settings.web_keepalive:
                 quiet_since = now
                 yield ": keep-alive\n\n"  # also finds out whether the client is gone
-            svc.stopping.wait(settings.web_stream_poll)
+            svc.stopping.wait(pause)
         if cursor.complete:
             yield sse("complete", {"total": len(items)}, cursor.text())
 
@@ -187,7 +200,10 @@ def admin_stream() -> Response:
             number = 0
             while not svc.stopping.is_set():
                 number += 1
-                yield sse("status", overview(svc), str(number))
+                try:
+                    yield sse("status", overview(svc), str(number))
+                except SQLAlchemyError as exc:
+                    log.warning("status stream cannot read the database: %s", exc)
                 if time.monotonic() - started >= svc.settings.web_stream_seconds:
                     return
                 svc.stopping.wait(STATUS_EVERY)
