@@ -173,6 +173,9 @@ class Feeder:
     def claim(self, master: Master, limit: int) -> list[PendingJob]:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Called by :meth:`Master.close`: stop, and give back what was taken but not run."""
+
 
 class Master(Rebalancer):
     """Runs cycles of job families on the registered agents.
@@ -231,6 +234,8 @@ class Master(Rebalancer):
 
     def close(self) -> None:
         """Commit what is queued, acknowledge it, and disconnect (the log stays resumable)."""
+        for feeder in self.feeders:
+            feeder.close()
         try:
             self.writer.flush()
         finally:

@@ -40,22 +40,36 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sqlalchemy import Engine, and_, case, func, insert, select, text, tuple_, update
+from sqlalchemy import (
+    DateTime,
+    Engine,
+    Integer,
+    String,
+    Text,
+    and_,
+    bindparam,
+    case,
+    func,
+    insert,
+    literal,
+    literal_column,
+    or_,
+    select,
+    text,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, NoResultFound
 
 from . import bulk
 from .config import DEFAULT_MAX_ATTEMPTS, Option, read_values, register_options
 from .exceptions import BadPayload, JodlError
-from .master import Feeder
 from .models import ExecState, Execution, Family, Job, JobState, MasterLease, utcnow
 from .protocol import loads_object
-from .store import EXEC_COLUMNS, PendingJob, Store, close_claims, make_engine, retry_delay
-
-if TYPE_CHECKING:
-    from .master import Master
+from .store import EXEC_COLUMNS, Store, close_claims, make_engine, retry_delay
 
 log = logging.getLogger("jodl.queue")
 
@@ -96,7 +110,6 @@ register_options(OPTIONS)
 
 #: States a job of the on-demand queue can be in (the others belong to cycles).
 QUEUE_STATES = (JobState.QUEUED, JobState.CLAIMED, JobState.DONE, JobState.DEAD)
-_LIVE = (JobState.QUEUED, JobState.CLAIMED)
 _NOTHING: Any = object()
 
 Payload = Mapping[str, Any] | str | None
@@ -255,59 +268,54 @@ class Queue:
         """
         now = self.clock()
         due = self._due(due_at, delay, now)
-        rows: dict[str, dict[str, Any]] = {}
+        payloads: dict[str, str] = {}
         for item in items:
             key, payload = (item, None) if isinstance(item, str) else item
             if not isinstance(key, str) or not key:
                 raise JodlError("a job key must be a non-empty string")
-            rows[key] = {
-                "key": key,
-                "payload": payload_text(payload),
-                "priority": int(priority),
-                "state": JobState.QUEUED,
-                "due_at": due,
-                "every_n_cycles": 1,
-                "attempts": 0,
-                "failures": 0,
-                "created_at": now,
-                "updated_at": now,
-            }
-        if not rows:
+            payloads[key] = payload_text(payload)
+        if not payloads:
             return []
         fid = self.family_id(family, create=True)
         assert fid is not None
         ids: dict[str, int] = {}
-        values = list(rows.values())
         with self.engine.begin() as conn:
-            for start in range(0, len(values), CHUNK):
-                chunk = [dict(r, family_id=fid) for r in values[start : start + CHUNK]]
-                for job_id, key in conn.execute(self._upsert(chunk)):
-                    ids[key] = job_id
+            if self.postgres:
+                # The batch travels as two arrays: one statement, one plan, any size.
+                result = conn.execute(
+                    _UPSERT_UNNEST,
+                    {
+                        "fid": fid,
+                        "prio": int(priority),
+                        "due": due,
+                        "now": now,
+                        "keys": list(payloads),
+                        "payloads": list(payloads.values()),
+                    },
+                )
+            else:
+                rows = [
+                    {
+                        "family_id": fid,
+                        "key": key,
+                        "payload": text_,
+                        "priority": int(priority),
+                        "state": JobState.QUEUED,
+                        "due_at": due,
+                        "every_n_cycles": 1,
+                        "attempts": 0,
+                        "failures": 0,
+                        "created_at": now,
+                        "updated_at": now,
+                    }
+                    for key, text_ in payloads.items()
+                ]
+                # executemany with RETURNING: multi-row INSERTs compiled once and cached.
+                result = conn.execute(_UPSERT_SQLITE, rows)
+            for job_id, key in result:
+                ids[key] = job_id
             self._notify(conn, family)
-        return [ids[k] for k in rows]
-
-    def _upsert(self, rows: list[dict[str, Any]]) -> Any:
-        ins = (postgresql.insert if self.postgres else sqlite.insert)(Job).values(rows)
-        new = ins.excluded
-        live = Job.state.in_(_LIVE)
-        claimed = Job.state == JobState.CLAIMED
-        return ins.on_conflict_do_update(
-            index_elements=[Job.family_id, Job.key],
-            set_={
-                # A running job stays claimed; its due_at (cleared by the claim) now
-                # says "run once more after this run", at the new due time.
-                "state": case((claimed, JobState.CLAIMED), else_=JobState.QUEUED),
-                "due_at": new.due_at,
-                "payload": new.payload,
-                "priority": case(
-                    (and_(live, Job.priority > new.priority), Job.priority), else_=new.priority
-                ),
-                "failures": case((live, Job.failures), else_=0),
-                "lease_until": case((claimed, Job.lease_until), else_=None),
-                "last_error": case((live, Job.last_error), else_=None),
-                "updated_at": new.updated_at,
-            },
-        ).returning(Job.id, Job.key)
+        return [ids[k] for k in payloads]
 
     def _notify(self, conn: Any, family: str) -> None:
         if self.postgres:
@@ -326,7 +334,10 @@ class Queue:
             return []
         now = self.clock()
         until = now + dt.timedelta(seconds=lease)
-        due = select(Job.id).where(Job.state == JobState.QUEUED, Job.due_at <= now)
+        # The state as a literal, not a parameter: a prepared (generic) plan can then
+        # still use the partial index of queued jobs (ix_jodl_job_queue).
+        queued = Job.state == literal_column(f"'{JobState.QUEUED}'")
+        due = select(Job.id).where(queued, Job.due_at <= now)
         if families is not None:
             fids = [f for f in (self.family_id(n) for n in families) if f is not None]
             if not fids:
@@ -463,6 +474,32 @@ class Queue:
             if not close_claims(conn, failed=[(job_id, attempt, str(error), due)]):
                 return None
         return JobState.DEAD if dead else JobState.QUEUED
+
+    def release(self, claims: Iterable[tuple[int, int]]) -> int:
+        """Give back (job_id, attempt) claims that never ran: queued again, no failure counted."""
+        pairs = list(claims)
+        if not pairs:
+            return 0
+        now = self.clock()
+        count = 0
+        with self.engine.begin() as conn:
+            for start in range(0, len(pairs), CHUNK):
+                count += conn.execute(
+                    update(Job)
+                    .where(
+                        tuple_(Job.id, Job.attempts).in_(pairs[start : start + CHUNK]),
+                        Job.state == JobState.CLAIMED,
+                    )
+                    .values(
+                        state=JobState.QUEUED,
+                        due_at=func.coalesce(Job.due_at, now),
+                        lease_until=None,
+                        updated_at=now,
+                    )
+                ).rowcount
+            if count:
+                self._notify(conn, "")
+        return int(count)
 
     def release_expired(self) -> int:
         """Queue again (or kill) claimed jobs whose lease ended; how many there were.
@@ -719,16 +756,79 @@ def _listing() -> Any:
     ).join(Family, Family.id == Job.family_id)
 
 
+def _on_conflict(ins: Any) -> Any:
+    """What enqueueing an existing key does (see the module's description)."""
+    new = ins.excluded
+    # No IN (...): expanding parameters cannot go with executemany.
+    live = or_(Job.state == JobState.QUEUED, Job.state == JobState.CLAIMED)
+    claimed = Job.state == JobState.CLAIMED
+    return ins.on_conflict_do_update(
+        index_elements=[Job.family_id, Job.key],
+        set_={
+            # A running job stays claimed; its due_at (cleared by the claim) now
+            # says "run once more after this run", at the new due time.
+            "state": case((claimed, JobState.CLAIMED), else_=JobState.QUEUED),
+            "due_at": new.due_at,
+            "payload": new.payload,
+            "priority": case(
+                (and_(live, Job.priority > new.priority), Job.priority), else_=new.priority
+            ),
+            "failures": case((live, Job.failures), else_=0),
+            "lease_until": case((claimed, Job.lease_until), else_=None),
+            "last_error": case((live, Job.last_error), else_=None),
+            "updated_at": new.updated_at,
+        },
+    ).returning(Job.id, Job.key)
+
+
+def _unnest_upsert() -> Any:
+    rows = (
+        func.unnest(
+            bindparam("keys", type_=postgresql.ARRAY(String)),
+            bindparam("payloads", type_=postgresql.ARRAY(Text)),
+        )
+        .table_valued("k", "p")
+        .render_derived()
+    )
+    source = select(
+        bindparam("fid", type_=Integer),
+        rows.c.k,
+        rows.c.p,
+        bindparam("prio", type_=Integer),
+        literal(JobState.QUEUED),
+        literal(1),
+        bindparam("due", type_=DateTime),
+        literal(0),
+        literal(0),
+        bindparam("now", type_=DateTime),
+        bindparam("now", type_=DateTime),
+    )
+    columns = ["family_id", "key", "payload", "priority", "state", "every_n_cycles"]
+    columns += ["due_at", "attempts", "failures", "created_at", "updated_at"]
+    return _on_conflict(postgresql.insert(Job).from_select(columns, source))
+
+
+_UPSERT_UNNEST = _unnest_upsert()
+_UPSERT_SQLITE = _on_conflict(sqlite.insert(Job))
+
+
 class _Listener:
     """A dedicated autocommit connection LISTENing on :data:`CHANNEL`."""
 
     def __init__(self, engine: Engine) -> None:
         raw = engine.raw_connection()
+        # Taken before detach(): a detached pool proxy no longer names its driver connection.
+        conn = raw.driver_connection
+        assert conn is not None
+        self.conn: Any = conn
         raw.detach()  # never returned to the pool with a LISTEN on it
         self._raw = raw
-        self.conn: Any = raw.driver_connection
-        self.conn.autocommit = True
-        self.conn.execute(f"LISTEN {CHANNEL}")
+        try:
+            self.conn.autocommit = True
+            self.conn.execute(f"LISTEN {CHANNEL}")
+        except Exception:
+            raw.close()
+            raise
         self.broken = False
 
     def wait(self, timeout: float) -> bool:
@@ -754,100 +854,5 @@ class _Listener:
             pass
 
 
-class QueueFeeder(Feeder):
-    """Feeds a serving master with due jobs of the queue (see :meth:`Master.serve`).
-
-    Each loop step it claims as many due jobs as the master has room for, of
-    the families some connected agent runs. It looks again at once while jobs
-    keep coming; otherwise after a NOTIFY (PostgreSQL), at the next due time,
-    or after a short poll (SQLite). Once per :data:`CHECK_INTERVAL` it asks the
-    database which of its claims still hold their job: jobs deleted (or lost
-    to another claim) are dropped by the master and cancelled on their agents.
-    It renews its leases every third of the lease and queues again the jobs of
-    any holder whose lease ended.
-    """
-
-    def __init__(
-        self,
-        queue: Queue,
-        lease: float | None = None,
-        check_interval: float = CHECK_INTERVAL,
-    ) -> None:
-        self.queue = queue
-        self.lease = lease if lease is not None else read_values(OPTIONS)["queue_lease"]
-        self.check_interval = check_interval
-        #: job_id -> claimed attempt of the jobs this feeder handed to the master.
-        self.held: dict[int, int] = {}
-        self._next_check = 0.0
-        self._next_renew = time.monotonic() + self.lease / 3
-        self._next_look = 0.0
-        self._more = True
-
-    def claim(self, master: Master, limit: int) -> list[PendingJob]:
-        now = time.monotonic()
-        if now >= self._next_check:
-            self._next_check = now + self.check_interval
-            self.check(master)
-        if limit <= 0:
-            return []
-        woken = self.queue.notified()
-        if not (self._more or woken or now >= self._next_look):
-            return []
-        families = sorted({f for s in master.nodes.values() if s.usable for f in s.families})
-        if not families:
-            self._next_look = now + self.queue.poll
-            return []
-        want = min(limit, CLAIM_BATCH)
-        claimed = self.queue.claim(want, self.lease, families)
-        self._more = len(claimed) >= want
-        if not self._more:
-            self._next_look = now + self._pause(families)
-        for job in claimed:
-            self.held[job.id] = job.attempt
-        return [
-            PendingJob(
-                job.id,
-                job.key,
-                job.family,
-                job.payload,
-                job.priority,
-                None,
-                job.permanent_node_id,
-                job.trial_node_id,
-                job.failures,
-                set(),
-                job.attempt,
-            )
-            for job in claimed
-        ]
-
-    def _pause(self, families: list[str]) -> float:
-        if not self.queue.postgres:
-            return self.queue.poll
-        nxt = self.queue.next_due(families)
-        if nxt is None:
-            return WAKE_MAX
-        return max(0.0, min(WAKE_MAX, (nxt - self.queue.clock()).total_seconds()))
-
-    def check(self, master: Master) -> None:
-        """Drop jobs no longer claimed by us; renew leases when due; release ended ones."""
-        held = {
-            job_id: attempt
-            for job_id, attempt in self.held.items()
-            if (job := master.pending.get(job_id)) is not None and job.claim == attempt
-        }
-        self.held = held
-        now = time.monotonic()
-        if held:
-            if now >= self._next_renew:
-                self._next_renew = now + self.lease / 3
-                still = self.queue.extend(held.items(), self.lease)
-            else:
-                still = self.queue.still_claimed(held.items())
-            lost = [job_id for job_id in held if job_id not in still]
-            if lost:
-                log.info("%d on-demand jobs deleted or taken over: cancelling them", len(lost))
-                master.cancel(lost, "job deleted or claimed by another attempt")
-                for job_id in lost:
-                    held.pop(job_id, None)
-        self.queue.release_expired()
+# The master's side of the queue lives in its own module; importable from here too.
+from .feeder import QueueFeeder as QueueFeeder  # noqa: E402

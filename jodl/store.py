@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     DateTime,
     Engine,
+    Integer,
     and_,
     bindparam,
     case,
@@ -31,6 +33,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import OperationalError
@@ -141,18 +144,37 @@ def close_claims(
         Job.attempts == bindparam("att"),
     )
     if done:
-        changed += conn.execute(
-            update(Job)
-            .where(*guard)
-            .values(
-                state=case((Job.due_at.is_(None), JobState.DONE), else_=JobState.QUEUED),
-                failures=0,
-                lease_until=None,
-                last_done_at=now,
-                updated_at=now,
-            ),
-            [{"jid": j, "att": a} for j, a in done],
-        ).rowcount
+        finish = {
+            "state": case((Job.due_at.is_(None), JobState.DONE), else_=JobState.QUEUED),
+            "failures": 0,
+            "lease_until": None,
+            "last_done_at": now,
+            "updated_at": now,
+        }
+        if conn.dialect.name == "postgresql":
+            # The batch as two arrays: one statement and one plan for thousands of jobs.
+            claims = (
+                func.unnest(
+                    bindparam("jids", [j for j, _ in done], type_=ARRAY(BigInteger)),
+                    bindparam("atts", [a for _, a in done], type_=ARRAY(Integer)),
+                )
+                .table_valued("jid", "att")
+                .render_derived()
+            )
+            changed += conn.execute(
+                update(Job)
+                .where(
+                    Job.id == claims.c.jid,
+                    Job.state == JobState.CLAIMED,
+                    Job.attempts == claims.c.att,
+                )
+                .values(**finish)
+            ).rowcount
+        else:
+            changed += conn.execute(
+                update(Job).where(*guard).values(**finish),
+                [{"jid": j, "att": a} for j, a in done],
+            ).rowcount
     if failed:
         changed += conn.execute(
             update(Job)
@@ -719,13 +741,10 @@ class Store:
         """Persist (job_id, permanent node, trial node) of jobs whose home changed."""
         if not rows:
             return
+        homes = [{"id": j, "permanent_node_id": p, "trial_node_id": t} for j, p, t in rows]
         with self.engine.begin() as conn:
-            conn.execute(
-                update(Job)
-                .where(Job.id == bindparam("jid"))
-                .values(permanent_node_id=bindparam("perm"), trial_node_id=bindparam("trial")),
-                [{"jid": j, "perm": p, "trial": t} for j, p, t in rows],
-            )
+            # One statement per batch (on-demand jobs get their first home in every step).
+            bulk.update_rows(conn, Job.__table__, "id", homes)
 
     def settle_homes(self, run_id: int) -> None:
         """Jobs of a run with no home get the node that committed their result as home.

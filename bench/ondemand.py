@@ -1,0 +1,266 @@
+"""On-demand jobs per second through the queue on PostgreSQL, against peers.
+
+JODL: a master serves with a queue feeder and K agent subprocesses; once it is
+up, N no-op jobs are enqueued (``enqueue_many`` in batches) and the clock runs
+until the last one is committed done — enqueue, SKIP LOCKED claim, placement,
+send, run, result and attempt-guarded completion, every attempt in the log.
+Also measured: the bare queue (enqueue, then K threads claiming and completing
+in batches, no agents), which is what PostgreSQL queue libraries usually report.
+
+Peers, in the same invocation and the same enqueue-to-done measure:
+
+* pgqueuer (PostgreSQL, LISTEN/NOTIFY, K worker processes) when installed
+  (``pip install pgqueuer``);
+* Celery with the Redis broker on 127.0.0.1:6379 (K prefork workers) when Redis
+  answers.
+
+The last line printed is one JSON object with the figures.
+
+    python bench/ondemand.py --jobs 20000 --agents 2
+
+(Not named queue.py: the script's folder comes first on sys.path, and a queue.py
+there would stand in for the standard library's queue module in every benchmark.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import DEFAULT_PG, agents, fresh_database  # noqa: E402
+
+#: Jobs per enqueue call.
+ENQUEUE_BATCH = 5000
+
+
+def run_jodl(url: str, jobs: int, agent_count: int, slots: int) -> dict[str, float]:
+    """Enqueue-to-done through a serving master and real agents."""
+    from jodl import Master, Settings, Store, make_engine
+    from jodl.migrate import upgrade
+    from jodl.queue import Queue, QueueFeeder
+
+    with fresh_database(url) as db_url, agents(agent_count, slots=slots) as addresses:
+        engine = make_engine(db_url, pool_size=10)
+        upgrade(engine)
+        store = Store(engine)
+        for address in addresses:
+            store.add_node(address, slots=slots)
+        queue = Queue(store)
+        queue.family_id("noop", create=True)
+        master = Master(Settings(database_url=db_url, log_level="WARNING"), store=store)
+        master.feeders.append(QueueFeeder(Queue(store)))
+        stop = threading.Event()
+        thread = threading.Thread(target=master.serve, args=(stop,), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while sum(s.usable for s in list(master.nodes.values())) < agent_count:
+            if time.monotonic() > deadline:
+                raise SystemExit("the agents did not connect")
+            time.sleep(0.01)
+        started = time.perf_counter()
+        for start in range(0, jobs, ENQUEUE_BATCH):
+            queue.enqueue_many(
+                "noop", (f"j{i}" for i in range(start, min(jobs, start + ENQUEUE_BATCH)))
+            )
+        enqueued = time.perf_counter() - started
+        while queue.counts("noop")["noop"]["done"] < jobs:
+            if not thread.is_alive():
+                raise SystemExit("the master stopped")
+            time.sleep(0.02)
+        seconds = time.perf_counter() - started
+        stop.set()
+        thread.join(30)
+        master.close()
+        queue.close()
+        engine.dispose()
+    return {"seconds": seconds, "enqueue_seconds": enqueued, "jobs_per_s": jobs / seconds}
+
+
+def run_bare_queue(url: str, jobs: int, consumers: int, batch: int) -> dict[str, float]:
+    """Enqueue N jobs, then K threads claim and complete them in batches (no agents)."""
+    from jodl import make_engine
+    from jodl.migrate import upgrade
+    from jodl.queue import Queue
+
+    with fresh_database(url) as db_url:
+        engine = make_engine(db_url, pool_size=consumers + 2)
+        upgrade(engine)
+        queue = Queue(engine)
+        started = time.perf_counter()
+        for start in range(0, jobs, ENQUEUE_BATCH):
+            queue.enqueue_many(
+                "noop", (f"j{i}" for i in range(start, min(jobs, start + ENQUEUE_BATCH)))
+            )
+        enqueue_seconds = time.perf_counter() - started
+        done = [0] * consumers
+
+        def consume(i: int) -> None:
+            mine = Queue(engine)
+            while claimed := mine.claim(batch, 60.0):
+                done[i] += mine.complete_many([(c.id, c.attempt) for c in claimed])
+
+        threads = [threading.Thread(target=consume, args=(i,)) for i in range(consumers)]
+        started = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.perf_counter() - started
+        engine.dispose()
+    if sum(done) != jobs:
+        raise SystemExit(f"bare queue: {sum(done)} of {jobs} completed")
+    return {
+        "enqueue_per_s": jobs / enqueue_seconds,
+        "claim_complete_per_s": jobs / seconds,
+    }
+
+
+PGQUEUER_WORKER = """
+import asyncio, sys
+import psycopg
+from pgqueuer import PsycopgDriver, Queries, QueueManager
+
+async def main(dsn: str, batch: int) -> None:
+    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    qm = QueueManager(Queries(PsycopgDriver(conn)))
+
+    @qm.entrypoint("noop")
+    async def noop(job) -> None:
+        return None
+
+    await qm.run(batch_size=batch)
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+"""
+
+
+def run_pgqueuer(url: str, jobs: int, workers: int, batch: int) -> dict[str, float] | None:
+    """The same no-op jobs through pgqueuer; None when it is not installed."""
+    try:
+        import asyncio
+
+        import psycopg
+        from pgqueuer import PsycopgDriver, Queries
+    except ImportError:
+        return None
+    from sqlalchemy import make_url
+
+    with fresh_database(url) as db_url:
+        dsn = make_url(db_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+        async def setup_and_enqueue(count: int, install: bool) -> float:
+            conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+            queries = Queries(PsycopgDriver(conn))
+            if install:
+                await queries.install()
+            started = time.perf_counter()
+            for start in range(0, count, ENQUEUE_BATCH):
+                n = min(count, start + ENQUEUE_BATCH) - start
+                await queries.enqueue(["noop"] * n, [None] * n, [0] * n)
+            await conn.close()
+            return time.perf_counter() - started
+
+        def remaining() -> int:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                row = conn.execute("SELECT count(*) FROM pgqueuer").fetchone()
+                return int(row[0]) if row else 0
+
+        asyncio.run(setup_and_enqueue(0, install=True))
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", PGQUEUER_WORKER, dsn, str(batch)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for _ in range(workers)
+        ]
+        try:
+            asyncio.run(setup_and_enqueue(workers * 4, install=False))  # warm-up: workers are up
+            deadline = time.monotonic() + 60
+            while remaining():
+                if time.monotonic() > deadline:
+                    raise SystemExit("pgqueuer workers did not start")
+                time.sleep(0.05)
+            started = time.perf_counter()
+            enqueued = asyncio.run(setup_and_enqueue(jobs, install=False))
+            while remaining():
+                time.sleep(0.02)
+            seconds = time.perf_counter() - started
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    return {"seconds": seconds, "enqueue_seconds": enqueued, "jobs_per_s": jobs / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20_000, help="no-op jobs through each system")
+    parser.add_argument("--agents", type=int, default=2, help="JODL agents = peer workers")
+    parser.add_argument("--slots", type=int, default=2, help="slots per JODL agent")
+    parser.add_argument("--batch", type=int, default=100, help="claim batch (bare queue, pgqueuer)")
+    parser.add_argument(
+        "--db-url",
+        default=os.environ.get("JODL_TEST_DATABASE_URL", DEFAULT_PG),
+        help="PostgreSQL server for fresh databases (sqlite:// for SQLite, JODL only)",
+    )
+    parser.add_argument("--celery-jobs", type=int, default=5_000, help="0 skips Celery")
+    parser.add_argument("--no-pgqueuer", action="store_true", help="skip the pgqueuer peer")
+    args = parser.parse_args()
+    postgres = not args.db_url.startswith("sqlite")
+
+    figures: dict[str, Any] = {
+        "jobs": args.jobs,
+        "agents": args.agents,
+        "db": "postgresql" if postgres else "sqlite",
+    }
+    jodl = run_jodl(args.db_url, args.jobs, args.agents, args.slots)
+    print(
+        f"jodl queue -> master -> agents: {args.jobs} jobs in {jodl['seconds']:.2f}s = "
+        f"{jodl['jobs_per_s']:.0f} jobs/s (enqueueing took {jodl['enqueue_seconds']:.2f}s)"
+    )
+    figures["jobs_per_s"] = round(jodl["jobs_per_s"])
+    bare = run_bare_queue(args.db_url, args.jobs, args.agents, args.batch)
+    print(
+        f"jodl bare queue: enqueue {bare['enqueue_per_s']:.0f}/s, "
+        f"claim+complete {bare['claim_complete_per_s']:.0f}/s ({args.agents} consumers)"
+    )
+    figures["enqueue_per_s"] = round(bare["enqueue_per_s"])
+    figures["claim_complete_per_s"] = round(bare["claim_complete_per_s"])
+    if postgres and not args.no_pgqueuer:
+        peer = run_pgqueuer(args.db_url, args.jobs, args.agents, args.batch)
+        if peer is not None:
+            print(
+                f"pgqueuer: {args.jobs} jobs in {peer['seconds']:.2f}s = "
+                f"{peer['jobs_per_s']:.0f} jobs/s (enqueueing took {peer['enqueue_seconds']:.2f}s)"
+            )
+            figures["pgqueuer_jobs_per_s"] = round(peer["jobs_per_s"])
+            figures["ratio_pgqueuer"] = round(jodl["jobs_per_s"] / peer["jobs_per_s"], 2)
+    if args.celery_jobs:
+        from throughput import run_celery
+
+        celery = run_celery(args.celery_jobs, args.agents)
+        if celery is not None:
+            print(
+                f"celery: {args.celery_jobs} tasks in {celery['seconds']:.2f}s = "
+                f"{celery['jobs_per_s']:.0f} tasks/s"
+            )
+            figures["celery_jobs_per_s"] = round(celery["jobs_per_s"])
+            figures["ratio_celery"] = round(jodl["jobs_per_s"] / celery["jobs_per_s"], 2)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
