@@ -65,13 +65,21 @@ def _port_answers(port: int) -> bool:
         return False
 
 
+def _load_libc() -> Any:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+# Loaded once here: the child between fork and exec must not load libraries.
+_LIBC = _load_libc() if sys.platform.startswith("linux") else None
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when the parent dies (Linux; elsewhere a no-op)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -102,7 +110,7 @@ class LocalAgent:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+                preexec_fn=_die_with_parent if _LIBC is not None else None,
             )
         finally:
             if out is not subprocess.DEVNULL:
