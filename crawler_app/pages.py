@@ -44,9 +44,9 @@ def normalise_url(url: str) -> str:
     try:
         normal = parse_url(url.strip()).url
     except FetchRefused as exc:
-        raise PageError(f"cannot track {url!r}: {exc.message}") from None
+        raise PageError(f"{url!r} is refused: {exc.message}") from None
     if len(normal) > URL_LENGTH:
-        raise PageError(f"cannot track a URL longer than {URL_LENGTH} characters")
+        raise PageError(f"URLs longer than {URL_LENGTH} characters are refused")
     return normal
 
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import json
 
-from agents import run_jodl
-from app_support import add_users_tracking, agent_env, inbox, run_app_cycle
+import pytest
+from agents import free_port, run_jodl
+from app_support import add_users_tracking, agent_env, app_settings, inbox, run_app_cycle
 from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
 
+from crawler_app import mail
+from crawler_app.families import Notify
 from crawler_app.models import (
     AppCycle,
     CycleStep,
@@ -240,3 +245,101 @@ def test_a_kill_and_restart_at_each_step_sends_no_duplicate_mail(
     again = run_app_cycle(store, settings)
     assert again.sent == 0
     assert sum(inbox.per_recipient().values()) == 3
+
+
+def test_snapshots_are_kept_up_to_the_retention_limit(store, agents, settings, site, inbox):
+    site.set_page("/r", html("R", "version 0"))
+    add_users_tracking(store, site.url("/r"), ["ann@example.org"])
+    agents(1, env=agent_env(inbox))
+    app = app_settings(snapshot_retention=2)
+    run_app_cycle(store, settings, app)
+    for version in (1, 2, 3):
+        site.set_page("/r", html("R", f"version {version}"))
+        run_app_cycle(store, settings, app)  # a candidate
+        assert run_app_cycle(store, settings, app).changed == 1  # confirmed
+    with sessionmaker(store.engine)() as s:
+        kept = s.scalars(select(Snapshot).order_by(Snapshot.id)).all()
+        assert [snap.text for snap in kept] == ["version 2", "version 3"]
+    assert len(inbox.to("ann@example.org")) == 3
+    # The newest digest's diff is against the previous snapshot.
+    assert "- version 2" in inbox.to("ann@example.org")[-1].text
+
+
+def test_jodl_check_prints_what_a_check_sees(site):
+    site.set_page("/c", html("Checked", "hello there"))
+    allowed = run_jodl("check", site.url("/c"), "--text", env={"JODL_FETCH_ALLOW": "127.0.0.0/8"})
+    assert allowed.returncode == 0, allowed.stderr
+    assert f"{site.url('/c')}: HTTP 200" in allowed.stdout
+    assert "'Checked'" in allowed.stdout
+    assert "hello there" in allowed.stdout
+    refused = run_jodl("check", site.url("/c"))
+    assert refused.returncode == 1
+    assert "refused:" in refused.stdout and "127.0.0.1" in refused.stdout
+    bad = run_jodl("check", "file:///etc/passwd")
+    assert bad.returncode == 1
+    assert bad.stderr.strip() == (
+        "error: 'file:///etc/passwd' is refused: scheme 'file' is not allowed; use http or https"
+    )
+
+
+def digest_payload(key: str, to: str = "ann@example.org") -> dict[str, str]:
+    digest = mail.Digest(
+        to,
+        [
+            mail.ChangedPage(
+                url="http://example.org/<b>",
+                title="<script>alert(1)</script>",
+                selector=None,
+                changed_at=dt.datetime(2030, 1, 2, 3, 4),
+                diff="- old <i>\n+ new & improved",
+                page_id=7,
+            )
+        ],
+        app_url="http://ui.example.org/",
+    )
+    subject, text, body = mail.render(digest)
+    return {
+        "key": key,
+        "message_id": f"<{key}.1@example.org>",
+        "from": "JODL <jodl@example.org>",
+        "to": to,
+        "subject": subject,
+        "text": text,
+        "html": body,
+    }
+
+
+def test_notify_sends_a_digest_once_per_key_even_across_restarts(inbox, tmp_path, monkeypatch):
+    monkeypatch.setenv("JODL_SMTP_HOST", "127.0.0.1")
+    monkeypatch.setenv("JODL_SMTP_PORT", str(inbox.port))
+    monkeypatch.setenv("JODL_MAIL_JOURNAL", str(tmp_path / "journal.db"))
+    first = Notify()
+    assert first.run(digest_payload("digest-1-1"))["sent"] is True
+    assert first.run(digest_payload("digest-1-1")) == {
+        "sent": False,
+        "duplicate": True,
+        "message_id": "<digest-1-1.1@example.org>",
+    }
+    restarted = Notify()  # a new agent process with the same journal file
+    assert restarted.run(digest_payload("digest-1-1"))["duplicate"] is True
+    assert restarted.run(digest_payload("digest-2-1"))["sent"] is True
+    assert inbox.per_recipient() == {"ann@example.org": 2}
+    got = inbox.to("ann@example.org")[0]
+    assert got.message_id == "<digest-1-1.1@example.org>"
+    # Autoescaped HTML; the text part is plain text.
+    assert "<script>" not in got.html and "&lt;script&gt;alert(1)&lt;/script&gt;" in got.html
+    assert "new &amp; improved" in got.html
+    assert "<script>alert(1)</script>" in got.text
+    assert "history: http://ui.example.org/pages/7" in got.text
+
+
+def test_notify_retries_when_the_smtp_server_is_down(inbox, monkeypatch):
+    monkeypatch.setenv("JODL_SMTP_HOST", "127.0.0.1")
+    monkeypatch.setenv("JODL_SMTP_PORT", str(free_port()))  # nothing listens there
+    down = Notify()
+    with pytest.raises(RuntimeError, match="SMTP error"):
+        down.run(digest_payload("digest-3-1"))
+    # Nothing went out, so the key is free again: a retry (here to a live server) sends it.
+    down.settings = dataclasses.replace(down.settings, smtp_port=inbox.port)
+    assert down.run(digest_payload("digest-3-1"))["sent"] is True
+    assert inbox.per_recipient() == {"ann@example.org": 1}
