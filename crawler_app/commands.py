@@ -239,6 +239,10 @@ def cycle(ctx: click.Context) -> None:
     from .settings import AppSettings
 
     app = AppSettings.from_env()
+    if not _store(ctx).nodes():
+        raise JodlError(
+            "no agent nodes: start one with `jodl agent` and add it with `jodl node add HOST:PORT`"
+        )
     with _cycle_progress() as (on_step, progress):
         master = Master(_settings(ctx), store=_store(ctx), progress=progress)
         try:

@@ -19,6 +19,7 @@ import asyncio
 import email.utils
 import smtplib
 import sqlite3
+import ssl
 import threading
 import time
 from email.message import EmailMessage
@@ -270,7 +271,8 @@ class Notify(Family):
         s = self.settings
         with smtplib.SMTP(s.smtp_host, s.smtp_port, timeout=s.smtp_timeout) as smtp:
             if s.smtp_starttls:
-                smtp.starttls()
+                # smtplib's own default context does not check the certificate.
+                smtp.starttls(context=ssl.create_default_context())
             if s.smtp_user:
                 smtp.login(s.smtp_user, s.smtp_password or "")
             refused = smtp.send_message(msg)
