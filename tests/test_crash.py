@@ -14,9 +14,10 @@ import signal
 from typing import Any
 
 import pytest
-from agents import run_jodl, spawn_jodl, wait_for
+from agents import AgentProcess, run_jodl, spawn_jodl, wait_for
 from sqlalchemy import func, select
 
+from jodl.config import Settings
 from jodl.models import (
     Dispatch,
     ExecState,
@@ -28,6 +29,7 @@ from jodl.models import (
     Run,
     RunState,
 )
+from jodl.protocol import connect
 from jodl.store import Store
 
 JOBS = 60
@@ -111,7 +113,22 @@ def check_no_rerun(
     assert not new_rows, f"jobs with a committed result ran again: {new_rows[:3]}"
 
 
-def kill_and_resume(store: Store, db_url: str, failpoints: list[str]) -> None:
+def agents_idle(store: Store, nodes: list[AgentProcess]) -> None:
+    """Agent-side evidence: after the run nothing is queued or running on any agent."""
+    with store.engine.connect() as conn:
+        epoch = int(conn.scalar(select(MasterLease.epoch)) or 0)
+    for agent in nodes:
+        conn = connect(agent.address, Settings(call_timeout=10.0))
+        try:
+            queued, running, _done, _failed = conn.root.remaining(epoch)
+        finally:
+            conn.close()
+        assert (queued, running) == (0, 0), f"{agent.address} still works after the run"
+
+
+def kill_and_resume(
+    store: Store, db_url: str, failpoints: list[str], nodes: list[AgentProcess]
+) -> None:
     """Run the master once per failpoint (each must kill it), then once to the end."""
     env = {"JODL_DATABASE_URL": db_url, "JODL_CALL_TIMEOUT": "5"}
     before = executions(store)
@@ -134,6 +151,7 @@ def kill_and_resume(store: Store, db_url: str, failpoints: list[str]) -> None:
     after = executions(store)
     check_no_rerun(store, before, after, first_new_id)
     check_complete(store, after)
+    agents_idle(store, nodes)
 
 
 FAILPOINTS = ["before_send:2", "after_log:2", "after_send:2", "before_commit:3", "after_commit:3"]
@@ -144,14 +162,14 @@ FAILPOINTS = ["before_send:2", "after_log:2", "after_send:2", "before_commit:3",
 @pytest.mark.parametrize("failpoint", FAILPOINTS)
 def test_master_killed_at_a_failpoint_resumes_without_redoing(store, agents, db_url, failpoint):
     add_sleep_jobs(store)
-    agents(2, slots=2)
-    kill_and_resume(store, db_url, [failpoint])
+    nodes = agents(2, slots=2)
+    kill_and_resume(store, db_url, [failpoint], nodes)
 
 
 def test_master_killed_at_every_failpoint_in_turn_finishes_once(store, agents, db_url):
     add_sleep_jobs(store, count=90)
-    agents(2, slots=2)
-    kill_and_resume(store, db_url, [point.replace(":3", ":2") for point in FAILPOINTS])
+    nodes = agents(2, slots=2)
+    kill_and_resume(store, db_url, [point.replace(":3", ":2") for point in FAILPOINTS], nodes)
 
 
 def test_agent_killed_mid_cycle_its_jobs_finish_elsewhere(store, agents, db_url, tmp_path):
