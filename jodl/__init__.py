@@ -16,6 +16,8 @@ from .placement import Knowledge as Knowledge
 from .placement import NodeLoad as NodeLoad
 from .placement import Placement as Placement
 from .placement import register as register_strategy
+from .queue import Queue as Queue
+from .queue import QueueFeeder as QueueFeeder
 from .store import Store as Store
 from .store import make_engine as make_engine
 
@@ -27,6 +29,8 @@ __all__ = [
     "NodeLoad",
     "Permanent",
     "Placement",
+    "Queue",
+    "QueueFeeder",
     "RunSummary",
     "Settings",
     "Store",

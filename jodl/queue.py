@@ -439,9 +439,10 @@ class Queue:
                 return False
             if exec_id is not None:
                 now = utcnow()
-                row = (exec_id, None, job_id, None, failures + 1, ExecState.DONE)
+                row: tuple[Any, ...] = (exec_id, None, job_id, None, failures + 1, ExecState.DONE)
                 row += (False, 0, now, now, now, 0.0, json.dumps(result), None)
-                bulk.copy_rows(conn, Execution.__table__, EXEC_COLUMNS, [row])
+                table: Any = Execution.__table__
+                bulk.copy_rows(conn, table, EXEC_COLUMNS, [row])
         return True
 
     ack = complete
