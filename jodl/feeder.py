@@ -132,7 +132,13 @@ class QueueFeeder(Feeder):
         self.queue.release_expired()
 
     def close(self) -> None:
-        """Stop claiming; give back claims the master never took (no failure counted)."""
+        """Stop claiming and give back every claim still open, with no failure counted.
+
+        Called by :meth:`Master.close` once its results are committed: jobs it
+        had not finished (unsent, or still running on an agent) are queued again
+        at once instead of waiting for their lease to end; one that was running
+        may run again (at least once).
+        """
         with self._cond:
             self._closing = True
             self._cond.notify_all()
@@ -141,6 +147,8 @@ class QueueFeeder(Feeder):
         with self._cond:
             left = [(job.id, job.attempt) for job in self._buffer]
             self._buffer.clear()
+        left += list(self.held.items())  # those done meanwhile are no longer claimed
+        self.held = {}
         if left:
             self.queue.release(left)
         self.queue.close()

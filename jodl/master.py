@@ -234,12 +234,12 @@ class Master(Rebalancer):
 
     def close(self) -> None:
         """Commit what is queued, acknowledge it, and disconnect (the log stays resumable)."""
-        for feeder in self.feeders:
-            feeder.close()
         try:
             self.writer.flush()
         finally:
             self.writer.close()
+            for feeder in self.feeders:  # after the commits: results in hand count
+                feeder.close()
             if self._hello is not None:
                 self._hello.close()
                 self._hello = None

@@ -226,3 +226,19 @@ def test_a_deleted_job_is_never_dispatched_and_is_cancelled_on_its_agent(
     with store.engine.connect() as conn:
         cancelled = conn.scalar(select(func.count()).where(Execution.state == ExecState.CANCELLED))
     assert cancelled == 1
+
+
+def test_a_master_that_stops_gives_its_unfinished_jobs_back_at_once(
+    store: Store, agents, settings: Settings
+) -> None:
+    agents(1, slots=1)
+    queue = Queue(store)
+    ids = queue.enqueue_many("sleep", [(f"s{i}", {"seconds": 30}) for i in range(3)])
+    with serving(Master(settings, store=store), lease=300.0):
+        wait_for(lambda: dispatched(store, ids[0]) or dispatched(store, ids[1]), what="a send")
+        wait_for(
+            lambda: queue.counts()["sleep"]["running"] == 3, what="every job claimed by the master"
+        )
+    # Not after a 300 s lease: at once, and a shutdown is not a failure of the jobs.
+    jobs = queue.jobs("sleep")
+    assert [(j.state, j.failures, j.attempts) for j in jobs] == [(JobState.QUEUED, 0, 1)] * 3
