@@ -14,7 +14,7 @@ import pytest
 from agents import AgentProcess, wait_for
 
 from jodl.config import Settings
-from jodl.protocol import connect
+from jodl.protocol import connect, decode_done, decode_failed, encode_ids, encode_jobs
 
 EPOCH = 1
 
@@ -190,3 +190,31 @@ def test_an_older_epoch_is_fenced_after_a_newer_init(agent, client):
         assert set(newer.wait_done(80)) == {80}
     finally:
         newer.close()
+
+
+def test_framed_batches_carry_the_same_calls(client):
+    # The master's hot path: one str per call instead of tuples of tuples.
+    jobs = encode_jobs([(90, "noop", "{}"), (91, "flaky", '{\n "key": "f", "times": 0}')])
+    assert client.root.send(client.epoch, jobs) == ()
+    wait_for(lambda: len(client.done()) == 2, timeout=20, what="two results")
+    framed = client.root.done(client.epoch, "", 100, True)
+    assert type(framed) is str
+    results = {eid: json.loads(result) for eid, _d, _f, result in decode_done(framed)}
+    assert results == {90: None, 91: {"attempt": 1}}
+    assert client.root.done(client.epoch, encode_ids([90, 91]), 100, True) == ""
+    client.root.send(client.epoch, encode_jobs([(92, "fail", '{"permanent": true}')]))
+    wait_for(lambda: client.failed(), timeout=20, what="a failure")
+    ((eid, _d, _f, error, retryable),) = decode_failed(
+        client.root.failed(client.epoch, "", 100, True)
+    )
+    assert (eid, retryable) == (92, False) and "Permanent" in error
+
+
+@pytest.mark.parametrize("frame", ["not-a-number\tnoop\t{}\n", "93\tnoop\n", "1,x"])
+def test_a_malformed_frame_is_refused_and_queues_nothing(client, frame):
+    with pytest.raises(ValueError):
+        if "\t" in frame:
+            client.root.send(client.epoch, frame)
+        else:
+            client.root.held(client.epoch, frame)
+    assert client.remaining() == (0, 0, 0, 0)
