@@ -300,6 +300,10 @@ def run_cmd(ctx: click.Context, family: str) -> None:
     from .master import Master
 
     settings = _settings(ctx)
+    store = _store(ctx)
+    if store.family(family) and not settings.register_listen and not store.nodes():
+        # Nothing could ever run the jobs: say so instead of waiting forever.
+        raise JodlError("no agent nodes registered: add one with `jodl node add HOST:PORT`")
     with _progress(f"run {family}") as progress:
         master = Master(settings, store=_store(ctx), progress=progress)
         try:

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from sqlalchemy import func, select
 
 from jodl.cli import main
-from jodl.models import Family, Job
+from jodl.models import Family, Job, Run
 from jodl.store import Store
 
 
@@ -147,3 +147,11 @@ def test_a_bad_setting_names_its_variable(tmp_path, env, args, variable):
 def test_a_bad_setting_in_a_subprocess_is_one_line_too(tmp_path):
     env = {"JODL_DATABASE_URL": f"sqlite:///{tmp_path / 'jodl.db'}", "JODL_AGENT_SLOTS": "x"}
     one_line_error(run_jodl("agent", env=env, timeout=60), "JODL_AGENT_SLOTS")
+
+
+def test_a_run_without_any_node_says_so_instead_of_waiting(store, db_url):
+    store.add_jobs(store.ensure_family("noop"), [("a", "{}")])
+    result = run_jodl("run", "noop", env={"JODL_DATABASE_URL": db_url}, timeout=60)
+    one_line_error(result, "no agent nodes", "jodl node add")
+    with store.engine.connect() as conn:
+        assert conn.scalar(select(func.count()).select_from(Run)) == 0, "no run opened"
