@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from agents import run_jodl
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from agents import child_env, run_jodl
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -64,6 +70,54 @@ def test_db_upgrade_runs_from_the_installed_package_anywhere(tmp_path):
         assert {"jodl_job", "jodl_execution", "jodl_run", "jodl_node"} <= set(
             inspect(engine).get_table_names()
         )
+        assert differences(engine) == []
+    finally:
+        engine.dispose()
+
+
+def test_db_upgrade_from_a_built_wheel(tmp_path):
+    """The wheel carries the migrations: upgrade with only the wheel's files importable."""
+    checkout = Path(__file__).resolve().parent.parent
+    source = tmp_path / "src"
+    shutil.copytree(
+        checkout,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".venv", ".git", "tests", "bench", "build", "dist", "*.egg-info", "__pycache__", "*.db"
+        ),
+    )
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+        + [str(source), "-w", str(tmp_path / "wheel")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp_path / "wheel").glob("jodl-*.whl")
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    db = work / "jodl.db"
+    script = (
+        "import sys, jodl; from jodl.cli import main; "
+        "print('from', jodl.__file__, file=sys.stderr); main()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, "db", "upgrade"],
+        cwd=work,
+        env=child_env({"PYTHONPATH": str(site), "JODL_DATABASE_URL": f"sqlite:///{db}"}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"from {site}" in result.stderr, "jodl was imported from the wheel"
+    assert f"database at revision {head()}" in result.stdout
+    engine = make_engine(f"sqlite:///{db}")
+    try:
         assert differences(engine) == []
     finally:
         engine.dispose()
