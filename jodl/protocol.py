@@ -183,7 +183,9 @@ def server_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[
 
 def client_handshake(sock: socket.socket, settings: Settings, host: str) -> socket.socket:
     """Run the master's side of the handshake on a connected socket; return the socket to use."""
-    sock.settimeout(HANDSHAKE_TIMEOUT)
+    # A hung agent accepts connections (the kernel does) but never greets: it must not
+    # hold the master's single thread longer than any other call would.
+    sock.settimeout(min(HANDSHAKE_TIMEOUT, settings.call_timeout))
     try:
         if settings.tls:
             sock = _client_tls(settings).wrap_socket(sock, server_hostname=host)

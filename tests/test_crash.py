@@ -172,7 +172,8 @@ def test_master_killed_at_every_failpoint_in_turn_finishes_once(store, agents, d
     kill_and_resume(store, db_url, [point.replace(":3", ":2") for point in FAILPOINTS], nodes)
 
 
-def test_agent_killed_mid_cycle_its_jobs_finish_elsewhere(store, agents, db_url, tmp_path):
+def fail_an_agent_mid_cycle(store, agents, db_url, tmp_path, hang: bool) -> None:  # type: ignore[no-untyped-def]
+    """Kill (SIGKILL) or hang (SIGSTOP) one of three agents mid-cycle; the run must finish."""
     add_sleep_jobs(store, count=150)
     victim, *_ = agents(3, slots=2)
     with store.session() as s:
@@ -181,7 +182,7 @@ def test_agent_killed_mid_cycle_its_jobs_finish_elsewhere(store, agents, db_url,
         "run",
         "sleep",
         log_path=tmp_path / "master.log",
-        env={"JODL_DATABASE_URL": db_url, "JODL_CALL_TIMEOUT": "5"},
+        env={"JODL_DATABASE_URL": db_url, "JODL_CALL_TIMEOUT": "2" if hang else "5"},
     )
     try:
 
@@ -199,17 +200,22 @@ def test_agent_killed_mid_cycle_its_jobs_finish_elsewhere(store, agents, db_url,
             return bool(done and done >= 3 and in_flight)
 
         wait_for(victim_busy, timeout=60, what="the victim agent to be mid-cycle")
-        victim.kill()
+        if hang:
+            victim.proc.send_signal(signal.SIGSTOP)
+        else:
+            victim.kill()
         assert master.wait(timeout=90) == 0, (tmp_path / "master.log").read_text()
     finally:
         if master.poll() is None:
             master.kill()
             master.wait()
+        if hang:
+            victim.proc.send_signal(signal.SIGCONT)
 
     after = executions(store)
     check_complete(store, after)
     lost = [row for row in after.values() if row["state"] == ExecState.LOST]
-    assert lost, "the killed agent's executions were closed as lost"
+    assert lost, "the failed agent's executions were closed as lost"
     assert all(row["node_id"] == victim_id for row in lost)
     done_node = {
         row["job_id"]: row["node_id"] for row in after.values() if row["state"] == ExecState.DONE
@@ -219,3 +225,12 @@ def test_agent_killed_mid_cycle_its_jobs_finish_elsewhere(store, agents, db_url,
     )
     with store.session() as s:
         assert s.get(Node, victim_id).state == NodeState.UNREACHABLE
+
+
+def test_agent_killed_mid_cycle_its_jobs_finish_elsewhere(store, agents, db_url, tmp_path):
+    fail_an_agent_mid_cycle(store, agents, db_url, tmp_path, hang=False)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_agent_hung_mid_cycle_its_jobs_finish_elsewhere(store, agents, db_url, tmp_path):
+    fail_an_agent_mid_cycle(store, agents, db_url, tmp_path, hang=True)
