@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import func, select
 
+from jodl.exceptions import Fenced
 from jodl.master import Master
-from jodl.models import ExecState, Execution, Job, JobOnNode, JobState, Run, RunState
+from jodl.models import ExecState, Execution, Job, JobOnNode, JobState, NodeState, Run, RunState
 from jodl.store import Store
 
 CYCLE_JOBS = 1200
@@ -121,3 +123,25 @@ def test_failures_are_retried_and_hopeless_jobs_die(store, agents, settings):
     assert attempts == {"bad-0": 2, "bad-1": 1}, "retryable twice, permanent once"
     assert states == {JobState.DEAD}
     assert any("boom" in (e or "") for e in errors)
+
+
+def test_an_older_master_is_fenced_and_the_newer_one_finishes_its_run(store, agents, settings):
+    add_jobs(store, "sleep", 40, payload='{"seconds": 0.01}')
+    agents(2, slots=2)
+    old = Master(settings, store=store, name="old")
+    new = Master(settings, store=Store(store.engine), name="new")
+    try:
+        old.start()
+        new.start()  # takes the lease: a newer epoch, announced to every agent
+        assert new.epoch > old.epoch
+        with pytest.raises(Fenced, match="newer master"):
+            old.run_cycle("sleep")
+        summary = new.run_cycle("sleep")
+    finally:
+        old.close()
+        new.close()
+    assert summary.resumed, "the newer master took over the run the older one opened"
+    assert summary.done == summary.total == 40
+    done = done_per_job(store, summary.run_id)
+    assert len(done) == 40 and set(done.values()) == {1}
+    assert {n.state for n in store.nodes()} == {NodeState.ACTIVE}, "fencing is not a node failure"
