@@ -462,6 +462,7 @@ def make_server(
         server = ThreadedServer(
             service,
             hostname=host,
+            ipv6=":" in host,  # e.g. [::1]:PORT
             port=port,
             reuse_addr=True,
             authenticator=server_authenticator(settings),

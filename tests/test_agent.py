@@ -7,11 +7,13 @@ times its key ran on this agent: a run counter the tests read back.
 from __future__ import annotations
 
 import json
+import signal
+import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from agents import AgentProcess, wait_for
+from agents import AgentProcess, port_answers, spawn_jodl, wait_for
 
 from jodl.config import Settings
 from jodl.protocol import connect, decode_done, decode_failed, encode_ids, encode_jobs
@@ -218,3 +220,21 @@ def test_a_malformed_frame_is_refused_and_queues_nothing(client, frame):
         else:
             client.root.held(client.epoch, frame)
     assert client.remaining() == (0, 0, 0, 0)
+
+
+def test_an_agent_listens_on_ipv6_loopback_and_stops_on_sigterm(tmp_path):
+    with socket.socket(socket.AF_INET6) as probe:
+        probe.bind(("::1", 0))
+        port = probe.getsockname()[1]
+    agent = spawn_jodl("agent", "--listen", f"[::1]:{port}", log_path=tmp_path / "agent6.log")
+    try:
+        wait_for(lambda: port_answers(port, "::1"), timeout=30, what="the IPv6 agent")
+        conn = connect(f"[::1]:{port}", Settings(call_timeout=10.0))
+        assert conn.root.ping()[0]
+        conn.close()
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=30) == 0, (tmp_path / "agent6.log").read_text()
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
