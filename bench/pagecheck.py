@@ -1,0 +1,311 @@
+"""Pages per second through the ``check_page`` family, against a bare asyncio + httpx loop.
+
+A local site (its own process, asyncio, HTTP/1.1 keep-alive) answers every page
+after a fixed latency (20 ms by default) with a small HTML page carrying an ETag.
+N pages (5,000 by default) are tracked; one application cycle checks them all
+through a master and ONE agent subprocess running ``check_page`` (SSRF guard,
+politeness, conditional GET, HTML to text, fingerprints, results logged in the
+database). A second cycle checks them again (all ``304 Not Modified``). In the
+same invocation a bare loop (``asyncio`` + one ``httpx.AsyncClient``, bodies
+read, nothing parsed or stored) fetches the same pages at the same concurrency
+and at lower ones (httpx's connection pool slows down as it grows), before and
+after; its best run is the peer. CPU seconds per page of the agent process are
+reported too: one agent is one process, so they bound its pages per second. The
+last line printed is one JSON object with the figures.
+
+    python bench/pagecheck.py --pages 5000 --latency 0.02 --concurrency 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import free_port, fresh_database, wait_port  # noqa: E402
+
+PAGE = (
+    "<!DOCTYPE html><html><head><title>Page {n}</title>"
+    "<script>var tracker = {n};</script><style>body {{ margin: 0 }}</style></head>"
+    "<body><nav><a href='/'>Home</a> <a href='/news'>News</a></nav>"
+    "<main><h1>Page {n}</h1>{paragraphs}</main><footer>Local site</footer></body></html>"
+)
+PARAGRAPH = "<p>Paragraph {k} of page {n}: the quick brown fox jumps over the lazy dog.</p>"
+
+
+# -- the site (a separate process, so it does not share a GIL with either client) ----------
+
+
+def page_body(n: int) -> bytes:
+    paragraphs = "".join(PARAGRAPH.format(k=k, n=n) for k in range(12))
+    return PAGE.format(n=n, paragraphs=paragraphs).encode()
+
+
+async def serve_site(port: int, latency: float) -> None:
+    bodies: dict[str, bytes] = {}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    return
+                target = line.split(b" ")[1].decode("latin-1")
+                etag_asked = None
+                while True:
+                    header = await reader.readline()
+                    if header in (b"\r\n", b"\n", b""):
+                        break
+                    name, _, value = header.partition(b":")
+                    if name.strip().lower() == b"if-none-match":
+                        etag_asked = value.strip().decode("latin-1")
+                await asyncio.sleep(latency)
+                if target.startswith("/p/"):
+                    body = bodies.get(target)
+                    if body is None:
+                        body = bodies[target] = page_body(int(target[3:]))
+                    etag = f'"{target[3:]}-v1"'
+                    if etag_asked == etag:
+                        head = f"HTTP/1.1 304 Not Modified\r\nETag: {etag}\r\n\r\n"
+                        writer.write(head.encode())
+                    else:
+                        head = (
+                            "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n"
+                            f"Content-Length: {len(body)}\r\nETag: {etag}\r\n\r\n"
+                        )
+                        writer.write(head.encode() + body)
+                else:
+                    writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+        except (ConnectionError, IndexError, ValueError):
+            return
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
+    async with server:
+        await server.serve_forever()
+
+
+def start_site(latency: float) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve-site", str(port), "--latency", str(latency)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_port(port)
+    return proc, port
+
+
+# -- the bare loop ------------------------------------------------------------------------
+
+
+async def bare_loop(urls: list[str], concurrency: int) -> float:
+    import httpx
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    sem = asyncio.Semaphore(concurrency)
+    ok = 0
+    async with httpx.AsyncClient(limits=limits, trust_env=False, timeout=30) as client:
+
+        async def one(url: str) -> None:
+            nonlocal ok
+            async with sem:
+                response = await client.get(url)
+                await response.aread()
+                ok += response.status_code == 200
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(url) for url in urls))
+        seconds = time.perf_counter() - started
+    if ok != len(urls):
+        raise SystemExit(f"bare loop: {ok} of {len(urls)} pages fetched")
+    return len(urls) / seconds
+
+
+# -- the page checker -------------------------------------------------------------------------
+
+
+def start_agent(concurrency: int) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("JODL_")},
+        "JODL_LOG_LEVEL": "WARNING",
+        "JODL_AGENT_ASYNC_SLOTS": str(concurrency),
+        "JODL_FETCH_ALLOW": "127.0.0.0/8",
+        "JODL_FETCH_HOST_IN_FLIGHT": str(concurrency),
+        "JODL_FETCH_HOST_INTERVAL": "0",
+        "JODL_FETCH_MAX_CONNECTIONS": str(concurrency),
+    }
+    # The master keeps "slots x QUEUE_AHEAD" seconds of work on an agent; with one
+    # slot per 4 fetches in flight it sends enough to fill the async slots.
+    slots = max(4, concurrency // 4)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jodl", "agent", "--listen", f"127.0.0.1:{port}",
+         "--slots", str(slots)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    wait_port(port)
+    return proc, f"127.0.0.1:{port}"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def track_pages(engine: object, urls: list[str]) -> None:
+    from sqlalchemy.orm import sessionmaker
+
+    from crawler_app.models import Page, Tracking, User
+    from crawler_app.pages import sync_jobs
+    from jodl.models import utcnow
+
+    with sessionmaker(engine)() as s, s.begin():  # type: ignore[call-overload]
+        user = User(email="bench@example.org", created_at=utcnow())
+        s.add(user)
+        s.flush()
+        pages = [Page(url=url, period=1, created_at=utcnow()) for url in urls]
+        s.add_all(pages)
+        s.flush()
+        s.add_all(Tracking(user_id=user.id, page_id=p.id, since=utcnow()) for p in pages)
+        s.flush()
+        sync_jobs(s)
+
+
+def run_page_checker(
+    db_url: str, urls: list[str], concurrency: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    from crawler_app.cycle import PageCycle
+    from crawler_app.settings import AppSettings
+    from jodl import Master, Settings, Store, make_engine
+    from jodl.migrate import upgrade
+
+    engine = make_engine(db_url)
+    upgrade(engine)
+    track_pages(engine, urls)
+    store = Store(engine)
+    agent, address = start_agent(concurrency)
+    try:
+        store.add_node(address, slots=max(4, concurrency // 4))
+        settings = Settings(database_url=db_url, log_level="WARNING")
+        app = AppSettings.from_env(env={}, check_spread=0.0)
+        figures = []
+        for _ in range(2):
+            master = Master(settings, store=store)
+            cpu_before = cpu_seconds(agent.pid)
+            master_before = time.process_time()
+            try:
+                result = PageCycle(engine, master.run_cycle, app).run()
+            finally:
+                master.close()
+            agent_cpu = cpu_seconds(agent.pid) - cpu_before
+            master_cpu = time.process_time() - master_before
+            if result.checked != len(urls) or result.errors:
+                raise SystemExit(f"page checker: {result.line()}")
+            from sqlalchemy import select
+
+            from crawler_app.models import AppCycle
+
+            with engine.connect() as conn:
+                timings = conn.scalar(select(AppCycle.timings).where(AppCycle.id == result.id))
+            figures.append(
+                {
+                    "check_s": timings["check"],
+                    "cycle_s": result.elapsed,
+                    "pages_per_s": len(urls) / timings["check"],
+                    "not_modified": result.not_modified,
+                    "agent_cpu_ms_per_page": agent_cpu / len(urls) * 1000,
+                    "master_cpu_ms_per_page": master_cpu / len(urls) * 1000,
+                }
+            )
+    finally:
+        agent.terminate()
+        agent.wait(10)
+        engine.dispose()
+    return figures[0], figures[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pages", type=int, default=5000, help="pages checked (default 5000)")
+    parser.add_argument("--latency", type=float, default=0.02, help="site latency, s (0.02)")
+    parser.add_argument(
+        "--concurrency", type=int, default=100, help="fetches in flight on the agent (100)"
+    )
+    parser.add_argument(
+        "--database-url", default="sqlite", help="'sqlite' (a temp file) or a PostgreSQL URL"
+    )
+    parser.add_argument("--serve-site", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_site is not None:
+        asyncio.run(serve_site(args.serve_site, args.latency))
+        return
+
+    site, port = start_site(args.latency)
+    # The bare loop is run at the same concurrency and at lower ones (httpx's pool slows
+    # down as it grows), before and after the page checker; its best run is the peer.
+    bare_levels = sorted({args.concurrency, 50, 20} - {c for c in (50, 20) if c > args.concurrency})
+    bare: dict[int, float] = {}
+    try:
+        urls = [f"http://127.0.0.1:{port}/p/{i}" for i in range(args.pages)]
+        for level in bare_levels:
+            bare[level] = asyncio.run(bare_loop(urls, level))
+            print(f"bare loop, {level} in flight: {bare[level]:.0f} pages/s", flush=True)
+        with fresh_database(args.database_url) as db_url:
+            cold, warm = run_page_checker(db_url, urls, args.concurrency)
+        print(
+            f"check_page, full GETs: {cold['pages_per_s']:.0f} pages/s "
+            f"(check {cold['check_s']:.2f}s, whole cycle {cold['cycle_s']:.2f}s, "
+            f"CPU per page: agent {cold['agent_cpu_ms_per_page']:.2f} ms, "
+            f"master {cold['master_cpu_ms_per_page']:.2f} ms)",
+            flush=True,
+        )
+        print(
+            f"check_page, all 304: {warm['pages_per_s']:.0f} pages/s "
+            f"({warm['not_modified']} not modified, whole cycle {warm['cycle_s']:.2f}s)",
+            flush=True,
+        )
+        for level in bare_levels:
+            again = asyncio.run(bare_loop(urls, level))
+            print(f"bare loop, {level} in flight (after): {again:.0f} pages/s", flush=True)
+            bare[level] = max(bare[level], again)
+    finally:
+        site.terminate()
+        site.wait(10)
+    best_level = max(bare, key=lambda level: bare[level])
+    best = bare[best_level]
+    print(
+        json.dumps(
+            {
+                "pages": args.pages,
+                "latency_ms": round(args.latency * 1000, 1),
+                "concurrency": args.concurrency,
+                "pages_per_s": round(cold["pages_per_s"]),
+                "pages_per_s_304": round(warm["pages_per_s"]),
+                "bare_httpx_pages_per_s": round(best),
+                "bare_httpx_concurrency": best_level,
+                "bare_httpx_same_concurrency_pages_per_s": round(bare[args.concurrency]),
+                "ratio": round(cold["pages_per_s"] / best, 2),
+                "agent_cpu_ms_per_page": round(cold["agent_cpu_ms_per_page"], 2),
+                "master_cpu_ms_per_page": round(cold["master_cpu_ms_per_page"], 2),
+                "cycle_s": round(cold["cycle_s"], 2),
+                "cycle_304_s": round(warm["cycle_s"], 2),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
