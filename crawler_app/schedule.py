@@ -2,9 +2,10 @@
 
 An APScheduler ``BackgroundScheduler`` fires the page-check cycle on the cron
 expression ``JODL_SCHEDULE`` (five fields, local time; a sixth leading field
-gives seconds). The cycle runs in the scheduler's thread; its two job steps ask
-the serving master (single-threaded) to run a JODL cycle with
-``Master.request_cycle`` and wait for it.
+gives seconds; ``off`` turns the schedule off). The cycle runs in the
+scheduler's thread; its two job steps ask the serving master (single-threaded)
+to run a JODL cycle with ``Master.request_cycle`` and wait for it. A slot with
+no tracked page and no unfinished cycle does nothing.
 
 * One cycle at a time: the job has ``max_instances=1`` and a lock guards the
   cycle; at most one application cycle is open in the database anyway.
@@ -28,35 +29,18 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from apscheduler.triggers.cron import CronTrigger
-from sqlalchemy import Engine
+from sqlalchemy import Engine, exists, select
 
 from jodl.exceptions import JodlError
 
 from .cycle import CycleResult, PageCycle, RunFamily, last_cycle_start, open_cycle_step
-from .settings import AppSettings
+from .models import Tracking
+from .settings import SCHEDULE_OFF, AppSettings, cron_trigger
 
 log = logging.getLogger("crawler_app.schedule")
 
 #: Id of the scheduler job that runs the application cycle.
 JOB_ID = "page-check-cycle"
-
-
-def cron_trigger(expression: str, timezone: Any = None) -> CronTrigger:
-    """A trigger for a crontab line (``MIN HOUR DAY MONTH WEEKDAY``, or ``SEC`` first)."""
-    fields = expression.split()
-    if len(fields) == 6:
-        second, minute, hour, day, month, dow = fields
-        return CronTrigger(
-            second=second,
-            minute=minute,
-            hour=hour,
-            day=day,
-            month=month,
-            day_of_week=dow,
-            timezone=timezone,
-        )
-    return CronTrigger.from_crontab(expression, timezone=timezone)
 
 
 class CycleScheduler:
@@ -142,6 +126,9 @@ class CycleScheduler:
             log.warning("page check cycle still running; this slot is skipped")
             return None
         try:
+            if open_cycle_step(self.engine) is None and not _anything_tracked(self.engine):
+                log.info("no tracked pages: nothing to check in this slot")
+                return None
             runner = PageCycle(self.engine, self.run_family, self.settings)
             result = runner.run(trigger=trigger, spread=self.spread())
             log.info("%s", result.line())
@@ -157,6 +144,11 @@ class CycleScheduler:
         """Stop firing; ``wait`` for a cycle in progress, else it stays open and resumes
         on the next start."""
         self.scheduler.shutdown(wait=wait)
+
+
+def _anything_tracked(engine: Engine) -> bool:
+    with engine.connect() as conn:
+        return bool(conn.scalar(select(exists().where(Tracking.id.is_not(None)))))
 
 
 def _undefined() -> Any:
@@ -182,13 +174,17 @@ class MasterRunner:
                     raise JodlError(f"the master stopped while the {family} cycle ran") from None
 
 
-def start(master: Any, settings: Any = None) -> Callable[[], None]:
+def start(master: Any, library_settings: Any = None) -> Callable[[], None]:
     """Entry point ``jodl.services``: schedule page-check cycles on a serving master.
 
     Returns the function that stops the scheduler.
     """
+    settings = AppSettings.from_env()
+    if settings.schedule == SCHEDULE_OFF:
+        log.info("scheduled page-check cycles are off (JODL_SCHEDULE=off)")
+        return lambda: None
     runner = MasterRunner(master)
-    scheduler = CycleScheduler(master.store.engine, runner, AppSettings.from_env())
+    scheduler = CycleScheduler(master.store.engine, runner, settings)
     scheduler.start()
 
     def stop() -> None:

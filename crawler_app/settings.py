@@ -44,11 +44,37 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+#: ``JODL_SCHEDULE`` value that turns the scheduled cycles off.
+SCHEDULE_OFF = "off"
+
+
+def cron_trigger(expression: str, timezone: Any = None) -> CronTrigger:
+    """A trigger for a crontab line (``MIN HOUR DAY MONTH WEEKDAY``, or ``SEC`` first)."""
+    fields = expression.split()
+    if len(fields) == 6:
+        second, minute, hour, day, month, dow = fields
+        return CronTrigger(
+            second=second,
+            minute=minute,
+            hour=hour,
+            day=day,
+            month=month,
+            day_of_week=dow,
+            timezone=timezone,
+        )
+    return CronTrigger.from_crontab(expression, timezone=timezone)
+
+
 def _cron(text: str) -> str:
+    text = text.strip()
+    if text.lower() == SCHEDULE_OFF:
+        return SCHEDULE_OFF
     try:
-        CronTrigger.from_crontab(text)
+        cron_trigger(text)
     except ValueError as exc:
-        raise ValueError(f"not a cron expression (MIN HOUR DAY MONTH WEEKDAY): {exc}") from None
+        raise ValueError(
+            f"not a cron expression ([SEC] MIN HOUR DAY MONTH WEEKDAY) nor 'off': {exc}"
+        ) from None
     return text
 
 
@@ -88,8 +114,9 @@ OPTIONS: tuple[Option, ...] = (
         "JODL_SCHEDULE",
         DEFAULT_SCHEDULE,
         "cron",
-        "Cron expression (MIN HOUR DAY MONTH WEEKDAY, local time) of the page-check cycle "
-        "that `jodl master` runs; a run missed while the master was down runs once at start",
+        "Cron expression (MIN HOUR DAY MONTH WEEKDAY, local time; an optional leading SEC "
+        "field) of the page-check cycle that `jodl master` runs; a run missed while the "
+        "master was down runs once at start; `off` turns it off",
         "master",
     ),
     AppOption(

@@ -16,7 +16,9 @@ from sqlalchemy.orm import sessionmaker
 
 from crawler_app.cycle import PageCycle, spread_fraction
 from crawler_app.models import AppCycle, CycleStep, Page
-from crawler_app.schedule import CycleScheduler, MasterRunner, cron_trigger
+from crawler_app.schedule import CycleScheduler, MasterRunner
+from crawler_app.settings import AppSettings, cron_trigger
+from jodl.exceptions import ConfigError
 from jodl.master import Master
 from jodl.models import Job, utcnow
 
@@ -55,6 +57,17 @@ def test_cron_expressions_with_and_without_seconds():
     with pytest.raises(ValueError):
         cron_trigger("61 * * * *", UTC)
     assert app_settings().schedule == "0 6 * * *"
+    assert AppSettings.from_env({"JODL_SCHEDULE": "*/2 * * * * *"}).schedule == "*/2 * * * * *"
+    assert AppSettings.from_env({"JODL_SCHEDULE": " Off "}).schedule == "off"
+    with pytest.raises(ConfigError, match="JODL_SCHEDULE: not a cron expression"):
+        AppSettings.from_env({"JODL_SCHEDULE": "every day"})
+
+
+def test_a_slot_with_nothing_tracked_does_nothing(store):
+    asked = []
+    sched = CycleScheduler(store.engine, asked.append, app_settings())
+    assert sched.run_cycle() is None
+    assert asked == [] and cycles(store) == []
 
 
 def test_a_missed_run_is_due_once_and_an_open_cycle_at_once(store):
