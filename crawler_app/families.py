@@ -58,11 +58,14 @@ class _ViewFetcher(Fetcher):
             result["_body"] = answer.body
 
 
-def _view(text: str, matches: int | None, known: list[str], limit: int) -> dict[str, Any]:
+def _view(
+    text: str, matches: int | None, known: list[str], limit: int, fp: str | None = None
+) -> dict[str, Any]:
     truncated = len(text) > limit
     if truncated:
         text = text[:limit].rstrip()
-    fp = fingerprint(text)
+    if fp is None or truncated:
+        fp = fingerprint(text)
     out: dict[str, Any] = {"fingerprint": fp, "chars": len(text), "matches": matches}
     if truncated:
         out["truncated"] = True
@@ -131,7 +134,8 @@ class CheckPage(Family):
         views: dict[str, dict[str, Any]] = {}
         if "" in wanted:
             text = result.get("text") or ""
-            views[""] = _view(text, None, wanted[""], limit)
+            # The fetcher fingerprinted the same (already cut) text.
+            views[""] = _view(text, None, wanted[""], limit, result.get("fingerprint"))
         others = {sel: known for sel, known in wanted.items() if sel}
         if others and body is not None:
             if len(body) > THREAD_PARSE_BYTES:
