@@ -126,7 +126,7 @@ def test_unknown_family_is_refused_at_send(client):
 
 def test_take_back_returns_only_unstarted_jobs(client):
     assert client.slots == 1
-    client.send((40, "sleep", {"seconds": 3}), (41, "noop", {}), (42, "noop", {}))
+    client.send((40, "sleep", {"seconds": 1.5}), (41, "noop", {}), (42, "noop", {}))
     wait_for(lambda: client.remaining()[1] == 1, timeout=20, what="the sleep job to start")
     client.send((43, "noop", {}))
     assert sorted(client.root.take_back(client.epoch, 0, (40, 41, 42))) == [41, 42]
