@@ -161,7 +161,7 @@ def test_held_lists_what_the_agent_still_knows(client):
 
 
 def test_remaining_counts_queued_running_and_held(client):
-    client.send((70, "sleep", {"seconds": 0.3}), (71, "noop", {}), (72, "fail", {}))
+    client.send((70, "sleep", {"seconds": 1.0}), (71, "noop", {}), (72, "fail", {}))
     wait_for(lambda: client.remaining()[1] == 1, timeout=20, what="the sleep job to start")
     assert client.remaining() == (2, 1, 0, 0)
     client.wait_idle()

@@ -29,6 +29,7 @@ from jodl.config import Settings
 from jodl.exceptions import AuthError
 from jodl.master import Master
 from jodl.models import NodeState
+from jodl.protocol import _MAGIC as MAGIC
 from jodl.protocol import connect
 
 SECRET = "correct horse battery staple"
@@ -208,13 +209,15 @@ def test_only_a_peer_with_the_secret_gets_through(spawn_agent: Callable[..., Age
     with pytest.raises(AuthError, match="requires the shared secret"):
         connect(agent.address, Settings(call_timeout=10.0))
     raw_rpyc_gets_nothing(agent)
-    # A peer that sends bytes which are not the protocol's is dropped at once.
+    # A peer that answers the banner with bytes that are not the protocol's is dropped
+    # at once (exactly the magic's length is sent, so the close is a clean FIN).
     with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as sock:
-        sock.sendall(b"GET / HTTP/1.0\r\n\r\n" + b"x" * 100)
+        sock.sendall(b"GET /"[: len(MAGIC)])
         received = b""
         while chunk := sock.recv(4096):
             received += chunk
-    assert len(received) == 6 + 32, "the banner, then the agent closed the connection"
+    assert received.startswith(MAGIC + b"S"), "the banner says a secret is required"
+    assert len(received) == len(MAGIC) + 1 + 32, "then the agent closed the connection"
     nothing_ran(agent, good)
     assert agent.alive()
 
