@@ -93,7 +93,9 @@ def test_next_cycle_runs_every_job_again_and_keeps_learning(store, agents, setti
 
 def test_failures_are_retried_and_hopeless_jobs_die(store, agents, settings):
     # flaky fails the first run of each key on each agent.
-    flaky_family = store.ensure_family("flaky", max_attempts=3)
+    flaky_family = store.ensure_family(
+        "flaky", max_attempts=3, strategy_params={"attempts_before_move": 1}
+    )
     store.add_jobs(flaky_family, ((f"k{i}", f'{{"times": 1, "key": "k{i}"}}') for i in range(20)))
     fam = store.ensure_family("fail", max_attempts=2)
     store.add_jobs(fam, [("bad-0", '{"message": "boom"}'), ("bad-1", '{"permanent": true}')])
