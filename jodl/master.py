@@ -486,6 +486,7 @@ class Master(Rebalancer):
         try:
             info = slot.link.open(self.name, self.epoch, json.dumps({"master": self.name}))
         except AgentUnavailable as exc:
+            self._check_fenced(slot)  # refused for our old epoch: stop, the node is fine
             log.warning("node %s unreachable: %s", slot.link.address, exc)
             self.store.update_node(
                 slot.load.id,

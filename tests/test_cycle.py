@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from agents import free_port
 from sqlalchemy import func, select
 
 from jodl.exceptions import Fenced
-from jodl.master import Master
+from jodl.master import Master, RunSummary
 from jodl.models import ExecState, Execution, Job, JobOnNode, JobState, NodeState, Run, RunState
 from jodl.store import Store
 
@@ -147,3 +150,35 @@ def test_an_older_master_is_fenced_and_the_newer_one_finishes_its_run(store, age
     done = done_per_job(store, summary.run_id)
     assert len(done) == 40 and set(done.values()) == {1}
     assert {n.state for n in store.nodes()} == {NodeState.ACTIVE}, "fencing is not a node failure"
+
+
+def test_a_fenced_master_stops_when_it_reconnects_too(store, spawn_agent, settings):
+    # The older master cannot reach the agent at first; when it can, a newer master
+    # has taken over: its reconnection is refused and it must stop, not retry forever.
+    add_jobs(store, "noop", 5)
+    port = free_port()
+    store.add_node(f"127.0.0.1:{port}", slots=1)
+    old = Master(settings, store=store, name="old")
+    new = Master(settings, store=Store(store.engine), name="new")
+    outcome: list[BaseException | RunSummary] = []
+    try:
+        old.start()
+        spawn_agent(port=port)
+        new.start()
+
+        def run_old() -> None:
+            try:
+                outcome.append(old.run_cycle("noop"))
+            except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+                outcome.append(exc)
+
+        runner = threading.Thread(target=run_old, daemon=True)
+        runner.start()
+        runner.join(timeout=30)
+        assert not runner.is_alive(), "the fenced master kept retrying"
+        assert isinstance(outcome[0], Fenced), outcome
+        assert {n.state for n in store.nodes()} == {NodeState.ACTIVE}
+        assert new.run_cycle("noop").done == 5
+    finally:
+        old.close()
+        new.close()
