@@ -749,32 +749,20 @@ class Store:
     def settle_homes(self, run_id: int) -> None:
         """Jobs of a run with no home get the node that committed their result as home.
 
-        One set-based statement at the end of a run, so the first cycle of many
-        jobs does not write one row per job from the loop.
+        One set-based statement (UPDATE ... FROM, a join) at the end of a run, so
+        the first cycle of many jobs does not write one row per job from the loop.
         """
-        ran_on = (
-            select(Execution.node_id)
-            .where(
-                Execution.run_id == run_id,
-                Execution.job_id == Job.id,
-                Execution.state == ExecState.DONE,
-            )
-            .limit(1)
-            .scalar_subquery()
-        )
         with self.engine.begin() as conn:
             conn.execute(
                 update(Job)
                 .where(
-                    Job.id.in_(
-                        select(Execution.job_id).where(
-                            Execution.run_id == run_id, Execution.state == ExecState.DONE
-                        )
-                    ),
+                    Job.id == Execution.job_id,
+                    Execution.run_id == run_id,
+                    Execution.state == ExecState.DONE,
                     Job.permanent_node_id.is_(None),
                     Job.trial_node_id.is_(None),
                 )
-                .values(permanent_node_id=ran_on)
+                .values(permanent_node_id=Execution.node_id)
                 .execution_options(synchronize_session=False)
             )
 
