@@ -3,9 +3,10 @@
 Runs N no-op jobs as cycles of the ``noop`` family on K agent subprocesses with
 the reconstruction log on PostgreSQL (default) and reports jobs/s and µs per job
 for each cycle: the first places jobs never seen before (and records where they
-ran), the next ones run them with what was learned. Every attempt is logged. In the same invocation it runs the same no-op tasks through Celery (Redis
-broker and result backend on 127.0.0.1:6379, K prefork worker processes), the
-most common peer, so the ratio holds on a noisy machine. The last line printed is
+ran), the next ones run them with what was learned. Every attempt is logged.
+In the same invocation it runs the same no-op tasks through Celery (Redis broker
+and result backend on 127.0.0.1:6379, K prefork worker processes), the most
+common peer, so the ratio holds on a noisy machine. The last line printed is
 one JSON object with the figures.
 
     python bench/throughput.py --jobs 100000 --agents 2
