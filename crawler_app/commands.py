@@ -18,6 +18,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 
 from jodl.exceptions import JodlError
+from jodl.progress import progress_reporters
 
 
 def _engine(ctx: click.Context) -> Any:
@@ -243,7 +244,7 @@ def cycle(ctx: click.Context) -> None:
         raise JodlError(
             "no agent nodes: start one with `jodl agent` and add it with `jodl node add HOST:PORT`"
         )
-    with _cycle_progress() as (on_step, progress):
+    with progress_reporters("cycle") as (on_step, progress):
         master = Master(_settings(ctx), store=_store(ctx), progress=progress)
         try:
             runner = PageCycle(master.store.engine, master.run_cycle, app, on_step=on_step)
@@ -258,43 +259,6 @@ def cycle(ctx: click.Context) -> None:
         finally:
             master.close()
     click.echo(result.line())
-
-
-@contextmanager
-def _cycle_progress() -> Iterator[tuple[Any, Any]]:
-    """(on_step, progress) callbacks: a rich bar on a terminal, plain lines otherwise."""
-    if sys.stdout.isatty():
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-        with Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-        ) as bar:
-            task = bar.add_task("cycle", total=None)
-
-            def on_step(step: str) -> None:
-                bar.update(task, description=step.replace("_", " "), completed=0, total=None)
-
-            def progress(done: int, total: int) -> None:
-                bar.update(task, completed=done, total=total)
-
-            yield on_step, progress
-        return
-    state = {"step": "", "last": -1}
-
-    def plain_step(step: str) -> None:
-        state["step"], state["last"] = step, -1
-        click.echo(f"step {step.replace('_', ' ')}")
-
-    def plain_progress(done: int, total: int) -> None:
-        tenth = max(1, total // 10)
-        if done // tenth != state["last"] or done == total:
-            state["last"] = done // tenth
-            click.echo(f"  {state['step']}: {done}/{total}")
-
-    yield plain_step, plain_progress
 
 
 def register(group: click.Group) -> None:

@@ -6,14 +6,13 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import click
 
 from .config import Settings, markdown_table
 from .exceptions import BadPayload, ConfigError, JodlError
+from .progress import progress_reporters
 from .protocol import loads_object
 
 
@@ -267,31 +266,6 @@ def jobs_add(
     click.echo(f"{added} jobs added to {family}")
 
 
-@contextmanager
-def _progress(label: str) -> Iterator[Any]:
-    if sys.stdout.isatty():
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-        with Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-        ) as bar:
-            task = bar.add_task(label, total=None)
-            yield lambda done, total: bar.update(task, completed=done, total=total)
-    else:
-        state = {"last": -1}
-
-        def plain(done: int, total: int) -> None:
-            step = max(1, total // 10)
-            if done // step != state["last"] or done == total:
-                state["last"] = done // step
-                click.echo(f"{label}: {done}/{total}")
-
-        yield plain
-
-
 @main.command("run")
 @click.argument("family")
 @click.pass_context
@@ -304,7 +278,7 @@ def run_cmd(ctx: click.Context, family: str) -> None:
     if store.family(family) and not settings.register_listen and not store.nodes():
         # Nothing could ever run the jobs: say so instead of waiting forever.
         raise JodlError("no agent nodes registered: add one with `jodl node add HOST:PORT`")
-    with _progress(f"run {family}") as progress:
+    with progress_reporters(f"run {family}") as (_, progress):
         master = Master(settings, store=_store(ctx), progress=progress)
         try:
             summary = master.run_cycle(family)

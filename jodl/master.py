@@ -44,7 +44,7 @@ from .exceptions import AgentUnavailable, Fenced, JodlError, UnknownFamily
 from .models import ExecState, Family, NodeState, Run, utcnow
 from .placement import JobInfo, Knowledge, NodeLoad, Placement, strategy
 from .protocol import decode_done, decode_failed, encode_ids, encode_jobs
-from .rebalancer import Rebalancer
+from .rebalancer import Rebalancer, job_info
 from .store import PendingJob, Store, make_engine, retry_delay
 from .writer import LogWriter
 
@@ -593,7 +593,7 @@ class Master(Rebalancer):
             load.queued_work = max(0.0, load.queued_work - expected)
 
     def _expected(self, job: PendingJob, load: NodeLoad) -> float:
-        return self.knowledge.expected(_info(job), load)
+        return self.knowledge.expected(job_info(job), load)
 
     def assign(self) -> int:
         """Place every job waiting for a node with its family's strategy."""
@@ -604,7 +604,7 @@ class Master(Rebalancer):
             job_id = self.unassigned.popleft()
             job = self.pending.get(job_id)
             if job is not None and job_id not in self.placed:
-                by_family.setdefault(job.family, []).append(_info(job))
+                by_family.setdefault(job.family, []).append(job_info(job))
         placed = 0
         leftover: list[int] = []
         for fam, infos in by_family.items():
@@ -878,19 +878,6 @@ class Master(Rebalancer):
     def _check_fenced(self, slot: NodeSlot) -> None:
         if slot.link.last_error and "fenced" in slot.link.last_error:
             raise Fenced(f"a newer master has taken over ({slot.link.last_error})")
-
-
-def _info(job: PendingJob) -> JobInfo:
-    return JobInfo(
-        job.id,
-        job.key,
-        job.family,
-        job.priority,
-        job.permanent_node_id,
-        job.trial_node_id,
-        frozenset(job.failed_on),
-        job.attempts,
-    )
 
 
 def _ts(unix: float) -> dt.datetime:
