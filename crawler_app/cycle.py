@@ -6,8 +6,10 @@
                            known fingerprints and (scheduled cycles) spread start times
     check                  one JODL cycle of ``check_page`` on the agents
     analyse                results -> confirmed-change rule -> views, snapshots, pages
+                           (:mod:`crawler_app.analysis`)
     prepare_notifications  one digest per user with confirmed changes: a row with an
                            idempotency key and a ``notify`` job, committed together
+                           (:mod:`crawler_app.digests`)
     send                   one JODL cycle of ``notify`` (agents send over SMTP); outcomes
     finish                 snapshot retention, counts, the cycle closed
 
@@ -30,15 +32,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, bindparam, delete, func, or_, select, update
+from sqlalchemy import Engine, bindparam, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import sessionmaker
 
 from jodl import failpoint
 from jodl.models import ExecState, Execution, Job, JobState, Run, RunState, utcnow
 from jodl.store import Store
 
-from . import change, mail
+from . import digests
+from .analysis import apply_chunk
 from .models import (
     WHOLE_PAGE,
     AppCycle,
@@ -49,9 +52,6 @@ from .models import (
     PageView,
     Snapshot,
     Tracking,
-    User,
-    compress,
-    decompress,
 )
 from .pages import CHECK_FAMILY, NOTIFY_FAMILY, family_id, sync_jobs
 from .settings import AppSettings
@@ -319,7 +319,7 @@ class PageCycle:
                 if not rows:
                     break
                 last = rows[-1][0]
-                self._analyse_chunk(s, cycle, rows)
+                apply_chunk(s, cycle.id, rows, self.settings.flip_window)
         with self.sessions() as s, s.begin():
             # Jobs that failed every attempt: the page records why (never a change).
             dead = s.execute(
@@ -336,113 +336,6 @@ class PageCycle:
                     assert row is not None
                     row.errors += 1
 
-    def _analyse_chunk(self, s: Session, cycle: AppCycle, rows: list[Any]) -> None:
-        by_job = {job_id: (result, finished) for _, job_id, result, finished in rows}
-        pages = s.scalars(
-            select(Page).where(
-                Page.job_id.in_(list(by_job)),
-                or_(Page.analysed_cycle_id.is_(None), Page.analysed_cycle_id != cycle.id),
-            )
-        ).all()
-        if not pages:
-            return
-        views: dict[int, list[PageView]] = {}
-        for view in s.scalars(
-            select(PageView).where(PageView.page_id.in_([p.id for p in pages]))
-        ).all():
-            views.setdefault(view.page_id, []).append(view)
-        counts = {"checked": 0, "not_modified": 0, "errors": 0, "changed": 0}
-        for page in pages:
-            result_json, finished = by_job[page.job_id]
-            try:
-                result = json.loads(result_json or "null") or {}
-            except ValueError:
-                result = {"ok": False, "error": "internal_error", "error_message": "bad result"}
-            changed = self._apply(s, cycle, page, views.get(page.id, []), result, finished)
-            counts["checked"] += 1
-            counts["not_modified"] += bool(result.get("not_modified"))
-            counts["errors"] += not result.get("ok")
-            counts["changed"] += changed
-            page.analysed_cycle_id = cycle.id
-        row = s.get(AppCycle, cycle.id)
-        assert row is not None
-        for key, value in counts.items():
-            setattr(row, key, getattr(row, key) + value)
-
-    def _apply(
-        self,
-        s: Session,
-        cycle: AppCycle,
-        page: Page,
-        views: list[PageView],
-        result: dict[str, Any],
-        finished: dt.datetime | None,
-    ) -> int:
-        """Apply one check result; returns how many of the page's views changed."""
-        now = finished or utcnow()
-        ok = bool(result.get("ok"))
-        not_modified = bool(result.get("not_modified"))
-        page.last_checked_at = now
-        page.last_status = result.get("status")
-        if ok:
-            page.last_error = None
-            if not not_modified:
-                page.etag = result.get("etag")
-                page.last_modified = result.get("last_modified")
-                page.title = (result.get("title") or None) and result["title"][:300]
-                whole = (result.get("views") or {}).get(WHOLE_PAGE) or {}
-                page.fingerprint = whole.get("fingerprint") or page.fingerprint
-        else:
-            code = result.get("error") or "error"
-            page.last_error = f"{code}: {result.get('error_message') or ''}".strip()
-        seen = result.get("views") or {}
-        changed = 0
-        for view in views:
-            fetched = seen.get(view.selector) or {}
-            if not ok:
-                new = None
-            elif not_modified:
-                new = view.pending or view.fingerprint
-            elif view.selector not in seen or fetched.get("error"):
-                continue  # a view added after the payload was made, or a bad selector
-            else:
-                new = fetched.get("fingerprint")
-            history = [view.fingerprint, *(view.recent or [])] if view.fingerprint else []
-            decision = change.decide(
-                new, history, view.pending, flip_window=self.settings.flip_window
-            )
-            text = fetched.get("text")
-            if decision.store_snapshot and new is not None:
-                if text is None and new == view.pending:
-                    text = decompress(view.pending_text)
-                kind = "baseline" if decision.verdict == change.BASELINE else "change"
-                s.add(
-                    Snapshot(
-                        page_id=page.id,
-                        selector=view.selector,
-                        cycle_id=cycle.id,
-                        taken_at=now,
-                        status=result.get("status"),
-                        kind=kind,
-                        fingerprint=new,
-                        text_z=compress(text),
-                        chars=len(text or ""),
-                    )
-                )
-                if view.fingerprint:
-                    window = max(1, self.settings.flip_window)
-                    view.recent = [view.fingerprint, *(view.recent or [])][:window]
-                view.fingerprint = new
-                if kind == "change":
-                    view.last_changed_at = now
-                    page.last_changed_at = now
-                    changed += 1
-            if decision.pending != view.pending:
-                view.pending = decision.pending
-                view.pending_text = compress(text) if decision.pending else None
-                view.pending_since = now if decision.pending else None
-        return changed
-
     # -- notifications ------------------------------------------------------------------------
 
     def prepare_notifications(self, cycle: AppCycle) -> None:
@@ -452,95 +345,7 @@ class PageCycle:
         committed in one transaction; a redone step skips users that have one.
         """
         with self.sessions() as s, s.begin():
-            changes = s.execute(
-                select(Snapshot, Page)
-                .join(Page, Page.id == Snapshot.page_id)
-                .where(Snapshot.cycle_id == cycle.id, Snapshot.kind == "change")
-                .order_by(Page.url, Snapshot.selector)
-            ).all()
-            if not changes:
-                return
-            digests: dict[int, list[tuple[Snapshot, mail.ChangedPage]]] = {}
-            emails: dict[int, str] = {}
-            for snap, page in changes:
-                previous = s.scalar(
-                    select(Snapshot.text_z)
-                    .where(
-                        Snapshot.page_id == snap.page_id,
-                        Snapshot.selector == snap.selector,
-                        Snapshot.id < snap.id,
-                    )
-                    .order_by(Snapshot.id.desc())
-                    .limit(1)
-                )
-                item = mail.ChangedPage(
-                    url=page.url,
-                    title=page.title,
-                    selector=snap.selector or None,
-                    changed_at=snap.taken_at,
-                    diff=change.short_diff(decompress(previous) or "", snap.text),
-                    page_id=page.id,
-                )
-                trackers = s.execute(
-                    select(User.id, User.email)
-                    .join(Tracking, Tracking.user_id == User.id)
-                    .where(
-                        Tracking.page_id == snap.page_id,
-                        func.coalesce(Tracking.selector, WHOLE_PAGE) == snap.selector,
-                    )
-                ).all()
-                for user_id, address in trackers:
-                    emails[user_id] = address
-                    digests.setdefault(user_id, []).append((snap, item))
-            have = set(
-                s.scalars(select(Notification.user_id).where(Notification.cycle_id == cycle.id))
-            )
-            fid = family_id(s, NOTIFY_FAMILY)
-            domain = self.settings.mail_from.rpartition("@")[2].strip(" >") or "localhost"
-            stamp = cycle.started_at.strftime("%Y%m%d%H%M%S")
-            for user_id in sorted(digests):
-                if user_id in have:
-                    continue
-                key = f"digest-{cycle.id}-{user_id}"
-                message_id = f"<{key}.{stamp}@{domain}>"
-                digest = mail.Digest(
-                    emails[user_id], [item for _, item in digests[user_id]], self.settings.app_url
-                )
-                subject, text, html = mail.render(digest)
-                payload = {
-                    "key": key,
-                    "message_id": message_id,
-                    "from": self.settings.mail_from,
-                    "to": emails[user_id],
-                    "subject": subject,
-                    "text": text,
-                    "html": html,
-                }
-                job = Job(
-                    family_id=fid,
-                    key=key,
-                    payload=json.dumps(payload),
-                    state=JobState.IDLE,
-                    created_at=utcnow(),
-                    updated_at=utcnow(),
-                )
-                s.add(job)
-                s.flush()
-                s.add(
-                    Notification(
-                        cycle_id=cycle.id,
-                        user_id=user_id,
-                        idem_key=key,
-                        message_id=message_id,
-                        state=NotificationState.PREPARED,
-                        job_id=job.id,
-                        snapshots=[snap.id for snap, _ in digests[user_id]],
-                        created_at=utcnow(),
-                    )
-                )
-            row = s.get(AppCycle, cycle.id)
-            assert row is not None
-            row.notifications = len(digests)
+            digests.prepare(s, cycle, self.settings)
 
     def send(self, cycle: AppCycle) -> None:
         """One JODL cycle of ``notify``, then each digest's outcome is recorded.
@@ -559,42 +364,7 @@ class PageCycle:
         run = self._family_run(cycle, NOTIFY_FAMILY, "notify_run_id")
         failpoint.hit("app_send_ran")
         with self.sessions() as s, s.begin():
-            rows = s.execute(
-                select(Notification, Job.state, Job.last_error, Execution.result)
-                .join(Job, Job.id == Notification.job_id)
-                .outerjoin(
-                    Execution,
-                    and_(
-                        Execution.job_id == Job.id,
-                        Execution.run_id == run.id,
-                        Execution.state == ExecState.DONE,
-                    ),
-                )
-                .where(
-                    Notification.cycle_id == cycle.id,
-                    Notification.state == NotificationState.PREPARED,
-                )
-            ).all()
-            sent = 0
-            for note, job_state, job_error, result in rows:
-                if result is not None:
-                    note.state = NotificationState.SENT
-                    note.sent_at = utcnow()
-                    sent += 1
-                elif job_state == JobState.DEAD:
-                    note.state = NotificationState.FAILED
-                    note.error = job_error
-            job_ids = [note.job_id for note, *_ in rows if note.job_id is not None]
-            if job_ids:
-                s.execute(
-                    update(Job)
-                    .where(Job.id.in_(job_ids), Job.state == JobState.IDLE)
-                    .values(state=JobState.DONE, updated_at=utcnow())
-                    .execution_options(synchronize_session=False)
-                )
-            row = s.get(AppCycle, cycle.id)
-            assert row is not None
-            row.sent += sent
+            digests.record_outcomes(s, cycle.id, run.id)
 
     # -- finish --------------------------------------------------------------------------------
 

@@ -1,0 +1,167 @@
+"""Digests: one e-mail per user per cycle, listing the user's changed pages.
+
+:func:`prepare` turns the cycle's confirmed changes into one :class:`Notification`
+row per user (its idempotency key ``digest-<cycle>-<user>`` names the ``notify``
+job and builds the Message-ID) and commits it with its job; :func:`record_outcomes`
+marks each digest sent or failed from the ``notify`` run and retires the jobs.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import and_, func, select, update
+from sqlalchemy.orm import Session
+
+from jodl.models import ExecState, Execution, Job, JobState, utcnow
+
+from . import change, mail
+from .models import (
+    WHOLE_PAGE,
+    AppCycle,
+    Notification,
+    NotificationState,
+    Page,
+    Snapshot,
+    Tracking,
+    User,
+    decompress,
+)
+from .pages import NOTIFY_FAMILY, family_id
+from .settings import AppSettings
+
+
+def prepare(s: Session, cycle: AppCycle, settings: AppSettings) -> int:
+    """Notification rows and ``notify`` jobs for the cycle's changes; users that have
+    one already (a redone step) are skipped. Returns the number of digests."""
+    changes = s.execute(
+        select(Snapshot, Page)
+        .join(Page, Page.id == Snapshot.page_id)
+        .where(Snapshot.cycle_id == cycle.id, Snapshot.kind == "change")
+        .order_by(Page.url, Snapshot.selector)
+    ).all()
+    if not changes:
+        return 0
+    digests: dict[int, list[tuple[Snapshot, mail.ChangedPage]]] = {}
+    emails: dict[int, str] = {}
+    for snap, page in changes:
+        previous = s.scalar(
+            select(Snapshot.text_z)
+            .where(
+                Snapshot.page_id == snap.page_id,
+                Snapshot.selector == snap.selector,
+                Snapshot.id < snap.id,
+            )
+            .order_by(Snapshot.id.desc())
+            .limit(1)
+        )
+        item = mail.ChangedPage(
+            url=page.url,
+            title=page.title,
+            selector=snap.selector or None,
+            changed_at=snap.taken_at,
+            diff=change.short_diff(decompress(previous) or "", snap.text),
+            page_id=page.id,
+        )
+        trackers = s.execute(
+            select(User.id, User.email)
+            .join(Tracking, Tracking.user_id == User.id)
+            .where(
+                Tracking.page_id == snap.page_id,
+                func.coalesce(Tracking.selector, WHOLE_PAGE) == snap.selector,
+            )
+        ).all()
+        for user_id, address in trackers:
+            emails[user_id] = address
+            digests.setdefault(user_id, []).append((snap, item))
+    have = set(s.scalars(select(Notification.user_id).where(Notification.cycle_id == cycle.id)))
+    fid = family_id(s, NOTIFY_FAMILY)
+    domain = settings.mail_from.rpartition("@")[2].strip(" >") or "localhost"
+    stamp = cycle.started_at.strftime("%Y%m%d%H%M%S")
+    for user_id in sorted(digests):
+        if user_id in have:
+            continue
+        key = f"digest-{cycle.id}-{user_id}"
+        message_id = f"<{key}.{stamp}@{domain}>"
+        digest = mail.Digest(
+            emails[user_id], [item for _, item in digests[user_id]], settings.app_url
+        )
+        subject, text, html = mail.render(digest)
+        payload = {
+            "key": key,
+            "message_id": message_id,
+            "from": settings.mail_from,
+            "to": emails[user_id],
+            "subject": subject,
+            "text": text,
+            "html": html,
+        }
+        job = Job(
+            family_id=fid,
+            key=key,
+            payload=json.dumps(payload),
+            state=JobState.IDLE,
+            created_at=utcnow(),
+            updated_at=utcnow(),
+        )
+        s.add(job)
+        s.flush()
+        s.add(
+            Notification(
+                cycle_id=cycle.id,
+                user_id=user_id,
+                idem_key=key,
+                message_id=message_id,
+                state=NotificationState.PREPARED,
+                job_id=job.id,
+                snapshots=[snap.id for snap, _ in digests[user_id]],
+                created_at=utcnow(),
+            )
+        )
+    row = s.get(AppCycle, cycle.id)
+    assert row is not None
+    row.notifications = len(digests)
+    return len(digests)
+
+
+def record_outcomes(s: Session, cycle_id: int, run_id: int) -> int:
+    """Mark the cycle's prepared digests sent (a committed result in the ``notify``
+    run) or failed (the job is dead), and retire their jobs (``done``) so no later
+    ``notify`` run sends them again. Returns the number sent."""
+    rows = s.execute(
+        select(Notification, Job.state, Job.last_error, Execution.result)
+        .join(Job, Job.id == Notification.job_id)
+        .outerjoin(
+            Execution,
+            and_(
+                Execution.job_id == Job.id,
+                Execution.run_id == run_id,
+                Execution.state == ExecState.DONE,
+            ),
+        )
+        .where(
+            Notification.cycle_id == cycle_id,
+            Notification.state == NotificationState.PREPARED,
+        )
+    ).all()
+    sent = 0
+    for note, job_state, job_error, result in rows:
+        if result is not None:
+            note.state = NotificationState.SENT
+            note.sent_at = utcnow()
+            sent += 1
+        elif job_state == JobState.DEAD:
+            note.state = NotificationState.FAILED
+            note.error = job_error
+    job_ids = [note.job_id for note, *_ in rows if note.job_id is not None]
+    if job_ids:
+        s.execute(
+            update(Job)
+            .where(Job.id.in_(job_ids), Job.state == JobState.IDLE)
+            .values(state=JobState.DONE, updated_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+    row = s.get(AppCycle, cycle_id)
+    assert row is not None
+    row.sent += sent
+    return sent
