@@ -30,6 +30,7 @@ from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine, exists, select
+from sqlalchemy.exc import SQLAlchemyError
 
 from jodl.exceptions import JodlError
 
@@ -185,7 +186,14 @@ def start(master: Any, library_settings: Any = None) -> Callable[[], None]:
         return lambda: None
     runner = MasterRunner(master)
     scheduler = CycleScheduler(master.store.engine, runner, settings)
-    scheduler.start()
+    try:
+        scheduler.start()
+    except SQLAlchemyError as exc:
+        # The master serves the library's families even when the page checker's
+        # tables are missing; say what to do instead of failing the whole master.
+        reason = str(exc).strip().splitlines()[0]
+        log.error("page-check cycles not scheduled (run `jodl db upgrade`?): %s", reason)
+        return lambda: None
 
     def stop() -> None:
         runner.stopped.set()
