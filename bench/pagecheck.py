@@ -13,7 +13,7 @@ after; its best run is the peer. CPU seconds per page of the agent process are
 reported too: one agent is one process, so they bound its pages per second. The
 last line printed is one JSON object with the figures.
 
-    python bench/pagecheck.py --pages 5000 --latency 0.02 --concurrency 100
+    python bench/pagecheck.py --pages 5000 --latency 0.02 --concurrency 50
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=5000, help="pages checked (default 5000)")
     parser.add_argument("--latency", type=float, default=0.02, help="site latency, s (0.02)")
     parser.add_argument(
-        "--concurrency", type=int, default=100, help="fetches in flight on the agent (100)"
+        "--concurrency", type=int, default=50, help="fetches in flight on the agent (50)"
     )
     parser.add_argument(
         "--database-url", default="sqlite", help="'sqlite' (a temp file) or a PostgreSQL URL"
