@@ -20,7 +20,6 @@ from sqlalchemy import (
     DateTime,
     Engine,
     Integer,
-    and_,
     bindparam,
     case,
     create_engine,
@@ -28,19 +27,17 @@ from sqlalchemy import (
     exists,
     func,
     insert,
-    literal,
     or_,
     select,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import bulk
 from .exceptions import StoreUnavailable
+from .learning import LearningLog, learn_from_executions
 from .models import (
     Dispatch,
     ExecState,
@@ -48,7 +45,6 @@ from .models import (
     Family,
     FamilyOnNode,
     Job,
-    JobOnNode,
     JobState,
     MasterLease,
     Node,
@@ -57,7 +53,6 @@ from .models import (
     RunState,
     utcnow,
 )
-from .placement import RECENT_WEIGHT, Knowledge, Learned
 
 log = logging.getLogger("jodl.store")
 
@@ -264,7 +259,7 @@ class Sent:
     run_id: int | None
 
 
-class Store:
+class Store(LearningLog):
     """Reads and writes of the reconstruction log for one master."""
 
     def __init__(self, engine: Engine) -> None:
@@ -661,33 +656,6 @@ class Store:
                     update(Dispatch).where(Dispatch.id.in_(list(closed))).values(is_open=False)
                 )
 
-    # -- learning ----------------------------------------------------------------------------
-
-    def load_knowledge(self, knowledge: Knowledge) -> None:
-        """Fill ``knowledge`` with every JobOnNode row and nodes' learned speeds."""
-        with self.engine.connect() as conn:
-            for node_id, speed in conn.execute(select(Node.id, Node.speed)):
-                knowledge.node_speed[node_id] = speed or 1.0
-            rows = conn.execute(
-                select(
-                    JobOnNode.job_id,
-                    JobOnNode.node_id,
-                    JobOnNode.executions,
-                    JobOnNode.failures,
-                    JobOnNode.mean_duration,
-                    JobOnNode.recent_duration,
-                    JobOnNode.m2,
-                    JobOnNode.last_duration,
-                    Family.name,
-                )
-                .join(Job, Job.id == JobOnNode.job_id)
-                .join(Family, Family.id == Job.family_id)
-            )
-            for job_id, node_id, count, failures, mean, recent, m2, last, fam in rows:
-                knowledge.load(
-                    job_id, node_id, Learned(count, failures, mean, recent, m2 or 0.0, last), fam
-                )
-
     # -- jobs ---------------------------------------------------------------------------------
 
     def add_jobs(self, family: Family, jobs: Iterable[tuple[str, str]], priority: int = 0) -> int:
@@ -734,165 +702,3 @@ class Store:
                     )
                 )
         return out
-
-    # -- placement: homes, trial moves, cycle period ---------------------------------------
-
-    def set_homes(self, rows: Sequence[tuple[int, int | None, int | None]]) -> None:
-        """Persist (job_id, permanent node, trial node) of jobs whose home changed."""
-        if not rows:
-            return
-        homes = [{"id": j, "permanent_node_id": p, "trial_node_id": t} for j, p, t in rows]
-        with self.engine.begin() as conn:
-            # One statement per batch (on-demand jobs get their first home in every step).
-            bulk.update_rows(conn, Job.__table__, "id", homes)
-
-    def settle_homes(self, run_id: int) -> None:
-        """Jobs of a run with no home get the node that committed their result as home.
-
-        One set-based statement (UPDATE ... FROM, a join) at the end of a run, so
-        the first cycle of many jobs does not write one row per job from the loop.
-        """
-        with self.engine.begin() as conn:
-            conn.execute(
-                update(Job)
-                .where(
-                    Job.id == Execution.job_id,
-                    Execution.run_id == run_id,
-                    Execution.state == ExecState.DONE,
-                    Job.permanent_node_id.is_(None),
-                    Job.trial_node_id.is_(None),
-                )
-                .values(permanent_node_id=Execution.node_id)
-                .execution_options(synchronize_session=False)
-            )
-
-    def node_gone_for_good(self, node_id: int) -> None:
-        """A removed node: trial moves away from it become permanent, its other homes free."""
-        with self.engine.begin() as conn:
-            conn.execute(
-                update(Job)
-                .where(Job.permanent_node_id == node_id, Job.trial_node_id.is_not(None))
-                .values(permanent_node_id=Job.trial_node_id, trial_node_id=None)
-            )
-            conn.execute(
-                update(Job).where(Job.permanent_node_id == node_id).values(permanent_node_id=None)
-            )
-            conn.execute(update(Job).where(Job.trial_node_id == node_id).values(trial_node_id=None))
-
-    def home_work(self, family_id: int, default: float, period: float | None) -> dict[int, float]:
-        """Per node, expected seconds per cycle of the family's jobs at home there (one query).
-
-        A job counts at its trial node while a trial is in force, else at its
-        permanent node, with its learned moving average there (``default`` when
-        none), weighted by how often it is due: 1/every_n_cycles, or ``period``
-        / min_interval when that is less (see :func:`jodl.placement.per_cycle`).
-        """
-        home = func.coalesce(Job.trial_node_id, Job.permanent_node_id)
-        per = literal(1.0) / func.coalesce(func.nullif(Job.every_n_cycles, 0), 1)
-        if period:
-            by_time = literal(float(period)) / Job.min_interval
-            per = case((and_(Job.min_interval > 0, by_time < per), by_time), else_=per)
-        seconds = func.coalesce(JobOnNode.recent_duration, literal(float(default)))
-        query = (
-            select(home, func.sum(seconds * per))
-            .select_from(Job)
-            .outerjoin(JobOnNode, and_(JobOnNode.job_id == Job.id, JobOnNode.node_id == home))
-            .where(Job.family_id == family_id, Job.state == JobState.IDLE, home.is_not(None))
-            .group_by(home)
-        )
-        with self.engine.connect() as conn:
-            return {node: float(total or 0.0) for node, total in conn.execute(query)}
-
-    def cycle_period(self, family_id: int, runs: int = 6) -> float | None:
-        """Mean seconds between the starts of a family's last runs (None: fewer than two)."""
-        with self.engine.connect() as conn:
-            starts = list(
-                conn.scalars(
-                    select(Run.started_at)
-                    .where(Run.family_id == family_id)
-                    .order_by(Run.number.desc())
-                    .limit(runs)
-                )
-            )
-        if len(starts) < 2:
-            return None
-        return (starts[0] - starts[-1]).total_seconds() / (len(starts) - 1)
-
-
-def learn_from_executions(conn: Any, where: Any, now: dt.datetime) -> None:
-    """Fold the outcomes selected by ``where`` into JobOnNode, inside the database.
-
-    Per (job, node): counts add up; means, variances (Welford/Chan) and the recent
-    mean (weight :data:`~jodl.placement.RECENT_WEIGHT`) combine with what was known,
-    so no row travels through Python.
-    """
-    t = JobOnNode.__table__
-    e = Execution.__table__
-    done = e.c.state == ExecState.DONE
-    n = func.sum(case((done, 1), else_=0))
-    mean = func.avg(case((done, e.c.duration)))
-    sq = func.sum(case((done, e.c.duration * e.c.duration)))
-    new = (
-        select(
-            e.c.job_id,
-            e.c.node_id,
-            n.label("executions"),
-            func.sum(case((e.c.state == ExecState.FAILED, 1), else_=0)).label("failures"),
-            mean.label("mean_duration"),
-            mean.label("recent_duration"),
-            func.coalesce(sq - n * mean * mean, 0.0).label("m2"),
-            mean.label("last_duration"),
-            literal(now).label("updated_at"),
-        )
-        .where(where, e.c.state.in_((ExecState.DONE, ExecState.FAILED)))
-        .group_by(e.c.job_id, e.c.node_id)
-    )
-    ins = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(t)
-    stmt = ins.from_select(list(NEW_COLUMNS), new)
-    old, x = t.c, stmt.excluded
-    total = old.executions + x.executions
-    w = RECENT_WEIGHT
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["job_id", "node_id"],
-        set_={
-            "executions": total,
-            "failures": old.failures + x.failures,
-            "mean_duration": case(
-                (x.executions == 0, old.mean_duration),
-                (old.mean_duration.is_(None), x.mean_duration),
-                else_=(old.mean_duration * old.executions + x.mean_duration * x.executions) / total,
-            ),
-            "m2": case(
-                (x.executions == 0, old.m2),
-                (old.mean_duration.is_(None), x.m2),
-                else_=old.m2
-                + x.m2
-                + (x.mean_duration - old.mean_duration)
-                * (x.mean_duration - old.mean_duration)
-                * old.executions
-                * x.executions
-                / total,
-            ),
-            "recent_duration": case(
-                (x.executions == 0, old.recent_duration),
-                (old.recent_duration.is_(None), x.recent_duration),
-                else_=w * x.recent_duration + (1 - w) * old.recent_duration,
-            ),
-            "last_duration": func.coalesce(x.last_duration, old.last_duration),
-            "updated_at": x.updated_at,
-        },
-    )
-    conn.execute(stmt)
-
-
-NEW_COLUMNS = (
-    "job_id",
-    "node_id",
-    "executions",
-    "failures",
-    "mean_duration",
-    "recent_duration",
-    "m2",
-    "last_duration",
-    "updated_at",
-)
