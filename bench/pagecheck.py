@@ -144,12 +144,10 @@ def start_agent(concurrency: int) -> tuple[subprocess.Popen[bytes], str]:
         "JODL_FETCH_HOST_INTERVAL": "0",
         "JODL_FETCH_MAX_CONNECTIONS": str(concurrency),
     }
-    # The master keeps "slots x QUEUE_AHEAD" seconds of work on an agent; with one
-    # slot per 4 fetches in flight it sends enough to fill the async slots.
-    slots = max(4, concurrency // 4)
+    # The master fills the agent's async slots (JODL_AGENT_ASYNC_SLOTS) for async
+    # families such as check_page; the thread slots stay at their default.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jodl", "agent", "--listen", f"127.0.0.1:{port}",
-         "--slots", str(slots)],
+        [sys.executable, "-m", "jodl", "agent", "--listen", f"127.0.0.1:{port}"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -198,7 +196,7 @@ def run_page_checker(
     store = Store(engine)
     agent, address = start_agent(concurrency)
     try:
-        store.add_node(address, slots=max(4, concurrency // 4))
+        store.add_node(address)
         settings = Settings(database_url=db_url, log_level="WARNING")
         app = AppSettings.from_env(env={}, check_spread=0.0)
         figures = []

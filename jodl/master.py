@@ -121,6 +121,9 @@ class NodeSlot:
     acks: list[int] = field(default_factory=list)
     ack_lock: threading.Lock = field(default_factory=threading.Lock)
     removed: bool = False
+    #: Families the agent runs as coroutines, and how many at once.
+    async_families: set[str] = field(default_factory=set)
+    async_slots: int = 0
     #: Moving mean of the durations this node reported (seconds); None before any.
     recent_duration: float | None = None
 
@@ -495,7 +498,10 @@ class Master(Rebalancer):
                 failures=slot.link.failures,
             )
             return
-        slot.families = set(info.get("families", {}))
+        families = info.get("families", {})
+        slot.families = set(families)
+        slot.async_families = {name for name, fam in families.items() if fam.get("async")}
+        slot.async_slots = int(info.get("async_slots", 0))
         slot.load.slots = int(info.get("slots", slot.load.slots))
         self.store.update_node(
             slot.load.id,
@@ -695,9 +701,14 @@ class Master(Rebalancer):
         """How many more jobs to send now: enough to keep the slots busy for QUEUE_AHEAD.
 
         Sized by the durations this node actually reported (not by placement's
-        guesses), so no-op jobs go in large batches and long jobs stay stealable.
+        guesses), so no-op jobs go in large batches and long jobs stay stealable;
+        and by the agent's async slots for families that run on its event loop.
         """
         slots = max(1, slot.load.slots)
+        if slot.backlog and slot.async_slots:
+            head = self.pending.get(slot.backlog[0])
+            if head is not None and head.family in slot.async_families:
+                slots = slot.async_slots  # coroutines on the agent's loop, not threads
         if slot.recent_duration is None:
             want = 2 * slots
         else:
