@@ -189,7 +189,7 @@ def main() -> None:
                 f"{celery['jobs_per_s']:.0f} tasks/s"
             )
             figures["celery_jobs_per_s"] = round(celery["jobs_per_s"])
-            figures["ratio"] = round(jodl["jobs_per_s"] / celery["jobs_per_s"], 2)
+            figures["ratio"] = round(figures["jobs_per_s"] / celery["jobs_per_s"], 2)
     print(json.dumps(figures))
 
 
