@@ -26,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import http.cookiejar
+import select
+import socket
 import ssl
 import time
 import weakref
@@ -185,9 +187,10 @@ class PinnedBackend(httpcore.AsyncNetworkBackend):
             raise httpcore.ConnectError(
                 f"connection to {host}:{port} refused: the address was not checked by the guard"
             )
-        return await self._inner.connect_tcp(
+        stream = await self._inner.connect_tcp(
             target.address, port, timeout, local_address, socket_options
         )
+        return _PooledStream(stream, stream.get_extra_info("socket"))
 
     async def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Any = None
@@ -196,6 +199,56 @@ class PinnedBackend(httpcore.AsyncNetworkBackend):
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
+
+
+def _readable(sock: socket.socket | None) -> bool:
+    """True when a read would not block: data, or the end of the stream (peer closed)."""
+    fd = -1 if sock is None else sock.fileno()
+    if fd < 0:
+        return True  # closed or unknown: treat as readable, so the pool drops it
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class _PooledStream(httpcore.AsyncNetworkStream):
+    """A network stream that keeps its raw socket at hand.
+
+    httpcore's pool asks every idle connection ``is_readable`` (did the server
+    close it?) on every request; through anyio each answer rebuilds the stream's
+    attribute table and calls ``getpeername``. Here it is one ``poll``.
+    """
+
+    __slots__ = ("_inner", "_sock")
+
+    def __init__(self, inner: httpcore.AsyncNetworkStream, sock: socket.socket | None) -> None:
+        self._inner = inner
+        self._sock = sock
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return await self._inner.read(max_bytes, timeout)
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        await self._inner.write(buffer, timeout)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        inner = await self._inner.start_tls(ssl_context, server_hostname, timeout)
+        return _PooledStream(inner, self._sock)  # TLS runs over the same socket
+
+    def get_extra_info(self, info: str) -> Any:
+        if info == "is_readable":
+            return _readable(self._sock)
+        if info == "socket":
+            return self._sock
+        return self._inner.get_extra_info(info)
 
 
 class GuardedTransport(httpx.AsyncHTTPTransport):
