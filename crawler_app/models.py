@@ -194,6 +194,26 @@ class AppCycle(Base):
     timings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
+class CycleRequest(Base):
+    """An operator asked for an application cycle now (the web UI or API).
+
+    A master's scheduler claims untaken requests (sets ``taken_at`` in the
+    transaction that finds them) and runs one cycle for all it took.
+    """
+
+    __tablename__ = "app_cycle_request"
+    __table_args__ = (Index("ix_app_cycle_request_taken", "taken_at"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("app_user.id", ondelete="SET NULL"))
+    requested_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    #: When a master claimed it (None: pending).
+    taken_at: Mapped[dt.datetime | None]
+    #: The name of the master that claimed it.
+    taken_by: Mapped[str | None] = mapped_column(String(255))
+    #: The application cycle run for it (None while it runs, or when nothing was tracked).
+    cycle_id: Mapped[int | None] = mapped_column(ForeignKey("app_cycle.id", ondelete="SET NULL"))
+
+
 class NotificationState:
     PREPARED = "prepared"  # committed with its job; not sent yet
     SENT = "sent"  # the agent reported the SMTP server accepted it

@@ -16,6 +16,10 @@ no tracked page and no unfinished cycle does nothing.
 * The checks of a scheduled cycle start spread over ``JODL_CHECK_SPREAD``
   seconds by a hash of the URL, never more than a quarter of the time to the
   next slot.
+* Operators' requests for a cycle now (:mod:`crawler_app.cycle_requests`) are
+  looked for every :data:`REQUEST_POLL` seconds by an interval job, also with
+  ``JODL_SCHEDULE=off``. A request waits while a cycle runs; all requests
+  pending when the cycle ends are served by one cycle (trigger ``web``).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from jodl.exceptions import JodlError
 
+from . import cycle_requests
 from .cycle import CycleResult, PageCycle, RunFamily, last_cycle_start, open_cycle_step
 from .models import Tracking
 from .settings import SCHEDULE_OFF, AppSettings, cron_trigger
@@ -42,6 +47,10 @@ log = logging.getLogger("crawler_app.schedule")
 
 #: Id of the scheduler job that runs the application cycle.
 JOB_ID = "page-check-cycle"
+#: Id of the scheduler job that looks for operators' requests.
+REQUEST_JOB_ID = "cycle-requests"
+#: Seconds between two looks for operators' requests.
+REQUEST_POLL = 2.0
 
 
 class CycleScheduler:
@@ -53,15 +62,25 @@ class CycleScheduler:
         run_family: RunFamily,
         settings: AppSettings | None = None,
         timezone: Any = None,
+        name: str = "master",
+        request_poll: float = REQUEST_POLL,
     ) -> None:
         self.engine = engine
+        #: Recorded on the requests this scheduler takes.
+        self.name = name
+        self.request_poll = request_poll
         self.run_family = run_family
         self.settings = settings or AppSettings.from_env()
         self.scheduler = BackgroundScheduler(
             timezone=timezone,
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
-        self.trigger = cron_trigger(self.settings.schedule, self.scheduler.timezone)
+        #: None when the schedule is off: only requests start cycles.
+        self.trigger = (
+            None
+            if self.settings.schedule == SCHEDULE_OFF
+            else cron_trigger(self.settings.schedule, self.scheduler.timezone)
+        )
         self._lock = threading.Lock()
         #: Results of the cycles run by this scheduler, oldest first.
         self.results: list[CycleResult] = []
@@ -75,6 +94,8 @@ class CycleScheduler:
         """True when a cycle is open, or a slot passed since the last cycle started."""
         if open_cycle_step(self.engine) is not None:
             return True
+        if self.trigger is None:
+            return False
         last = last_cycle_start(self.engine)
         if last is None:
             return True  # never ran: the first slot is now
@@ -87,6 +108,8 @@ class CycleScheduler:
         """Seconds to spread the checks over: the setting, capped at a quarter period."""
         if self.settings.check_spread <= 0:
             return 0.0
+        if self.trigger is None:
+            return self.settings.check_spread
         now = now or self._now()
         first = self.trigger.get_next_fire_time(None, now)
         if first is None:
@@ -99,15 +122,29 @@ class CycleScheduler:
     def start(self) -> None:
         """Schedule the cycle (first run now when one was missed) and start the thread."""
         first = self._now() if self.missed() else None
+        if self.trigger is not None:
+            self.scheduler.add_job(
+                self.run_cycle,
+                self.trigger,
+                id=JOB_ID,
+                name="page check cycle",
+                next_run_time=first if first is not None else _undefined(),
+                replace_existing=True,
+            )
+        elif first is not None:  # schedule off, but an unfinished cycle resumes
+            self.scheduler.add_job(self.run_cycle, id=JOB_ID, name="page check cycle (resumed)")
         self.scheduler.add_job(
-            self.run_cycle,
-            self.trigger,
-            id=JOB_ID,
-            name="page check cycle",
-            next_run_time=first if first is not None else _undefined(),
+            self.serve_requests,
+            "interval",
+            seconds=self.request_poll,
+            id=REQUEST_JOB_ID,
+            name="operators' cycle requests",
             replace_existing=True,
         )
         self.scheduler.start()
+        if self.trigger is None:
+            log.info("scheduled page-check cycles are off; operators' requests are served")
+            return
         job = self.scheduler.get_job(JOB_ID)
         log.info(
             "page check cycle scheduled (%s), next run %s%s",
@@ -120,12 +157,42 @@ class CycleScheduler:
         job = self.scheduler.get_job(JOB_ID)
         return job.next_run_time if job else None
 
+    def serve_requests(self) -> CycleResult | None:
+        """Claim pending operators' requests and run one cycle for them all.
+
+        While a cycle runs here the requests are left pending (this job runs
+        again in :attr:`request_poll` seconds): they wait for the cycle to end.
+        """
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            try:
+                taken = cycle_requests.claim(self.engine, self.name)
+            except SQLAlchemyError:
+                log.exception("looking for operators' cycle requests")
+                return None
+            if not taken:
+                return None
+            log.info("cycle requested by an operator (requests %s)", taken)
+            result = self._run(trigger="web")
+            cycle_requests.settle(self.engine, taken, result.id if result else None)
+            return result
+        finally:
+            self._lock.release()
+
     def run_cycle(self, trigger: str = "schedule") -> CycleResult | None:
         """Run (or resume) one application cycle unless one is running in this process."""
         if not self._lock.acquire(blocking=False):
             self.skipped += 1
             log.warning("page check cycle still running; this slot is skipped")
             return None
+        try:
+            return self._run(trigger)
+        finally:
+            self._lock.release()
+
+    def _run(self, trigger: str) -> CycleResult | None:
+        """The cycle itself; the caller holds the lock."""
         try:
             if open_cycle_step(self.engine) is None and not _anything_tracked(self.engine):
                 log.info("no tracked pages: nothing to check in this slot")
@@ -138,8 +205,6 @@ class CycleScheduler:
         except Exception:
             log.exception("page check cycle failed; it resumes at its step on the next run")
             return None
-        finally:
-            self._lock.release()
 
     def stop(self, wait: bool = False) -> None:
         """Stop firing; ``wait`` for a cycle in progress, else it stays open and resumes
@@ -181,11 +246,9 @@ def start(master: Any, library_settings: Any = None) -> Callable[[], None]:
     Returns the function that stops the scheduler.
     """
     settings = AppSettings.from_env()
-    if settings.schedule == SCHEDULE_OFF:
-        log.info("scheduled page-check cycles are off (JODL_SCHEDULE=off)")
-        return lambda: None
     runner = MasterRunner(master)
-    scheduler = CycleScheduler(master.store.engine, runner, settings)
+    name = str(getattr(master, "name", None) or "master")
+    scheduler = CycleScheduler(master.store.engine, runner, settings, name=name)
     try:
         scheduler.start()
     except SQLAlchemyError as exc:

@@ -15,7 +15,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 from crawler_app.cycle import PageCycle, spread_fraction
-from crawler_app.models import AppCycle, CycleStep, Page
+from crawler_app.cycle_requests import request_cycle
+from crawler_app.models import AppCycle, CycleRequest, CycleStep, Page
 from crawler_app.schedule import CycleScheduler, MasterRunner
 from crawler_app.settings import AppSettings, cron_trigger
 from jodl.exceptions import ConfigError
@@ -207,3 +208,68 @@ def test_jodl_master_runs_the_scheduled_cycle(store, agents, site, inbox, db_url
     assert (cycle.trigger, cycle.checked) == ("schedule", 1)
     assert len(site.requests("/p")) == 1
     assert "scheduled (0 6 * * *)" in (tmp_path / "master.log").read_text()
+
+
+def requests_of(store) -> list[CycleRequest]:
+    with sessionmaker(store.engine, expire_on_commit=False)() as s:
+        return list(s.scalars(select(CycleRequest).order_by(CycleRequest.id)))
+
+
+def test_requests_are_served_with_the_schedule_off(store):
+    sched = CycleScheduler(
+        store.engine, lambda family: None, app_settings(schedule="off"), request_poll=0.05
+    )
+    assert sched.trigger is None and not sched.missed()
+    sched.start()
+    try:
+        assert sched.next_run_time() is None  # no scheduled cycle
+        request_cycle(store.engine, None)
+        wait_for(lambda: all(r.taken_at for r in requests_of(store)), 30, "the request taken")
+    finally:
+        sched.stop(wait=True)
+    (req,) = requests_of(store)
+    assert req.taken_by == "master" and req.cycle_id is None  # nothing tracked: no cycle
+    assert cycles(store) == []
+
+
+def test_jodl_master_runs_requested_cycles_one_at_a_time(
+    store, agents, site, inbox, db_url, tmp_path
+):
+    site.set_page("/slow", "<p>slow</p>", delay=2.0)
+    add_users_tracking(store, site.url("/slow"), ["ann@example.org"])
+    agents(1, env=agent_env(inbox))
+    add_cycle(store, utcnow())  # ran just now: nothing to catch up at start
+    master = spawn_jodl(
+        "master",
+        log_path=tmp_path / "master.log",
+        env={
+            "JODL_DATABASE_URL": db_url,
+            "JODL_SCHEDULE": "0 6 1 1 *",
+            "JODL_CHECK_SPREAD": "0",
+            "JODL_LOG_LEVEL": "INFO",
+        },
+    )
+    try:
+        first = request_cycle(store.engine, None)
+        (running,) = wait_for(
+            lambda: [c for c in cycles(store) if c.trigger == "web" and c.finished_at is None],
+            60,
+            "the requested cycle running",
+        )
+        # Two more requests while it runs: they wait for it, then one cycle serves both.
+        second = request_cycle(store.engine, None)
+        third = request_cycle(store.engine, None)
+        assert {c.id: c.finished_at for c in cycles(store)}[running.id] is None
+        wait_for(lambda: all(r.cycle_id for r in requests_of(store)), 60, "every request served")
+    finally:
+        master.send_signal(signal.SIGTERM)
+        master.wait(timeout=20)
+    served = {r.id: r.cycle_id for r in requests_of(store)}
+    assert served[first] == running.id
+    assert served[second] == served[third] != running.id
+    web = [c for c in cycles(store) if c.trigger == "web"]
+    assert [c.id for c in web] == [running.id, served[second]]
+    assert all(c.step == CycleStep.DONE and c.checked == 1 for c in web)
+    assert web[1].started_at >= web[0].finished_at  # never two at once
+    assert len(site.requests("/slow")) == 2
+    assert all(r.taken_by for r in requests_of(store))

@@ -14,6 +14,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy.orm import sessionmaker
 
+from crawler_app.cycle_requests import claim
 from crawler_app.models import Snapshot, compress
 from crawler_app.pages import add_user
 from jodl.migrate import upgrade
@@ -30,8 +31,7 @@ def make_app(tmp_path: Path, **settings: Any) -> Flask:
     upgrade(engine)
     values: dict[str, Any] = {"web_secure_cookies": False, "web_submit_burst": 1000}
     values.update(settings)
-    starter = values.pop("start_cycle", None)
-    app = create_app(WebSettings(database_url=url, **values), engine=engine, start_cycle=starter)
+    app = create_app(WebSettings(database_url=url, **values), engine=engine)
     sessions = sessionmaker(engine)
     with sessions.begin() as s:
         add_user(s, "user@example.org", PASSWORD)
@@ -222,8 +222,7 @@ def test_tracked_pages_history_and_diff(app: Flask, client: FlaskClient) -> None
 
 
 def test_operator_endpoints(tmp_path: Path) -> None:
-    started: list[str] = []
-    app = make_app(tmp_path, start_cycle=lambda: started.append("go") or "cycle started")
+    app = make_app(tmp_path)
     client = app.test_client()
     assert client.get("/api/admin/status", headers=USER).status_code == 403
     assert client.get("/api/admin/status").status_code == 401
@@ -250,13 +249,31 @@ def test_operator_endpoints(tmp_path: Path) -> None:
         ).status_code
         == 404
     )
-    assert client.post("/api/admin/cycles", json={}, headers=OPS).status_code == 202
-    assert started == ["go"]
 
 
-def test_cycle_needs_a_master_in_this_process(client: FlaskClient) -> None:
+def test_a_cycle_request_is_recorded_for_a_master(client: FlaskClient) -> None:
+    assert client.post("/api/admin/cycles", json={}, headers=USER).status_code == 403
+    assert client.post("/api/admin/cycles", json={}).status_code == 401
     r = client.post("/api/admin/cycles", json={}, headers=OPS)
-    assert r.status_code == 400 and "schedule" in r.get_json()["message"]
+    assert r.status_code == 202
+    answer = r.get_json()
+    assert answer["state"] == "requested" and "requested" in answer["message"]
+    # A session (not Basic) needs the CSRF header.
+    client.post("/api/session", json={"email": "ops@example.org", "password": PASSWORD})
+    assert client.post("/api/admin/cycles", json={}).status_code == 403
+    csrf = {"X-CSRF-Token": client.get("/api/session").get_json()["csrf_token"]}
+    assert client.post("/api/admin/cycles", json={}, headers=csrf).status_code == 202
+    status = client.get("/api/admin/status").get_json()
+    assert status["can_start_cycle"] is True
+    pending = status["cycle_requests"]
+    assert [(p["id"], p["requested_by"]) for p in pending] == [
+        (answer["id"], "ops@example.org"),
+        (answer["id"] + 1, "ops@example.org"),
+    ]
+    engine = client.application.extensions["jodl"].engine
+    assert claim(engine, "m1") == [answer["id"], answer["id"] + 1]
+    assert claim(engine, "m2") == []  # taken once
+    assert client.get("/api/admin/status").get_json()["cycle_requests"] == []
 
 
 def test_openapi_describes_every_api_route(app: Flask, client: FlaskClient) -> None:

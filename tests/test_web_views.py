@@ -17,9 +17,10 @@ import lxml.html
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
+from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
-from crawler_app.models import Page, Snapshot, compress
+from crawler_app.models import CycleRequest, Page, Snapshot, User, compress
 from crawler_app.pages import add_user, track
 from jodl.migrate import upgrade
 from jodl.store import make_engine
@@ -267,6 +268,31 @@ def test_access_rules(
     assert admin_client.get("/admin/runs/1").status_code == 404
     # Someone else's tracked page is not yours to see or remove.
     assert user_client.get("/pages/1").status_code == 404
+
+
+def test_start_a_cycle_records_a_request(
+    app: Flask, user_client: FlaskClient, admin_client: FlaskClient
+) -> None:
+    engine = app.extensions["jodl"].engine
+
+    def requests() -> list[tuple[int | None, object]]:
+        with sessionmaker(engine)() as s:
+            return [(r.user_id, r.taken_at) for r in s.scalars(select(CycleRequest))]
+
+    r = user_client.post("/admin/cycle", data={"csrf_token": token(user_client)})
+    assert r.status_code == 403
+    r = admin_client.post("/admin/cycle", data={"csrf_token": "forged"})
+    assert r.status_code == 403
+    assert requests() == []
+    r = admin_client.post("/admin/cycle", data={"csrf_token": token(admin_client)})
+    assert r.status_code == 303
+    with sessionmaker(engine)() as s:
+        ops = s.scalar(select(User.id).where(User.email == "ops@example.org"))
+    assert requests() == [(ops, None)]
+    page = admin_client.get(r.headers["Location"]).get_data(as_text=True)
+    assert "cycle requested" in page
+    listed = lxml.html.fromstring(page).get_element_by_id("cycle-requests").text_content()
+    assert "requested by ops@example.org" in listed
 
 
 # -- flows --------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Operator views (admin role): nodes, runs with live progress, queue counts, actions.
 
 Operators add and remove agent nodes (the serving master picks the change up
-within a second), and start an application cycle now when this web process
-runs beside a master (``jodl up``); otherwise cycles follow the master's schedule.
+within a second), and request an application cycle now: the request is a row
+in the database that a running master's scheduler (``jodl master`` or
+``jodl up``) takes within a couple of seconds (see :mod:`crawler_app.cycle_requests`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from flask import Blueprint, flash, redirect, render_template, request, url_for
 from sqlalchemy import func, select
 from werkzeug.exceptions import BadRequest, NotFound
 
+from crawler_app import cycle_requests
 from jodl.models import ExecState, Execution, Family, Run, RunState
 from jodl.protocol import split_address
 from jodl.status import collect
 
 from .app import Services, services
-from .auth import admin_required
+from .auth import admin_required, current_user
 
 bp = Blueprint("admin", __name__, url_prefix="/admin")
 
@@ -59,7 +61,8 @@ def overview(svc: Services, runs: int = 10) -> dict[str, Any]:
         run["started_at"] = _iso(run["started_at"])
         run["finished_at"] = _iso(run["finished_at"])
     data["queue"] = svc.queue.counts()
-    data["can_start_cycle"] = svc.start_cycle is not None
+    data["can_start_cycle"] = True
+    data["cycle_requests"] = cycle_requests.pending(svc.engine)
     return data
 
 
@@ -81,13 +84,18 @@ def remove_node(svc: Services, address: str) -> str:
     return f"node {address} removed"
 
 
-def start_cycle(svc: Services) -> str:
-    if svc.start_cycle is None:
-        raise BadRequest(
-            "this web process runs no master: cycles follow the master's schedule "
-            "(or run `jodl cycle`)"
-        )
-    return svc.start_cycle()
+def start_cycle(svc: Services) -> dict[str, Any]:
+    """Record the current operator's request for a cycle now: its id and a line saying so."""
+    user = current_user()
+    request_id = cycle_requests.request_cycle(svc.engine, user.id if user else None)
+    return {
+        "id": request_id,
+        "state": "requested",
+        "message": (
+            "cycle requested: a running master starts it within seconds "
+            "(after the cycle in progress, if any); progress shows under Runs"
+        ),
+    }
 
 
 def _slots(text: str | None) -> int:
@@ -143,5 +151,5 @@ def nodes_remove() -> Any:
 @bp.route("/cycle", methods=["POST"])
 @admin_required
 def cycle() -> Any:
-    flash(start_cycle(services()), "ok")
+    flash(start_cycle(services())["message"], "ok")
     return redirect(url_for("admin.index"), 303)

@@ -298,4 +298,4 @@ def admin_nodes_remove() -> Any:
 @bp.route("/admin/cycles", methods=["POST"])
 @admin_required
 def admin_cycle() -> Any:
-    return jsonify({"message": admin.start_cycle(services())}), 202
+    return jsonify(admin.start_cycle(services())), 202

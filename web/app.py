@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +34,6 @@ log = logging.getLogger("web")
 
 #: Largest request body accepted (bytes): a batch of URLs fits many times over.
 MAX_BODY = 1024 * 1024
-#: Starts one application cycle now; returns a short line saying what happened.
-CycleStarter = Callable[[], str]
 
 
 class IdConverter(IntegerConverter):
@@ -61,8 +58,6 @@ class Services:
     streams: threading.BoundedSemaphore
     #: Set when the server shuts down: open streams end at once.
     stopping: threading.Event
-    #: Starts an application cycle now (None: this process cannot; the schedule does).
-    start_cycle: CycleStarter | None = None
 
 
 def services() -> Services:
@@ -80,7 +75,6 @@ def create_app(
     settings: WebSettings | None = None,
     *,
     engine: Engine | None = None,
-    start_cycle: CycleStarter | None = None,
 ) -> Flask:
     """Build the web app for ``settings`` (default: from ``JODL_*`` variables)."""
     settings = settings or WebSettings.from_env()
@@ -121,7 +115,6 @@ def create_app(
         metrics=Metrics(),
         streams=threading.BoundedSemaphore(settings.web_max_streams),
         stopping=threading.Event(),
-        start_cycle=start_cycle,
     )
     app.jinja_env.globals["csrf_token"] = csrf_token
     app.jinja_env.globals["csrf_field"] = CSRF_FIELD

@@ -3,7 +3,8 @@
 :class:`LocalCluster` migrates the database, creates an operator account when
 there is none, starts agents as child processes on free loopback ports and
 registers them as nodes, and runs a serving master (with the on-demand queue
-feeder and the page checker's cycle scheduler) in a thread of this process.
+feeder and the page checker's cycle scheduler, which also serves operators'
+requests for a cycle now) in a thread of this process.
 The web server runs in the main thread (see :mod:`web.commands`).
 
 Agents are watched: one that dies is started again on its port, so the system
@@ -164,7 +165,6 @@ class LocalCluster:
     _threads: list[threading.Thread] = field(default_factory=list)
     _scheduler: Any = None
     _queue: Queue | None = None
-    _cycle_lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- start ----------------------------------------------------------------------------------
 
@@ -239,7 +239,9 @@ class LocalCluster:
             master.feeders.append(QueueFeeder(self._queue))
         self.master = master
         self._runner = MasterRunner(master)
-        self._scheduler = CycleScheduler(self.store.engine, self._runner, AppSettings.from_env())
+        self._scheduler = CycleScheduler(
+            self.store.engine, self._runner, AppSettings.from_env(), name=master.name
+        )
         self._scheduler.start()
         self._spawn(self._serve, "jodl-master")
         self._spawn(self._watch, "jodl-agent-watch")
@@ -277,22 +279,6 @@ class LocalCluster:
                     agent.start(self._env)
                 except RuntimeError as exc:
                     log.error("%s", exc)
-
-    def start_cycle(self) -> str:
-        """Start an application cycle now in the background (one at a time)."""
-        if self._scheduler is None:
-            return "no scheduler running"
-        if not self._cycle_lock.acquire(blocking=False):
-            return "a cycle started from here is still running"
-
-        def run() -> None:
-            try:
-                self._scheduler.run_cycle(trigger="web")
-            finally:
-                self._cycle_lock.release()
-
-        self._spawn(run, "jodl-cycle")
-        return "cycle started: progress shows under Runs"
 
     # -- stop ------------------------------------------------------------------------------------
 

@@ -168,7 +168,7 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int) -> None:
     started = False
     try:
         email, password = cluster.prepare()
-        app = create_app(web_settings, engine=cluster.engine, start_cycle=cluster.start_cycle)
+        app = create_app(web_settings, engine=cluster.engine)
         server = _up_server(app, web_settings, listen)
         cluster.start_agents()
         cluster.start_master()

@@ -218,8 +218,8 @@ def document(settings: WebSettings) -> dict[str, Any]:
         },
         "/api/admin/cycles": {
             "post": _op(
-                "Start an application cycle now",
-                _responses(202, "Started", obj, 400, 401, 403),
+                "Request an application cycle now (a running master starts it)",
+                _responses(202, "Requested", obj, 400, 401, 403),
                 {"type": "object"},
                 auth=True,
             )
