@@ -173,6 +173,7 @@ class PinnedBackend(httpcore.AsyncNetworkBackend):
 
     def __init__(self) -> None:
         self._inner = httpcore.AnyIOBackend()
+        self._readable = _ReadableCheck()
 
     async def connect_tcp(
         self,
@@ -190,7 +191,7 @@ class PinnedBackend(httpcore.AsyncNetworkBackend):
         stream = await self._inner.connect_tcp(
             target.address, port, timeout, local_address, socket_options
         )
-        return _PooledStream(stream, stream.get_extra_info("socket"))
+        return _PooledStream(stream, stream.get_extra_info("socket"), self._readable)
 
     async def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Any = None
@@ -201,14 +202,43 @@ class PinnedBackend(httpcore.AsyncNetworkBackend):
         await self._inner.sleep(seconds)
 
 
-def _readable(sock: socket.socket | None) -> bool:
-    """True when a read would not block: data, or the end of the stream (peer closed)."""
-    fd = -1 if sock is None else sock.fileno()
-    if fd < 0:
-        return True  # closed or unknown: treat as readable, so the pool drops it
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
+class _ReadableCheck:
+    """Answers "is this pooled socket readable?" for all of one pool's sockets at once.
+
+    httpcore's pool asks every idle connection whether the server closed it, on
+    every request and every response closed: one ``poll`` system call per idle
+    connection each time. Here all the pool's sockets are polled in one call and
+    the answer serves the rest of the same event-loop callback (no I/O can happen
+    before it ends), so the check stays exact and costs one call per pass.
+    """
+
+    def __init__(self) -> None:
+        self._poller = select.poll()
+        self._ready: set[int] | None = None
+
+    def add(self, fd: int) -> None:
+        if fd >= 0:
+            self._poller.register(fd, select.POLLIN)
+
+    def remove(self, fd: int) -> None:
+        try:
+            self._poller.unregister(fd)
+        except (KeyError, ValueError):
+            pass
+
+    def readable(self, sock: socket.socket | None) -> bool:
+        """True when a read would not block: data, or the end of the stream (peer closed)."""
+        fd = -1 if sock is None else sock.fileno()
+        if fd < 0:
+            return True  # closed or unknown: treat as readable, so the pool drops it
+        ready = self._ready
+        if ready is None:
+            ready = self._ready = {fd for fd, _events in self._poller.poll(0)}
+            asyncio.get_running_loop().call_soon(self._forget)
+        return fd in ready
+
+    def _forget(self) -> None:
+        self._ready = None
 
 
 class _PooledStream(httpcore.AsyncNetworkStream):
@@ -219,11 +249,22 @@ class _PooledStream(httpcore.AsyncNetworkStream):
     attribute table and calls ``getpeername``. Here it is one ``poll``.
     """
 
-    __slots__ = ("_inner", "_sock")
+    __slots__ = ("_inner", "_sock", "_fd", "_check")
 
-    def __init__(self, inner: httpcore.AsyncNetworkStream, sock: socket.socket | None) -> None:
+    def __init__(
+        self,
+        inner: httpcore.AsyncNetworkStream,
+        sock: socket.socket | None,
+        check: _ReadableCheck,
+        *,
+        register: bool = True,
+    ) -> None:
         self._inner = inner
         self._sock = sock
+        self._check = check
+        self._fd = -1 if sock is None else sock.fileno()
+        if register:
+            check.add(self._fd)
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         return await self._inner.read(max_bytes, timeout)
@@ -232,6 +273,7 @@ class _PooledStream(httpcore.AsyncNetworkStream):
         await self._inner.write(buffer, timeout)
 
     async def aclose(self) -> None:
+        self._check.remove(self._fd)
         await self._inner.aclose()
 
     async def start_tls(
@@ -241,11 +283,12 @@ class _PooledStream(httpcore.AsyncNetworkStream):
         timeout: float | None = None,
     ) -> httpcore.AsyncNetworkStream:
         inner = await self._inner.start_tls(ssl_context, server_hostname, timeout)
-        return _PooledStream(inner, self._sock)  # TLS runs over the same socket
+        # TLS runs over the same socket, already registered.
+        return _PooledStream(inner, self._sock, self._check, register=False)
 
     def get_extra_info(self, info: str) -> Any:
         if info == "is_readable":
-            return _readable(self._sock)
+            return self._check.readable(self._sock)
         if info == "socket":
             return self._sock
         return self._inner.get_extra_info(info)
