@@ -448,6 +448,11 @@ class Master(Rebalancer):
             time.sleep(self._idle_pause())
         else:
             self._idle = 0
+            if not sent:
+                # Results came in but nothing new went out: the agents' queues are full.
+                # Polling again at once would make an agent answer a call per result; the
+                # next results are still seen within POLL_SHARE of a running job.
+                time.sleep(min(self.settings.idle_sleep, self.poll_cap()))
         return bool(sent or got)
 
     _idle = 0
