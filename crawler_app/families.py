@@ -65,7 +65,8 @@ def _view(
     if truncated:
         text = text[:limit].rstrip()
     if fp is None or truncated:
-        fp = fingerprint(text)
+        # ``text`` comes from extract(), already normalised, unless it was cut here.
+        fp = fingerprint(text, normalised=not truncated)
     out: dict[str, Any] = {"fingerprint": fp, "chars": len(text), "matches": matches}
     if truncated:
         out["truncated"] = True

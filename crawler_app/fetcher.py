@@ -563,7 +563,9 @@ class Fetcher:
         result.update(
             ok=True, etag=headers.get("etag"), last_modified=headers.get("last-modified"),
             size=len(body), title=page.title, text=text, truncated=truncated,
-            fingerprint=fingerprint(text), selector_matches=page.selector_matches,
+            # extract() normalised the text; a cut one is normalised again to be safe.
+            fingerprint=fingerprint(text, normalised=not truncated),
+            selector_matches=page.selector_matches,
         )  # fmt: skip
 
     async def _check(self, url: str, budget: _Budget) -> CheckedTarget:

@@ -64,9 +64,15 @@ class Extract:
     selector_matches: int | None = None
 
 
-def fingerprint(text: str) -> str:
-    """SHA-256 hex digest of ``text`` after normalisation (see :func:`normalise`)."""
-    return hashlib.sha256(normalise(text).encode("utf-8")).hexdigest()
+def fingerprint(text: str, *, normalised: bool = False) -> str:
+    """SHA-256 hex digest of ``text`` after normalisation (see :func:`normalise`).
+
+    ``normalised=True`` says ``text`` came from :func:`normalise` unchanged (the
+    digest is the same, without normalising twice).
+    """
+    if not normalised:
+        text = normalise(text)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def normalise(text: str) -> str:
