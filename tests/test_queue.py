@@ -32,27 +32,15 @@ from jodl.migrate import upgrade
 from jodl.models import Job, JobState
 from jodl.queue import Queue
 from jodl.store import Store, make_engine, retry_delay
+from tests.clock import Clock
 
 START = dt.datetime(2030, 1, 1, 12, 0, 0)
 LEASE = 60.0
 
 
-class Clock:
-    """A settable UTC clock (naive datetimes, like the rest of the log)."""
-
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> dt.datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += dt.timedelta(seconds=seconds)
-
-
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(START)
 
 
 @pytest.fixture
@@ -339,7 +327,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert self.engine is not None
         with self.engine.begin() as conn:
             conn.execute(text("TRUNCATE jodl_job, jodl_family RESTART IDENTITY CASCADE"))
-        self.clock = Clock()
+        self.clock = Clock(START)
         self.q = Queue(self.engine, clock=self.clock, max_attempts=MAX_ATTEMPTS)
         self.world = World()
 

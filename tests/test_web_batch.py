@@ -6,7 +6,6 @@ a result), so no agent is needed here; ``test_sse.py`` runs the real thing.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 from jodl.models import utcnow
 from jodl.queue import Queue
 from jodl.store import Store
+from tests.clock import Clock
 from web.batch import KEY_PREFIX, Batches, SubmissionError, check_url, split_urls
 from web.settings import WebSettings
 from web.stream import Cursor
@@ -23,22 +23,9 @@ from web.stream import Cursor
 URL = "http://pages.example/a"
 
 
-class Clock:
-    """A clock the test moves (the cache's idea of now)."""
-
-    def __init__(self) -> None:
-        self.now = utcnow()
-
-    def __call__(self) -> dt.datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += dt.timedelta(seconds=seconds)
-
-
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(utcnow())
 
 
 @pytest.fixture
