@@ -268,17 +268,12 @@ def main() -> None:
     )
     figures["enqueue_per_s"] = round(bare["enqueue_per_s"])
     figures["claim_complete_per_s"] = round(bare["claim_complete_per_s"])
-    if args.celery_jobs:
-        from throughput import run_celery
+    from throughput import celery_peer
 
-        celery = run_celery(args.celery_jobs, args.agents)
-        if celery is not None:
-            print(
-                f"celery: {args.celery_jobs} tasks in {celery['seconds']:.2f}s = "
-                f"{celery['jobs_per_s']:.0f} tasks/s"
-            )
-            figures["celery_jobs_per_s"] = round(celery["jobs_per_s"])
-            figures["ratio_celery"] = round(statistics.median(ours) / celery["jobs_per_s"], 2)
+    celery = celery_peer(args.celery_jobs, args.agents)
+    if celery is not None:
+        figures["celery_jobs_per_s"] = round(celery)
+        figures["ratio_celery"] = round(statistics.median(ours) / celery, 2)
     print(json.dumps(figures))
 
 

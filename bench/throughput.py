@@ -140,6 +140,17 @@ def run_celery(jobs: int, workers: int) -> dict[str, float] | None:
     return {"seconds": seconds, "jobs_per_s": jobs / seconds}
 
 
+def celery_peer(jobs: int, workers: int) -> float | None:
+    """Run the Celery peer (unless ``jobs`` is 0), print its line, return its tasks/s."""
+    if not jobs:
+        return None
+    celery = run_celery(jobs, workers)
+    if celery is None:
+        return None
+    print(f"celery: {jobs} tasks in {celery['seconds']:.2f}s = {celery['jobs_per_s']:.0f} tasks/s")
+    return float(celery["jobs_per_s"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=100_000, help="no-op jobs through JODL")
@@ -181,15 +192,10 @@ def main() -> None:
         "cycles_jobs_per_s": [round(r) for r in jodl["jobs_per_s"]],
         "us_per_job": round(min(jodl["us_per_job"]), 1),
     }
-    if args.celery_jobs:
-        celery = run_celery(args.celery_jobs, args.agents)
-        if celery is not None:
-            print(
-                f"celery: {args.celery_jobs} tasks in {celery['seconds']:.2f}s = "
-                f"{celery['jobs_per_s']:.0f} tasks/s"
-            )
-            figures["celery_jobs_per_s"] = round(celery["jobs_per_s"])
-            figures["ratio"] = round(figures["jobs_per_s"] / celery["jobs_per_s"], 2)
+    celery = celery_peer(args.celery_jobs, args.agents)
+    if celery is not None:
+        figures["celery_jobs_per_s"] = round(celery)
+        figures["ratio"] = round(figures["jobs_per_s"] / celery, 2)
     print(json.dumps(figures))
 
 
