@@ -233,18 +233,7 @@ class Batches:
         return found
 
     def _floors(self, conn: Any, job_ids: Sequence[int]) -> dict[int, int]:
-        floors: dict[int, int] = {}
-        for start in range(0, len(job_ids), CHUNK):
-            floors.update(
-                conn.execute(
-                    select(CacheReset.job_id, CacheReset.floor_exec_id).where(
-                        CacheReset.job_id.in_(job_ids[start : start + CHUNK])
-                    )
-                )
-                .tuples()
-                .all()
-            )
-        return floors
+        return _lookup(conn, CacheReset.job_id, CacheReset.floor_exec_id, job_ids)
 
     def latest(
         self, job_ids: Sequence[int], keep: int = 2
@@ -459,19 +448,8 @@ class Batches:
         return out
 
     def _finished(self, exec_ids: Sequence[int]) -> dict[int, dt.datetime | None]:
-        out: dict[int, dt.datetime | None] = {}
         with self.engine.connect() as conn:
-            for start in range(0, len(exec_ids), CHUNK):
-                out.update(
-                    conn.execute(
-                        select(Execution.id, Execution.finished_at).where(
-                            Execution.id.in_(exec_ids[start : start + CHUNK])
-                        )
-                    )
-                    .tuples()
-                    .all()
-                )
-        return out
+            return _lookup(conn, Execution.id, Execution.finished_at, exec_ids)
 
     def arrived(self, pending: Iterable[Item]) -> list[tuple[Item, dict[str, Any]]]:
         """Items of ``pending`` whose result is committed now, in commit order, with events.
@@ -601,3 +579,12 @@ class Batches:
             old = select(Batch.id).where(Batch.created_at < cutoff)
             conn.execute(delete(BatchItem).where(BatchItem.batch_id.in_(old)))
             conn.execute(delete(Batch).where(Batch.created_at < cutoff))
+
+
+def _lookup(conn: Any, key: Any, value: Any, ids: Sequence[int]) -> dict[Any, Any]:
+    """``{key: value}`` of the rows whose ``key`` is in ``ids``, in chunks of CHUNK ids."""
+    found: dict[Any, Any] = {}
+    for start in range(0, len(ids), CHUNK):
+        rows = conn.execute(select(key, value).where(key.in_(ids[start : start + CHUNK])))
+        found.update(rows.tuples().all())
+    return found
