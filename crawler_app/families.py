@@ -42,22 +42,6 @@ _COPIED = (
 )  # fmt: skip
 
 
-class _ViewFetcher(Fetcher):
-    """A :class:`Fetcher` that keeps the body, so extra selectors need no second fetch."""
-
-    async def _finish(  # type: ignore[override]
-        self,
-        result: dict[str, Any],
-        answer: Any,
-        etag: str | None,
-        last_modified: str | None,
-        selector: str | None,
-    ) -> None:
-        await super()._finish(result, answer, etag, last_modified, selector)
-        if result.get("ok") and not result.get("not_modified"):
-            result["_body"] = answer.body
-
-
 def _view(
     text: str, matches: int | None, known: list[str], limit: int, fp: str | None = None
 ) -> dict[str, Any]:
@@ -111,7 +95,7 @@ class CheckPage(Family):
         self.settings = AppSettings.from_env()
         self.fetch_settings = self.settings.fetch_settings()
         # Made on first use, inside the agent's event loop (its locks belong to that loop).
-        self._fetcher: _ViewFetcher | None = None
+        self._fetcher: Fetcher | None = None
 
     async def run(self, payload: dict[str, Any]) -> Any:
         url = str(payload["url"])
@@ -121,12 +105,11 @@ class CheckPage(Family):
             if delay > 0:
                 await asyncio.sleep(delay)
         if self._fetcher is None:
-            self._fetcher = _ViewFetcher(self.fetch_settings)
+            self._fetcher = Fetcher(self.fetch_settings)
         wanted: dict[str, list[str]] = dict(payload.get("views") or {"": []})
-        result = await self._fetcher.fetch(
+        result, body = await self._fetcher.fetch_with_body(
             url, etag=payload.get("etag"), last_modified=payload.get("last_modified")
         )
-        body: bytes | None = result.pop("_body", None)
         out = {key: result.get(key) for key in _COPIED}
         out["redirects"] = len(result.get("redirects") or ())
         if not result.get("ok") or result.get("not_modified"):

@@ -4,12 +4,13 @@ Every request — page, redirect hop, robots.txt — goes through one path:
 
 1. the SSRF guard (:mod:`crawler_app.guard`) checks the URL and resolves the
    host once;
-2. the connection goes to the address the guard checked: the client's
-   :class:`GuardedTransport` replaces DNS with that address for the current
-   fetch and refuses any connection the guard did not check, while the URL
-   keeps the host name, so the ``Host`` header, the TLS server name (SNI) and
-   certificate checks are those of the real host and kept-alive connections
-   are never shared between host names;
+2. the connection goes to the address the guard checked: each request
+   carries its checked target, and the client's transport
+   (:class:`~crawler_app.transport.PinnedTransport`) connects to exactly that
+   address and refuses any request without one, while the URL keeps the host
+   name, so the ``Host`` header, the TLS server name (SNI) and certificate
+   checks are those of the real host and kept-alive connections are never
+   shared between host names or addresses;
 3. per-host politeness (:mod:`crawler_app.politeness`) spaces and limits the
    requests and honours robots.txt and ``Retry-After``.
 
@@ -24,11 +25,7 @@ short code (:data:`ERROR_CODES`) and a one-line message, never as exceptions.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import http.cookiejar
-import select
-import socket
-import ssl
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -37,7 +34,6 @@ from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import urljoin
 
-import httpcore
 import httpx
 
 from .guard import AsyncResolver, CheckedTarget, FetchRefused, check_url_async, parse_allowlist
@@ -49,6 +45,7 @@ from .politeness import (
     Politeness,
 )
 from .text import SelectorError, compile_selector, extract, fingerprint, media_type
+from .transport import PINNED, PinnedTransport
 
 #: Sent with every request; its first word is the robots.txt agent name.
 USER_AGENT = "JODL-PageChecker/0.1 (page change checker; obeys robots.txt)"
@@ -160,161 +157,6 @@ class FetchSettings:
 
 DEFAULT_SETTINGS = FetchSettings()
 
-# --- the guarded connection path ------------------------------------------------------------
-
-# The target the guard checked for the request being made in this task.
-_CONNECT_TO: contextvars.ContextVar[CheckedTarget | None] = contextvars.ContextVar(
-    "jodl_connect_to", default=None
-)
-
-
-class PinnedBackend(httpcore.AsyncNetworkBackend):
-    """Opens TCP connections only to the address the guard checked for this fetch."""
-
-    def __init__(self) -> None:
-        self._inner = httpcore.AnyIOBackend()
-        self._readable = _ReadableCheck()
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Any = None,
-    ) -> httpcore.AsyncNetworkStream:
-        target = _CONNECT_TO.get()
-        if target is None or target.host != host or target.port != port:
-            raise httpcore.ConnectError(
-                f"connection to {host}:{port} refused: the address was not checked by the guard"
-            )
-        stream = await self._inner.connect_tcp(
-            target.address, port, timeout, local_address, socket_options
-        )
-        return _PooledStream(stream, stream.get_extra_info("socket"), self._readable)
-
-    async def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Any = None
-    ) -> httpcore.AsyncNetworkStream:
-        raise httpcore.ConnectError("unix socket connections are never made")
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-
-class _ReadableCheck:
-    """Answers "is this pooled socket readable?" for all of one pool's sockets at once.
-
-    httpcore's pool asks every idle connection whether the server closed it, on
-    every request and every response closed: one ``poll`` system call per idle
-    connection each time. Here all the pool's sockets are polled in one call and
-    the answer serves the rest of the same event-loop callback (no I/O can happen
-    before it ends), so the check stays exact and costs one call per pass.
-    """
-
-    def __init__(self) -> None:
-        self._poller = select.poll()
-        self._ready: set[int] | None = None
-
-    def add(self, fd: int) -> None:
-        if fd >= 0:
-            self._poller.register(fd, select.POLLIN)
-
-    def remove(self, fd: int) -> None:
-        try:
-            self._poller.unregister(fd)
-        except (KeyError, ValueError):
-            pass
-
-    def readable(self, sock: socket.socket | None) -> bool:
-        """True when a read would not block: data, or the end of the stream (peer closed)."""
-        fd = -1 if sock is None else sock.fileno()
-        if fd < 0:
-            return True  # closed or unknown: treat as readable, so the pool drops it
-        ready = self._ready
-        if ready is None:
-            ready = self._ready = {fd for fd, _events in self._poller.poll(0)}
-            asyncio.get_running_loop().call_soon(self._forget)
-        return fd in ready
-
-    def _forget(self) -> None:
-        self._ready = None
-
-
-class _PooledStream(httpcore.AsyncNetworkStream):
-    """A network stream that keeps its raw socket at hand.
-
-    httpcore's pool asks every idle connection ``is_readable`` (did the server
-    close it?) on every request; through anyio each answer rebuilds the stream's
-    attribute table and calls ``getpeername``. Here it is one ``poll``.
-    """
-
-    __slots__ = ("_inner", "_sock", "_fd", "_check")
-
-    def __init__(
-        self,
-        inner: httpcore.AsyncNetworkStream,
-        sock: socket.socket | None,
-        check: _ReadableCheck,
-        *,
-        register: bool = True,
-    ) -> None:
-        self._inner = inner
-        self._sock = sock
-        self._check = check
-        self._fd = -1 if sock is None else sock.fileno()
-        if register:
-            check.add(self._fd)
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return await self._inner.read(max_bytes, timeout)
-
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        await self._inner.write(buffer, timeout)
-
-    async def aclose(self) -> None:
-        self._check.remove(self._fd)
-        await self._inner.aclose()
-
-    async def start_tls(
-        self,
-        ssl_context: ssl.SSLContext,
-        server_hostname: str | None = None,
-        timeout: float | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        inner = await self._inner.start_tls(ssl_context, server_hostname, timeout)
-        # TLS runs over the same socket, already registered.
-        return _PooledStream(inner, self._sock, self._check, register=False)
-
-    def get_extra_info(self, info: str) -> Any:
-        if info == "is_readable":
-            return self._check.readable(self._sock)
-        if info == "socket":
-            return self._sock
-        return self._inner.get_extra_info(info)
-
-
-class GuardedTransport(httpx.AsyncHTTPTransport):
-    """An httpx transport whose new connections go through :class:`PinnedBackend`.
-
-    No proxies and no environment settings: a proxy would connect wherever it
-    likes, undoing the guard.
-    """
-
-    def __init__(self, ssl_context: ssl.SSLContext, limits: httpx.Limits | None = None) -> None:
-        limits = limits or httpx.Limits()
-        super().__init__(verify=ssl_context, limits=limits, trust_env=False)
-        # httpx has no parameter for the network backend, so the pool it built
-        # is replaced by an equal one that uses ours.
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl_context,
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            network_backend=PinnedBackend(),
-        )
-
-
 _GUARDED_CLIENTS: weakref.WeakSet[httpx.AsyncClient] = weakref.WeakSet()
 
 
@@ -326,15 +168,12 @@ def make_client(settings: FetchSettings = DEFAULT_SETTINGS) -> httpx.AsyncClient
     settings from the environment.
     """
     no_cookies = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
-    limits = httpx.Limits(
-        max_connections=settings.max_connections,
-        max_keepalive_connections=min(20, settings.max_connections),
-    )
     context = httpx.create_ssl_context(verify=settings.verify_tls, trust_env=False)
     if settings.verify_tls and settings.ca_file:
         context.load_verify_locations(cafile=settings.ca_file)
+    # No proxies and no environment settings: a proxy would connect wherever it likes.
     client = httpx.AsyncClient(
-        transport=GuardedTransport(context, limits),
+        transport=PinnedTransport(context, max_connections=settings.max_connections),
         trust_env=False,
         follow_redirects=False,
         cookies=no_cookies,
@@ -356,7 +195,7 @@ class _Failure(Exception):
 @dataclass
 class _Answer:
     status: int
-    headers: httpx.Headers
+    headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
     body: bytes | None  # None: not read
     complete: bool = True  # False: stopped at the size limit
 
@@ -454,10 +293,30 @@ class Fetcher:
         ``selector`` a CSS selector the text is restricted to. Never raises
         (except on cancellation).
         """
+        result, _body = await self.fetch_with_body(
+            url, etag=etag, last_modified=last_modified, selector=selector
+        )
+        return result
+
+    async def fetch_with_body(
+        self,
+        url: str,
+        *,
+        etag: str | None = None,
+        last_modified: str | None = None,
+        selector: str | None = None,
+    ) -> tuple[dict[str, Any], bytes | None]:
+        """:meth:`fetch`, also giving the body read: ``(result, body)``.
+
+        ``body`` is the page's bytes when ``result["ok"]`` and a body was read
+        (a 2xx answer), else None; a caller may look at it again (more CSS
+        selectors, say) without a second fetch. Never raises.
+        """
         started = time.monotonic()
         result = _new_result(url)
+        body: bytes | None = None
         try:
-            await self._fetch(url, etag, last_modified, selector, result)
+            body = await self._fetch(url, etag, last_modified, selector, result)
         except _Failure as failure:
             result.update(
                 ok=False, error=failure.code, error_reason=failure.reason,
@@ -468,7 +327,7 @@ class Fetcher:
                 ok=False, error="internal_error", error_message=f"{type(exc).__name__}: {exc}"
             )
         result["elapsed"] = round(time.monotonic() - started, 3)
-        return result
+        return result, body if result["ok"] else None
 
     async def _fetch(
         self,
@@ -477,7 +336,8 @@ class Fetcher:
         last_modified: str | None,
         selector: str | None,
         result: dict[str, Any],
-    ) -> None:
+    ) -> bytes | None:
+        """Fill ``result``; the body read (None for a 304). Raises :class:`_Failure`."""
         if selector is not None:
             try:
                 compile_selector(selector)
@@ -506,13 +366,12 @@ class Fetcher:
                 current = urljoin(target.url, location.strip())
                 result["redirects"].append(current)
                 continue
-            await self._finish(result, answer, etag, last_modified, selector)
-            return
+            return await self._finish(result, answer, etag, last_modified, selector)
         raise _Failure(
             "too_many_redirects", f"gave up after {self.settings.max_redirects} redirects"
         )
 
-    def _page_body_wanted(self, status: int, headers: httpx.Headers) -> bool:
+    def _page_body_wanted(self, status: int, headers: dict[str, str]) -> bool:
         if not 200 <= status < 300:
             return False
         kind = media_type(headers.get("content-type"))
@@ -528,7 +387,7 @@ class Fetcher:
         etag: str | None,
         last_modified: str | None,
         selector: str | None,
-    ) -> None:
+    ) -> bytes | None:
         status, headers = answer.status, answer.headers
         if status == 304 and (etag or last_modified):
             result.update(
@@ -536,7 +395,7 @@ class Fetcher:
                 etag=headers.get("etag", etag),
                 last_modified=headers.get("last-modified", last_modified),
             )  # fmt: skip
-            return
+            return None
         if not 200 <= status < 300:
             phrase = httpx.codes.get_reason_phrase(status)
             raise _Failure("http_error", f"the server answered {status} {phrase}".rstrip())
@@ -567,6 +426,7 @@ class Fetcher:
             fingerprint=fingerprint(text, normalised=not truncated),
             selector_matches=page.selector_matches,
         )  # fmt: skip
+        return body
 
     async def _check(self, url: str, budget: _Budget) -> CheckedTarget:
         try:
@@ -587,14 +447,13 @@ class Fetcher:
         target: CheckedTarget,
         headers: dict[str, str],
         budget: _Budget,
-        body_wanted: Callable[[int, httpx.Headers], bool],
+        body_wanted: Callable[[int, dict[str, str]], bool],
         *,
         max_bytes: int | None = None,
     ) -> _Answer:
         """One GET to the checked address, inside the host's politeness slot."""
         limit = self.settings.max_bytes if max_bytes is None else max_bytes
         async with self.politeness.slot(target.host):
-            token = _CONNECT_TO.set(target)
             try:
                 async with budget.spend():
                     return await self._send(target, headers, body_wanted, limit)
@@ -606,18 +465,16 @@ class Fetcher:
                 raise _Failure("protocol_error", f"{target.url}: {_describe(e)}") from None
             except httpx.TransportError as exc:
                 raise _Failure("network_error", f"{target.url}: {_describe(exc)}") from None
-            finally:
-                _CONNECT_TO.reset(token)
 
     async def _send(
         self,
         target: CheckedTarget,
         headers: dict[str, str],
-        body_wanted: Callable[[int, httpx.Headers], bool],
+        body_wanted: Callable[[int, dict[str, str]], bool],
         limit: int,
     ) -> _Answer:
         request = self.client.build_request(
-            "GET", target.url, headers=headers, timeout=self._timeout
+            "GET", target.url, headers=headers, timeout=self._timeout, extensions={PINNED: target}
         )
         default_port = 443 if target.scheme == "https" else 80
         if request.url.host != target.host or (request.url.port or default_port) != target.port:
@@ -626,17 +483,19 @@ class Fetcher:
         response = await self.client.send(request, stream=True)
         try:
             status = response.status_code
-            self.politeness.note_response(target.host, status, response.headers.get("retry-after"))
-            if not body_wanted(status, response.headers):
-                return _Answer(status, response.headers, None)
+            # One plain dict: every lookup in httpx.Headers walks all the headers.
+            headers = dict(response.headers.items())
+            self.politeness.note_response(target.host, status, headers.get("retry-after"))
+            if not body_wanted(status, headers):
+                return _Answer(status, headers, None)
             chunks: list[bytes] = []
             size = 0
             async for chunk in response.aiter_bytes():
                 chunks.append(chunk)
                 size += len(chunk)
                 if size > limit:
-                    return _Answer(status, response.headers, b"".join(chunks)[:limit], False)
-            return _Answer(status, response.headers, b"".join(chunks))
+                    return _Answer(status, headers, b"".join(chunks)[:limit], False)
+            return _Answer(status, headers, b"".join(chunks))
         finally:
             await response.aclose()
 

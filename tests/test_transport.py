@@ -1,0 +1,408 @@
+"""The pinned HTTP/1.1 transport against real local servers: framing, keep-alive, limits.
+
+A raw server (a thread per connection, answers written byte for byte by the test)
+covers what a well-behaved HTTP library would never send: chunked bodies with
+extensions and trailers, bodies ended by closing, kept connections the server
+drops, stalls, garbage. HTTPS runs against the local site with a test CA.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+from crawler_app.fetcher import Fetcher, FetchSettings, make_client
+from crawler_app.guard import check_url
+from crawler_app.transport import PINNED, PinnedTransport
+
+if TYPE_CHECKING:
+    from tests.site import TestSite
+
+pytest_plugins = ("tests.site",)
+
+LOOPBACK = ("127.0.0.0/8",)
+FAST = FetchSettings(
+    allow_networks=LOOPBACK, per_host_interval=0, total_timeout=10, obey_robots=False
+)
+
+#: Answers a request: (path, connection number from 0, request number on that connection)
+#: -> raw bytes to send, (bytes, True) to send them and close, or None to close unanswered.
+Script = Callable[[str, int, int], bytes | tuple[bytes, bool] | None]
+
+
+def ok(body: bytes, *extra: str) -> bytes:
+    head = "".join(f"{h}\r\n" for h in extra)
+    return (
+        f"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {len(body)}\r\n{head}\r\n"
+    ).encode() + body
+
+
+class RawServer:
+    """A loopback TCP server answering each request with what ``script`` returns."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.connections = 0
+        self.requests: list[tuple[int, str, dict[str, str]]] = []
+        self.open_now = 0
+        self.most_open = 0
+        self._lock = threading.Lock()
+        self._sock = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self.port = self._sock.getsockname()[1]
+        self._threads: list[threading.Thread] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with self._lock:
+                number = self.connections
+                self.connections += 1
+                self.open_now += 1
+                self.most_open = max(self.most_open, self.open_now)
+            thread = threading.Thread(target=self._serve, args=(conn, number), daemon=True)
+            thread.start()
+
+    def _serve(self, conn: socket.socket, number: int) -> None:
+        buffer = b""
+        served = 0
+        try:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                path = lines[0].split(" ")[1]
+                headers = {}
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                with self._lock:
+                    self.requests.append((number, path, headers))
+                answer = self.script(path, number, served)
+                served += 1
+                if answer is None:
+                    return
+                if isinstance(answer, tuple):
+                    conn.sendall(answer[0])
+                    return
+                conn.sendall(answer)
+        except OSError:
+            return
+        finally:
+            with self._lock:
+                self.open_now -= 1
+            conn.close()
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+@pytest.fixture
+def raw() -> Iterator[Callable[[Script], RawServer]]:
+    servers: list[RawServer] = []
+
+    def make(script: Script) -> RawServer:
+        server = RawServer(script)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+def fetch_all(
+    urls: Sequence[str], config: FetchSettings = FAST, *, together: bool = False
+) -> list[dict[str, Any]]:
+    async def main() -> list[dict[str, Any]]:
+        async with Fetcher(config) as fetcher:
+            if together:
+                return list(await asyncio.gather(*(fetcher.fetch(u) for u in urls)))
+            return [await fetcher.fetch(u) for u in urls]
+
+    return asyncio.run(main())
+
+
+# --- keep-alive ------------------------------------------------------------------------------
+
+
+def test_one_kept_connection_serves_a_host_in_turn(raw: Callable[[Script], RawServer]) -> None:
+    server = raw(lambda path, conn, n: ok(f"<p>{path} on {conn}.{n}</p>".encode()))
+    results = fetch_all([server.url(f"/p{i}") for i in range(5)])
+    assert [r["text"] for r in results] == [f"/p{i} on 0.{i}" for i in range(5)]
+    assert server.connections == 1
+
+
+def test_304_answers_keep_the_connection(raw: Callable[[Script], RawServer]) -> None:
+    # No Content-Length on a 304: the answer has no body by definition.
+    server = raw(lambda path, conn, n: b'HTTP/1.1 304 Not Modified\r\nETag: "v1"\r\n\r\n')
+
+    async def main() -> list[dict[str, Any]]:
+        async with Fetcher(FAST) as fetcher:
+            return [await fetcher.fetch(server.url(f"/p{i}"), etag='"v1"') for i in range(4)]
+
+    results = asyncio.run(main())
+    assert all(r["ok"] and r["not_modified"] for r in results)
+    assert server.connections == 1
+
+
+def test_a_kept_connection_the_server_dropped_is_replaced_once(
+    raw: Callable[[Script], RawServer],
+) -> None:
+    # Each connection answers one request, then closes without saying so: the next
+    # request finds the kept connection dead before any answer and goes on a new one.
+    server = raw(lambda path, conn, n: ok(b"<p>hello</p>") if n == 0 else None)
+    results = fetch_all([server.url(f"/p{i}") for i in range(3)])
+    assert all(r["ok"] and r["text"] == "hello" for r in results)
+    assert server.connections >= 3
+
+
+def test_connection_close_and_http_1_0_are_not_kept(raw: Callable[[Script], RawServer]) -> None:
+    def script(path: str, conn: int, n: int) -> bytes:
+        if path == "/close":
+            return ok(b"<p>a</p>", "Connection: close")
+        return b"HTTP/1.0 200 OK\r\nContent-Type: text/html\r\nContent-Length: 8\r\n\r\n<p>b</p>"
+
+    server = raw(script)
+    results = fetch_all([server.url("/close"), server.url("/old"), server.url("/close")])
+    assert [r["text"] for r in results] == ["a", "b", "a"]
+    assert server.connections == 3
+
+
+def test_the_pool_never_opens_more_than_its_limit(raw: Callable[[Script], RawServer]) -> None:
+    release = threading.Event()
+
+    def script(path: str, conn: int, n: int) -> bytes:
+        release.wait(0.05)
+        return ok(b"<p>x</p>")
+
+    server = raw(script)
+    config = dataclasses.replace(FAST, max_connections=2, per_host_in_flight=10)
+    results = fetch_all([server.url(f"/p{i}") for i in range(8)], config, together=True)
+    assert all(r["ok"] for r in results)
+    assert server.most_open <= 2 and server.connections == 2
+
+
+# --- framing ---------------------------------------------------------------------------------
+
+
+def test_chunked_bodies_with_extensions_and_trailers(raw: Callable[[Script], RawServer]) -> None:
+    body = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"6;name=value\r\n<p>one\r\n"
+        b"a\r\n two</p><p\r\n"
+        b"8\r\n>three</\r\n"
+        b"2\r\np>\r\n"
+        b"0\r\nX-Trailer: yes\r\n\r\n"
+    )
+    server = raw(lambda path, conn, n: body)
+    results = fetch_all([server.url("/a"), server.url("/b")])
+    assert [r["text"] for r in results] == ["one two\nthree"] * 2
+    assert results[0]["size"] == len(b"<p>one two</p><p>three</p>")
+    assert server.connections == 1  # the chunked body was read to its end: connection kept
+
+
+def test_a_body_ended_by_closing_is_read_whole(raw: Callable[[Script], RawServer]) -> None:
+    body = b"<p>" + b"word " * 5000 + b"</p>"
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\n"
+    server = raw(lambda path, conn, n: (head + body, True))
+    first, second = fetch_all([server.url("/a"), server.url("/b")])
+    assert first["ok"] and first["size"] == len(body)
+    assert second["ok"] and server.connections == 2
+
+
+def test_bodies_over_the_limit_stop_reading_and_drop_the_connection(
+    raw: Callable[[Script], RawServer],
+) -> None:
+    big = b"<p>" + b"x" * 200_000 + b"</p>"
+
+    def script(path: str, conn: int, n: int) -> bytes:
+        if path == "/big":  # no Content-Length up front: only reading finds out
+            head = (
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )
+            return head + b"%x\r\n" % len(big) + big + b"\r\n0\r\n\r\n"
+        return ok(b"<p>small</p>")
+
+    server = raw(script)
+    config = dataclasses.replace(FAST, max_bytes=10_000)
+    big_result, small = fetch_all([server.url("/big"), server.url("/small")], config)
+    assert big_result["error"] == "too_large"
+    assert small["ok"] and small["text"] == "small"
+    assert server.connections == 2  # the half-read connection was not reused
+
+
+@pytest.mark.parametrize(
+    ("answer", "code"),
+    [
+        (b"HTTP/1.1 20 OK\r\n\r\n", "protocol_error"),
+        (b"SPDY/3 200 OK\r\n\r\n", "protocol_error"),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
+            "protocol_error",
+        ),
+        (b"HTTP/1.1 200 OK\r\n folded: header\r\n\r\n", "protocol_error"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "protocol_error"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\ntoo short", "protocol_error"),
+        (b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70_000, "protocol_error"),
+    ],
+)
+def test_broken_answers_are_protocol_errors(
+    raw: Callable[[Script], RawServer], answer: bytes, code: str
+) -> None:
+    server = raw(lambda path, conn, n: (answer, True))  # then closes
+    (result,) = fetch_all([server.url("/")])
+    assert result["ok"] is False and result["error"] == code, result
+
+
+def test_interim_answers_are_skipped(raw: Callable[[Script], RawServer]) -> None:
+    server = raw(
+        lambda path, conn, n: (
+            b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>\r\n\r\n" + ok(b"<p>final</p>")
+        )
+    )
+    (result,) = fetch_all([server.url("/")])
+    assert result["status"] == 200 and result["text"] == "final"
+
+
+def test_a_stalled_answer_hits_the_read_timeout(raw: Callable[[Script], RawServer]) -> None:
+    stop = threading.Event()
+
+    def script(path: str, conn: int, n: int) -> bytes:
+        stop.wait(5)  # never answers within the test's read timeout
+        return ok(b"<p>late</p>")
+
+    server = raw(script)
+    config = dataclasses.replace(FAST, read_timeout=0.3)
+    try:
+        (result,) = fetch_all([server.url("/")], config)
+    finally:
+        stop.set()
+    assert result["error"] == "timeout" and "ReadTimeout" in result["error_message"]
+
+
+# --- pinning ---------------------------------------------------------------------------------
+
+
+def test_requests_go_to_the_pinned_address_only(raw: Callable[[Script], RawServer]) -> None:
+    server = raw(lambda path, conn, n: ok(b"<p>x</p>"))
+    target = check_url(server.url("/x"), allow=LOOPBACK)
+
+    async def main() -> None:
+        async with make_client(FAST) as client:
+            # No checked target: refused before any connection.
+            with pytest.raises(httpx.ConnectError, match="not checked by the guard"):
+                await client.get(server.url("/x"))
+            # A target checked for another host or port: refused too.
+            other = httpx.Request("GET", f"http://127.0.0.1:{server.port + 1}/x")
+            other.extensions[PINNED] = target
+            with pytest.raises(httpx.ConnectError, match="guard checked"):
+                await client.send(other)
+            # The checked one goes through.
+            good = client.build_request("GET", server.url("/x"), extensions={PINNED: target})
+            response = await client.send(good)
+            assert response.status_code == 200 and response.text == "<p>x</p>"
+
+    asyncio.run(main())
+    assert [path for _, path, _ in server.requests] == ["/x"]
+
+
+def test_the_host_header_names_the_host_while_the_socket_goes_to_the_address(
+    raw: Callable[[Script], RawServer],
+) -> None:
+    server = raw(lambda path, conn, n: ok(b"<p>x</p>"))
+
+    async def resolve(host: str, port: int) -> Sequence[str]:
+        return ["127.0.0.1"]
+
+    async def main() -> dict[str, Any]:
+        async with Fetcher(FAST, resolve=resolve) as fetcher:
+            return await fetcher.fetch(f"http://pages.test:{server.port}/x")
+
+    result = asyncio.run(main())
+    assert result["ok"]
+    assert server.requests[0][2]["host"] == f"pages.test:{server.port}"
+
+
+def test_header_injection_and_request_bodies_are_refused() -> None:
+    target = check_url("http://127.0.0.1:9/x", allow=LOOPBACK)
+
+    async def main() -> None:
+        transport = PinnedTransport(ssl.create_default_context())
+        bad = httpx.Request("GET", "http://127.0.0.1:9/x", headers={"X-A": "1\r\nX-B: 2"})
+        bad.extensions[PINNED] = target
+        with pytest.raises(httpx.LocalProtocolError):
+            await transport.handle_async_request(bad)
+        post = httpx.Request("POST", "http://127.0.0.1:9/x", content=b"data")
+        post.extensions[PINNED] = target
+        with pytest.raises(httpx.LocalProtocolError):
+            await transport.handle_async_request(post)
+        await transport.aclose()
+
+    asyncio.run(main())
+
+
+# --- TLS -------------------------------------------------------------------------------------
+
+
+def test_https_connections_are_kept_and_checked(
+    make_site: Callable[..., TestSite], certificates: dict[str, tuple[str, str]]
+) -> None:
+    site = make_site(tls=certificates["pages.test"])
+    for i in range(3):
+        site.set_page(f"/s{i}", f"<p>secure {i}</p>")
+
+    async def resolve(host: str, port: int) -> Sequence[str]:
+        return ["127.0.0.1"]
+
+    async def main() -> tuple[list[dict[str, Any]], tuple[int, int]]:
+        config = dataclasses.replace(FAST, ca_file=certificates["pages.test"][0])
+        async with Fetcher(config, resolve=resolve) as fetcher:
+            results = [
+                await fetcher.fetch(f"https://pages.test:{site.port}/s{i}") for i in range(3)
+            ]
+            transport = fetcher.client._transport  # noqa: SLF001 - the pool's counts
+            assert isinstance(transport, PinnedTransport)
+            return results, transport.connections
+
+    results, (open_now, idle) = asyncio.run(main())
+    assert [r["text"] for r in results] == [f"secure {i}" for i in range(3)]
+    assert (open_now, idle) == (1, 1)  # one TLS connection served all three
+    assert {r.sni for r in site.wait_requests(count=3)} == {"pages.test"}
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
+    """A self-signed certificate for pages.test (made with openssl)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make test certificates")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "pages.test.crt", folder / "pages.test.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+         "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+         "-subj", "/CN=pages.test", "-addext", "subjectAltName=DNS:pages.test",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return {"pages.test": (str(cert), str(key))}
