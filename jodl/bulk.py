@@ -8,10 +8,11 @@ round trips) plain executemany is already the fast path.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Table, bindparam, text
+from sqlalchemy import Column, Connection, MetaData, Table, bindparam, text
 from sqlalchemy.dialects import sqlite
 
 
@@ -124,11 +125,76 @@ def copy_rows(
     if not rows:
         return
     if conn.dialect.name != "postgresql":
-        conn.execute(table.insert(), [dict(zip(cols, row, strict=True)) for row in rows])
+        target_table = _stage_table(table) if into else table
+        conn.execute(target_table.insert(), [dict(zip(cols, row, strict=True)) for row in rows])
         return
     raw = conn.connection.driver_connection
     names = ", ".join(f'"{c}"' for c in cols)
     target = into or table.name
-    with raw.cursor() as cur, cur.copy(f'COPY "{target}" ({names}) FROM STDIN') as copy:
+    types = _column_oids(raw, table.name, cols)
+    # Binary COPY: psycopg packs each value in C, about 5x faster than the text format.
+    with raw.cursor() as cur, cur.copy(
+        f'COPY "{target}" ({names}) FROM STDIN (FORMAT BINARY)'
+    ) as copy:
+        copy.set_types(types)
         for row in rows:
             copy.write_row(row)
+
+
+_OIDS: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+
+
+def _column_oids(raw: Any, table: str, cols: Sequence[str]) -> list[int]:
+    """The PostgreSQL type oids of ``cols`` of ``table`` (for binary COPY), cached."""
+    key = (table, tuple(cols))
+    if key not in _OIDS:
+        rows = dict(
+            raw.execute(
+                "SELECT attname, atttypid::int FROM pg_attribute "
+                "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
+                (f'"{table}"',),
+            ).fetchall()
+        )
+        _OIDS[key] = [rows[c] for c in cols]
+    return _OIDS[key]
+
+
+_STAGES: dict[str, Table] = {}
+
+
+def _stage_table(table: Table) -> Table:
+    name = f"_stage_{table.name}"
+    if name not in _STAGES:
+        _STAGES[name] = Table(name, MetaData(), *(Column(c.name, c.type) for c in table.columns))
+    return _STAGES[name]
+
+
+@contextlib.contextmanager
+def staged(
+    conn: Connection, table: Table, cols: Sequence[str], rows: Sequence[Sequence[Any]]
+) -> Iterator[Table]:
+    """``rows`` loaded into a temporary table shaped like ``table``, for set-based statements.
+
+    One transfer (COPY on PostgreSQL) feeds several statements inside the
+    database (insert, aggregates, joins); the table is emptied afterwards.
+    """
+    stage = _stage_table(table)
+    if conn.dialect.name == "postgresql":
+        conn.execute(
+            text(
+                f'CREATE TEMP TABLE IF NOT EXISTS "{stage.name}" '
+                f'(LIKE "{table.name}") ON COMMIT DELETE ROWS'
+            )
+        )
+    else:
+        conn.execute(
+            text(
+                f'CREATE TEMP TABLE IF NOT EXISTS "{stage.name}" '
+                f'AS SELECT * FROM "{table.name}" WHERE 0'
+            )
+        )
+    copy_rows(conn, table, cols, rows, into=stage.name)
+    try:
+        yield stage
+    finally:
+        conn.execute(stage.delete())

@@ -1,8 +1,8 @@
 """What the reconstruction log keeps of placement: learned durations, homes, trial moves.
 
 :class:`LearningLog` is the part of :class:`~jodl.store.Store` that reads and
-writes what placement learns: JobOnNode statistics (folded in from the execution
-log inside the database, see :func:`learn_from_executions`), jobs' permanent and
+writes what placement learns: JobOnNode statistics (folded in from each batch of
+outcomes inside the database, see :func:`learn_from_executions`), jobs' permanent and
 trial nodes, each node's expected work per cycle and the family's cycle period.
 """
 
@@ -12,12 +12,12 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Engine, and_, case, func, literal, select, update
+from sqlalchemy import Engine, Table, and_, case, func, literal, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from . import bulk
-from .models import ExecState, Execution, Family, Job, JobOnNode, JobState, Node, Run
+from .models import ExecState, Family, Job, JobOnNode, JobState, Node, Run
 from .placement import RECENT_WEIGHT, Knowledge, Learned
 
 
@@ -57,32 +57,15 @@ class LearningLog:
 
     def set_homes(self, rows: Sequence[tuple[int, int | None, int | None]]) -> None:
         """Persist (job_id, permanent node, trial node) of jobs whose home changed."""
-        if not rows:
-            return
+        if rows:
+            with self.engine.begin() as conn:
+                self.write_homes(conn, rows)
+
+    @staticmethod
+    def write_homes(conn: Any, rows: Sequence[tuple[int, int | None, int | None]]) -> None:
+        """:meth:`set_homes` inside a transaction: one statement for the whole batch."""
         homes = [{"id": j, "permanent_node_id": p, "trial_node_id": t} for j, p, t in rows]
-        with self.engine.begin() as conn:
-            # One statement per batch (on-demand jobs get their first home in every step).
-            bulk.update_rows(conn, Job.__table__, "id", homes)
-
-    def settle_homes(self, run_id: int) -> None:
-        """Jobs of a run with no home get the node that committed their result as home.
-
-        One set-based statement (UPDATE ... FROM, a join) at the end of a run, so
-        the first cycle of many jobs does not write one row per job from the loop.
-        """
-        with self.engine.begin() as conn:
-            conn.execute(
-                update(Job)
-                .where(
-                    Job.id == Execution.job_id,
-                    Execution.run_id == run_id,
-                    Execution.state == ExecState.DONE,
-                    Job.permanent_node_id.is_(None),
-                    Job.trial_node_id.is_(None),
-                )
-                .values(permanent_node_id=Execution.node_id)
-                .execution_options(synchronize_session=False)
-            )
+        bulk.update_rows(conn, Job.__table__, "id", homes)
 
     def node_gone_for_good(self, node_id: int) -> None:
         """A removed node: trial moves away from it become permanent, its other homes free."""
@@ -137,15 +120,35 @@ class LearningLog:
         return (starts[0] - starts[-1]).total_seconds() / (len(starts) - 1)
 
 
-def learn_from_executions(conn: Any, where: Any, now: dt.datetime) -> None:
-    """Fold the outcomes selected by ``where`` into JobOnNode, inside the database.
+def settle_homes(conn: Any, e: Table) -> None:
+    """Jobs of a run with no home get the node that committed their result as home.
 
-    Per (job, node): counts add up; means, variances (Welford/Chan) and the recent
-    mean (weight :data:`~jodl.placement.RECENT_WEIGHT`) combine with what was known,
-    so no row travels through Python.
+    Set-based, over a batch of outcome rows ``e`` (see :func:`learn_from_executions`),
+    so the first cycle of many jobs writes no row per job from the master's loop.
+    """
+    conn.execute(
+        update(Job)
+        .where(
+            Job.id == e.c.job_id,
+            e.c.run_id.is_not(None),
+            e.c.state == ExecState.DONE,
+            Job.permanent_node_id.is_(None),
+            Job.trial_node_id.is_(None),
+        )
+        .values(permanent_node_id=e.c.node_id)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def learn_from_executions(conn: Any, e: Table, now: dt.datetime) -> None:
+    """Fold the outcome rows of ``e`` (a table shaped like the log's) into JobOnNode.
+
+    Runs inside the database, in the transaction that commits the outcomes (so a
+    restart neither loses nor counts twice what was learned). Per (job, node):
+    counts add up; means, variances (Welford/Chan) and the recent mean (weight
+    :data:`~jodl.placement.RECENT_WEIGHT`) combine with what was known.
     """
     t = JobOnNode.__table__
-    e = Execution.__table__
     done = e.c.state == ExecState.DONE
     n = func.sum(case((done, 1), else_=0))
     mean = func.avg(case((done, e.c.duration)))
@@ -162,7 +165,7 @@ def learn_from_executions(conn: Any, where: Any, now: dt.datetime) -> None:
             mean.label("last_duration"),
             literal(now).label("updated_at"),
         )
-        .where(where, e.c.state.in_((ExecState.DONE, ExecState.FAILED)))
+        .where(e.c.state.in_((ExecState.DONE, ExecState.FAILED)))
         .group_by(e.c.job_id, e.c.node_id)
     )
     ins = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(t)

@@ -409,8 +409,8 @@ class Master(Rebalancer):
         if active.first_send is not None and active.last_result is not None:
             makespan = active.last_result - active.first_send
         lower_bound = self._lower_bound(active)
-        self.writer.flush()  # every outcome of the run committed before it is closed
-        self.settle_homes(active)
+        self._write_homes()
+        self.writer.flush()  # every outcome and home of the run committed before it closes
         self._flush_acks()
         run = self.store.finish_run(active.run, makespan, lower_bound)
         self.changed.clear()
@@ -590,10 +590,11 @@ class Master(Rebalancer):
         dead: Any = (),
         claims: Any = (),
         after: Callable[[], None] | None = None,
+        settle: bool = False,
     ) -> None:
         """Commit outcome rows (and the dispatches they close) through the log writer."""
         closed, self.closed_dispatches = self.closed_dispatches, []
-        self.writer.submit(executions, dead, claims, closed, after)
+        self.writer.submit(executions, dead, claims, closed, after, settle=settle)
 
     def _unplace(self, job_id: int) -> None:
         placed = self.placed.pop(job_id, None)
@@ -764,6 +765,7 @@ class Master(Rebalancer):
         retry: list[int] = []
         acks: list[int] = []
         record = self.knowledge.record
+        settle = False  # a job of a run with no home yet: the log gives it one
         for exec_id, duration, finished_at, result in done:
             flight = slot.inflight.pop(exec_id, None)
             job = self.pending.get(flight.job_id) if flight is not None else None
@@ -781,6 +783,8 @@ class Master(Rebalancer):
                 )
             )
             durations.append(duration)
+            if job.permanent_node_id is None and job.trial_node_id is None:
+                settle = True
             if job.claim is not None:
                 claims.append((job.id, job.claim))
             finished.append(job)
@@ -832,7 +836,7 @@ class Master(Rebalancer):
                 retry.append(job.id)
         slot.observe(durations)
         # Acknowledged to the agent on a later call, once the writer has committed.
-        self._commit(rows, dead, claims, after=lambda: slot.add_acks(acks))
+        self._commit(rows, dead, claims, after=lambda: slot.add_acks(acks), settle=settle)
         dead_ids = {d[0] for d in dead}
         touched: set[int] = set()
         for job in finished:

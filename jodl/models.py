@@ -135,13 +135,12 @@ class Job(Base):
     due_at: Mapped[dt.datetime | None]
     last_run_number: Mapped[int | None] = mapped_column(Integer)
     last_done_at: Mapped[dt.datetime | None]
-    permanent_node_id: Mapped[int | None] = mapped_column(
-        ForeignKey("jodl_node.id", ondelete="SET NULL")
-    )
+    #: The job's home. No foreign key (nor on ``trial_node_id``): homes are rewritten
+    #: for many jobs per cycle and the per-row check cost more than the update; nodes
+    #: are only marked removed, and the master frees the homes of a node gone for good.
+    permanent_node_id: Mapped[int | None] = mapped_column(Integer)
     #: Set while a trial move is in force; the permanent node is the one to return to.
-    trial_node_id: Mapped[int | None] = mapped_column(
-        ForeignKey("jodl_node.id", ondelete="SET NULL")
-    )
+    trial_node_id: Mapped[int | None] = mapped_column(Integer)
     #: Cycles: failed attempts in the current run. On demand: claims so far, never
     #: reset, so a result carrying an older attempt number is recognised as stale.
     attempts: Mapped[int] = mapped_column(Integer, default=0)
@@ -155,6 +154,16 @@ class Job(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
+
+# The few jobs that run every N cycles or at most every T seconds (a run's end
+# records when they last ran). On PostgreSQL jodl_job and jodl_job_on_node also
+# keep half of each page free (migration 0005) so per-cycle updates stay HOT.
+Index(
+    "ix_jodl_job_frequency",
+    Job.family_id,
+    postgresql_where=text("every_n_cycles > 1 OR min_interval IS NOT NULL"),
+    sqlite_where=text("every_n_cycles > 1 OR min_interval IS NOT NULL"),
+)
 
 # The on-demand queue's claim order among due jobs: highest priority, then earliest due.
 Index(

@@ -76,6 +76,7 @@ class Rebalancer:
     strategies: dict[str, Placement]
     runs: dict[int, ActiveRun]
     store: Any
+    writer: Any
     knowledge: Any
     epoch: int
     unassigned: Any
@@ -145,9 +146,10 @@ class Rebalancer:
             self.home_changes[job.id] = (permanent, trial)
 
     def _write_homes(self) -> None:
+        """Hand the homes decided since the last call to the log writer (committed in order)."""
         if self.home_changes:
             changes, self.home_changes = self.home_changes, {}
-            self.store.set_homes([(j, p, t) for j, (p, t) in changes.items()])
+            self.writer.submit((), homes=[(j, p, t) for j, (p, t) in changes.items()])
 
     def _drift(self, node_id: int) -> float:
         """How much longer than expected this node's jobs took in this run (1.0: as expected)."""
@@ -258,17 +260,13 @@ class Rebalancer:
     def node_gone(self, node_id: int) -> None:
         """A node removed for good: its trial moves become permanent, its homes are freed."""
         self._write_homes()
+        self.writer.flush()  # homes decided before are written before they are freed
         self.store.node_gone_for_good(node_id)
         for job in self.pending.values():  # the same change in memory
             if job.permanent_node_id == node_id:
                 job.permanent_node_id, job.trial_node_id = job.trial_node_id, None
             elif job.trial_node_id == node_id:
                 job.trial_node_id = None
-
-    def settle_homes(self, active: ActiveRun) -> None:
-        """End of a run: jobs that had no home get the node that ran them (one statement)."""
-        self._write_homes()
-        self.store.settle_homes(active.run.id)
 
     # -- make_trial_moves --------------------------------------------------------------------------
 
@@ -543,7 +541,7 @@ class Rebalancer:
         A job that ran away from its home is on a trial move (permanent if faster
         there, reverted if its home is back and it was not); a job much slower
         than average, or slower than it used to be, gets a trial move to another
-        node for its next run. Changes are written to the log at once.
+        node for its next run. Changes go to the log writer at once.
         """
         reviews, self.reviews = self.reviews, []
         trials = 0
@@ -551,7 +549,7 @@ class Rebalancer:
             tuning = self._tuned(job.family)
             if duration < tuning.slow_floor and job.trial_node_id is None:
                 if job.permanent_node_id is None and job.run_id is not None:
-                    job.permanent_node_id = node_id  # written at the run's end, in one go
+                    job.permanent_node_id = node_id  # the log wrote it with the result
                     continue
                 if job.permanent_node_id == node_id:
                     continue  # ran at home, too short to be slow: nothing to decide

@@ -27,6 +27,7 @@ from sqlalchemy import (
     exists,
     func,
     insert,
+    literal_column,
     or_,
     select,
     update,
@@ -37,7 +38,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from . import bulk
 from .exceptions import StoreUnavailable
-from .learning import LearningLog, learn_from_executions
+from .learning import LearningLog, learn_from_executions, settle_homes
 from .models import (
     Dispatch,
     ExecState,
@@ -541,7 +542,7 @@ class Store(LearningLog):
             return int(done or 0), int(failed or 0)
 
     def finish_run(self, run: Run, makespan: float | None, lower_bound: float | None) -> Run:
-        """Close the run: counts, makespan, learned JobOnNode rows, jobs' last run."""
+        """Close the run: counts, makespan, jobs' last run (learning came with each outcome)."""
         now = utcnow()
         with self.session() as s, s.begin():
             # Only jobs that run every N cycles or not more often than T need to know
@@ -555,13 +556,13 @@ class Store(LearningLog):
                 update(Job)
                 .where(
                     Job.family_id == run.family_id,
-                    or_(Job.every_n_cycles > 1, Job.min_interval.is_not(None)),
+                    # literal 1: the planner matches it to the partial ix_jodl_job_frequency
+                    or_(Job.every_n_cycles > literal_column("1"), Job.min_interval.is_not(None)),
                     done_here,
                 )
                 .values(last_run_number=run.number, last_done_at=now)
                 .execution_options(synchronize_session=False)
             )
-            learn_from_executions(s.connection(), Execution.run_id == run.id, now)
             s.execute(
                 update(Dispatch)
                 .where(Dispatch.run_id == run.id, Dispatch.is_open)
@@ -616,8 +617,10 @@ class Store(LearningLog):
         claims_done: Sequence[tuple[Any, ...]] = (),
         closed: Sequence[int] = (),
         claims_failed: Sequence[tuple[int, int, str, dt.datetime | None]] = (),
+        homes: Sequence[tuple[int, int | None, int | None]] = (),
+        settle: bool = False,
     ) -> None:
-        """Commit outcomes in one transaction.
+        """Commit outcomes, and what they teach, in one transaction.
 
         ``executions``: rows in :data:`EXEC_COLUMNS` order (done, failed, lost, ...).
         ``dead``: (job_id, error, run_id) of jobs that used up their attempts.
@@ -628,13 +631,28 @@ class Store(LearningLog):
         ``closed``: dispatches whose executions all have an outcome now.
         ``claims_failed``: more failed claims, (job_id, attempt, error, due_at):
         back in the queue at ``due_at``, or dead when it is None.
+        ``homes``: (job_id, permanent node, trial node) of jobs whose home changed;
+        ``settle``: jobs with no home get the node of their result (:func:`settle_homes`).
+        Done and failed executions are folded into JobOnNode (:func:`learn_from_executions`).
         An execution id has one outcome row at most (primary key), and a job one
         ``done`` row per run (unique index): the database refuses a second.
         """
-        if not (executions or dead or claims_done or closed or claims_failed):
+        if not (executions or dead or claims_done or closed or claims_failed or homes):
             return
         with self.engine.begin() as conn:
-            bulk.copy_rows(conn, Execution.__table__, EXEC_COLUMNS, executions)
+            if executions:
+                # One COPY into a staging table feeds the log, the learning and the homes.
+                with bulk.staged(conn, Execution.__table__, EXEC_COLUMNS, executions) as batch:
+                    conn.execute(
+                        insert(Execution).from_select(
+                            EXEC_COLUMNS, select(*(batch.c[c] for c in EXEC_COLUMNS))
+                        )
+                    )
+                    learn_from_executions(conn, batch, utcnow())
+                    if settle:
+                        settle_homes(conn, batch)
+            if homes:
+                self.write_homes(conn, homes)
             if dead:
                 conn.execute(
                     update(Job)

@@ -38,10 +38,13 @@ class LogWriter:
         claims: Any = (),
         closed: Any = (),
         after: Callable[[], None] | None = None,
+        homes: Any = (),
+        settle: bool = False,
     ) -> None:
-        """Queue one batch; ``after`` runs in the writer thread once it is committed."""
+        """Queue one batch (see :meth:`Store.record_outcomes`); ``after`` runs in the
+        writer thread once it is committed."""
         self.check()
-        self._queue.put((executions, dead, claims, closed, after))
+        self._queue.put((executions, dead, claims, closed, homes, settle, after))
 
     def flush(self) -> None:
         """Wait until every queued batch is committed (and its ``after`` has run)."""
@@ -66,10 +69,12 @@ class LogWriter:
                     return
                 if self._error is not None:
                     continue  # after a failure nothing more is committed (or acknowledged)
-                executions, dead, claims, closed, after = item
+                executions, dead, claims, closed, homes, settle, after = item
                 try:
                     failpoint.hit("before_commit")
-                    self.store.record_outcomes(executions, dead, claims, closed)
+                    self.store.record_outcomes(
+                        executions, dead, claims, closed, homes=homes, settle=settle
+                    )
                     failpoint.hit("after_commit")
                     if after is not None:
                         after()
