@@ -13,13 +13,31 @@ import datetime as dt
 import json
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import bindparam, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from jodl.models import utcnow
 
 from . import change
 from .models import WHOLE_PAGE, AppCycle, Page, PageView, Snapshot, compress, decompress
+
+# Columns read and written per page and per view. The chunk is applied with plain
+# rows and one executemany per table: ORM objects cost more than the analysis itself.
+_PAGE = Page.__table__
+_VIEW = PageView.__table__
+_PAGE_SET = ("etag", "last_modified", "title", "fingerprint", "last_status", "last_error",
+             "last_checked_at", "last_changed_at", "analysed_cycle_id")  # fmt: skip
+_VIEW_SET = ("fingerprint", "recent", "pending", "pending_text", "pending_since",
+             "last_changed_at")  # fmt: skip
+
+
+def _updates(table: Any, names: tuple[str, ...]) -> Any:
+    """UPDATE table SET name = :v_name, ... WHERE id = :v_id (for executemany)."""
+    return (
+        update(table)
+        .where(table.c.id == bindparam("v_id"))
+        .values({name: bindparam(f"v_{name}") for name in names})
+    )
 
 
 def apply_chunk(s: Session, cycle_id: int, rows: list[Any], flip_window: int) -> None:
@@ -29,113 +47,140 @@ def apply_chunk(s: Session, cycle_id: int, rows: list[Any], flip_window: int) ->
     the same transaction, so a redone chunk counts nothing twice.
     """
     by_job = {job_id: (result, finished) for _, job_id, result, finished in rows}
-    pages = s.scalars(
-        select(Page).where(
-            Page.job_id.in_(list(by_job)),
-            or_(Page.analysed_cycle_id.is_(None), Page.analysed_cycle_id != cycle_id),
-        )
-    ).all()
+    pages = [
+        dict(row)
+        for row in s.execute(
+            select(_PAGE.c.id, _PAGE.c.job_id, *(_PAGE.c[name] for name in _PAGE_SET)).where(
+                _PAGE.c.job_id.in_(list(by_job)),
+                or_(_PAGE.c.analysed_cycle_id.is_(None), _PAGE.c.analysed_cycle_id != cycle_id),
+            )
+        ).mappings()
+    ]
     if not pages:
         return
-    views: dict[int, list[PageView]] = {}
-    for view in s.scalars(
-        select(PageView).where(PageView.page_id.in_([p.id for p in pages]))
-    ).all():
-        views.setdefault(view.page_id, []).append(view)
+    views: dict[int, list[dict[str, Any]]] = {}
+    for row in s.execute(
+        select(
+            _VIEW.c.id, _VIEW.c.page_id, _VIEW.c.selector, *(_VIEW.c[n] for n in _VIEW_SET)
+        ).where(_VIEW.c.page_id.in_([p["id"] for p in pages]))
+    ).mappings():
+        views.setdefault(row["page_id"], []).append(dict(row))
     counts = {"checked": 0, "not_modified": 0, "errors": 0, "changed": 0}
+    snapshots: list[dict[str, Any]] = []
+    changed_views: list[dict[str, Any]] = []
     for page in pages:
-        result_json, finished = by_job[page.job_id]
+        result_json, finished = by_job[page["job_id"]]
         try:
             result = json.loads(result_json or "null") or {}
         except ValueError:
             result = {"ok": False, "error": "internal_error", "error_message": "bad result"}
-        changed = apply_result(
-            s, cycle_id, page, views.get(page.id, []), result, finished, flip_window
-        )
+        page_views = views.get(page["id"], [])
+        before = [dict(v) for v in page_views]
+        changed = apply_result(cycle_id, page, page_views, result, finished, flip_window, snapshots)
+        changed_views.extend(v for v, old in zip(page_views, before, strict=True) if v != old)
         counts["checked"] += 1
         counts["not_modified"] += bool(result.get("not_modified"))
         counts["errors"] += not result.get("ok")
         counts["changed"] += changed
-        page.analysed_cycle_id = cycle_id
-    row = s.get(AppCycle, cycle_id)
-    assert row is not None
-    for key, value in counts.items():
-        setattr(row, key, getattr(row, key) + value)
+        page["analysed_cycle_id"] = cycle_id
+    conn = s.connection()
+    conn.execute(
+        _updates(_PAGE, _PAGE_SET),
+        [{"v_id": p["id"], **{f"v_{n}": p[n] for n in _PAGE_SET}} for p in pages],
+    )
+    if changed_views:
+        conn.execute(
+            _updates(_VIEW, _VIEW_SET),
+            [{"v_id": v["id"], **{f"v_{n}": v[n] for n in _VIEW_SET}} for v in changed_views],
+        )
+    if snapshots:
+        conn.execute(insert(Snapshot.__table__), snapshots)
+    table = AppCycle.__table__
+    conn.execute(
+        update(table)
+        .where(table.c.id == cycle_id)
+        .values({key: table.c[key] + value for key, value in counts.items()})
+    )
 
 
 def apply_result(
-    s: Session,
     cycle_id: int,
-    page: Page,
-    views: list[PageView],
+    page: dict[str, Any],
+    views: list[dict[str, Any]],
     result: dict[str, Any],
     finished: dt.datetime | None,
     flip_window: int,
+    snapshots: list[dict[str, Any]],
 ) -> int:
     """Apply one ``check_page`` result to its page and views; how many views changed.
 
-    Each view goes through the confirmed-change rule (:func:`crawler_app.change.decide`):
-    a failed fetch counts as nothing, a ``304`` means "the text fetched last", a
-    confirmed or first state becomes a snapshot, a new text is kept as pending.
+    ``page`` and ``views`` are rows (dicts of :class:`Page` and :class:`PageView`
+    columns), changed in place; new :class:`Snapshot` rows are appended to
+    ``snapshots``. Each view goes through the confirmed-change rule
+    (:func:`crawler_app.change.decide`): a failed fetch counts as nothing, a
+    ``304`` means "the text fetched last", a confirmed or first state becomes a
+    snapshot, a new text is kept as pending.
     """
     now = finished or utcnow()
     ok = bool(result.get("ok"))
     not_modified = bool(result.get("not_modified"))
-    page.last_checked_at = now
-    page.last_status = result.get("status")
+    page["last_checked_at"] = now
+    page["last_status"] = result.get("status")
     if ok:
-        page.last_error = None
+        page["last_error"] = None
         if not not_modified:
-            page.etag = result.get("etag")
-            page.last_modified = result.get("last_modified")
-            page.title = (result.get("title") or None) and result["title"][:300]
+            page["etag"] = result.get("etag")
+            page["last_modified"] = result.get("last_modified")
+            page["title"] = (result.get("title") or None) and result["title"][:300]
             whole = (result.get("views") or {}).get(WHOLE_PAGE) or {}
-            page.fingerprint = whole.get("fingerprint") or page.fingerprint
+            page["fingerprint"] = whole.get("fingerprint") or page["fingerprint"]
     else:
         code = result.get("error") or "error"
-        page.last_error = f"{code}: {result.get('error_message') or ''}".strip()
+        page["last_error"] = f"{code}: {result.get('error_message') or ''}".strip()
     seen = result.get("views") or {}
     changed = 0
     for view in views:
-        fetched = seen.get(view.selector) or {}
+        fetched = seen.get(view["selector"]) or {}
+        pending = view["pending"]
         if not ok:
             new = None
         elif not_modified:
-            new = view.pending or view.fingerprint
-        elif view.selector not in seen or fetched.get("error"):
+            new = pending or view["fingerprint"]
+        elif view["selector"] not in seen or fetched.get("error"):
             continue  # a view added after the payload was made, or a bad selector
         else:
             new = fetched.get("fingerprint")
-        history = [view.fingerprint, *(view.recent or [])] if view.fingerprint else []
-        decision = change.decide(new, history, view.pending, flip_window=flip_window)
+        current = view["fingerprint"]
+        history = [current, *(view["recent"] or [])] if current else []
+        decision = change.decide(new, history, pending, flip_window=flip_window)
         text = fetched.get("text")
         if decision.store_snapshot and new is not None:
-            if text is None and new == view.pending:
-                text = decompress(view.pending_text)
+            if text is None and new == pending:
+                text = decompress(view["pending_text"])
             kind = "baseline" if decision.verdict == change.BASELINE else "change"
-            s.add(
-                Snapshot(
-                    page_id=page.id,
-                    selector=view.selector,
-                    cycle_id=cycle_id,
-                    taken_at=now,
-                    status=result.get("status"),
-                    kind=kind,
-                    fingerprint=new,
-                    text_z=compress(text),
-                    chars=len(text or ""),
-                )
+            snapshots.append(
+                {
+                    "page_id": page["id"],
+                    "selector": view["selector"],
+                    "cycle_id": cycle_id,
+                    "taken_at": now,
+                    "status": result.get("status"),
+                    "kind": kind,
+                    "fingerprint": new,
+                    "text_z": compress(text),
+                    "chars": len(text or ""),
+                }
             )
-            if view.fingerprint:
+            if current:
                 window = max(1, flip_window)
-                view.recent = [view.fingerprint, *(view.recent or [])][:window]
-            view.fingerprint = new
+                view["recent"] = [current, *(view["recent"] or [])][:window]
+            view["fingerprint"] = new
             if kind == "change":
-                view.last_changed_at = now
-                page.last_changed_at = now
+                view["last_changed_at"] = now
+                page["last_changed_at"] = now
                 changed += 1
-        if decision.pending != view.pending:
-            view.pending = decision.pending
-            view.pending_text = compress(text) if decision.pending else None
-            view.pending_since = now if decision.pending else None
+        if decision.pending != pending:
+            view["pending"] = decision.pending
+            view["pending_text"] = compress(text) if decision.pending else None
+            view["pending_since"] = now if decision.pending else None
     return changed

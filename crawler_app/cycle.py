@@ -369,25 +369,32 @@ class PageCycle:
     # -- finish --------------------------------------------------------------------------------
 
     def finish(self, cycle: AppCycle) -> None:
-        """Keep the newest ``JODL_SNAPSHOT_RETENTION`` snapshots of every view touched."""
+        """Keep the newest ``JODL_SNAPSHOT_RETENTION`` snapshots of every view touched.
+
+        One statement: the snapshots of the pages this cycle touched, numbered
+        newest first per view; those past the limit go.
+        """
         keep = self.settings.snapshot_retention
-        with self.sessions() as s, s.begin():
-            touched = s.execute(
-                select(Snapshot.page_id, Snapshot.selector)
-                .where(Snapshot.cycle_id == cycle.id)
-                .distinct()
-            ).all()
-            for page_id, selector in touched:
-                old = list(
-                    s.scalars(
-                        select(Snapshot.id)
-                        .where(Snapshot.page_id == page_id, Snapshot.selector == selector)
-                        .order_by(Snapshot.id.desc())
-                        .offset(keep)
-                    )
+        touched = select(Snapshot.page_id).where(Snapshot.cycle_id == cycle.id)
+        numbered = (
+            select(
+                Snapshot.id,
+                func.row_number()
+                .over(
+                    partition_by=(Snapshot.page_id, Snapshot.selector),
+                    order_by=Snapshot.id.desc(),
                 )
-                if old:
-                    s.execute(delete(Snapshot).where(Snapshot.id.in_(old)))
+                .label("newest"),
+            )
+            .where(Snapshot.page_id.in_(touched))
+            .subquery()
+        )
+        with self.sessions() as s, s.begin():
+            s.execute(
+                delete(Snapshot)
+                .where(Snapshot.id.in_(select(numbered.c.id).where(numbered.c.newest > keep)))
+                .execution_options(synchronize_session=False)
+            )
 
 
 def open_cycle_step(engine: Engine) -> str | None:

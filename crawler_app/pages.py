@@ -279,10 +279,11 @@ def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
             update(Page.__table__).where(Page.__table__.c.id == bindparam("pid")),
             [{"pid": pid, "job_id": existing[url]} for url, (pid, _) in missing.items()],
         )
+        inserted = {r["key"] for r in new_rows}
         revive.extend(
             {"jid": existing[url], "every": period}
             for url, (_, period) in missing.items()
-            if url not in {r["key"] for r in new_rows}
+            if url not in inserted
         )
     if revive:
         # Tracked again (or dead after repeated failures): back into the cycles.
