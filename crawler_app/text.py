@@ -78,7 +78,8 @@ def fingerprint(text: str, *, normalised: bool = False) -> str:
 def normalise(text: str) -> str:
     """Fold whitespace within lines, drop blank lines and control characters, NFC-normalise."""
     text = unicodedata.normalize("NFC", _CONTROLS.sub(" ", text))
-    lines = (_WS.sub(" ", line).strip() for line in text.splitlines())
+    # str.split() folds and strips exactly the whitespace _WS matches, in C.
+    lines = (" ".join(line.split()) for line in text.splitlines())
     return "\n".join(line for line in lines if line)
 
 
@@ -153,10 +154,45 @@ def parse_html(body: bytes | str, *, charset: str | None = None) -> lxml.html.Ht
 
 
 def _visible_lines(root: lxml.etree._Element, *, xml: bool = False) -> str:
-    """Visible text of ``root`` with block boundaries as newlines (not yet folded).
+    """Visible text of ``root`` with block boundaries as newlines, for :func:`normalise`.
 
-    In XML (``xml=True``) every element is a block.
+    In XML (``xml=True``) every element is a block. Whitespace is not folded yet;
+    only what :func:`normalise` makes of the result is defined.
     """
+    if xml or next(root.iter(*PRE_TAGS), None) is not None:
+        return _visible_lines_kept(root, xml=xml)
+    # An HTML tree without pre-like elements: every line end inside the text folds to
+    # a space, so the text goes out as it is and block boundaries are marked with NUL
+    # (never in lxml's strings, which are C strings), made newlines at the end.
+    out: list[str] = []
+    append = out.append
+    walker = lxml.etree.iterwalk(root, events=("start", "end"))
+    for event, el in walker:
+        tag = el.tag  # the HTML parser gives lower-case names
+        if event == "start":
+            if tag in HIDDEN_TAGS or not isinstance(tag, str):
+                walker.skip_subtree()
+                continue
+            if tag in BLOCK_TAGS:
+                append("\x00")
+            if el.text:
+                append(el.text)
+        else:
+            if tag in BLOCK_TAGS:
+                append("\x00")
+            elif tag == "td" or tag == "th":
+                append(" ")
+            if el is not root and el.tail:
+                append(el.tail)
+    text = "".join(out).replace("\n", " ").replace("\r", " ")
+    if "\u2028" in text or "\u2029" in text:
+        text = text.replace("\u2028", " ").replace("\u2029", " ")
+    return text.replace("\x00", "\n")
+
+
+def _visible_lines_kept(root: lxml.etree._Element, *, xml: bool = False) -> str:
+    """:func:`_visible_lines` for XML and for trees with ``pre``-like elements,
+    whose own line breaks are kept."""
     out: list[str] = []
     pre_depth = 0
     walker = lxml.etree.iterwalk(root, events=("start", "end"))

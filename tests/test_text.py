@@ -128,3 +128,24 @@ def test_normalise_is_idempotent_and_fingerprint_stable(text: str) -> None:
 @given(st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=200))
 def test_any_html_body_gives_text_without_raising(body: str) -> None:
     assert isinstance(html_to_text(body), str)
+
+
+# Markup from which the two HTML walks (line breaks folded, or kept for pre-like
+# elements) must draw the same text: line ends of every kind in text and in
+# character references, cells, hidden parts with tails, nested blocks, controls.
+WALK_PIECES = st.sampled_from(
+    ["a", " b ", "\n", "\r\n", "\u2028", "\u2029", "&#10;", "&#13;", "&#x2028;", "\t",
+     "\u00a0", "\x0b", "\x1c", "\x85", "e\u0301", "&amp;", "<br>", "<p>", "</p>", "<div>",
+     "</div>", "<td>", "</td>", "<th>x</th>", "<span>", "</span>", "<b>", "</b>",
+     "<script>s\n</script>", "<style>t</style>", "<noscript>n</noscript>", "<li>", "<TR>",
+     "<title>t\n</title>", "<template>x</template>", "<!-- c\n -->", "\U0010fffd"]
+)  # fmt: skip
+
+
+@given(st.lists(WALK_PIECES, max_size=40))
+def test_the_quick_html_walk_gives_the_text_of_the_exact_one(pieces: list[str]) -> None:
+    from crawler_app.text import _visible_lines, _visible_lines_kept, parse_html
+
+    root = parse_html("".join(pieces))
+    if root is not None:
+        assert normalise(_visible_lines(root)) == normalise(_visible_lines_kept(root))
