@@ -28,8 +28,7 @@ import asyncio
 import http.cookiejar
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import urljoin
@@ -203,22 +202,42 @@ class _Answer:
 class _Budget:
     """Network time left for one fetch."""
 
+    __slots__ = ("total", "left")
+
     def __init__(self, seconds: float) -> None:
         self.total = seconds
         self.left = seconds
 
-    @asynccontextmanager
-    async def spend(self) -> AsyncIterator[None]:
+    def exceeded(self) -> _Failure:
+        return _Failure("timeout", f"total time limit of {self.total:g} s exceeded")
+
+    def spend(self) -> _Spending:
+        """``async with budget.spend():`` bounds the block by the time left, and uses it up."""
         if self.left <= 0:
-            raise _Failure("timeout", f"total time limit of {self.total:g} s exceeded")
-        started = time.monotonic()
+            raise self.exceeded()
+        return _Spending(self)
+
+
+class _Spending:
+    # A class, not @asynccontextmanager: it is entered on every fetch.
+    __slots__ = ("budget", "started", "timeout")
+
+    def __init__(self, budget: _Budget) -> None:
+        self.budget = budget
+        self.started = 0.0
+        self.timeout = asyncio.timeout(budget.left)
+
+    async def __aenter__(self) -> None:
+        self.started = time.monotonic()
+        await self.timeout.__aenter__()
+
+    async def __aexit__(self, *exc_info: Any) -> None:
         try:
-            async with asyncio.timeout(self.left):
-                yield
+            await self.timeout.__aexit__(*exc_info)
         except TimeoutError:
-            raise _Failure("timeout", f"total time limit of {self.total:g} s exceeded") from None
+            raise self.budget.exceeded() from None
         finally:
-            self.left -= time.monotonic() - started
+            self.budget.left -= time.monotonic() - self.started
 
 
 def _accepted(kind: str, accepted: tuple[str, ...]) -> bool:
@@ -429,18 +448,24 @@ class Fetcher:
         return body
 
     async def _check(self, url: str, budget: _Budget) -> CheckedTarget:
+        if budget.left <= 0:
+            raise budget.exceeded()
+        # DNS is bounded by the time left too: no timer of our own around the check.
+        timeout = min(self.settings.connect_timeout, budget.left)
+        started = time.monotonic()
         try:
-            async with budget.spend():
-                return await check_url_async(
-                    url,
-                    allow=self.settings.allow_networks,
-                    resolve=self._resolve,
-                    timeout=self.settings.connect_timeout,
-                )
+            return await check_url_async(
+                url, allow=self.settings.allow_networks, resolve=self._resolve, timeout=timeout
+            )
         except FetchRefused as exc:
+            if exc.code == "dns_error" and timeout < self.settings.connect_timeout:
+                if time.monotonic() - started >= timeout:
+                    raise budget.exceeded() from None
             if exc.code == "dns_error":
                 raise _Failure("dns_error", exc.message) from None
             raise _Failure("refused", f"{url}: {exc.message}", reason=exc.code) from None
+        finally:
+            budget.left -= time.monotonic() - started
 
     async def _exchange(
         self,

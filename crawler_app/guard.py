@@ -122,10 +122,14 @@ class CheckedTarget(ParsedUrl):
 _HOST_CHARS = re.compile(r"^[a-z0-9_.-]+$")
 _DIGITS = re.compile(r"^[0-9]+$")
 _HEXISH = re.compile(r"^0[xX][0-9a-fA-F]*$")
+_ASCII_BAD = re.compile(r"[\x00-\x20\x7f]")
 
 
 def _bad_char(url: str) -> str | None:
     """The first control, format or whitespace character in ``url``, if any."""
+    if url.isascii():  # the only such ASCII characters: controls, DEL and the space
+        found = _ASCII_BAD.search(url)
+        return found.group() if found else None
     for ch in url:
         if ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Zs"):
             return ch
@@ -342,6 +346,7 @@ def parse_allowlist(networks: tuple[str, ...]) -> tuple[IPNetwork, ...]:
     return tuple(parsed)
 
 
+@functools.lru_cache(maxsize=4096)
 def _ip_or_none(text: str) -> IPAddress | None:
     try:
         return ipaddress.ip_address(text)
@@ -361,11 +366,17 @@ def check_address(address: str, allow: Iterable[str] = ()) -> str:
     Returns the address to connect to (an IPv4-mapped IPv6 address is returned as
     its IPv4 form). Raises :class:`FetchRefused` with code ``blocked_address``.
     """
+    return _check_address(address, tuple(allow))
+
+
+@functools.lru_cache(maxsize=4096)
+def _check_address(address: str, allow: tuple[str, ...]) -> str:
+    # Cached: a host's addresses come back on every fetch (refusals raise, uncached).
     ip = _ip_or_none(address)
     if ip is None:
         raise FetchRefused("bad_address", f"{address!r} is not an IP address")
     plain = _unmapped(ip)
-    networks = parse_allowlist(tuple(allow))
+    networks = parse_allowlist(allow)
     if any(plain.version == net.version and plain in net for net in networks):
         return str(plain)
     why = blocked_reason(ip)

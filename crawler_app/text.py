@@ -22,7 +22,6 @@ import unicodedata
 from dataclasses import dataclass
 
 import lxml.etree
-import lxml.html
 from cssselect import SelectorError as _CssSelectorError
 from lxml.cssselect import CSSSelector
 
@@ -134,21 +133,25 @@ def _html_encoding(body: bytes, charset: str | None) -> str:
         return "cp1252"
 
 
-def parse_html(body: bytes | str, *, charset: str | None = None) -> lxml.html.HtmlElement | None:
-    """Parse an HTML document leniently; None when it holds no element at all."""
+def parse_html(body: bytes | str, *, charset: str | None = None) -> lxml.etree._Element | None:
+    """Parse an HTML document leniently; None when it holds no element at all.
+
+    Plain lxml elements: lxml.html's element classes would be looked up in Python
+    for every element the text walk touches.
+    """
     if isinstance(body, str):
         body = body.encode("utf-8")
         charset = "utf-8"
     if not body.strip():
         return None
-    parser = lxml.html.HTMLParser(
+    parser = lxml.etree.HTMLParser(
         encoding=_html_encoding(body, charset),
         remove_comments=True,
         remove_pis=True,
         no_network=True,
     )
     try:
-        return lxml.html.document_fromstring(body, parser=parser)
+        return lxml.etree.fromstring(body, parser=parser)
     except (lxml.etree.ParserError, ValueError):
         return None
 

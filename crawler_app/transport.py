@@ -503,22 +503,21 @@ class PinnedTransport(httpx.AsyncBaseTransport):
 
 def _request_head(request: httpx.Request) -> bytes:
     """The request line and headers as bytes; refuses a body and header injection."""
-    target = request.url.raw_path
-    parts = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), target)]
-    checked = [target]
+    parts = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), request.url.raw_path)]
     for name, value in request.headers.raw:
         lowered = name.lower()
-        if lowered in (b"content-length", b"transfer-encoding"):
+        if lowered == b"content-length" or lowered == b"transfer-encoding":
             if value.strip() not in (b"0", b""):
                 raise httpx.LocalProtocolError("request bodies are not sent by this transport")
             continue
         parts.append(b"%s: %s\r\n" % (name, value))
-        checked += (name, value)
-    for item in checked:
-        if b"\r" in item or b"\n" in item or b"\x00" in item:
-            raise httpx.LocalProtocolError("a header or the target holds a line break or NUL")
     parts.append(b"\r\n")
-    return b"".join(parts)
+    head = b"".join(parts)
+    # Every CR and LF must be one of the line ends put there above.
+    lines = len(parts)
+    if head.count(b"\n") != lines or head.count(b"\r") != lines or b"\x00" in head:
+        raise httpx.LocalProtocolError("a header or the target holds a line break or NUL")
+    return head
 
 
 def _framing(
