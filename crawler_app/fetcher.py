@@ -156,6 +156,36 @@ class FetchSettings:
 
 DEFAULT_SETTINGS = FetchSettings()
 
+
+class _EmptyJar(http.cookiejar.CookieJar):
+    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:
+        pass  # stays empty, whoever tries
+
+
+class _NoCookies(httpx.Cookies):
+    """A cookie store that takes no cookie from answers and sends none."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        pass  # not even parsed: httpx would build two urllib objects per answer for it
+
+    def set_cookie_header(self, request: httpx.Request) -> None:
+        pass
+
+
+class _GuardedClient(httpx.AsyncClient):
+    """An ``httpx.AsyncClient`` that keeps no cookies (see :func:`make_client`)."""
+
+    _no_cookies = _NoCookies(_EmptyJar())
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return self._no_cookies
+
+    @cookies.setter
+    def cookies(self, value: Any) -> None:
+        pass  # cookies are never kept
+
+
 _GUARDED_CLIENTS: weakref.WeakSet[httpx.AsyncClient] = weakref.WeakSet()
 
 
@@ -166,16 +196,14 @@ def make_client(settings: FetchSettings = DEFAULT_SETTINGS) -> httpx.AsyncClient
     user's page must not change what another's fetch sees) and reads no proxy
     settings from the environment.
     """
-    no_cookies = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
     context = httpx.create_ssl_context(verify=settings.verify_tls, trust_env=False)
     if settings.verify_tls and settings.ca_file:
         context.load_verify_locations(cafile=settings.ca_file)
     # No proxies and no environment settings: a proxy would connect wherever it likes.
-    client = httpx.AsyncClient(
+    client = _GuardedClient(
         transport=PinnedTransport(context, max_connections=settings.max_connections),
         trust_env=False,
         follow_redirects=False,
-        cookies=no_cookies,
         headers={"User-Agent": settings.user_agent, "Accept": ACCEPT},
     )
     _GUARDED_CLIENTS.add(client)

@@ -177,6 +177,18 @@ def test_a_kept_connection_the_server_dropped_is_replaced_once(
     assert server.connections >= 3
 
 
+def test_cookies_are_neither_kept_nor_sent(raw: Callable[[Script], RawServer]) -> None:
+    server = raw(lambda path, conn, n: ok(b"<p>x</p>", "Set-Cookie: session=abc; Path=/"))
+
+    async def main() -> list[dict[str, Any]]:
+        async with Fetcher(FAST) as fetcher:
+            fetcher.client.cookies.set("planted", "1", domain="127.0.0.1")
+            return [await fetcher.fetch(server.url(f"/p{i}")) for i in range(2)]
+
+    assert all(r["ok"] for r in asyncio.run(main()))
+    assert [headers.get("cookie") for _, _, headers in server.requests] == [None, None]
+
+
 def test_connection_close_and_http_1_0_are_not_kept(raw: Callable[[Script], RawServer]) -> None:
     def script(path: str, conn: int, n: int) -> bytes:
         if path == "/close":
