@@ -94,12 +94,11 @@ def apply_chunk(s: Session, cycle_id: int, rows: list[Any], flip_window: int) ->
             [{"v_id": v["id"], **{f"v_{n}": v[n] for n in _VIEW_SET}} for v in changed_views],
         )
     if snapshots:
-        conn.execute(insert(Snapshot.__table__), snapshots)
-    table = AppCycle.__table__
+        conn.execute(insert(Snapshot), snapshots)
     conn.execute(
-        update(table)
-        .where(table.c.id == cycle_id)
-        .values({key: table.c[key] + value for key, value in counts.items()})
+        update(AppCycle)
+        .where(AppCycle.id == cycle_id)
+        .values({key: getattr(AppCycle, key) + value for key, value in counts.items()})
     )
 
 
