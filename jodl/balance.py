@@ -49,6 +49,9 @@ class Tuning:
     backup_factor: float = 2.0
     #: How much faster a trial node must be for the move to become permanent.
     faster_by: float = 0.1
+    #: ... and by at least this many seconds per run: below it, speed is timing noise
+    #: (a job of microseconds would change homes at every cycle for nothing).
+    min_gain: float = 0.001
     #: Give a node that never ran the family a share of the jobs as trial moves.
     new_node_share: bool = True
     #: Seconds an execution may take (the family's ``timeout``; None: no limit).
@@ -188,6 +191,7 @@ def verdict(
     knowledge: Knowledge,
     state: Callable[[int], str],
     faster_by: float = 0.1,
+    min_gain: float = 0.0,
 ) -> tuple[int | None, int | None]:
     """The job's (permanent node, trial node) after a success on ``ran_on``.
 
@@ -208,14 +212,16 @@ def verdict(
         if tried is None or not tried.count:
             return home, trial
         ran_on = trial
-    if state(home) == REMOVED or _better(job, ran_on, home, knowledge, faster_by):
+    if state(home) == REMOVED or _better(job, ran_on, home, knowledge, faster_by, min_gain):
         return ran_on, None
     if state(home) == USABLE:
         return home, None
     return home, ran_on
 
 
-def _better(job: JobInfo, new: int, old: int, knowledge: Knowledge, faster_by: float) -> bool:
+def _better(
+    job: JobInfo, new: int, old: int, knowledge: Knowledge, faster_by: float, min_gain: float
+) -> bool:
     if old in job.failed_on:
         return True  # the old node failed it in this run: the new one is more reliable
     was, now = knowledge.learned(job.id, old), knowledge.learned(job.id, new)
@@ -223,7 +229,7 @@ def _better(job: JobInfo, new: int, old: int, knowledge: Knowledge, faster_by: f
         return False
     if was is None or was.recent is None:
         return was is not None and was.failures > 0
-    return now.recent < was.recent * (1.0 - faster_by)
+    return now.recent < was.recent * (1.0 - faster_by) and was.recent - now.recent >= min_gain
 
 
 def slow_reason(

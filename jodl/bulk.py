@@ -9,11 +9,12 @@ round trips) plain executemany is already the fast path.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Column, Connection, MetaData, Table, bindparam, text
+from sqlalchemy import Column, Connection, MetaData, Table, TextClause, bindparam, text
 from sqlalchemy.dialects import sqlite
+from sqlalchemy.types import TypeEngine
 
 
 def _unnest(conn: Connection, table: Table, cols: Sequence[str]) -> str:
@@ -198,3 +199,24 @@ def staged(
         yield stage
     finally:
         conn.execute(stage.delete())
+
+
+_PREPARED: dict[tuple[str, str], TextClause] = {}
+
+
+def prepared(
+    conn: Connection, key: str, build: Callable[[], Any], **types: type[TypeEngine[Any]]
+) -> TextClause:
+    """``build()``'s statement as SQL text, compiled once per dialect (constants inlined).
+
+    For big statements run once per batch: SQLAlchemy otherwise spends
+    milliseconds per execution compiling or keying them. ``types`` name the bind
+    parameters left in (``:name`` in the statement) and their types.
+    """
+    cache_key = (conn.dialect.name, key)
+    stmt = _PREPARED.get(cache_key)
+    if stmt is None:
+        sql = str(build().compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+        stmt = text(sql).bindparams(*(bindparam(n, type_=t) for n, t in types.items()))
+        _PREPARED[cache_key] = stmt
+    return stmt

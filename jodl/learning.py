@@ -12,7 +12,18 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Engine, Table, and_, case, func, literal, select, update
+from sqlalchemy import (
+    DateTime,
+    Engine,
+    Table,
+    and_,
+    case,
+    func,
+    literal,
+    literal_column,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -31,8 +42,8 @@ class LearningLog:
     def load_knowledge(self, knowledge: Knowledge) -> None:
         """Fill ``knowledge`` with every JobOnNode row and nodes' learned speeds."""
         with self.engine.connect() as conn:
-            for node_id, speed in conn.execute(select(Node.id, Node.speed)):
-                knowledge.node_speed[node_id] = speed or 1.0
+            speeds = conn.execute(select(Node.id, Node.speed))
+            knowledge.set_speeds({node_id: speed or 1.0 for node_id, speed in speeds})
             rows = conn.execute(
                 select(
                     JobOnNode.job_id,
@@ -127,16 +138,19 @@ def settle_homes(conn: Any, e: Table) -> None:
     so the first cycle of many jobs writes no row per job from the master's loop.
     """
     conn.execute(
-        update(Job)
-        .where(
-            Job.id == e.c.job_id,
-            e.c.run_id.is_not(None),
-            e.c.state == ExecState.DONE,
-            Job.permanent_node_id.is_(None),
-            Job.trial_node_id.is_(None),
+        bulk.prepared(
+            conn,
+            f"settle_homes:{e.name}",
+            lambda: update(Job)
+            .where(
+                Job.id == e.c.job_id,
+                e.c.run_id.is_not(None),
+                e.c.state == ExecState.DONE,
+                Job.permanent_node_id.is_(None),
+                Job.trial_node_id.is_(None),
+            )
+            .values(permanent_node_id=e.c.node_id),
         )
-        .values(permanent_node_id=e.c.node_id)
-        .execution_options(synchronize_session=False)
     )
 
 
@@ -148,6 +162,13 @@ def learn_from_executions(conn: Any, e: Table, now: dt.datetime) -> None:
     counts add up; means, variances (Welford/Chan) and the recent mean (weight
     :data:`~jodl.placement.RECENT_WEIGHT`) combine with what was known.
     """
+    stmt = bulk.prepared(
+        conn, f"learn:{e.name}", lambda: _learn_statement(conn.dialect.name, e), now=DateTime
+    )
+    conn.execute(stmt, {"now": now})
+
+
+def _learn_statement(dialect: str, e: Table) -> Any:
     t = JobOnNode.__table__
     done = e.c.state == ExecState.DONE
     n = func.sum(case((done, 1), else_=0))
@@ -163,12 +184,12 @@ def learn_from_executions(conn: Any, e: Table, now: dt.datetime) -> None:
             mean.label("recent_duration"),
             func.coalesce(sq - n * mean * mean, 0.0).label("m2"),
             mean.label("last_duration"),
-            literal(now).label("updated_at"),
+            literal_column(":now").label("updated_at"),
         )
         .where(e.c.state.in_((ExecState.DONE, ExecState.FAILED)))
         .group_by(e.c.job_id, e.c.node_id)
     )
-    ins = (pg_insert if conn.dialect.name == "postgresql" else sqlite_insert)(t)
+    ins = (pg_insert if dialect == "postgresql" else sqlite_insert)(t)
     stmt = ins.from_select(list(NEW_COLUMNS), new)
     old, x = t.c, stmt.excluded
     total = old.executions + x.executions
@@ -203,7 +224,7 @@ def learn_from_executions(conn: Any, e: Table, now: dt.datetime) -> None:
             "updated_at": x.updated_at,
         },
     )
-    conn.execute(stmt)
+    return stmt
 
 
 NEW_COLUMNS = (

@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 #: Duration assumed for a job nothing is known about (seconds, at speed 1.0).
 DEFAULT_DURATION = 0.5
@@ -33,9 +33,8 @@ DEFAULT_STRATEGY = "earliest_finish"
 SPEED_SAMPLE = 3000
 
 
-@dataclass(frozen=True)
-class JobInfo:
-    """What a strategy may know of a job."""
+class JobInfo(NamedTuple):
+    """What a strategy may know of a job (a named tuple: cheap to make per job and step)."""
 
     id: int
     key: str
@@ -122,7 +121,10 @@ class Knowledge:
         # family -> node -> [sum, count]; node None = all nodes
         self._family: dict[str, dict[int | None, list[float]]] = {}
         #: Learned speed per node (1.0 = the average node); see :meth:`learn_speeds`.
+        #: Read it freely; change it with :meth:`set_speeds` (learned work depends on it).
         self.node_speed: dict[int, float] = {}
+        #: job -> its learned work (:meth:`work`), until the job or a speed changes.
+        self._work: dict[int, float | None] = {}
 
     def learned(self, job_id: int, node_id: int) -> Learned | None:
         """What is known of ``job_id`` on ``node_id`` (None: it never ran there)."""
@@ -137,6 +139,7 @@ class Knowledge:
         self.stats[(job_id, node_id)] = stat
         self._by_job.setdefault(job_id, {})[node_id] = stat
         self._family_of[job_id] = family
+        self._work.pop(job_id, None)
         if stat.mean is not None and stat.count:
             self._add_family(family, node_id, stat.mean * stat.count, stat.count)
 
@@ -152,6 +155,7 @@ class Knowledge:
         else:
             stat.add(duration)
             self._add_family(family, node_id, duration, 1)
+            self._work.pop(job_id, None)
         return stat
 
     def _add_family(self, family: str, node_id: int, total: float, count: int) -> None:
@@ -172,12 +176,17 @@ class Knowledge:
 
     def work(self, job_id: int) -> float | None:
         """The job's learned work: its durations scaled to a node of speed 1.0 (None: unknown)."""
+        try:
+            return self._work[job_id]
+        except KeyError:
+            pass
         total = weight = 0.0
         for node_id, stat in self._by_job.get(job_id, {}).items():
             if stat.mean is not None and stat.count:
                 total += stat.mean * self.speed(node_id) * stat.count
                 weight += stat.count
-        return total / weight if weight else None
+        work = self._work[job_id] = total / weight if weight else None
+        return work
 
     def estimate_work(self, job: JobInfo) -> float:
         """Learned work of ``job``, else its family's mean work, else the default duration."""
@@ -278,8 +287,13 @@ class Knowledge:
                     break
         speeds = {n: math.exp(v) for n, v in log_s.items()}
         scale = len(speeds) / sum(speeds.values())
-        self.node_speed.update({n: s * scale for n, s in speeds.items()})
+        self.set_speeds({n: s * scale for n, s in speeds.items()})
         return dict(self.node_speed)
+
+    def set_speeds(self, speeds: Mapping[int, float]) -> None:
+        """Set nodes' speeds (e.g. loaded from the log)."""
+        self.node_speed.update(speeds)
+        self._work.clear()
 
 
 @dataclass(frozen=True)

@@ -287,17 +287,41 @@ def decode_jobs(text: str) -> list[tuple[int, str, str]]:
 
 
 def encode_done(rows: Any) -> str:
-    """(exec_id, duration, finished, result_json) items as one framed string."""
-    return "".join(f"{e}\t{d!r}\t{t!r}\t{r}\n" for e, d, t, r in rows)
+    """(exec_id, duration, finished, result_json) items as one framed string, by column.
+
+    Line 1: the execution ids, line 2 the durations, line 3 the finish times (comma
+    separated); then one result per line. Columns decode with C-speed ``map``
+    instead of one split per item: this is the hottest message of the protocol.
+    """
+    if not rows:
+        return ""
+    ids, durations, finished, results = zip(*rows, strict=True)
+    return "\n".join(
+        (
+            ",".join(map(str, ids)),
+            ",".join(map(repr, durations)),
+            ",".join(map(repr, finished)),
+            *results,
+        )
+    )
 
 
 def decode_done(text: str) -> list[tuple[int, float, float, str]]:
-    out = []
-    for line in text.split("\n"):
-        if line:
-            exec_id, duration, finished, result = line.split("\t", 3)
-            out.append((int(exec_id), float(duration), float(finished), result))
-    return out
+    if not text:
+        return []
+    lines = text.split("\n")
+    ids = lines[0].split(",")
+    if len(lines) != len(ids) + 3:
+        raise ValueError("malformed done batch: one result per execution expected")
+    return list(
+        zip(
+            map(int, ids),
+            map(float, lines[1].split(",")),
+            map(float, lines[2].split(",")),
+            lines[3:],
+            strict=True,
+        )
+    )
 
 
 def encode_failed(rows: Any) -> str:

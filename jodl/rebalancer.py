@@ -57,9 +57,12 @@ def job_info(job: PendingJob) -> JobInfo:
         job.priority,
         job.permanent_node_id,
         job.trial_node_id,
-        frozenset(job.failed_on),
+        frozenset(job.failed_on) if job.failed_on else _NONE,
         job.attempts,
     )
+
+
+_NONE: frozenset[int] = frozenset()
 
 
 def _unix(when: dt.datetime) -> float:
@@ -289,7 +292,12 @@ class Rebalancer:
                 self._set_home(
                     job,
                     *balance.verdict(
-                        job_info(job), trial, self.knowledge, self.node_state, tuning.faster_by
+                        job_info(job),
+                        trial,
+                        self.knowledge,
+                        self.node_state,
+                        tuning.faster_by,
+                        tuning.min_gain,
                     ),
                 )
         shared: list[tuple[int, int]] = []
@@ -555,7 +563,7 @@ class Rebalancer:
                     continue  # ran at home, too short to be slow: nothing to decide
             info = job_info(job)
             permanent, trial = balance.verdict(
-                info, node_id, self.knowledge, self.node_state, tuning.faster_by
+                info, node_id, self.knowledge, self.node_state, tuning.faster_by, tuning.min_gain
             )
             reason = None
             if duration >= tuning.slow_floor:

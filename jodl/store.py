@@ -469,7 +469,7 @@ class Store(LearningLog):
                     Job.permanent_node_id,
                     Job.trial_node_id,
                 ).where(*self._member_filter(run), ~done)
-            )
+            ).all()  # one fetch: iterating the result fetches row by row
             return [
                 PendingJob(
                     job_id,
@@ -644,8 +644,12 @@ class Store(LearningLog):
                 # One COPY into a staging table feeds the log, the learning and the homes.
                 with bulk.staged(conn, Execution.__table__, EXEC_COLUMNS, executions) as batch:
                     conn.execute(
-                        insert(Execution).from_select(
-                            EXEC_COLUMNS, select(*(batch.c[c] for c in EXEC_COLUMNS))
+                        bulk.prepared(
+                            conn,
+                            f"append:{batch.name}",
+                            lambda: insert(Execution).from_select(
+                                EXEC_COLUMNS, select(*(batch.c[c] for c in EXEC_COLUMNS))
+                            ),
                         )
                     )
                     learn_from_executions(conn, batch, utcnow())

@@ -4,8 +4,11 @@
     Longest known jobs first (LPT); each on the node where it is expected to
     end first, counting the work already queued there and the job's learned
     duration on that node. A job stays on its home node when that costs at
-    most ``stickiness`` times its own duration; a trial move not yet tried is
-    always made.
+    most ``stickiness`` times its own duration, judged against what the batch
+    will queue there: the jobs of the batch at home on a node are counted on it
+    before any is placed, so a batch of jobs whose homes are balanced stays
+    home instead of drifting on the order in which the queues grow. A trial
+    move not yet tried is always made.
 ``least_loaded``
     The node with the fewest queued jobs per slot (durations ignored).
 ``round_robin``
@@ -21,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -57,10 +60,57 @@ class EarliestFinish(Placement):
             return super().order(jobs, knowledge)
         return sorted(jobs, key=lambda j: (-j.priority, -knowledge.estimate_work(j), j.id))
 
+    #: node -> expected seconds the batch being placed will still put there (its jobs at
+    #: home on the node, not placed yet); empty outside :meth:`place`.
+    _reserved: dict[int, float] = {}
+
+    def place(
+        self,
+        jobs: list[JobInfo],
+        candidates: Callable[[JobInfo], Sequence[NodeLoad]],
+        knowledge: Knowledge,
+    ) -> list[tuple[JobInfo, NodeLoad]]:
+        """Place a batch, each job judged against the queues the batch will make."""
+        ordered = self.order(jobs, knowledge)
+        reserved: dict[int, float] = {}
+        for job in ordered:
+            home = job.home
+            if home is not None and home not in job.failed_on:
+                for node in candidates(job):
+                    if node.id == home:
+                        took = knowledge.expected(job, node)
+                        reserved[home] = reserved.get(home, 0.0) + took
+                        break
+        self._reserved = reserved
+        try:
+            out: list[tuple[JobInfo, NodeLoad]] = []
+            for job in ordered:
+                nodes = candidates(job)
+                home = job.home
+                if home in reserved:
+                    for node in nodes:
+                        if node.id == home:  # the job itself is about to be placed
+                            reserved[home] = max(
+                                0.0, reserved[home] - knowledge.expected(job, node)
+                            )
+                            break
+                if not nodes:
+                    continue
+                chosen = self.choose(job, nodes, knowledge)
+                if chosen is None:
+                    continue
+                chosen.queued_jobs += 1
+                chosen.queued_work += knowledge.expected(job, chosen)
+                out.append((job, chosen))
+            return out
+        finally:
+            self._reserved = {}
+
     def choose(
         self, job: JobInfo, candidates: Sequence[NodeLoad], knowledge: Knowledge
     ) -> NodeLoad | None:
         nodes = usable(job, candidates)
+        reserved = self._reserved
         trial = job.trial_node_id
         if trial is not None:
             learned = knowledge.learned(job.id, trial)
@@ -76,6 +126,8 @@ class EarliestFinish(Placement):
         for node in nodes:
             took = knowledge.expected(job, node)
             cost = node.expected_finish(took)
+            if reserved:
+                cost += reserved.get(node.id, 0.0) / max(1, node.slots)
             # ties: the node with less work per cycle at home, then the lowest id
             key = (cost, node.home_work / max(1e-9, node.speed * node.slots), node.id)
             if best is None or key < best_key:

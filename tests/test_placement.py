@@ -40,7 +40,7 @@ def knowledge_for(works: dict[int, float], node_speeds: dict[int, float]) -> Kno
     for j, w in works.items():
         n = ids[j % len(ids)]
         k.record(j, n, "fam", w / node_speeds[n])
-    k.node_speed.update(node_speeds)
+    k.set_speeds(node_speeds)
     return k
 
 
@@ -67,7 +67,7 @@ def test_learned_mean_spread_and_moving_average() -> None:
 def test_expected_follows_the_fallback_chain_in_order() -> None:
     k = Knowledge(default_duration=2.0)
     fast, slow = NodeLoad(1, "a", speed=2.0), NodeLoad(2, "b", speed=0.5)
-    k.node_speed.update({1: 2.0, 2: 0.5})
+    k.set_speeds({1: 2.0, 2: 0.5})
     unknown = job(9)
     # 5. nothing known: the configured default, scaled by the node's speed
     assert k.expected(unknown, fast) == pytest.approx(1.0)
@@ -352,7 +352,7 @@ def test_steals_stop_when_the_gain_does_not_beat_the_round_trip() -> None:
 def test_steals_balance_the_pair_and_keep_the_makespan() -> None:
     k = Knowledge()
     slow, fast = NodeLoad(1, "a", 1, 1.0), NodeLoad(2, "b", 1, 4.0)
-    k.node_speed.update({1: 1.0, 2: 4.0})
+    k.set_speeds({1: 1.0, 2: 4.0})
     jobs = [(i, 1.0, False) for i in range(12)]
     for i, _d, _s in jobs:
         k.record(i, 1, "fam", 1.0)
@@ -413,7 +413,7 @@ def test_slow_jobs_are_found() -> None:
 
 def test_trial_node_prefers_a_fast_node_never_tried() -> None:
     k = Knowledge()
-    k.node_speed.update({1: 1.0, 2: 1.0, 3: 3.0})
+    k.set_speeds({1: 1.0, 2: 1.0, 3: 3.0})
     k.record(1, 1, "fam", 1.0)
     ns = nodes(1.0, 1.0, 3.0)
     assert balance.trial_node(job(1), ns, k, exclude=1) == 3
