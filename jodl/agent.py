@@ -43,6 +43,12 @@ log = logging.getLogger("jodl.agent")
 REMEMBER_ACKED = 200_000
 #: Longest error text kept for one failure.
 MAX_ERROR = 2000
+#: A slot takes several queued jobs at once while jobs take less than this (seconds):
+#: for jobs of microseconds the hand-over through the queue cost more than the jobs.
+QUICK_JOB = 0.001
+#: ... at most this many (and never more than its share of the queue).
+QUICK_CHUNK = 32
+_RESULT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 Done = tuple[int, float, float, str]  # exec_id, duration, finished (unix), result JSON
 Failed = tuple[int, float, float, str, bool]  # exec_id, duration, finished, error, retryable
@@ -75,6 +81,8 @@ class AgentCore:
         self._failed: dict[int, Failed] = {}
         self._cancelled: set[int] = set()
         self._acked: OrderedDict[int, None] = OrderedDict()
+        #: Moving mean of the slots' job durations (seconds), for :data:`QUICK_JOB`.
+        self._recent = 1.0
         self._closing = False
         self._threads = [
             threading.Thread(target=self._worker, name=f"slot-{i}", daemon=True)
@@ -237,24 +245,29 @@ class AgentCore:
     def _finish(
         self, exec_id: int, started: float, outcome: Any, error: BaseException | None
     ) -> None:
-        duration = time.perf_counter() - started
-        finished = time.time()
         with self._cond:
-            self._running.discard(exec_id)
-            if exec_id in self._cancelled:
-                self._cancelled.discard(exec_id)
+            self._store(exec_id, time.perf_counter() - started, outcome, error)
+
+    def _store(
+        self, exec_id: int, duration: float, outcome: Any, error: BaseException | None
+    ) -> None:
+        """Hold one outcome (under the lock) for the master to collect."""
+        self._running.discard(exec_id)
+        if exec_id in self._cancelled:
+            self._cancelled.discard(exec_id)
+            return
+        finished = time.time()
+        if error is None:
+            try:
+                text = _RESULT.encode(outcome)
+            except (TypeError, ValueError) as exc:
+                error, text = exc, ""
+            else:
+                self._done[exec_id] = (exec_id, duration, finished, text)
                 return
-            if error is None:
-                try:
-                    text = json.dumps(outcome, separators=(",", ":"), allow_nan=False)
-                except (TypeError, ValueError) as exc:
-                    error, text = exc, ""
-                else:
-                    self._done[exec_id] = (exec_id, duration, finished, text)
-                    return
-            retryable = not isinstance(error, Permanent | UnknownFamily)
-            message = f"{type(error).__name__}: {error}"[:MAX_ERROR]
-            self._failed[exec_id] = (exec_id, duration, finished, message, retryable)
+        retryable = not isinstance(error, Permanent | UnknownFamily)
+        message = f"{type(error).__name__}: {error}"[:MAX_ERROR]
+        self._failed[exec_id] = (exec_id, duration, finished, message, retryable)
 
     def _worker(self) -> None:
         cond, queue, running = self._cond, self._queue, self._running
@@ -264,16 +277,25 @@ class AgentCore:
                     if self._closing:
                         return
                     cond.wait()
-                exec_id, fam, payload = queue.popleft()
-                running.add(exec_id)
-            started = time.perf_counter()
-            try:
-                result = self._family(fam).run(json.loads(payload))
-            except Exception as exc:  # noqa: BLE001 - every failure is reported to the master
-                log.debug("job %s failed: %s", exec_id, traceback.format_exc())
-                self._finish(exec_id, started, None, exc)
-            else:
-                self._finish(exec_id, started, result, None)
+                take = 1
+                if self._recent < QUICK_JOB:
+                    take = max(1, min(QUICK_CHUNK, len(queue) // max(1, self.slots)))
+                jobs = [queue.popleft() for _ in range(take)]
+                running.update(job[0] for job in jobs)
+            outcomes = []
+            for exec_id, fam, payload in jobs:
+                started = time.perf_counter()
+                try:
+                    result = self._family(fam).run(json.loads(payload))
+                except Exception as exc:  # noqa: BLE001 - every failure is reported to the master
+                    log.debug("job %s failed: %s", exec_id, traceback.format_exc())
+                    outcomes.append((exec_id, time.perf_counter() - started, None, exc))
+                else:
+                    outcomes.append((exec_id, time.perf_counter() - started, result, None))
+            with cond:
+                for exec_id, duration, result, error in outcomes:
+                    self._store(exec_id, duration, result, error)
+                    self._recent = 0.8 * self._recent + 0.2 * duration
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)

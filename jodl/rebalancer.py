@@ -323,6 +323,7 @@ class Rebalancer:
                 len(moves),
             )
         self._write_homes()
+        self.writer.flush()  # the homes just decided count in the query below
         period = self.store.cycle_period(active.family.id)
         default = self.knowledge.family_mean(fam) or self.knowledge.default_duration
         work = self.store.home_work(active.family.id, default, period)

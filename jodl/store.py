@@ -546,23 +546,25 @@ class Store(LearningLog):
         now = utcnow()
         with self.session() as s, s.begin():
             # Only jobs that run every N cycles or not more often than T need to know
-            # when they last ran; the others are due in every run.
-            done_here = exists().where(
-                Execution.run_id == run.id,
-                Execution.job_id == Job.id,
-                Execution.state == ExecState.DONE,
+            # when they last ran; the others are due in every run. Most families have
+            # none: a look at the partial index spares the join with the run's log.
+            frequent = (
+                Job.family_id == run.family_id,
+                # literal 1: the planner matches it to the partial ix_jodl_job_frequency
+                or_(Job.every_n_cycles > literal_column("1"), Job.min_interval.is_not(None)),
             )
-            s.execute(
-                update(Job)
-                .where(
-                    Job.family_id == run.family_id,
-                    # literal 1: the planner matches it to the partial ix_jodl_job_frequency
-                    or_(Job.every_n_cycles > literal_column("1"), Job.min_interval.is_not(None)),
-                    done_here,
+            if s.scalar(select(Job.id).where(*frequent).limit(1)) is not None:
+                done_here = exists().where(
+                    Execution.run_id == run.id,
+                    Execution.job_id == Job.id,
+                    Execution.state == ExecState.DONE,
                 )
-                .values(last_run_number=run.number, last_done_at=now)
-                .execution_options(synchronize_session=False)
-            )
+                s.execute(
+                    update(Job)
+                    .where(*frequent, done_here)
+                    .values(last_run_number=run.number, last_done_at=now)
+                    .execution_options(synchronize_session=False)
+                )
             s.execute(
                 update(Dispatch)
                 .where(Dispatch.run_id == run.id, Dispatch.is_open)
