@@ -71,46 +71,26 @@ class EarliestFinish(Placement):
         knowledge: Knowledge,
     ) -> list[tuple[JobInfo, NodeLoad]]:
         """Place a batch, each job judged against the queues the batch will make."""
-        ordered = self.order(jobs, knowledge)
         reserved: dict[int, float] = {}
-        for job in ordered:
-            home = job.home
-            if home is not None and home not in job.failed_on:
-                for node in candidates(job):
-                    if node.id == home:
-                        took = knowledge.expected(job, node)
-                        reserved[home] = reserved.get(home, 0.0) + took
-                        break
+        for job in jobs:
+            home = _home_node(job, candidates(job))
+            if home is not None:
+                reserved[home.id] = reserved.get(home.id, 0.0) + knowledge.expected(job, home)
         self._reserved = reserved
         try:
-            out: list[tuple[JobInfo, NodeLoad]] = []
-            for job in ordered:
-                nodes = candidates(job)
-                home = job.home
-                if home in reserved:
-                    for node in nodes:
-                        if node.id == home:  # the job itself is about to be placed
-                            reserved[home] = max(
-                                0.0, reserved[home] - knowledge.expected(job, node)
-                            )
-                            break
-                if not nodes:
-                    continue
-                chosen = self.choose(job, nodes, knowledge)
-                if chosen is None:
-                    continue
-                chosen.queued_jobs += 1
-                chosen.queued_work += knowledge.expected(job, chosen)
-                out.append((job, chosen))
-            return out
+            return super().place(jobs, candidates, knowledge)
         finally:
             self._reserved = {}
 
     def choose(
         self, job: JobInfo, candidates: Sequence[NodeLoad], knowledge: Knowledge
     ) -> NodeLoad | None:
-        nodes = usable(job, candidates)
         reserved = self._reserved
+        at_home = _home_node(job, candidates) if reserved else None
+        if at_home is not None and at_home.id in reserved:  # the job is being placed now
+            left = reserved[at_home.id] - knowledge.expected(job, at_home)
+            reserved[at_home.id] = max(0.0, left)
+        nodes = usable(job, candidates)
         trial = job.trial_node_id
         if trial is not None:
             learned = knowledge.learned(job.id, trial)
@@ -139,6 +119,14 @@ class EarliestFinish(Placement):
             if home_cost <= best_key[0] + self.stickiness * best_took:
                 return home_node
         return best
+
+
+def _home_node(job: JobInfo, nodes: Sequence[NodeLoad]) -> NodeLoad | None:
+    """The job's home among ``nodes`` (None: no home, not a candidate, or it failed there)."""
+    home = job.home
+    if home is None or home in job.failed_on:
+        return None
+    return next((node for node in nodes if node.id == home), None)
 
 
 @register
