@@ -9,7 +9,8 @@ database). A second cycle checks them again (all ``304 Not Modified``). In the
 same invocation a bare loop (``asyncio`` + one ``httpx.AsyncClient`` with its
 default transport, bodies read, nothing parsed or stored) fetches the same pages
 at the same concurrency and at 20, 50 and 100 in flight (httpx's connection pool
-slows down as it grows), before and after; its best run is the peer.
+slows down as it grows), on asyncio's own event loop and on uvloop (the agent's
+default loop), before and after; its best run is the peer.
 
 Pages per second are those of the check step (the JODL cycle of ``check_page``).
 CPU milliseconds per page are reported per process for that step (agent, master,
@@ -34,6 +35,7 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -142,12 +144,13 @@ async def bare_loop(urls: list[str], concurrency: int) -> float:
 # -- the page checker -------------------------------------------------------------------------
 
 
-def start_agent(concurrency: int) -> tuple[subprocess.Popen[bytes], str]:
+def start_agent(concurrency: int, loop: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("JODL_")},
         "JODL_LOG_LEVEL": "WARNING",
         "JODL_AGENT_ASYNC_SLOTS": str(concurrency),
+        "JODL_AGENT_LOOP": loop,
         "JODL_FETCH_ALLOW": "127.0.0.0/8",
         "JODL_FETCH_HOST_IN_FLIGHT": str(concurrency),
         "JODL_FETCH_HOST_INTERVAL": "0",
@@ -230,7 +233,7 @@ def track_pages(engine: object, urls: list[str]) -> None:
 
 
 def run_page_checker(
-    db_url: str, urls: list[str], concurrency: int, site_pid: int
+    db_url: str, urls: list[str], concurrency: int, site_pid: int, loop: str
 ) -> tuple[dict[str, float], dict[str, float]]:
     from crawler_app.cycle import PageCycle
     from crawler_app.settings import AppSettings
@@ -241,7 +244,7 @@ def run_page_checker(
     upgrade(engine)
     track_pages(engine, urls)
     store = Store(engine)
-    agent, address = start_agent(concurrency)
+    agent, address = start_agent(concurrency, loop)
     try:
         store.add_node(address)
         settings = Settings(database_url=db_url, log_level="WARNING")
@@ -287,6 +290,32 @@ def run_page_checker(
     return figures[0], figures[1]
 
 
+def report(cold: dict[str, float], warm: dict[str, float]) -> None:
+    print(
+        f"check_page, full GETs: {cold['pages_per_s']:.0f} pages/s "
+        f"(check {cold['check_s']:.2f}s, whole cycle {cold['cycle_s']:.2f}s, "
+        f"CPU per page: agent {cold['agent_cpu_ms_per_page']:.2f} ms, "
+        f"master {cold['master_cpu_ms_per_page']:.2f} ms)",
+        flush=True,
+    )
+    print(
+        f"check_page, all 304: {warm['pages_per_s']:.0f} pages/s "
+        f"({warm['not_modified']} not modified, whole cycle {warm['cycle_s']:.2f}s)",
+        flush=True,
+    )
+    for name, figures in (("full GETs", cold), ("all 304", warm)):
+        shares = ", ".join(
+            f"{k[6:-7]} {v:.3f}"
+            for k, v in figures.items()
+            if k.startswith("check_") and k.endswith("_cpu_ms")
+        )
+        print(
+            f"CPU ms per page in the check step, {name}: {shares}, "
+            f"sum {figures['check_cpu_sum']:.3f}; steps (s): {figures['steps']}",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=5000, help="pages checked (default 5000)")
@@ -297,56 +326,43 @@ def main() -> None:
     parser.add_argument(
         "--database-url", default="sqlite", help="'sqlite' (a temp file) or a PostgreSQL URL"
     )
+    parser.add_argument("--agent-loop", default="auto", help="the agent's JODL_AGENT_LOOP (auto)")
     parser.add_argument("--serve-site", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_site is not None:
         asyncio.run(serve_site(args.serve_site, args.latency))
         return
 
+    from jodl.agent import loop_name, new_event_loop
+
+    agent_loop = loop_name(new_event_loop(args.agent_loop))
     site, port = start_site(args.latency)
     # The bare loop is run at the same concurrency and at 20, 50 and 100 (httpx's pool
-    # slows down as it grows), before and after the page checker; its best run is the peer.
+    # slows down as it grows), on asyncio's loop and on uvloop's when installed, before
+    # and after the page checker; its best run is the peer.
     bare_levels = sorted({args.concurrency, 20, 50, 100})
-    bare: dict[int, float] = {}
+    bare_loops = sorted({"asyncio", loop_name(new_event_loop("auto"))})
+    bare: dict[tuple[str, int], float] = {}
     try:
         urls = [f"http://127.0.0.1:{port}/p/{i}" for i in range(args.pages)]
-        for level in bare_levels:
-            bare[level] = asyncio.run(bare_loop(urls, level))
-            print(f"bare loop, {level} in flight: {bare[level]:.0f} pages/s", flush=True)
-        with fresh_database(args.database_url) as db_url:
-            cold, warm = run_page_checker(db_url, urls, args.concurrency, site.pid)
-        print(
-            f"check_page, full GETs: {cold['pages_per_s']:.0f} pages/s "
-            f"(check {cold['check_s']:.2f}s, whole cycle {cold['cycle_s']:.2f}s, "
-            f"CPU per page: agent {cold['agent_cpu_ms_per_page']:.2f} ms, "
-            f"master {cold['master_cpu_ms_per_page']:.2f} ms)",
-            flush=True,
-        )
-        print(
-            f"check_page, all 304: {warm['pages_per_s']:.0f} pages/s "
-            f"({warm['not_modified']} not modified, whole cycle {warm['cycle_s']:.2f}s)",
-            flush=True,
-        )
-        for name, figures in (("full GETs", cold), ("all 304", warm)):
-            shares = ", ".join(
-                f"{k[6:-7]} {v:.3f}"
-                for k, v in figures.items()
-                if k.startswith("check_") and k.endswith("_cpu_ms")
-            )
-            print(
-                f"CPU ms per page in the check step, {name}: {shares}, "
-                f"sum {figures['check_cpu_sum']:.3f}; steps (s): {figures['steps']}",
-                flush=True,
-            )
-        for level in bare_levels:
-            again = asyncio.run(bare_loop(urls, level))
-            print(f"bare loop, {level} in flight (after): {again:.0f} pages/s", flush=True)
-            bare[level] = max(bare[level], again)
+        for when in ("", " (after)"):
+            if when:
+                with fresh_database(args.database_url) as db_url:
+                    cold, warm = run_page_checker(
+                        db_url, urls, args.concurrency, site.pid, args.agent_loop
+                    )
+                report(cold, warm)
+            for loop in bare_loops:
+                for level in bare_levels:
+                    with asyncio.Runner(loop_factory=partial(new_event_loop, loop)) as runner:
+                        rate = runner.run(bare_loop(urls, level))
+                    print(f"bare loop, {loop}, {level} in flight{when}: {rate:.0f} pages/s")
+                    bare[loop, level] = max(bare.get((loop, level), 0.0), rate)
     finally:
         site.terminate()
         site.wait(10)
-    best_level = max(bare, key=lambda level: bare[level])
-    best = bare[best_level]
+    best_loop, best_level = max(bare, key=bare.__getitem__)
+    best = bare[best_loop, best_level]
     print(
         json.dumps(
             {
@@ -357,7 +373,11 @@ def main() -> None:
                 "pages_per_s_304": round(warm["pages_per_s"]),
                 "bare_httpx_pages_per_s": round(best),
                 "bare_httpx_concurrency": best_level,
-                "bare_httpx_same_concurrency_pages_per_s": round(bare[args.concurrency]),
+                "bare_httpx_loop": best_loop,
+                "bare_httpx_same_concurrency_pages_per_s": round(
+                    max(bare[loop, args.concurrency] for loop in bare_loops)
+                ),
+                "agent_loop": agent_loop,
                 "ratio": round(cold["pages_per_s"] / best, 2),
                 "agent_cpu_ms_per_page": round(cold["agent_cpu_ms_per_page"], 2),
                 "master_cpu_ms_per_page": round(cold["master_cpu_ms_per_page"], 2),

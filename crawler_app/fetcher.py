@@ -213,6 +213,9 @@ def make_client(settings: FetchSettings = DEFAULT_SETTINGS) -> httpx.AsyncClient
 # --- one fetch ------------------------------------------------------------------------------
 
 
+_NO_BODY = httpx.ByteStream(b"")
+
+
 class _Failure(Exception):
     def __init__(self, code: str, message: str, reason: str | None = None) -> None:
         super().__init__(message)
@@ -308,12 +311,17 @@ class Fetcher:
             user_agent=settings.user_agent,
         )
         self._resolve = resolve
-        self._timeout = httpx.Timeout(
+        self._timeouts = httpx.Timeout(
             connect=settings.connect_timeout,
             read=settings.read_timeout,
             write=settings.read_timeout,
             pool=settings.total_timeout,
-        )
+        ).as_dict()
+        # The client's own headers (User-Agent, Accept, Accept-Encoding), as sent.
+        self._client_headers = [
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in self.client.headers.raw
+        ]
 
     async def __aenter__(self) -> Fetcher:
         return self
@@ -526,13 +534,26 @@ class Fetcher:
         body_wanted: Callable[[int, dict[str, str]], bool],
         limit: int,
     ) -> _Answer:
-        request = self.client.build_request(
-            "GET", target.url, headers=headers, timeout=self._timeout, extensions={PINNED: target}
-        )
+        url = httpx.URL(target.url)
         default_port = 443 if target.scheme == "https" else 80
-        if request.url.host != target.host or (request.url.port or default_port) != target.port:
+        if url.host != target.host or (url.port or default_port) != target.port:
             # httpx must parse our normalised URL as we did; anything else is refused.
             raise _Failure("refused", f"{target.url}: URL parsers disagree", "parser_mismatch")
+        # The request is built here rather than by client.build_request(): a GET with
+        # a fixed set of headers needs none of its merging, which cost about a tenth
+        # of the agent's CPU per page. The headers are those build_request() would send.
+        names = {name.lower() for name in headers}
+        request = httpx.Request(
+            "GET",
+            url,
+            headers=[
+                ("Host", url.netloc.decode("ascii")),
+                *(item for item in self._client_headers if item[0].lower() not in names),
+                *headers.items(),
+            ],
+            stream=_NO_BODY,
+            extensions={"timeout": self._timeouts, PINNED: target},
+        )
         response = await self.client.send(request, stream=True)
         try:
             status = response.status_code

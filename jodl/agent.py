@@ -54,6 +54,26 @@ Done = tuple[int, float, float, str]  # exec_id, duration, finished (unix), resu
 Failed = tuple[int, float, float, str, bool]  # exec_id, duration, finished, error, retryable
 
 
+def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
+    """A new event loop: ``uvloop``, ``asyncio``, or ``auto`` (uvloop when installed).
+
+    uvloop runs the page checker's fetches with about a fifth less CPU per page.
+    """
+    if kind != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise JodlError("JODL_AGENT_LOOP=uvloop, but uvloop is not installed") from None
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+def loop_name(loop: asyncio.AbstractEventLoop) -> str:
+    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+
+
 class AgentCore:
     """The agent's state and job slots, independent of rpyc (usable in-process)."""
 
@@ -63,6 +83,7 @@ class AgentCore:
         slots: int = 4,
         async_slots: int = 200,
         speed: float = 1.0,
+        loop: str = "auto",
         families: dict[str, type[Family]] | None = None,
     ) -> None:
         self.name = name
@@ -90,7 +111,7 @@ class AgentCore:
         ]
         for thread in self._threads:
             thread.start()
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop(loop)
         self._async_wakeup: asyncio.Event | None = None
         self._async_thread = threading.Thread(target=self._run_loop, name="async", daemon=True)
         self._async_thread.start()
@@ -130,6 +151,7 @@ class AgentCore:
                 "name": self.name,
                 "slots": self.slots,
                 "async_slots": self.async_slots,
+                "event_loop": loop_name(self._loop),
                 "speed": self.speed,
                 "epoch": self.epoch,
                 "families": {n: {"version": v, "async": a} for n, v, a in self.family_list()},
@@ -477,6 +499,7 @@ def make_server(
         name or f"{socket.gethostname()}:{port}",
         slots=settings.agent_slots,
         async_slots=settings.agent_async_slots,
+        loop=settings.agent_loop,
         speed=settings.agent_speed,
     )
     service = AgentService(core)

@@ -87,6 +87,17 @@ def _log_level(text: str) -> str:
     return level
 
 
+#: Event loops an agent may run async families on (JODL_AGENT_LOOP).
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+
+
+def _event_loop(text: str) -> str:
+    kind = text.strip().lower()
+    if kind not in EVENT_LOOPS:
+        raise ValueError(f"expected one of {', '.join(EVENT_LOOPS)}, got {text!r}")
+    return kind
+
+
 def _str_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -101,6 +112,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "host:port": _host_port,
     "list": _str_list,
     "level": _log_level,
+    "loop": _event_loop,
 }
 
 
@@ -182,6 +194,13 @@ OPTIONS: tuple[Option, ...] = (
         "200",
         "int+",
         "Jobs of async families an agent runs at once on its event loop",
+        "agent",
+    ),
+    Option(
+        "JODL_AGENT_LOOP",
+        "auto",
+        "loop",
+        "Event loop for async families: uvloop, asyncio, or auto (uvloop when installed)",
         "agent",
     ),
     Option(
@@ -293,6 +312,7 @@ class Settings:
     agent_listen: str = DEFAULT_AGENT_LISTEN
     agent_slots: int = DEFAULT_SLOTS
     agent_async_slots: int = 200
+    agent_loop: str = "auto"
     agent_speed: float = 1.0
     call_timeout: float = DEFAULT_CALL_TIMEOUT
     max_attempts: int = DEFAULT_MAX_ATTEMPTS

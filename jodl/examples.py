@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -29,6 +30,19 @@ class Sleep(Family):
         seconds = float(payload.get("seconds", 0.0)) / float(self.context.get("speed", 1.0))
         time.sleep(max(0.0, seconds))
         return {"slept": seconds}
+
+
+class AsyncSleep(Family):
+    """Awaits ``payload["seconds"]`` on the agent's event loop; names that loop."""
+
+    name = "asleep"
+    idempotent = True
+
+    async def run(self, payload: dict[str, Any]) -> Any:
+        from .agent import loop_name
+
+        await asyncio.sleep(max(0.0, float(payload.get("seconds", 0.0))))
+        return {"loop": loop_name(asyncio.get_running_loop())}
 
 
 class AlwaysFail(Family):

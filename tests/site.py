@@ -68,6 +68,7 @@ class Request:
     started: float  # time.monotonic() when the request head was read
     finished: float  # time.monotonic() when the answer was written (or failed)
     sni: str | None = None  # TLS server name the client sent (HTTPS sites only)
+    header_names: tuple[str, ...] = ()  # every header line's name, in order, as sent
 
     @property
     def path(self) -> str:
@@ -319,6 +320,7 @@ class TestSite:
             started=started,
             finished=time.monotonic(),
             sni=getattr(handler.connection, "sni", None),
+            header_names=tuple(handler.headers.keys()),
         )
         with self._lock:
             self._log.append(record)

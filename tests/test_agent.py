@@ -84,6 +84,19 @@ def test_ping_and_families(client):
     assert {"noop", "sleep", "fail", "flaky"} <= set(families)
 
 
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_async_families_run_on_the_chosen_event_loop(spawn_agent, loop):
+    agent = spawn_agent(env={"JODL_AGENT_LOOP": loop})
+    client = Client(agent)
+    try:
+        info = json.loads(client.root.init("test-master", EPOCH, "{}"))
+        assert info["event_loop"] == loop
+        client.send((1, "asleep", {"seconds": 0.01}), (2, "asleep", {}))
+        assert client.wait_done(1, 2) == {1: {"loop": loop}, 2: {"loop": loop}}
+    finally:
+        client.close()
+
+
 def test_send_is_idempotent_by_execution_id(client):
     # The same id twice in one batch, again in a second batch, and again after the ack:
     # a send that timed out on the master and was repeated must not run twice.

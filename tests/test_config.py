@@ -40,6 +40,7 @@ def test_defaults_of_the_declarations_and_of_the_settings_class_agree():
         ("JODL_AGENT_LISTEN", ":8080"),
         ("JODL_REGISTER_LISTEN", "somewhere"),
         ("JODL_LOG_LEVEL", "chatty"),
+        ("JODL_AGENT_LOOP", "trio"),
     ],
 )
 def test_a_bad_value_names_its_variable(name: str, value: str):

@@ -67,6 +67,13 @@ def test_fetch_returns_a_json_able_result(site: TestSite) -> None:
     seen = site.wait_requests("/page")[0]
     assert seen.headers["user-agent"] == USER_AGENT
     assert "if-none-match" not in seen.headers
+    # The headers a plain httpx client would send, each once, Host first.
+    assert seen.header_names == (
+        "Host", "Accept-Encoding", "Connection", "Accept", "User-Agent",
+    )  # fmt: skip
+    assert seen.headers["host"] == site.url("").split("/")[2]
+    assert "gzip" in seen.headers["accept-encoding"]
+    assert seen.headers["accept"].startswith("text/html")
 
 
 def test_connection_refused_is_reported_not_raised() -> None:
