@@ -180,7 +180,12 @@ def parse_url(url: str) -> ParsedUrl:
 
 
 def _check_host(parts: SplitResult) -> str:
-    netloc = parts.netloc
+    return _checked_host(parts.netloc, parts.hostname or "")
+
+
+@functools.lru_cache(maxsize=4096)
+def _checked_host(netloc: str, host: str) -> str:
+    # Cached: a site's pages share their host (refusals raise, and are not cached).
     if "%" in netloc:
         raise FetchRefused("encoded_host", "percent-encoded host names are refused")
     if netloc.startswith("["):
@@ -189,7 +194,6 @@ def _check_host(parts: SplitResult) -> str:
             return str(ipaddress.IPv6Address(literal))
         except ValueError:
             raise FetchRefused("bad_host", f"invalid IPv6 literal [{literal}]") from None
-    host = parts.hostname or ""
     if not host:
         raise FetchRefused("bad_host", "URL has no host")
     _check_ipv4_form(host)
