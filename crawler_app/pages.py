@@ -27,6 +27,10 @@ from .text import SelectorError, compile_selector
 
 #: Family of the jobs that fetch pages.
 CHECK_FAMILY = "check_page"
+#: How check_page jobs are placed: every page of a host on one agent, so the host's
+#: politeness limits (requests in flight, spacing, Retry-After, robots.txt) hold
+#: across the cluster, not per agent.
+CHECK_STRATEGY = ("affinity", {"by": "host"})
 #: Family of the jobs that send digests.
 NOTIFY_FAMILY = "notify"
 
@@ -205,7 +209,14 @@ def family_id(session: Session, name: str) -> int:
     if fid is None:
         # Both families are idempotent for the master: a check may run twice harmlessly,
         # and a digest carries its own idempotency key (the agent journal refuses a resend).
-        fam = Family(name=name, idempotent=True, created_at=utcnow())
+        strategy, params = CHECK_STRATEGY if name == CHECK_FAMILY else ("earliest_finish", {})
+        fam = Family(
+            name=name,
+            idempotent=True,
+            strategy=strategy,
+            strategy_params=params,
+            created_at=utcnow(),
+        )
         session.add(fam)
         session.flush()
         fid = fam.id

@@ -11,8 +11,9 @@ For every host (by name) a :class:`Politeness` object keeps
   the fetcher gives, i.e. through the same guarded fetch path as pages.
 
 One object serves one event loop: its locks belong to the loop that uses them.
-The limits are per process; hosts shared by many processes get each process's
-share.
+The limits are kept per agent process; they hold across the cluster because the
+master places every page of a host on one agent (``check_page`` uses the strict
+``affinity`` strategy by host, see :data:`crawler_app.pages.CHECK_STRATEGY`).
 """
 
 from __future__ import annotations

@@ -340,6 +340,11 @@ class Placement:
     """
 
     name: ClassVar[str] = ""
+    #: True: a job stays on the node :meth:`choose` gave it. Idle nodes do not steal
+    #: it and it gets no backup copy elsewhere; only a node that goes away (or fails
+    #: it) sends it back to :meth:`choose`. For jobs that must share a node, such as
+    #: all pages of one host under that host's politeness limits.
+    keeps_nodes: bool = False
 
     def __init__(self, **params: Any) -> None:
         self.params = params

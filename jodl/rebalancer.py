@@ -385,8 +385,15 @@ class Rebalancer:
             placed = self.placed.get(job_id)
             if job is not None and placed is not None:
                 waiting.append(Waiting(job_info(job), placed[1] * drift))
-        families = frozenset(f for f in slot.families if self.allowed(f, slot))
+        families = frozenset(
+            f for f in slot.families if self.allowed(f, slot) and not self._kept(f)
+        )
         return Queue(slot.load, finish, waiting, slot.link.rtt, idle, families)
+
+    def _kept(self, family: str) -> bool:
+        """Whether the family's strategy keeps its jobs on the nodes it chose."""
+        strategy = self.strategies.get(family)
+        return strategy is not None and strategy.keeps_nodes
 
     def _carry_out(self, steals: list[Steal]) -> int:
         moved = 0
@@ -451,7 +458,7 @@ class Rebalancer:
             WaitingView(w.job, node_id, w.expected, w.sent)
             for node_id, q in queues.items()
             for w in q.waiting
-            if not w.sent
+            if not w.sent and not self._kept(w.job.family)
         ]
         view = BalanceView(
             [q.node for q in queues.values()],
@@ -596,7 +603,9 @@ class Rebalancer:
         """
         self._flush_cancels()
         families = {
-            a.family.name for a in self.runs.values() if self._tuned(a.family.name).idempotent
+            a.family.name
+            for a in self.runs.values()
+            if self._tuned(a.family.name).idempotent and not self._kept(a.family.name)
         }
         if not families or self.unassigned or any(s.backlog for s in self.nodes.values()):
             return 0

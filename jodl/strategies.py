@@ -16,7 +16,8 @@
 ``affinity``
     Rendezvous (highest random weight) hashing of a part of the job's key
     (by default the host of a URL key): similar jobs go to the same node, and
-    adding or removing one of n nodes moves only about 1/n of the keys.
+    adding or removing one of n nodes moves only about 1/n of the keys. Its jobs
+    stay there (no stealing, no backup copies) unless ``strict`` is false.
 """
 
 from __future__ import annotations
@@ -198,16 +199,23 @@ class RendezvousAffinity(Placement):
 
     Parameters: ``by`` (``"host"`` or ``"key"``), ``pattern`` (a regular
     expression picking the part instead), ``weighted`` (default true: nodes win
-    in proportion to their slots). Nodes are identified by address, so a node
-    that comes back gets its keys back.
+    in proportion to their slots), ``strict`` (default true: jobs stay on their
+    node, see :attr:`Placement.keeps_nodes`; false lets idle nodes steal them).
+    Nodes are identified by address, so a node that comes back gets its keys back.
     """
 
     name = "affinity"
 
     def __init__(
-        self, by: str = "host", pattern: str | None = None, weighted: bool = True, **params: Any
+        self,
+        by: str = "host",
+        pattern: str | None = None,
+        weighted: bool = True,
+        strict: bool = True,
+        **params: Any,
     ) -> None:
-        super().__init__(by=by, pattern=pattern, weighted=weighted, **params)
+        super().__init__(by=by, pattern=pattern, weighted=weighted, strict=strict, **params)
+        self.keeps_nodes = bool(strict)
         if pattern:
             try:
                 re.compile(pattern)

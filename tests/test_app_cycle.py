@@ -105,6 +105,52 @@ def test_a_changed_page_mails_exactly_its_trackers_once(store, agents, settings,
         assert states == [JobState.DONE, JobState.DONE]
 
 
+@pytest.mark.parametrize("strategy", ["affinity", "earliest_finish"])
+def test_a_hosts_politeness_holds_across_agents(store, agents, settings, site, strategy):
+    # check_page places every page of a host on one agent (affinity by host, strict):
+    # two agents allowing 2 requests in flight per host still send 2 at most, all
+    # from one node. An operator who switches the family to earliest_finish spreads
+    # the host over both agents, each keeping its own limit.
+    urls = []
+    for i in range(16):
+        site.set_page(f"/p{i}", html(f"Page {i}", "text"), delay=0.05)
+        urls.append(site.url(f"/p{i}"))
+    for url in urls:
+        add_users_tracking(store, url, ["ann@example.org"])
+    with store.engine.begin() as conn:
+        family = conn.execute(select(Family).where(Family.name == "check_page")).one()
+        assert (family.strategy, family.strategy_params) == ("affinity", {"by": "host"})
+        if strategy != "affinity":
+            conn.execute(
+                Family.__table__.update()
+                .where(Family.name == "check_page")
+                .values(strategy=strategy, strategy_params={})
+            )
+    agents(2, env={**agent_env(), "JODL_FETCH_HOST_IN_FLIGHT": "2"})
+
+    result = run_app_cycle(store, settings)
+    assert (result.checked, result.errors) == (16, 0)
+    with store.engine.connect() as conn:
+        nodes = set(
+            conn.scalars(
+                select(Execution.node_id)
+                .join(Run, Run.id == Execution.run_id)
+                .join(Family, Family.id == Run.family_id)
+                .where(Family.name == "check_page")
+            )
+        )
+    seen = [r for r in site.requests() if r.target.startswith("/p")]
+    edges = sorted([(r.started, 1) for r in seen] + [(r.finished, -1) for r in seen])
+    in_flight = peak = 0
+    for _at, step in edges:
+        in_flight += step
+        peak = max(peak, in_flight)
+    if strategy == "affinity":
+        assert len(nodes) == 1 and peak <= 2
+    else:
+        assert len(nodes) == 2
+
+
 def test_not_modified_reads_no_body_and_sends_validators_as_given(
     store, agents, settings, site, inbox
 ):

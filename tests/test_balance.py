@@ -133,6 +133,23 @@ def test_idle_agent_takes_unstarted_jobs_from_the_busy_one(db: Any, spawn_agent:
     assert per_node[1] > 2 * per_node[0]
 
 
+@pytest.mark.parametrize("strict", [True, False])
+def test_strict_affinity_keeps_a_hosts_jobs_on_one_node(
+    db: Any, spawn_agent: Spawn, strict: bool
+) -> None:
+    # Every job of one host on one node (its politeness limits hold across the
+    # cluster): the idle node steals none and runs no backup copy. Not strict: it does.
+    store, _ = db
+    start(spawn_agent, store, 1.0, 1.0)
+    params = {"by": "host", "strict": strict, "explore": 0}
+    fam = store.ensure_family("sleep", strategy="affinity", strategy_params=params, idempotent=True)
+    store.add_jobs(fam, ((f"one.test/{i}", json.dumps({"seconds": 0.05})) for i in range(12)))
+    summary = cycle(db)
+    assert summary.done == 12
+    nodes = {e.node_id for e in executions(store, summary.run_id)}
+    assert len(nodes) == (1 if strict else 2)
+
+
 # -- (b) an agent past its timeout has its jobs taken back ------------------------------------
 
 
