@@ -224,6 +224,22 @@ class RendezvousAffinity(Placement):
         affinity_key("x", by, pattern)  # reject a bad 'by' at once
         self.by, self.pattern, self.weighted = by, pattern, bool(weighted)
 
+    def order(self, jobs: list[JobInfo], knowledge: Knowledge) -> list[JobInfo]:
+        """Highest priority first; within a priority, the parts take turns.
+
+        A node's queue then holds many parts at once, not one part's long run:
+        jobs of one host that wait for its politeness limits do not hold up the
+        other hosts' jobs behind them.
+        """
+        turns: dict[tuple[int, str], int] = {}
+        keyed = []
+        for job in jobs:
+            group = (job.priority, affinity_key(job.key, self.by, self.pattern))
+            turn = turns[group] = turns.get(group, -1) + 1
+            keyed.append((-job.priority, turn, job))
+        keyed.sort(key=lambda item: item[:2])
+        return [job for _p, _t, job in keyed]
+
     def choose(
         self, job: JobInfo, candidates: Sequence[NodeLoad], knowledge: Knowledge
     ) -> NodeLoad | None:

@@ -229,6 +229,16 @@ def test_affinity_sends_the_same_host_to_the_same_node() -> None:
     assert affinity_key("user-42/job-7", pattern=r"user-(\d+)") == "42"
 
 
+def test_affinity_lets_hosts_take_turns_within_a_priority() -> None:
+    # One host's long run must not fill a node's queue ahead of the other hosts.
+    aff = strategy("affinity")
+    big = [job(i, f"https://big.example/p/{i}") for i in range(6)]
+    small = [job(10 + i, f"https://small{i}.example/") for i in range(2)]
+    urgent = job(20, "https://big.example/urgent")._replace(priority=5)
+    ordered = aff.order([*big, *small, urgent], Knowledge())
+    assert [j.id for j in ordered] == [20, 0, 10, 11, 1, 2, 3, 4, 5]
+
+
 def _assign(keys: list[str], ns: list[NodeLoad]) -> dict[str, int]:
     return {key: max(ns, key=lambda n: rendezvous_score(key, n)).id for key in keys}
 
