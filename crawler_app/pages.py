@@ -209,14 +209,10 @@ def family_id(session: Session, name: str) -> int:
     if fid is None:
         # Both families are idempotent for the master: a check may run twice harmlessly,
         # and a digest carries its own idempotency key (the agent journal refuses a resend).
-        strategy, params = CHECK_STRATEGY if name == CHECK_FAMILY else ("earliest_finish", {})
-        fam = Family(
-            name=name,
-            idempotent=True,
-            strategy=strategy,
-            strategy_params=params,
-            created_at=utcnow(),
-        )
+        placement: dict[str, Any] = {}
+        if name == CHECK_FAMILY:  # others keep the library's default strategy
+            placement = dict(zip(("strategy", "strategy_params"), CHECK_STRATEGY, strict=True))
+        fam = Family(name=name, idempotent=True, created_at=utcnow(), **placement)
         session.add(fam)
         session.flush()
         fid = fam.id
