@@ -55,6 +55,15 @@ def _database_error(exc: Exception) -> str:
     return f"database error: {first}"
 
 
+def _interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def sigterm_as_interrupt() -> None:
+    """From now on SIGTERM stops the program as Ctrl-C does (a KeyboardInterrupt)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
 class JodlGroup(click.Group):
     """Turns every expected failure into one clear line and a non-zero exit."""
 
@@ -296,7 +305,7 @@ def master_cmd(ctx: click.Context) -> None:
     from .master import Master
 
     master = Master(_settings(ctx), store=_store(ctx))
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    sigterm_as_interrupt()
     stops = []
     try:
         master.start()

@@ -136,5 +136,5 @@ def test_up_runs_everything_and_stops_everything(tmp_path: Path, site: TestSite)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    assert proc.returncode == 0
+    assert proc.returncode == 0, log.read_text()
     assert not [p for p in agents if alive(p)]

@@ -93,9 +93,12 @@ def serve(
             asked.set()
             os.kill(os.getpid(), signal.SIGINT)
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    threading.Thread(target=watch, name="jodl-web-stop", daemon=True).start()
+    previous: dict[int, Any] = {}
     try:
+        # Inside the try: a signal that lands as the handlers go in still stops cleanly.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, interrupt)
+        threading.Thread(target=watch, name="jodl-web-stop", daemon=True).start()
         server.run()  # returns after KeyboardInterrupt (waitress shuts its threads down)
     except KeyboardInterrupt:
         pass
@@ -154,6 +157,7 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int) -> None:
     SQLite file jodl-up.db in this directory unless JODL_DATABASE_URL is set.
     Prints the URL and the operator login; Ctrl-C stops everything.
     """
+    from jodl.cli import sigterm_as_interrupt
     from jodl.config import Settings
 
     from .app import create_app
@@ -166,6 +170,8 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int) -> None:
     web_settings = WebSettings.from_env(database_url=database, web_secure_cookies=False)
     cluster = LocalCluster(database, agents=agents, settings=lib)
     started = False
+    # SIGTERM stops like Ctrl-C from here on, also while starting or before serving.
+    sigterm_as_interrupt()
     try:
         email, password = cluster.prepare()
         app = create_app(web_settings, engine=cluster.engine)
@@ -190,6 +196,8 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int) -> None:
 
         threading.Thread(target=stop_web_with_cluster, name="jodl-up-link", daemon=True).start()
         serve(server, svc.stopping)
+    except KeyboardInterrupt:
+        pass  # stopped before the web server was serving
     finally:
         cluster.stop()
         if started:
