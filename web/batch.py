@@ -288,8 +288,12 @@ class Batches:
 
     # -- submit ---------------------------------------------------------------------------------
 
-    def submit(self, urls: Sequence[str], user_id: int | None = None) -> Submitted:
+    def submit(
+        self, urls: Sequence[str], user_id: int | None = None, *, refetch: bool = False
+    ) -> Submitted:
         """Record a batch of URLs, answer what the cache can, queue the rest.
+
+        ``refetch``: the cache answers nothing, every URL is fetched now ("Check now").
 
         Raises :class:`SubmissionError` for an empty batch or one over the size limit.
         Each URL refused on its own (scheme, syntax, length) becomes an item with an
@@ -350,7 +354,7 @@ class Batches:
             item.job_id = jid
             # Results up to a reset's floor are forgotten: they answer nothing.
             item.after_exec_id = max(newest or 0, floors.get(jid, 0) if jid is not None else 0)
-            if fresh and good and newest is not None and entry is not None:
+            if fresh and good and not refetch and newest is not None and entry is not None:
                 item.cached_exec_id = newest
                 older = entry.exec_ids[1] if len(entry.exec_ids) > 1 else None
                 item.previous_fingerprint = page_fingerprint(results.get(older)) if older else None
