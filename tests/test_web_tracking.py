@@ -113,6 +113,12 @@ def test_tracked_pages_show_readable_times_and_the_next_check(
         slot = (now + dt.timedelta(days=1)).replace(hour=6, minute=0, second=0, microsecond=0)
     expected = slot.astimezone(dt.UTC).replace(tzinfo=None).isoformat() + "Z"
     assert upcoming.get("datetime") == expected
+    # The page's own view says the same, and offers "Check now" too.
+    page_id = int(row.xpath(".//form[contains(@class, 'check-now')]/@action")[0].split("/")[2])
+    doc = assert_safe(user_client.get(f"/pages/{page_id}").get_data(as_text=True))
+    shown = [t.get("datetime") for t in doc.xpath("//main/p/time")]
+    assert shown == [last.get("datetime"), expected]
+    assert doc.xpath(f"//form[@action='/pages/{page_id}/check']")
     # No schedule: checks happen only when an operator starts a cycle.
     monkeypatch.setenv("JODL_SCHEDULE", "off")
     doc = lxml.html.fromstring(user_client.get("/pages").get_data(as_text=True))

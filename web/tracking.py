@@ -149,6 +149,7 @@ def history(svc: Services, user: CurrentUser, page_id: int) -> dict[str, Any]:
         "last_checked_at": _iso(page.last_checked_at),
         "last_status": page.last_status,
         "last_error": page.last_error,
+        "next_check_at": _iso(_next_checks(svc, [page.id]).get(page.id)),
         "snapshots": [
             {
                 "id": sid,
