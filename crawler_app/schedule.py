@@ -17,6 +17,8 @@ no tracked page and no unfinished cycle does nothing.
   seconds by a hash of the URL, never more than a quarter of the time to the
   next slot. A cycle an operator asked for is not spread: someone is waiting
   for it, and spreading exists to smooth the load of the daily slot.
+* :func:`next_checks` tells the web UI when the schedule next checks a page (its
+  slot, its period, its place in the spread).
 * Operators' requests for a cycle now (:mod:`crawler_app.cycle_requests`) are
   looked for every :data:`REQUEST_POLL` seconds by an interval job, also with
   ``JODL_SCHEDULE=off``. A request waits while a cycle runs; all requests
@@ -262,9 +264,11 @@ def next_checks(
         rows = conn.execute(
             select(Page.id, Page.url, Job.every_n_cycles, Job.last_run_number)
             .join(Job, Job.id == Page.job_id)
-            .where(Page.id.in_(list(page_ids)), Job.state == JobState.IDLE)
+            # A job that failed or runs now is back in line for the next cycle anyway.
+            .where(Page.id.in_(list(page_ids)), Job.state != JobState.DELETED)
         ).all()
     slots: list[dt.datetime] = []
+    spreads: dict[int, float] = {}  # slot index -> seconds its checks spread over
     out: dict[int, dt.datetime] = {}
     for page_id, url, every, last in rows:
         wait = 1 if last is None or latest is None else max(1, last + (every or 1) - latest)
@@ -278,8 +282,9 @@ def next_checks(
         if len(slots) < wait:
             continue
         slot = slots[wait - 1]
-        offset = spread_fraction(url) * spread_seconds(settings, trigger, slot)
-        out[page_id] = slot + dt.timedelta(seconds=offset)
+        if wait not in spreads:
+            spreads[wait] = spread_seconds(settings, trigger, slot)
+        out[page_id] = slot + dt.timedelta(seconds=spread_fraction(url) * spreads[wait])
     return out
 
 
