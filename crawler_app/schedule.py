@@ -15,7 +15,10 @@ no tracked page and no unfinished cycle does nothing.
   ``coalesce`` folds slots missed while a long cycle ran into one run.
 * The checks of a scheduled cycle start spread over ``JODL_CHECK_SPREAD``
   seconds by a hash of the URL, never more than a quarter of the time to the
-  next slot.
+  next slot. A cycle an operator asked for is not spread: someone is waiting
+  for it, and spreading exists to smooth the load of the daily slot.
+* :func:`next_checks` tells the web UI when the schedule next checks a page (its
+  slot, its period, its place in the spread).
 * Operators' requests for a cycle now (:mod:`crawler_app.cycle_requests`) are
   looked for every :data:`REQUEST_POLL` seconds by an interval job, also with
   ``JODL_SCHEDULE=off``. A request waits while a cycle runs; all requests
@@ -27,20 +30,30 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from sqlalchemy import Engine, exists, select
+from sqlalchemy import Engine, exists, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from jodl.exceptions import JodlError
+from jodl.models import Family as JodlFamily
+from jodl.models import Job, JobState, Run
 
 from . import cycle_requests
-from .cycle import CycleResult, PageCycle, RunFamily, last_cycle_start, open_cycle_step
-from .models import Tracking
+from .cycle import (
+    CycleResult,
+    PageCycle,
+    RunFamily,
+    last_cycle_start,
+    open_cycle_step,
+    spread_fraction,
+)
+from .models import Page, Tracking
+from .pages import CHECK_FAMILY
 from .settings import SCHEDULE_OFF, AppSettings, cron_trigger
 
 log = logging.getLogger("crawler_app.schedule")
@@ -106,18 +119,7 @@ class CycleScheduler:
 
     def spread(self, now: dt.datetime | None = None) -> float:
         """Seconds to spread the checks over: the setting, capped at a quarter period."""
-        if self.settings.check_spread <= 0:
-            return 0.0
-        if self.trigger is None:
-            return self.settings.check_spread
-        now = now or self._now()
-        first = self.trigger.get_next_fire_time(None, now)
-        if first is None:
-            return self.settings.check_spread
-        second = self.trigger.get_next_fire_time(first, first + dt.timedelta(seconds=1))
-        if second is None:
-            return self.settings.check_spread
-        return max(0.0, min(self.settings.check_spread, (second - first).total_seconds() / 4))
+        return spread_seconds(self.settings, self.trigger, now or self._now())
 
     def start(self) -> None:
         """Schedule the cycle (first run now when one was missed) and start the thread."""
@@ -174,7 +176,7 @@ class CycleScheduler:
             if not taken:
                 return None
             log.info("cycle requested by an operator (requests %s)", taken)
-            result = self._run(trigger="web")
+            result = self._run(trigger="web", spread=0.0)
             cycle_requests.settle(self.engine, taken, result.id if result else None)
             return result
         finally:
@@ -187,18 +189,19 @@ class CycleScheduler:
             log.warning("page check cycle still running; this slot is skipped")
             return None
         try:
-            return self._run(trigger)
+            return self._run(trigger, self.spread())
         finally:
             self._lock.release()
 
-    def _run(self, trigger: str) -> CycleResult | None:
-        """The cycle itself; the caller holds the lock."""
+    def _run(self, trigger: str, spread: float) -> CycleResult | None:
+        """The cycle itself, its checks spread over ``spread`` seconds; the caller
+        holds the lock."""
         try:
             if open_cycle_step(self.engine) is None and not _anything_tracked(self.engine):
                 log.info("no tracked pages: nothing to check in this slot")
                 return None
             runner = PageCycle(self.engine, self.run_family, self.settings)
-            result = runner.run(trigger=trigger, spread=self.spread())
+            result = runner.run(trigger=trigger, spread=spread)
             log.info("%s", result.line())
             self.results.append(result)
             return result
@@ -210,6 +213,79 @@ class CycleScheduler:
         """Stop firing; ``wait`` for a cycle in progress, else it stays open and resumes
         on the next start."""
         self.scheduler.shutdown(wait=wait)
+
+
+def spread_seconds(settings: AppSettings, trigger: Any, now: dt.datetime) -> float:
+    """Seconds a scheduled cycle starting near ``now`` spreads its checks over:
+    ``JODL_CHECK_SPREAD``, capped at a quarter of the time between two slots of
+    ``trigger`` (None: the schedule is off, nothing caps it)."""
+    if settings.check_spread <= 0:
+        return 0.0
+    if trigger is None:
+        return settings.check_spread
+    first = trigger.get_next_fire_time(None, now)
+    if first is None:
+        return settings.check_spread
+    second = trigger.get_next_fire_time(first, first + dt.timedelta(seconds=1))
+    if second is None:
+        return settings.check_spread
+    return max(0.0, min(settings.check_spread, (second - first).total_seconds() / 4))
+
+
+def next_checks(
+    engine: Engine,
+    page_ids: Sequence[int],
+    settings: AppSettings | None = None,
+    now: dt.datetime | None = None,
+    timezone: Any = None,
+) -> dict[int, dt.datetime]:
+    """When the schedule next checks each of these pages (aware datetimes in
+    ``timezone``, by default the local one: the scheduler's, cron fields are local time).
+
+    A page checked every N-th cycle (its period) waits for the slot where N cycles
+    have passed since its last check; its check starts at its place in that slot's
+    spread. Pages without a schedule (``JODL_SCHEDULE=off``) or without a job are
+    left out. Cycles operators start add checks the schedule does not foresee.
+    """
+    settings = settings or AppSettings.from_env()
+    if settings.schedule == SCHEDULE_OFF or not page_ids:
+        return {}
+    from tzlocal import get_localzone
+
+    zone = timezone or get_localzone()
+    trigger = cron_trigger(settings.schedule, zone)
+    now = now.astimezone(zone) if now is not None else dt.datetime.now(zone)
+    with engine.connect() as conn:
+        latest = conn.scalar(
+            select(func.max(Run.number))
+            .join(JodlFamily, JodlFamily.id == Run.family_id)
+            .where(JodlFamily.name == CHECK_FAMILY)
+        )
+        rows = conn.execute(
+            select(Page.id, Page.url, Job.every_n_cycles, Job.last_run_number)
+            .join(Job, Job.id == Page.job_id)
+            # A job that failed or runs now is back in line for the next cycle anyway.
+            .where(Page.id.in_(list(page_ids)), Job.state != JobState.DELETED)
+        ).all()
+    slots: list[dt.datetime] = []
+    spreads: dict[int, float] = {}  # slot index -> seconds its checks spread over
+    out: dict[int, dt.datetime] = {}
+    for page_id, url, every, last in rows:
+        wait = 1 if last is None or latest is None else max(1, last + (every or 1) - latest)
+        while len(slots) < wait:
+            previous = slots[-1] if slots else None
+            after = previous + dt.timedelta(microseconds=1) if previous else now
+            slot = trigger.get_next_fire_time(previous, after)
+            if slot is None:
+                break
+            slots.append(slot)
+        if len(slots) < wait:
+            continue
+        slot = slots[wait - 1]
+        if wait not in spreads:
+            spreads[wait] = spread_seconds(settings, trigger, slot)
+        out[page_id] = slot + dt.timedelta(seconds=spread_fraction(url) * spreads[wait])
+    return out
 
 
 def _anything_tracked(engine: Engine) -> bool:

@@ -3,15 +3,21 @@
 Submits URLs of the local test site in the form, and watches the results appear
 on the batch page while the slow page is still being fetched; hostile text from
 a page shows as text; the page's scripts run under the strict CSP without a
-violation; an operator sees the live status. Screenshots go to ``artifacts/``.
+violation; an operator sees the live status, in the reader's local time. A tracked
+page's "Check now" shows a fresh result. On a phone-sized screen no page scrolls
+sideways. When the server goes away, the live indicator says so. Screenshots go
+to ``artifacts/``.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import re
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from test_web_up import LOGIN_LINE, UP_LINE, start_up, wait_up
@@ -33,6 +39,11 @@ ARGS = [
     "--no-first-run",
 ]
 HOSTILE_TITLE = "<img src=x onerror=alert(1)>"
+#: The reader's time zone: far from the server's UTC, with a half hour.
+READER_ZONE = "Asia/Kolkata"
+#: A phone's screen (CSS pixels).
+PHONE = {"width": 360, "height": 740}
+ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d")
 
 pytestmark = [
     pytest.mark.browser,
@@ -60,7 +71,7 @@ def test_results_appear_live_in_the_browser(tmp_path: Path, site: TestSite) -> N
         email, password = LOGIN_LINE.search(out).groups()  # type: ignore[union-attr]
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = browser.new_page()
+            page = browser.new_page(timezone_id=READER_ZONE, locale="en-GB")
 
             def console(msg: Any) -> None:
                 if msg.type == "error":
@@ -73,6 +84,7 @@ def test_results_appear_live_in_the_browser(tmp_path: Path, site: TestSite) -> N
             page.fill("#urls", "\n".join(urls))
             page.click("#submit-form button[type=submit]")
             page.wait_for_url("**/batches/*")
+            batch_url = page.url
             rows = {
                 p: page.locator(f"#item-{i}")
                 for i, p in enumerate(("slow", "fast", "evil", "gone", "ftp"))
@@ -103,7 +115,60 @@ def test_results_appear_live_in_the_browser(tmp_path: Path, site: TestSite) -> N
             page.goto(url + "admin/")
             expect(page.locator("#live-state")).to_contain_text("updated", timeout=15_000)
             expect(page.locator("#nodes tbody tr")).to_have_count(2)
+            # Times read in the reader's zone, with how long ago; never raw ISO text.
+            seen = page.locator("#nodes tbody tr time")
+            expect(seen).to_have_count(2, timeout=15_000)
+            iso = seen.first.get_attribute("datetime") or ""
+            local = dt.datetime.fromisoformat(iso.replace("Z", "+00:00"))
+            local = local.astimezone(ZoneInfo(READER_ZONE))
+            shown = seen.first.inner_text()
+            assert local.strftime("%H:%M") in shown and "UTC" not in shown, shown
+            assert not ISO.search(page.locator("main").inner_text())
             page.screenshot(path=str(ARTIFACTS / "browser-admin.png"), full_page=True)
+
+            # A tracked page: its next check is shown, and "Check now" fetches it afresh
+            # (its earlier result is in the cache) and shows what it answers.
+            page.goto(url + "pages")
+            page.fill("input[name=url]", site.url("/fast"))
+            page.click("form.row button[type=submit]")
+            tracked = page.locator("#tracked tbody tr")
+            expect(tracked).to_have_count(1)
+            expect(tracked.locator(".next-check time")).to_have_count(1)
+            fetched = len(site.requests("/fast"))
+            tracked.locator("form.check-now button").click()
+            page.wait_for_url("**/batches/*")
+            expect(page.locator("#item-0")).to_have_class("ok", timeout=30_000)
+            expect(page.locator("#item-0 .status")).to_have_text("200")  # not "(cached)"
+            assert len(site.requests("/fast")) == fetched + 1
+
+            # On a phone, tables scroll in their own box: the page never scrolls sideways.
+            page.set_viewport_size(PHONE)
+            for where in (batch_url, url + "pages", url + "admin/", url):
+                page.goto(where)
+                if where == batch_url:
+                    expect(page.locator("#batch-state")).to_contain_text("Complete")
+                wider = page.evaluate(
+                    "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+                )
+                assert wider <= 0, f"{where} is {wider}px wider than a phone's screen"
+            page.goto(batch_url)
+            expect(page.locator("#batch-state")).to_contain_text("Complete")
+            page.screenshot(path=str(ARTIFACTS / "browser-phone-batch.png"), full_page=True)
+
+            # The server goes away: the live indicator says so instead of "Live".
+            page.set_viewport_size({"width": 1280, "height": 800})
+            page.goto(url + "admin/")
+            live = page.locator("#live-state")
+            expect(live).to_have_attribute("data-state", "ok", timeout=15_000)
+            # From here the browser's failed reconnects are expected console errors.
+            page.remove_listener("console", console)
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+            expect(live).to_have_attribute(
+                "data-state", re.compile("^(reconnecting|offline)$"), timeout=30_000
+            )
+            expect(live).not_to_contain_text("Live")
+            page.screenshot(path=str(ARTIFACTS / "browser-admin-offline.png"), full_page=True)
             browser.close()
     finally:
         if proc.poll() is None:

@@ -12,6 +12,7 @@ import pytest
 from agents import spawn_jodl, wait_for
 from app_support import add_users_tracking, agent_env, app_settings, inbox
 from sqlalchemy import select
+from sqlalchemy import update as sql_update
 from sqlalchemy.orm import sessionmaker
 
 from crawler_app.cycle import PageCycle, spread_fraction
@@ -273,3 +274,81 @@ def test_jodl_master_runs_requested_cycles_one_at_a_time(
     assert web[1].started_at >= web[0].finished_at  # never two at once
     assert len(site.requests("/slow")) == 2
     assert all(r.taken_by for r in requests_of(store))
+
+
+def test_a_requested_cycle_is_not_spread(store, agents, settings, site, inbox):
+    # A daily schedule spreading its checks over five minutes: an operator's request
+    # beside it must still check every page at once, not over those five minutes.
+    paths = ["/now1", "/now2", "/now3"]
+    for path in paths:
+        site.set_page(path, f"<p>{path}</p>")
+        add_users_tracking(store, site.url(path), ["ann@example.org"])
+    agents(1, env=agent_env(inbox))
+    add_cycle(store, utcnow())  # ran just now: nothing to catch up at start
+    master = Master(settings, store=store)
+    stop = threading.Event()
+    serving = threading.Thread(target=master.serve, args=(stop,), daemon=True)
+    serving.start()
+    runner = MasterRunner(master)
+    sched = CycleScheduler(
+        store.engine,
+        runner,
+        app_settings(schedule="0 6 * * *", check_spread=300),
+        request_poll=0.1,
+    )
+    assert sched.spread() == 300  # a scheduled slot would be spread
+    try:
+        sched.start()
+        request_cycle(store.engine, None)
+        # Generous: a spread cycle would take up to 300 s, an unspread one seconds.
+        wait_for(lambda: len(sched.results) == 1, 60, "the requested cycle to finish")
+    finally:
+        runner.stopped.set()
+        sched.stop(wait=True)
+        stop.set()
+        serving.join(timeout=30)
+        master.close()
+    (result,) = sched.results
+    assert result.checked == 3
+    web = [c for c in cycles(store) if c.trigger == "web"]
+    assert len(web) == 1 and web[0].spread == 0
+    with sessionmaker(store.engine)() as s:
+        payloads = [json.loads(p) for p in s.scalars(select(Job.payload).join(Page))]
+    assert len(payloads) == 3 and not any("start_at" in p for p in payloads)
+    assert all(len(site.requests(p)) == 1 for p in paths)
+
+
+def test_next_check_of_each_tracked_page(store):
+    from crawler_app.schedule import next_checks
+
+    add_users_tracking(store, "http://pages.example/daily", ["ann@example.org"])
+    add_users_tracking(store, "http://pages.example/weekly", ["ann@example.org"])
+    with sessionmaker(store.engine)() as s, s.begin():
+        ids = dict(s.execute(select(Page.url, Page.id)).tuples().all())
+        weekly = s.scalar(select(Page).where(Page.url == "http://pages.example/weekly"))
+        weekly.period = 3
+    with sessionmaker(store.engine)() as s, s.begin():
+        from crawler_app.pages import sync_jobs
+
+        sync_jobs(s)  # the job takes the page's period
+    now = dt.datetime(2030, 5, 1, 7, 0, tzinfo=UTC)
+    daily, weekly = ids["http://pages.example/daily"], ids["http://pages.example/weekly"]
+    got = next_checks(store.engine, [daily, weekly], app_settings(check_spread=600), now, UTC)
+    slot = dt.datetime(2030, 5, 2, 6, 0, tzinfo=UTC)
+    # Never checked: both at the next slot, each at its place in the spread.
+    for page_id, url in ((daily, "/daily"), (weekly, "/weekly")):
+        offset = spread_fraction("http://pages.example" + url) * 600
+        assert got[page_id] == slot + dt.timedelta(seconds=offset)
+    # Checked in run 4 of 4, every 3rd cycle: due again in run 7, the third slot from now.
+    with sessionmaker(store.engine)() as s, s.begin():
+        s.execute(
+            sql_update(Job).values(last_run_number=4).where(Job.id.in_(select(Page.job_id)))
+        )
+        from jodl.models import Family, Run
+
+        fid = s.scalar(select(Family.id).where(Family.name == "check_page"))
+        s.add(Run(family_id=fid, number=4, state="done", started_at=utcnow()))
+    got = next_checks(store.engine, [daily, weekly], app_settings(check_spread=0), now, UTC)
+    assert got[daily] == slot
+    assert got[weekly] == slot + dt.timedelta(days=2)
+    assert next_checks(store.engine, [daily], app_settings(schedule="off"), now, UTC) == {}

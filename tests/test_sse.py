@@ -4,7 +4,7 @@ URLs submitted through the API go through the on-demand queue to two agent
 processes that fetch the local test site; the stream is read over a real
 connection to ``jodl web`` (waitress). Checked: results arrive live and in
 commit order, a reconnect with Last-Event-ID gets exactly what it missed, cache
-hits answer at once without a fetch (errors are fetched again), a reset makes
+hits answer at once without a fetch (errors are fetched again first), a reset makes
 the next submission fetch again, and open streams never block other requests.
 """
 
@@ -154,15 +154,18 @@ def test_cache_hits_requeued_errors_and_reset(system: System) -> None:
     assert {r["cached"] for r in first} == {False}
     assert len(site.requests("/p")) == 1 and len(site.requests("/err")) == 1
 
-    # Again: both answered from the cache at once; only the error is fetched again.
+    # Again, the error lifted meanwhile: the good result answers from the cache at
+    # once; the error is fetched again and its fresh result answers, not the old one.
+    site.set_page("/err", page("Err", "back up"))
     batch = system.submit(urls)
-    assert batch["cached"] == 2 and batch["refreshed"] == 1
+    assert batch["cached"] == 1 and batch["queued"] == 1
     with system.stream(batch) as stream:
         events = list(stream)
     results = [e.json() for e in events if e.event == "result"]
-    assert [r["cached"] for r in results] == [True, True]
-    assert {r["position"]: r["excerpt"] for r in results}[0] == "first version"
-    site.wait_requests("/err", count=2, timeout=30)
+    assert [(r["position"], r["cached"]) for r in results] == [(0, True), (1, False)]
+    assert [r["excerpt"] for r in results] == ["first version", "back up"]
+    assert events[-1].event == "complete"
+    assert len(site.requests("/err")) == 2
     jobs = httpx.get(
         system.web.url + "/api/admin/status", auth=("user@example.org", PASSWORD)
     ).status_code

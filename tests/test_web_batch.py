@@ -112,20 +112,40 @@ def test_cache_answers_good_results_and_requeues_errors(batches: Batches, clock:
     batches.submit([URL, bad])
     finish(batches.queue, URL, result(URL), (bad, result(bad, ok=False, status=503)))
     sub = batches.submit([URL, bad])
-    assert sub.cached == 2 and sub.queued == 0
+    assert sub.cached == 1 and sub.queued == 1
     by_url = {e["url"]: e for e in batches.immediate(sub.items)}
     assert by_url[URL]["ok"] and by_url[URL]["cached"] and by_url[URL]["excerpt"] == "hello"
-    assert by_url[bad]["cached"] and "503" in by_url[bad]["error"]
-    # The error was queued again (it may be temporary); the good result was not.
+    # The error answers nothing: it is queued again and waits for its fresh result.
+    assert bad not in by_url
     queued = {j.key for j in batches.queue.jobs("check_page", state="queued")}
     assert queued == {KEY_PREFIX + bad}
+    finish(batches.queue, bad, result(bad, ok=False, status=503))
     # Past the TTL the good result no longer answers: queued, and compared when it comes.
     clock.advance(61)
     sub = batches.submit([URL])
     assert sub.cached == 0 and sub.queued == 1
-    finish(batches.queue, URL, result(URL, "hello again"), (bad, result(bad, ok=False)))
+    finish(batches.queue, URL, result(URL, "hello again"))
     ((_, event),) = batches.arrived(sub.items)
     assert event["changed"] is True and event["excerpt"] == "hello again"
+
+
+def test_a_cached_refusal_waits_for_its_fresh_result(batches: Batches) -> None:
+    # Refused once (a network not allowed yet); allowed since: resubmitting must not
+    # show the old refusal as a final "(cached)" answer, but the fresh result.
+    refused = result(URL, ok=False, status=0)
+    refused.update(status=None, error="refused", error_message="loopback address refused")
+    batches.submit([URL])
+    finish(batches.queue, URL, refused)
+    sub = batches.submit([URL])
+    assert sub.cached == 0 and sub.queued == 1
+    _, items = batches.load(sub.id)  # type: ignore[misc]
+    assert batches.immediate(items) == []
+    (item,) = items
+    assert item.pending
+    assert batches.arrived(items) == []  # the batch is not complete yet
+    finish(batches.queue, URL, result(URL, "allowed now"))
+    ((_, event),) = batches.arrived(items)
+    assert event["ok"] and not event["cached"] and event["excerpt"] == "allowed now"
 
 
 def test_refresh_fraction_requeues_cached_good_results(store: Store, clock: Clock) -> None:

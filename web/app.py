@@ -29,6 +29,7 @@ from .batch import Batches
 from .metrics import Metrics
 from .security import CSRF_FIELD, CSRF_HEADER, RateLimiter, add_headers, csrf_token, csrf_valid
 from .settings import WebSettings
+from .timefmt import when
 
 log = logging.getLogger("web")
 
@@ -118,6 +119,7 @@ def create_app(
     )
     app.jinja_env.globals["csrf_token"] = csrf_token
     app.jinja_env.globals["csrf_field"] = CSRF_FIELD
+    app.jinja_env.filters["when"] = when
     app.context_processor(lambda: {"user": g.get("user")})
 
     from . import admin, api, auth, ops, stream, tracking, ui

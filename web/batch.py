@@ -7,8 +7,11 @@ the job of a tracked page, which belongs to the application cycles). The job's
 
 * a URL whose latest good result is younger than the cache TTL is answered from
   it at once; a random share of those is queued again to refresh the cache;
-* a URL whose latest result (younger than the TTL) is an error is answered with
-  that error at once, and queued again: the error may have been temporary;
+* a URL whose latest result is an error is never answered from the cache: it is
+  queued again and answered by the fresh result. The error may have been
+  temporary or lifted (a server back up, a network allowed since): shown as a
+  final "(cached)" answer it would mislead, and the batch would say "complete"
+  before the URL was really tried again;
 * any other URL is queued (a job already running is not queued twice: its
   result is fresh) and answered by the job's next ``done`` execution.
 
@@ -285,8 +288,12 @@ class Batches:
 
     # -- submit ---------------------------------------------------------------------------------
 
-    def submit(self, urls: Sequence[str], user_id: int | None = None) -> Submitted:
+    def submit(
+        self, urls: Sequence[str], user_id: int | None = None, *, refetch: bool = False
+    ) -> Submitted:
         """Record a batch of URLs, answer what the cache can, queue the rest.
+
+        ``refetch``: the cache answers nothing, every URL is fetched now ("Check now").
 
         Raises :class:`SubmissionError` for an empty batch or one over the size limit.
         Each URL refused on its own (scheme, syntax, length) becomes an item with an
@@ -343,16 +350,16 @@ class Batches:
                 and entry.finished[0] is not None
                 and now - entry.finished[0] <= ttl
             )
+            good = bool(newest_result and newest_result.get("ok"))
             item.job_id = jid
             # Results up to a reset's floor are forgotten: they answer nothing.
             item.after_exec_id = max(newest or 0, floors.get(jid, 0) if jid is not None else 0)
-            if fresh and newest is not None and entry is not None:
+            if fresh and good and not refetch and newest is not None and entry is not None:
                 item.cached_exec_id = newest
                 older = entry.exec_ids[1] if len(entry.exec_ids) > 1 else None
                 item.previous_fingerprint = page_fingerprint(results.get(older)) if older else None
                 out.cached += 1
-                good = bool(newest_result and newest_result.get("ok"))
-                if not good or self.rng() < self.settings.web_refresh_fraction:
+                if self.rng() < self.settings.web_refresh_fraction:
                     out.refreshed += 1
                     if state != JobState.CLAIMED:
                         to_queue.append(item)

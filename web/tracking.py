@@ -16,9 +16,12 @@ from werkzeug.exceptions import BadRequest, NotFound
 
 from crawler_app.models import WHOLE_PAGE, Page, Snapshot, Tracking
 from crawler_app.pages import PageError, track, trackings_of, untrack
+from crawler_app.schedule import next_checks
+from crawler_app.settings import AppSettings
+from jodl.exceptions import JodlError
 
 from .app import Services, services
-from .auth import CurrentUser, current_user, login_required
+from .auth import CurrentUser, current_user, limit, login_required
 from .diff import inline, side_by_side
 
 bp = Blueprint("tracking", __name__)
@@ -28,13 +31,27 @@ HISTORY_LIMIT = 200
 
 
 def _iso(value: dt.datetime | None) -> str | None:
-    return value.isoformat(timespec="seconds") + "Z" if value else None
+    """ISO text in UTC with a Z; a naive ``value`` is UTC already."""
+    if value is None:
+        return None
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.UTC).replace(tzinfo=None)
+    return value.isoformat(timespec="seconds") + "Z"
+
+
+def _next_checks(svc: Services, page_ids: list[int]) -> dict[int, dt.datetime]:
+    """When the schedule next checks these pages ({} if the settings cannot say)."""
+    try:
+        return next_checks(svc.engine, page_ids, AppSettings.from_env())
+    except JodlError:
+        return {}  # the master refuses such settings too, and says why
 
 
 def list_pages(svc: Services, user: CurrentUser) -> list[dict[str, Any]]:
-    """The user's tracked pages with their last check."""
+    """The user's tracked pages with their last check and the next one the schedule makes."""
     with svc.batches.sessions() as s:
         rows = trackings_of(s, user.email)
+    upcoming = _next_checks(svc, [page.id for _, page in rows])
     return [
         {
             "id": page.id,
@@ -46,6 +63,7 @@ def list_pages(svc: Services, user: CurrentUser) -> list[dict[str, Any]]:
             "last_error": page.last_error,
             "last_checked_at": _iso(page.last_checked_at),
             "last_changed_at": _iso(page.last_changed_at),
+            "next_check_at": _iso(upcoming.get(page.id)),
         }
         for tracking, page in rows
     ]
@@ -82,6 +100,22 @@ def _tracking(svc: Services, user: CurrentUser, page_id: int) -> tuple[Page, Tra
     return row[0], row[1]
 
 
+def check_now(svc: Services, user: CurrentUser, page_id: int) -> str:
+    """Fetch a tracked page now through the on-demand queue; the batch showing the result.
+
+    For the page's trackers and operators. The fetch bypasses the result cache;
+    the page's history and digests still change only in the application cycles.
+    """
+    if user.is_admin:
+        with svc.batches.sessions() as s:
+            page = s.get(Page, page_id)
+        if page is None:
+            raise NotFound("no such page")
+    else:
+        page, _ = _tracking(svc, user, page_id)
+    return svc.batches.submit([page.url], user.id, refetch=True).id
+
+
 def remove_page(svc: Services, user: CurrentUser, page_id: int) -> str:
     page, _ = _tracking(svc, user, page_id)
     with svc.batches.sessions.begin() as s:
@@ -115,6 +149,7 @@ def history(svc: Services, user: CurrentUser, page_id: int) -> dict[str, Any]:
         "last_checked_at": _iso(page.last_checked_at),
         "last_status": page.last_status,
         "last_error": page.last_error,
+        "next_check_at": _iso(_next_checks(svc, [page.id]).get(page.id)),
         "snapshots": [
             {
                 "id": sid,
@@ -215,6 +250,14 @@ def pages_add() -> Any:
         )
     flash(f"Now tracking {added['url']}.", "ok")
     return redirect(url_for("tracking.pages"), 303)
+
+
+@bp.route("/pages/<id:page_id>/check", methods=["POST"])
+@login_required
+def pages_check(page_id: int) -> Any:
+    limit("submit")
+    batch_id = check_now(services(), _user(), page_id)
+    return redirect(url_for("ui.batch", batch_id=batch_id), 303)
 
 
 @bp.route("/pages/<id:page_id>/remove", methods=["POST"])
