@@ -10,6 +10,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
+import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +39,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import bulk
-from .exceptions import StoreUnavailable
+from .exceptions import LeaseHeld, StoreUnavailable
 from .learning import LearningLog, learn_from_executions, settle_homes
 from .models import (
     Dispatch,
@@ -59,8 +61,29 @@ log = logging.getLogger("jodl.store")
 
 #: Execution ids handed to a master per allocation (one UPDATE per block).
 EXEC_ID_BLOCK = 20_000
-#: Seconds a master's lease lasts without renewal.
+#: Seconds a master's lease lasts without renewal. The running master renews it
+#: every :data:`LEASE_RENEW` seconds (one small UPDATE); a master that stalls longer
+#: (or dies) lets another one take over.
 LEASE_SECONDS = 30.0
+#: Seconds between two renewals by the running master: a third of the lease, so two
+#: renewals may fail (a slow disk, a busy database) before it expires.
+LEASE_RENEW = LEASE_SECONDS / 3
+
+
+def holder_gone(holder: str) -> bool:
+    """True when ``holder`` (``HOST:PID...``, a master's name) is a process on this host
+    that no longer exists, so its lease need not be waited for."""
+    host, _, rest = holder.partition(":")
+    pid = rest.split(":", 1)[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def normalise_url(url: str) -> str:
@@ -275,8 +298,13 @@ class Store(LearningLog):
 
     # -- master lease, epochs and execution ids ---------------------------------------
 
-    def acquire_lease(self, holder: str, name: str = "master", force: bool = True) -> int:
-        """Take the master lease and return the new epoch (older masters are fenced)."""
+    def acquire_lease(self, holder: str, name: str = "master", force: bool = False) -> int:
+        """Take the master lease and return the new epoch (older masters are fenced).
+
+        A lease another holder renewed less than :data:`LEASE_SECONDS` ago is live:
+        :class:`LeaseHeld` unless ``force`` (an explicit takeover). A holder on this
+        host whose process is gone (killed) counts as expired at once.
+        """
         now = utcnow()
         with self.session() as s, s.begin():
             lease = s.get(MasterLease, name, with_for_update=True)
@@ -285,13 +313,26 @@ class Store(LearningLog):
                     name=name, holder=holder, epoch=0, expires_at=now, next_exec_id=1
                 )
                 s.add(lease)
-            elif not force and lease.holder != holder and lease.expires_at > now:
-                raise StoreUnavailable(f"another master ({lease.holder}) holds the lease")
+            elif (
+                not force
+                and lease.holder != holder
+                and lease.expires_at > now
+                and not holder_gone(lease.holder)
+            ):
+                raise LeaseHeld(lease.holder, (lease.expires_at - now).total_seconds())
             lease.epoch += 1
             lease.holder = holder
             lease.expires_at = now + dt.timedelta(seconds=LEASE_SECONDS)
             s.flush()
             return lease.epoch
+
+    def lease_holder(self, name: str = "master") -> str | None:
+        """Who holds a live lease (renewed, its process not known to be gone); None: nobody."""
+        with self.session() as s:
+            lease = s.get(MasterLease, name)
+            if lease is None or lease.expires_at <= utcnow() or holder_gone(lease.holder):
+                return None
+            return lease.holder
 
     def renew_lease(self, holder: str, epoch: int, name: str = "master") -> bool:
         """Extend the lease; False when another master has taken it (we are fenced)."""
@@ -302,6 +343,15 @@ class Store(LearningLog):
                 .values(expires_at=utcnow() + dt.timedelta(seconds=LEASE_SECONDS))
             )
             return res.rowcount == 1
+
+    def release_lease(self, epoch: int, name: str = "master") -> None:
+        """End our lease now (a clean stop): the next master need not wait for it to expire."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(MasterLease)
+                .where(MasterLease.name == name, MasterLease.epoch == epoch)
+                .values(expires_at=utcnow())
+            )
 
     def next_exec_ids(self, count: int, name: str = "master") -> list[int]:
         """``count`` fresh execution ids (allocated in committed blocks, never reused)."""

@@ -134,7 +134,7 @@ def test_an_older_master_is_fenced_and_the_newer_one_finishes_its_run(store, age
     add_jobs(store, "sleep", 40, payload='{"seconds": 0.01}')
     agents(2, slots=2)
     old = Master(settings, store=store, name="old")
-    new = Master(settings, store=Store(store.engine), name="new")
+    new = Master(settings, store=Store(store.engine), name="new", takeover=True)
     try:
         old.start()
         new.start()  # takes the lease: a newer epoch, announced to every agent
@@ -159,7 +159,7 @@ def test_a_fenced_master_stops_when_it_reconnects_too(store, spawn_agent, settin
     port = free_port()
     store.add_node(f"127.0.0.1:{port}", slots=1)
     old = Master(settings, store=store, name="old")
-    new = Master(settings, store=Store(store.engine), name="new")
+    new = Master(settings, store=Store(store.engine), name="new", takeover=True)
     outcome: list[BaseException | RunSummary] = []
     try:
         old.start()
