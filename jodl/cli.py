@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -15,21 +16,53 @@ from .exceptions import BadPayload, ConfigError, JodlError
 from .progress import progress_reporters
 from .protocol import loads_object
 
+#: Loggers of libraries kept at WARNING (their INFO lines, e.g. a scheduler's two lines
+#: every couple of seconds, would bury what JODL prints); JODL_LOG_LEVEL=DEBUG shows all.
+QUIET_LIBRARIES = ("apscheduler", "waitress", "rpyc", "aiosmtpd", "mail.log", "asyncio", "httpx")
+
+
+def configure_logging(level: str) -> None:
+    """Log lines at ``level`` on stderr; libraries' at WARNING unless ``level`` is DEBUG."""
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if level.upper() != "DEBUG":
+        for name in QUIET_LIBRARIES:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
 
 def _settings(ctx: click.Context) -> Settings:
     obj = ctx.ensure_object(dict)
     if "settings" not in obj:
         overrides = {"database_url": obj.get("database_url")}
         obj["settings"] = Settings.from_env(**overrides)
-        logging.basicConfig(
-            level=obj["settings"].log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
+        configure_logging(obj["settings"].log_level)
     settings: Settings = obj["settings"]
     return settings
 
 
-def _store(ctx: click.Context) -> Any:
+def missing_sqlite_file(url: str) -> str | None:
+    """The path of a SQLite database file that does not exist yet (None: not that case).
+
+    Opening it would create an empty file: a read must not leave one behind.
+    """
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - reported when the engine is made
+        return None
+    path = parsed.database
+    if not parsed.drivername.startswith("sqlite") or not path or path == ":memory:":
+        return None
+    if path.startswith("file:"):
+        return None  # a URI filename: its own mode decides
+    return None if os.path.exists(path) else path
+
+
+def _store(ctx: click.Context, create: bool = False) -> Any:
+    """The store on the configured database; a missing SQLite file is an error unless
+    ``create`` (``jodl db upgrade``): no command creates an empty database by reading."""
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
     from .store import Store, make_engine
@@ -37,12 +70,26 @@ def _store(ctx: click.Context) -> Any:
     obj = ctx.ensure_object(dict)
     if "store" not in obj:
         url = _settings(ctx).database_url
+        missing = None if create else missing_sqlite_file(url)
+        if missing is not None:
+            raise ConfigError(
+                f"no database at {missing}: run `jodl db upgrade` or `jodl up` to create it "
+                "(or set JODL_DATABASE_URL)"
+            )
         try:
             engine = make_engine(url)
-        except (ArgumentError, NoSuchModuleError) as exc:
-            raise ConfigError(f"JODL_DATABASE_URL: not a usable database URL ({exc})") from None
+        except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+            raise ConfigError(
+                f"JODL_DATABASE_URL: not a usable database URL ({_first_line(exc)}); "
+                "use sqlite:///FILE or postgresql+psycopg://USER@HOST/DB"
+            ) from None
         obj["store"] = Store(engine)
     return obj["store"]
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def _database_error(exc: Exception) -> str:
@@ -107,7 +154,7 @@ def db_upgrade(ctx: click.Context) -> None:
     """Create or migrate the tables to the newest version."""
     from .migrate import current, upgrade
 
-    store = _store(ctx)
+    store = _store(ctx, create=True)
     upgrade(store.engine)
     click.echo(f"database at revision {current(store.engine)}")
 
