@@ -324,18 +324,30 @@ def jobs_add(
 
 @main.command("run")
 @click.argument("family")
+@click.option(
+    "--takeover",
+    is_flag=True,
+    help="Take the master lease even from a running master (which then stops).",
+)
 @click.pass_context
-def run_cmd(ctx: click.Context, family: str) -> None:
+def run_cmd(ctx: click.Context, family: str, takeover: bool) -> None:
     """Run (or resume) one cycle of FAMILY and print a summary."""
     from .master import Master
 
     settings = _settings(ctx)
     store = _store(ctx)
+    holder = None if takeover else store.lease_holder()
+    if holder is not None:
+        # One master acts per database: the running one would be fenced by this one.
+        raise JodlError(
+            f"a master ({holder}) is running on this database and runs its cycles; "
+            "stop it first, or take over with `jodl run --takeover` (it then stops)"
+        )
     if store.family(family) and not settings.register_listen and not store.nodes():
         # Nothing could ever run the jobs: say so instead of waiting forever.
         raise JodlError("no agent nodes registered: add one with `jodl node add HOST:PORT`")
     with progress_reporters(f"run {family}") as (_, progress):
-        master = Master(settings, store=_store(ctx), progress=progress)
+        master = Master(settings, store=store, progress=progress, takeover=takeover)
         try:
             summary = master.run_cycle(family)
         finally:

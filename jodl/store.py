@@ -447,8 +447,11 @@ class Store(LearningLog):
                 .limit(1)
             )
             if run is not None:
+                # Resumed only if a master worked on it: a run an application opened
+                # (epoch 0) to record its id is new to the master that runs it.
+                resumed = run.epoch != 0
                 run.epoch = epoch
-                return run, True
+                return run, resumed
             number = (
                 s.scalar(select(func.max(Run.number)).where(Run.family_id == family.id)) or 0
             ) + 1

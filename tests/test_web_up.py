@@ -50,8 +50,10 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def start_up(cwd: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = child_env({**AGENT_ENV, "JODL_LOG_LEVEL": "WARNING"})
+def start_up(
+    cwd: Path, log: Path, extra: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    env = child_env({**AGENT_ENV, "JODL_LOG_LEVEL": "WARNING", **(extra or {})})
     with open(log, "wb") as out:
         return subprocess.Popen(
             [*jodl_command(), "up", "--listen", "127.0.0.1:0"],
