@@ -160,10 +160,20 @@ def db_upgrade(ctx: click.Context) -> None:
 
 
 @main.command("config")
-def config_table() -> None:
-    """Print the table of JODL_* settings (Markdown)."""
+@click.option("--table", is_flag=True, help="Print the README's table of settings (Markdown).")
+def config_table(table: bool) -> None:
+    """Show each JODL_* setting's value in effect and where it came from; check them all."""
+    from .config import effective
+
     _load_apps()
-    click.echo(markdown_table())
+    if table:
+        click.echo(markdown_table())
+        return
+    rows = effective()
+    width = max(len(row.option.name) for row in rows)
+    for row in rows:
+        value = row.value if row.value else "(empty)"
+        click.echo(f"{row.option.name:{width}s}  {value}  [{row.source}]")
 
 
 # -- agent ---------------------------------------------------------------------------------

@@ -100,8 +100,45 @@ def test_unreachable_database():
 
 def test_sqlite_file_in_a_missing_directory(tmp_path):
     url = f"sqlite:///{tmp_path / 'missing' / 'jodl.db'}"
-    one_line_error(jodl("status", env={"JODL_DATABASE_URL": url}), "cannot reach the database")
+    one_line_error(jodl("status", env={"JODL_DATABASE_URL": url}), "no database at")
     assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("args", [("status",), ("node", "list"), ("tracked",), ("admins", "list")])
+def test_a_read_creates_no_database(tmp_path, args):
+    path = tmp_path / "jodl.db"
+    one_line_error(
+        jodl(*args, env={"JODL_DATABASE_URL": f"sqlite:///{path}"}),
+        f"no database at {path}",
+        "jodl db upgrade",
+    )
+    assert not path.exists()
+
+
+def test_an_unsupported_database_url_is_one_line(tmp_path):
+    result = jodl("status", env={"JODL_DATABASE_URL": "mysql://u@127.0.0.1/x"}, process=True)
+    one_line_error(result, "JODL_DATABASE_URL", "not a usable database URL")
+
+
+def test_config_shows_values_in_effect_and_their_source(tmp_path):
+    (tmp_path / "jodl.toml").write_text("batch_size = 50\n")
+    env = {"JODL_CONFIG": str(tmp_path / "jodl.toml"), "JODL_AGENT_SLOTS": "7"}
+    out = jodl("config", env=env)
+    assert out.code == 0, out.stderr
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in out.stdout.splitlines()}
+    assert rows["JODL_AGENT_SLOTS"] == "7  [environment]"
+    assert rows["JODL_BATCH_SIZE"] == f"50  [file {tmp_path / 'jodl.toml'}]"
+    assert rows["JODL_MAX_ATTEMPTS"] == "3  [default]"
+
+
+def test_config_hides_secrets():
+    out = jodl("config", env={"JODL_SECRET": "hunter2"})
+    assert "hunter2" not in out.stdout and "JODL_SECRET" in out.stdout
+
+
+def test_config_checks_every_setting():
+    line = one_line_error(jodl("config", env={"JODL_AGENT_SLOTS": "many"}), "JODL_AGENT_SLOTS")
+    assert "expected a positive integer, got 'many'" in line
 
 
 @pytest.mark.parametrize("args", [("status",), ("run", "noop"), ("node", "list")])
@@ -166,3 +203,14 @@ def test_a_run_without_any_node_says_so_instead_of_waiting(store, db_url):
     one_line_error(result, "no agent nodes", "jodl node add")
     with store.engine.connect() as conn:
         assert conn.scalar(select(func.count()).select_from(Run)) == 0, "no run opened"
+
+
+def test_a_run_prints_its_summary_once_and_a_new_run_is_not_resumed(store, db_url, agents):
+    store.add_jobs(store.ensure_family("noop"), [(f"k{i}", "{}") for i in range(5)])
+    agents(1)
+    env = {"JODL_DATABASE_URL": db_url, "JODL_LOG_LEVEL": "INFO"}
+    result = jodl("run", "noop", env=env, process=True)
+    assert result.code == 0, result.stderr
+    output = result.stdout + result.stderr
+    assert output.count("run noop#1") == 1, output
+    assert "resumed" not in output

@@ -182,3 +182,13 @@ def test_a_fenced_master_stops_when_it_reconnects_too(store, spawn_agent, settin
     finally:
         old.close()
         new.close()
+
+
+def test_a_run_an_application_opened_is_new_to_the_master_not_resumed(store):
+    fam = store.ensure_family("noop")
+    store.add_jobs(fam, [("a", "{}")])
+    opened, _ = store.open_run(fam, 0)  # as the page checker records its run's id first
+    run, resumed = store.open_run(fam, 7)
+    assert run.id == opened.id and not resumed
+    again, resumed = store.open_run(fam, 8)  # a master worked on it: now it is resumed
+    assert again.id == run.id and resumed
