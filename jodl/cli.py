@@ -18,7 +18,16 @@ from .protocol import loads_object
 
 #: Loggers of libraries kept at WARNING (their INFO lines, e.g. a scheduler's two lines
 #: every couple of seconds, would bury what JODL prints); JODL_LOG_LEVEL=DEBUG shows all.
-QUIET_LIBRARIES = ("apscheduler", "waitress", "rpyc", "aiosmtpd", "mail.log", "asyncio", "httpx")
+QUIET_LIBRARIES = (
+    "alembic",
+    "apscheduler",
+    "waitress",
+    "rpyc",
+    "aiosmtpd",
+    "mail.log",
+    "asyncio",
+    "httpx",
+)
 
 
 def configure_logging(level: str) -> None:
@@ -292,29 +301,48 @@ def jobs() -> None:
 
 @jobs.command("add")
 @click.argument("family")
-@click.option("--count", type=click.IntRange(min=1), default=1, help="Number of jobs.")
-@click.option("--payload", default="{}", help="JSON object given to every job.")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="Number of jobs.")
+@click.option("--payload", default=None, help="JSON object given to every job.")
 @click.option("--key-prefix", default="job-", help="Keys are PREFIX0, PREFIX1, ...")
+@click.option(
+    "--from",
+    "from_file",
+    type=click.File("r", encoding="utf-8"),
+    default=None,
+    help='JSON Lines file: one {"key": ..., "payload": {...}} per line ("-": stdin).',
+)
 @click.option("--strategy", default=None, help="Placement strategy of a new family.")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=None)
 @click.pass_context
 def jobs_add(
     ctx: click.Context,
     family: str,
-    count: int,
-    payload: str,
+    count: int | None,
+    payload: str | None,
     key_prefix: str,
+    from_file: Any,
     strategy: str | None,
     max_attempts: int | None,
 ) -> None:
-    """Add COUNT jobs of FAMILY with the same payload (existing keys are kept)."""
+    """Add jobs to FAMILY: COUNT with one payload, or each line of a JSON Lines file.
+
+    All or nothing: a bad line is reported with its number and no job is added.
+    Keys the family already has are kept.
+    """
     from . import family as families
 
     families.load(family)  # refuse an unknown family before writing anything
-    try:
-        loads_object(payload)
-    except BadPayload as exc:
-        raise click.BadParameter(str(exc), param_hint="--payload") from None
+    if from_file is not None:
+        if count is not None or payload is not None:
+            raise click.BadParameter("give --from, or --count/--payload", param_hint="--from")
+        rows = _read_jobs(from_file)
+    else:
+        payload = payload or "{}"
+        try:
+            loads_object(payload)
+        except BadPayload as exc:
+            raise click.BadParameter(str(exc), param_hint="--payload") from None
+        rows = [(f"{key_prefix}{i}", payload) for i in range(count or 1)]
     store = _store(ctx)
     fields: dict[str, Any] = {}
     if strategy:
@@ -328,8 +356,79 @@ def jobs_add(
     if max_attempts:
         fields["max_attempts"] = max_attempts
     fam = store.ensure_family(family, **fields)
-    added = store.add_jobs(fam, ((f"{key_prefix}{i}", payload) for i in range(count)))
-    click.echo(f"{added} jobs added to {family}")
+    added = store.add_jobs(fam, rows)
+    kept = len(rows) - added
+    click.echo(f"{added} jobs added to {family}" + (f" ({kept} keys existed)" if kept else ""))
+
+
+#: Bad lines of a jobs file named in the error at most.
+BAD_LINES_SHOWN = 5
+
+
+def _read_jobs(fh: Any) -> list[tuple[str, str]]:
+    """(key, payload JSON) per line of a JSON Lines file; :class:`JodlError` naming every
+    bad line's number (blank lines are skipped)."""
+    rows: list[tuple[str, str]] = []
+    seen: dict[str, int] = {}
+    bad: list[str] = []
+    for number, line in enumerate(fh, start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            bad.append(f"line {number}: not JSON ({exc.args[0].split(':')[0]})")
+            continue
+        if not isinstance(item, dict) or not isinstance(item.get("key"), str) or not item["key"]:
+            bad.append(f'line {number}: expected {{"key": "...", "payload": {{...}}}}')
+            continue
+        body = item.get("payload", {})
+        if not isinstance(body, dict):
+            bad.append(f"line {number}: payload is not a JSON object")
+            continue
+        key = item["key"]
+        if key in seen:
+            bad.append(f"line {number}: key {key!r} repeats line {seen[key]}")
+            continue
+        seen[key] = number
+        rows.append((key, json.dumps(body)))
+    name = getattr(fh, "name", "the file")
+    if bad:
+        more = f"; and {len(bad) - BAD_LINES_SHOWN} more" if len(bad) > BAD_LINES_SHOWN else ""
+        raise JodlError(
+            f"{name}: {len(bad)} bad line(s), no job added: "
+            + "; ".join(bad[:BAD_LINES_SHOWN])
+            + more
+        )
+    if not rows:
+        raise JodlError(f"{name}: no jobs in it")
+    return rows
+
+
+@main.command("results")
+@click.argument("family")
+@click.option("--run", "number", type=click.IntRange(min=1), default=None, help="Run number.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+@click.pass_context
+def results_cmd(ctx: click.Context, family: str, number: int | None, as_json: bool) -> None:
+    """Each job's result (or error) in a run of FAMILY (default: its newest run)."""
+    found = _store(ctx).results(family, number)
+    if as_json:
+        doc = {
+            "family": found.family,
+            "run": found.run,
+            "state": found.state,
+            "jobs": [
+                {"key": j.key, "state": j.state, "result": j.result, "error": j.error}
+                for j in found
+            ],
+        }
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"run {found.family}#{found.run} ({found.state}): {len(found)} jobs", err=True)
+    for j in found:
+        text = json.dumps(j.result) if j.ok else (j.error or "")
+        click.echo(f"{j.key}\t{j.state}\t{text}")
 
 
 @main.command("run")

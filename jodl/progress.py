@@ -93,12 +93,15 @@ def progress_reporters(
 def _bar(label: str) -> Iterator[Reporters]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    ) as bar, _logs_through(bar.console):
+    with (
+        Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        ) as bar,
+        _logs_through(bar.console),
+    ):
         # One task per step: a step without counts shows none (not the last step's).
         state = {"task": bar.add_task(label, total=None)}
 

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import bulk
-from .exceptions import LeaseHeld, StoreUnavailable
+from .exceptions import JodlError, LeaseHeld, StoreUnavailable
 from .learning import LearningLog, learn_from_executions, settle_homes
 from .models import (
     Dispatch,
@@ -58,6 +58,37 @@ from .models import (
 )
 
 log = logging.getLogger("jodl.store")
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What one job of a run gave: ``done`` with its ``result`` (decoded JSON), or the
+    state of its last attempt (``failed``, ``dead``, ...) with its ``error``."""
+
+    key: str
+    state: str
+    result: Any
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.state == ExecState.DONE
+
+
+@dataclass(frozen=True)
+class RunResults:
+    """The results of one run of a family (:meth:`Store.results`)."""
+
+    family: str
+    run: int
+    state: str
+    jobs: list[JobResult]
+
+    def __iter__(self) -> Iterator[JobResult]:
+        return iter(self.jobs)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
 
 #: Execution ids handed to a master per allocation (one UPDATE per block).
 EXEC_ID_BLOCK = 20_000
@@ -735,8 +766,22 @@ class Store(LearningLog):
 
     # -- jobs ---------------------------------------------------------------------------------
 
-    def add_jobs(self, family: Family, jobs: Iterable[tuple[str, str]], priority: int = 0) -> int:
-        """Insert (key, payload JSON) jobs of a family in batches; existing keys are kept."""
+    def add_jobs(
+        self,
+        family: Family | str,
+        jobs: Iterable[tuple[str, Any]] | Mapping[str, Any],
+        priority: int = 0,
+    ) -> int:
+        """Add jobs to a family (created if it is new, given by name); the number added.
+
+        ``jobs`` maps each job's key to its payload, as a mapping or (key, payload)
+        pairs; a payload is a dict (encoded to JSON here) or JSON text. One
+        transaction: all are added or none; keys the family already has are kept.
+        """
+        if isinstance(family, str):
+            family = self.ensure_family(family)
+        pairs = jobs.items() if isinstance(jobs, Mapping) else jobs
+        jobs = ((k, p if isinstance(p, str) else json.dumps(p)) for k, p in pairs)
         rows = [
             {
                 "family_id": family.id,
@@ -764,6 +809,41 @@ class Store(LearningLog):
             for start in range(0, len(new), 10000):
                 conn.execute(insert(Job), new[start : start + 10000])
             return len(new)
+
+    def results(self, family: str, run: int | None = None) -> RunResults:
+        """What run number ``run`` of ``family`` (default: its newest) gave, per job.
+
+        A job with a committed result is ``done`` with it; otherwise its newest
+        attempt's state (``failed``, ``lost``, ...) and error; ``dead`` when the run
+        gave up on it. Jobs without any attempt yet are not listed.
+        """
+        with self.session() as s:
+            query = select(Run).join(Family, Family.id == Run.family_id).where(
+                Family.name == family
+            )
+            if run is not None:
+                query = query.where(Run.number == run)
+            found = s.scalar(query.order_by(Run.number.desc()).limit(1))
+            if found is None:
+                which = f"run {run} of {family!r}" if run is not None else f"{family!r} has no run"
+                raise JodlError(f"no results: {which} (see `jodl status`)")
+            rows = s.execute(
+                select(Job.key, Job.state, Execution.state, Execution.result, Execution.error)
+                .join(Job, Job.id == Execution.job_id)
+                .where(Execution.run_id == found.id)
+                .order_by(Execution.id)
+            ).all()
+        by_key: dict[str, JobResult] = {}
+        for key, job_state, state, result, error in rows:
+            if key in by_key and by_key[key].state == ExecState.DONE:
+                continue  # one committed result per job per run; later rows are late copies
+            if state == ExecState.DONE:
+                by_key[key] = JobResult(key, state, json.loads(result) if result else None, None)
+            else:
+                dead = job_state == JobState.DEAD and found.state != RunState.RUNNING
+                by_key[key] = JobResult(key, "dead" if dead else state, None, error)
+        jobs = [by_key[key] for key in sorted(by_key)]
+        return RunResults(family, found.number, found.state, jobs)
 
     def deleted_jobs(self, job_ids: Iterable[int]) -> set[int]:
         """Which of these jobs were deleted meanwhile (checked once per loop step)."""

@@ -214,3 +214,43 @@ def test_a_run_prints_its_summary_once_and_a_new_run_is_not_resumed(store, db_ur
     output = result.stdout + result.stderr
     assert output.count("run noop#1") == 1, output
     assert "resumed" not in output
+
+
+def test_jobs_from_a_file_with_bad_lines_adds_nothing(store, db_url, tmp_path):
+    lines = [
+        '{"key": "a", "payload": {"seconds": 0}}',
+        "not json",
+        '{"key": "b", "payload": [1]}',
+        "",
+        '{"key": "a"}',
+        '{"payload": {}}',
+    ]
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    env = {"JODL_DATABASE_URL": db_url}
+    line = one_line_error(
+        jodl("jobs", "add", "sleep", "--from", str(path), env=env), "no job added"
+    )
+    for needle in (
+        "line 2: not JSON",
+        "line 3: payload",
+        "line 5: key 'a' repeats line 1",
+        "line 6",
+    ):
+        assert needle in line, line
+    assert counts(store) == (0, 0), "nothing half-added"
+
+
+def test_jobs_from_a_file_and_their_results(store, db_url, tmp_path):
+    path = tmp_path / "jobs.jsonl"
+    path.write_text('{"key": "x", "payload": {"seconds": 0}}\n{"key": "y"}\n')
+    env = {"JODL_DATABASE_URL": db_url}
+    out = jodl("jobs", "add", "sleep", "--from", str(path), env=env)
+    assert out.code == 0 and out.stdout.strip() == "2 jobs added to sleep", out.stderr
+    fam = store.family("sleep")
+    with store.session() as s:
+        payloads = dict(
+            s.execute(select(Job.key, Job.payload).where(Job.family_id == fam.id)).all()
+        )
+    assert payloads == {"x": '{"seconds": 0}', "y": "{}"}
+    one_line_error(jodl("results", "sleep", env=env), "no results", "'sleep' has no run")
