@@ -76,6 +76,17 @@ def test_the_cli_works_beside_jodl_up(tmp_path: Path, site: TestSite) -> None:
         assert "1/1 pages checked" in cycle.stdout
         assert "(resumed)" not in cycle.stdout
 
+        # A change is mailed: the digest lands in jodl up's local mail sink.
+        site.set_page("/news", "<title>News</title><p>second, quite different</p>")
+        for _ in range(3):
+            changed = jodl(tmp_path, "cycle")
+            assert changed.returncode == 0, changed.stderr
+            if list((tmp_path / "jodl-mail").glob("*.eml")):
+                break
+        (digest,) = (tmp_path / "jodl-mail").glob("*.eml")
+        assert b"alice@example.org" in digest.read_bytes()
+        assert "1/1 digests sent" in changed.stdout, changed.stdout
+
         # A one-shot master beside it stops with one line instead of fencing it.
         run = jodl(tmp_path, "run", "check_page")
         assert run.returncode == 1

@@ -176,6 +176,7 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int, print_login: boo
     web_settings = WebSettings.from_env(database_url=database, web_secure_cookies=False)
     cluster = LocalCluster(database, agents=agents, settings=lib)
     started = False
+    sink = None
     # SIGTERM stops like Ctrl-C from here on, also while starting or before serving.
     sigterm_as_interrupt()
     try:
@@ -185,6 +186,7 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int, print_login: boo
         _refuse_second_master(cluster, database)
         app = create_app(web_settings, engine=cluster.engine)
         server = _up_server(app, web_settings, listen)
+        sink = _start_mail_sink(app, cluster)
         cluster.start_agents()
         cluster.start_master()
         started = True
@@ -192,6 +194,11 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int, print_login: boo
         me = instance.Instance(server_url(server), email, password, database, os.getpid())
         instance.write(me)
         click.echo(f"  agents: {', '.join(a.address for a in cluster.children)}")
+        if sink is not None:
+            click.echo(
+                f"  mail: caught by a local sink, shown at {me.url}admin/mail "
+                f"and saved in {sink.folder} (JODL_SMTP_HOST sends real mail)"
+            )
         for line in me.lines():  # last, so they are the lines a newcomer sees
             click.echo(line)
         click.echo("Press Ctrl-C to stop; `jodl up --print-login` shows this login again.")
@@ -208,10 +215,27 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int, print_login: boo
         pass  # stopped before the web server was serving
     finally:
         cluster.stop()
+        if sink is not None:
+            sink.stop()
         if started:
             click.echo("JODL stopped.")
     if cluster.failure:
         raise JodlError(cluster.failure)
+
+
+def _start_mail_sink(app: Any, cluster: Any) -> Any:
+    """Start the local mail sink and point the agents at it, unless JODL_SMTP_HOST is set."""
+    if os.environ.get("JODL_SMTP_HOST"):
+        return None
+    from pathlib import Path
+
+    from .mailsink import CONFIG_KEY, DEFAULT_FOLDER, MailSink
+
+    sink = MailSink(Path(DEFAULT_FOLDER).resolve())
+    sink.start()
+    cluster.agent_env.update({"JODL_SMTP_HOST": "127.0.0.1", "JODL_SMTP_PORT": str(sink.port)})
+    app.config[CONFIG_KEY] = str(sink.folder)
+    return sink
 
 
 def _refuse_second_master(cluster: Any, database: str) -> None:
