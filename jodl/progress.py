@@ -33,8 +33,11 @@ class _ConsoleHandler(logging.Handler):
             self.setFormatter(formatter)
 
     def emit(self, record: logging.LogRecord) -> None:
+        from rich.text import Text
+
         try:
-            self.console.print(self.format(record), markup=False, highlight=False)
+            # A Text, not markup=False: that option would reach the live bar's own render.
+            self.console.print(Text(self.format(record)))
         except Exception:  # noqa: BLE001 - logging must not break the command
             self.handleError(record)
 
