@@ -6,8 +6,15 @@ import os
 import pty
 import select
 import subprocess
+from typing import TYPE_CHECKING
 
-from agents import child_env, jodl_command
+from agents import child_env, jodl_command, run_jodl
+from webserver import AGENT_ENV
+
+if TYPE_CHECKING:
+    from tests.site import TestSite  # noqa: F401
+
+pytest_plugins = ("tests.site",)
 
 
 def run_in_terminal(args: list[str], env: dict[str, str], timeout: float = 60) -> str:
@@ -54,3 +61,15 @@ def test_log_lines_are_printed_above_the_bar(store, db_url, agents):
         assert line_start.startswith("\x1b[2K") and "━" not in line_start, repr(line_start)
     assert "[progress.description]" not in out
     assert out.count("run sleep#1: 20/20 done") == 1, "the summary once"
+
+
+def test_a_cycle_ends_on_its_summary_not_on_a_stale_count(store, db_url, agents, site):
+    site.set_page("/a", "<title>A</title><p>a</p>")
+    env = {"JODL_DATABASE_URL": db_url, **AGENT_ENV}
+    agents(1, env=AGENT_ENV)
+    assert run_jodl("users", "add", "bob@example.org", env=env).returncode == 0
+    assert run_jodl("track", site.url("/a"), "--user", "bob@example.org", env=env).returncode == 0
+    out = run_in_terminal(["cycle"], env)
+    last_frame = out.rsplit("\x1b[2K", 1)[-1]  # what stays on the screen above the summary
+    assert "finish" not in last_frame and "0/1" not in last_frame, repr(last_frame)
+    assert "1/1 pages checked" in out
