@@ -35,9 +35,9 @@ def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if level.upper() != "DEBUG":
-        for name in QUIET_LIBRARIES:
-            logging.getLogger(name).setLevel(logging.WARNING)
+    quiet = level.upper() != "DEBUG"
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.WARNING if quiet else logging.NOTSET)
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -467,12 +467,17 @@ def run_cmd(ctx: click.Context, family: str, takeover: bool) -> None:
 
 
 @main.command("master")
+@click.option(
+    "--takeover",
+    is_flag=True,
+    help="Take the master lease even from a running master (which then stops).",
+)
 @click.pass_context
-def master_cmd(ctx: click.Context) -> None:
+def master_cmd(ctx: click.Context, takeover: bool) -> None:
     """Run the long-lived master (scheduled cycles and on-demand jobs)."""
     from .master import Master
 
-    master = Master(_settings(ctx), store=_store(ctx))
+    master = Master(_settings(ctx), store=_store(ctx), takeover=takeover)
     sigterm_as_interrupt()
     stops = []
     try:

@@ -254,3 +254,15 @@ def test_jobs_from_a_file_and_their_results(store, db_url, tmp_path):
         )
     assert payloads == {"x": '{"seconds": 0}', "y": "{}"}
     one_line_error(jodl("results", "sleep", env=env), "no results", "'sleep' has no run")
+
+
+def test_libraries_log_warnings_only_unless_debug():
+    import logging
+
+    from jodl.cli import configure_logging
+
+    configure_logging("INFO")
+    assert logging.getLogger("apscheduler.scheduler").getEffectiveLevel() == logging.WARNING
+    assert logging.getLogger("waitress").getEffectiveLevel() == logging.WARNING
+    configure_logging("DEBUG")
+    assert logging.getLogger("apscheduler").level == logging.NOTSET  # as the root says

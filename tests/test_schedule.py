@@ -273,3 +273,20 @@ def test_jodl_master_runs_requested_cycles_one_at_a_time(
     assert web[1].started_at >= web[0].finished_at  # never two at once
     assert len(site.requests("/slow")) == 2
     assert all(r.taken_by for r in requests_of(store))
+
+
+def test_a_new_database_is_not_catching_up(store, caplog):
+    caplog.set_level("INFO", logger="crawler_app.schedule")
+    sched = CycleScheduler(store.engine, lambda family: None, app_settings(), timezone=UTC)
+    sched.start()
+    try:
+        started = [r.getMessage() for r in caplog.records if "scheduled" in r.getMessage()]
+    finally:
+        sched.stop()
+    assert len(started) == 1 and "(the first run)" in started[0], started
+    add_cycle(store, utcnow() - dt.timedelta(days=3))  # an old database that missed slots
+    caplog.clear()
+    sched = CycleScheduler(store.engine, lambda family: None, app_settings(), timezone=UTC)
+    sched.start()
+    sched.stop()
+    assert any("catching up a missed run" in r.getMessage() for r in caplog.records)
