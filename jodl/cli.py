@@ -447,11 +447,9 @@ def run_cmd(ctx: click.Context, family: str, takeover: bool) -> None:
     store = _store(ctx)
     holder = None if takeover else store.lease_holder()
     if holder is not None:
-        # One master acts per database: the running one would be fenced by this one.
-        raise JodlError(
-            f"a master ({holder}) is running on this database and runs its cycles; "
-            "stop it first, or take over with `jodl run --takeover` (it then stops)"
-        )
+        # One master acts per database: the running one runs the cycle, we follow it.
+        _run_by(holder, store, family)
+        return
     if store.family(family) and not settings.register_listen and not store.nodes():
         # Nothing could ever run the jobs: say so instead of waiting forever.
         raise JodlError("no agent nodes registered: add one with `jodl node add HOST:PORT`")
@@ -463,6 +461,21 @@ def run_cmd(ctx: click.Context, family: str, takeover: bool) -> None:
             master.close()
     click.echo(summary.line())
     if summary.dead:
+        sys.exit(3)
+
+
+def _run_by(holder: str, store: Any, family: str) -> None:
+    """Ask the running master ``holder`` for a cycle of ``family``; follow it to its end."""
+    from .run_requests import follow
+
+    request_id = store.request_run(family)
+    click.echo(f"a master ({holder}) runs this database: the run is asked of it", err=True)
+    with progress_reporters(f"run {family}") as (_, progress):
+        row = follow(store, request_id, lambda: store.lease_holder() is not None, progress)
+    if row.error:
+        raise JodlError(row.error)
+    click.echo(row.summary)
+    if row.dead:
         sys.exit(3)
 
 
@@ -489,8 +502,10 @@ def master_cmd(ctx: click.Context, takeover: bool) -> None:
         for ep in entry_points(group="jodl.services"):
             stops.append(ep.load()(master, master.settings))
         from .queue import Queue, QueueFeeder
+        from .run_requests import RunRequests
 
         master.feeders.append(QueueFeeder(Queue(master.store)))  # on-demand jobs
+        master.feeders.append(RunRequests(master.store))  # `jodl run` beside this master
         master.serve()
     except KeyboardInterrupt:
         pass

@@ -53,6 +53,7 @@ from .models import (
     Node,
     NodeState,
     Run,
+    RunRequest,
     RunState,
     utcnow,
 )
@@ -844,6 +845,63 @@ class Store(LearningLog):
                 by_key[key] = JobResult(key, "dead" if dead else state, None, error)
         jobs = [by_key[key] for key in sorted(by_key)]
         return RunResults(family, found.number, found.state, jobs)
+
+    # -- cycles asked of the running master (jodl/run_requests.py) --------------------------
+
+    def request_run(self, family: str) -> int:
+        """Record that a cycle of ``family`` is asked of the running master; the request's id."""
+        with self.session() as s, s.begin():
+            row = RunRequest(family=family, requested_at=utcnow())
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def take_run_requests(self, taker: str) -> list[tuple[int, str]]:
+        """Take every untaken request for ``taker``: (request id, family) pairs, oldest first.
+
+        A conditional UPDATE: of two masters taking at once, one gets each request.
+        """
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                select(RunRequest.id, RunRequest.family)
+                .where(RunRequest.taken_at.is_(None))
+                .order_by(RunRequest.id)
+            ).all()
+            if not rows:
+                return []
+            taken = set(
+                conn.scalars(
+                    update(RunRequest)
+                    .where(RunRequest.id.in_([r[0] for r in rows]), RunRequest.taken_at.is_(None))
+                    .values(taken_at=utcnow(), taken_by=taker[:255])
+                    .returning(RunRequest.id)
+                )
+            )
+        return [(rid, family) for rid, family in rows if rid in taken]
+
+    def settle_run_request(self, request_id: int, **outcome: Any) -> None:
+        """Record a request's outcome: ``run_id``, ``summary`` and ``dead``, or ``error``."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(RunRequest)
+                .where(RunRequest.id == request_id)
+                .values(finished_at=utcnow(), **outcome)
+            )
+
+    def run_request(self, request_id: int) -> RunRequest | None:
+        with self.session() as s:
+            return s.get(RunRequest, request_id)
+
+    def running_run(self, family: str) -> Run | None:
+        """The family's unfinished run, if any."""
+        with self.session() as s:
+            return s.scalar(
+                select(Run)
+                .join(Family, Family.id == Run.family_id)
+                .where(Family.name == family, Run.state == RunState.RUNNING)
+                .order_by(Run.number.desc())
+                .limit(1)
+            )
 
     def deleted_jobs(self, job_ids: Iterable[int]) -> set[int]:
         """Which of these jobs were deleted meanwhile (checked once per loop step)."""

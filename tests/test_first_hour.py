@@ -87,11 +87,14 @@ def test_the_cli_works_beside_jodl_up(tmp_path: Path, site: TestSite) -> None:
         assert b"alice@example.org" in digest.read_bytes()
         assert "1/1 digests sent" in changed.stdout, changed.stdout
 
-        # A one-shot master beside it stops with one line instead of fencing it.
-        run = jodl(tmp_path, "run", "check_page")
-        assert run.returncode == 1
-        lines = run.stderr.strip().splitlines()
-        assert len(lines) == 1 and "is running on this database" in lines[0], run.stderr
+        # `jodl run` beside it asks its master for the run instead of fencing it.
+        assert jodl(tmp_path, "jobs", "add", "noop", "--count", "3").returncode == 0
+        run = jodl(tmp_path, "run", "noop")
+        assert run.returncode == 0, run.stderr
+        assert "the run is asked of it" in run.stderr
+        assert run.stdout.startswith("run noop#1: 3/3 done"), run.stdout
+        unknown = jodl(tmp_path, "run", "nosuch")
+        assert unknown.returncode == 1 and "no family 'nosuch'" in unknown.stderr
 
         # A second jodl up in the same folder says what runs and exits.
         second = subprocess.run(

@@ -92,3 +92,35 @@ def test_a_killed_master_on_this_host_does_not_hold_the_lease(store, settings):
         assert store.lease_holder() == "next"
     finally:
         master.close()
+
+
+def test_a_cycle_asked_of_the_serving_master_is_run_by_it(store, settings, agents):
+    import threading
+
+    from jodl.run_requests import RunRequests, follow
+
+    store.add_jobs("noop", {f"k{i}": {} for i in range(6)})
+    agents(1)
+    master = Master(settings, store=store, name="serving")
+    master.feeders.append(RunRequests(store, poll=0.05))
+    master.start()
+    stop = threading.Event()
+    thread = threading.Thread(target=master.serve, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        asked = Store(store.engine)
+        with pytest.raises(LeaseHeld):
+            Master(settings, store=asked, name="second").start()
+        seen: list[tuple[int, int]] = []
+        row = follow(
+            asked, asked.request_run("noop"), lambda: True, lambda d, t: seen.append((d, t))
+        )
+        assert row.error is None and row.summary.startswith("run noop#1: 6/6 done"), row.summary
+        assert row.taken_by == "serving" and row.dead == 0
+        missing = follow(asked, asked.request_run("nosuch"), lambda: True)
+        assert "no family 'nosuch'" in missing.error
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        master.close()
+    assert all(total == 6 for _, total in seen)

@@ -38,6 +38,7 @@ from jodl.master import Master
 from jodl.migrate import upgrade
 from jodl.models import NodeState
 from jodl.queue import Queue, QueueFeeder
+from jodl.run_requests import RunRequests
 from jodl.store import Store, make_engine
 
 log = logging.getLogger("web.cluster")
@@ -269,6 +270,7 @@ class LocalCluster:
         if not any(isinstance(f, QueueFeeder) for f in master.feeders):
             self._queue = Queue(self.store)
             master.feeders.append(QueueFeeder(self._queue))
+        master.feeders.append(RunRequests(self.store))  # `jodl run` beside jodl up
         self.master = master
         self._runner = MasterRunner(master)
         self._scheduler = CycleScheduler(
