@@ -92,7 +92,7 @@ def test_the_cli_works_beside_jodl_up(tmp_path: Path, site: TestSite) -> None:
         run = jodl(tmp_path, "run", "noop")
         assert run.returncode == 0, run.stderr
         assert "the run is asked of it" in run.stderr
-        assert run.stdout.startswith("run noop#1: 3/3 done"), run.stdout
+        assert run.stdout.splitlines()[-1].startswith("run noop#1: 3/3 done"), run.stdout
         unknown = jodl(tmp_path, "run", "nosuch")
         assert unknown.returncode == 1 and "no family 'nosuch'" in unknown.stderr
 

@@ -265,7 +265,9 @@ class LocalCluster:
         from crawler_app.schedule import CycleScheduler, MasterRunner
         from crawler_app.settings import AppSettings
 
-        master = Master(self.settings, store=self.store, name=f"jodl-up:{os.getpid()}")
+        # HOST:PID first: a jodl up killed on this host does not hold the lease after it.
+        name = f"{socket.gethostname()}:{os.getpid()}:jodl-up"
+        master = Master(self.settings, store=self.store, name=name)
         master.start()
         if not any(isinstance(f, QueueFeeder) for f in master.feeders):
             self._queue = Queue(self.store)
