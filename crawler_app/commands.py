@@ -225,13 +225,18 @@ def check(urls: tuple[str, ...], selector: str | None, show_text: bool, as_json:
 
 
 @click.command()
+@click.option(
+    "--takeover",
+    is_flag=True,
+    help="Run it here, taking the master lease from a running master (which then stops).",
+)
 @click.pass_context
-def cycle(ctx: click.Context) -> None:
+def cycle(ctx: click.Context, takeover: bool) -> None:
     """Run one application cycle now (resuming an unfinished one) with a progress bar.
 
     Checks every tracked page on the registered agents, records changes, e-mails
-    digests. Run it while no `jodl master` serves the same database (it takes the
-    master lease).
+    digests. Beside a running master (`jodl master`, `jodl up`) the cycle is asked
+    of that master, as the web UI's "start a cycle now" does, and followed here.
     """
     from jodl.cli import _settings, _store
     from jodl.master import Master
@@ -240,12 +245,18 @@ def cycle(ctx: click.Context) -> None:
     from .settings import AppSettings
 
     app = AppSettings.from_env()
-    if not _store(ctx).nodes():
+    store = _store(ctx)
+    holder = None if takeover else store.lease_holder()
+    if holder is not None:
+        result = _cycle_by(holder, store)
+        click.echo(result.line())
+        return
+    if not store.nodes():
         raise JodlError(
             "no agent nodes: start one with `jodl agent` and add it with `jodl node add HOST:PORT`"
         )
     with progress_reporters("cycle") as (on_step, progress):
-        master = Master(_settings(ctx), store=_store(ctx), progress=progress)
+        master = Master(_settings(ctx), store=store, progress=progress, takeover=takeover)
         try:
             runner = PageCycle(master.store.engine, master.run_cycle, app, on_step=on_step)
             try:
@@ -259,6 +270,26 @@ def cycle(ctx: click.Context) -> None:
         finally:
             master.close()
     click.echo(result.line())
+
+
+def _cycle_by(holder: str, store: Any) -> Any:
+    """Ask the running master ``holder`` for a cycle now and follow it to its end."""
+    from . import cycle_requests
+
+    try:
+        request_id = cycle_requests.request_cycle(store.engine, None)
+    except (OperationalError, ProgrammingError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise JodlError(f"cannot ask the running master for a cycle ({first})") from None
+    click.echo(f"a master ({holder}) runs this database: the cycle is asked of it", err=True)
+    with progress_reporters("waiting for the master") as (on_step, progress):
+        return cycle_requests.follow(
+            store.engine,
+            request_id,
+            master_alive=lambda: store.lease_holder() is not None,
+            on_step=on_step,
+            progress=progress,
+        )
 
 
 def register(group: click.Group) -> None:

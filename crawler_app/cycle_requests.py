@@ -15,14 +15,19 @@ ends, then the next cycle serves it (and every other request made meanwhile).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session
 
-from jodl.models import utcnow
+from jodl.exceptions import JodlError
+from jodl.models import Run, utcnow
+from jodl.store import Store
 
-from .models import CycleRequest, User
+from .cycle import CycleResult, OnStep
+from .models import AppCycle, CycleRequest, User
 
 #: Most pending requests listed for operators.
 LISTED = 20
@@ -77,6 +82,91 @@ def settle(engine: Engine, ids: Sequence[int], cycle_id: int | None) -> None:
         return
     with engine.begin() as conn:
         conn.execute(update(CycleRequest).where(CycleRequest.id.in_(ids)).values(cycle_id=cycle_id))
+
+
+#: Seconds between two looks at a followed request and its cycle.
+FOLLOW_POLL = 0.3
+#: Seconds a taken request may show no cycle before following gives up (the master
+#: found nothing to do, or the cycle failed at once: its log says which).
+NO_CYCLE_GRACE = 15.0
+
+
+def follow(
+    engine: Engine,
+    request_id: int,
+    master_alive: Callable[[], bool],
+    on_step: OnStep | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> CycleResult:
+    """Follow the cycle serving request ``request_id`` to its end; its result.
+
+    ``on_step`` hears each step the master reaches, ``progress`` the jobs done of
+    the step's JODL run. :class:`JodlError` when the master stops first.
+    """
+    store = Store(engine)
+    followed: int | None = None
+    step: str | None = None
+    taken_at: float | None = None
+    while True:
+        with Session(engine) as s:
+            taken, cycle_id = s.execute(
+                select(CycleRequest.taken_at, CycleRequest.cycle_id).where(
+                    CycleRequest.id == request_id
+                )
+            ).one()
+            cycle = s.scalar(select(AppCycle).where(AppCycle.is_open.is_(True)))
+        if taken is not None:
+            taken_at = taken_at or time.monotonic()
+            if cycle_id is not None and (cycle is None or cycle.id != cycle_id):
+                return _result(engine, cycle_id)  # served and recorded
+            if cycle is not None and followed in (None, cycle.id):
+                followed = cycle.id
+                if cycle.step != step:
+                    step = cycle.step
+                    if on_step is not None:
+                        on_step(step)
+                run_id = {"check": cycle.check_run_id, "send": cycle.notify_run_id}.get(step)
+                if progress is not None and run_id is not None:
+                    _report_run(store, run_id, progress)
+            elif followed is not None:
+                return _result(engine, followed)  # it ended between two looks
+            elif time.monotonic() - taken_at > NO_CYCLE_GRACE:
+                raise JodlError(
+                    "the running master took the request but ran no cycle "
+                    "(nothing tracked, or the cycle failed: see its log)"
+                )
+        if not master_alive():
+            raise JodlError(
+                "the running master stopped before the cycle ended; "
+                "it resumes at its step on the next start"
+            )
+        time.sleep(FOLLOW_POLL)
+
+
+def _report_run(store: Store, run_id: int, progress: Callable[[int, int], None]) -> None:
+    with store.engine.connect() as conn:
+        total = conn.scalar(select(Run.jobs_total).where(Run.id == run_id))
+    if total:
+        done, _ = store.count_run(run_id)
+        progress(min(done, total), total)
+
+
+def _result(engine: Engine, cycle_id: int) -> CycleResult:
+    with Session(engine) as s:
+        c = s.get_one(AppCycle, cycle_id)
+    elapsed = ((c.finished_at or utcnow()) - c.started_at).total_seconds()
+    return CycleResult(
+        c.id,
+        False,
+        c.pages,
+        c.checked,
+        c.not_modified,
+        c.errors,
+        c.changed,
+        c.notifications,
+        c.sent,
+        elapsed,
+    )
 
 
 def _iso(value: dt.datetime | None) -> str | None:

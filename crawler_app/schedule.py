@@ -148,11 +148,16 @@ class CycleScheduler:
             log.info("scheduled page-check cycles are off; operators' requests are served")
             return
         job = self.scheduler.get_job(JOB_ID)
+        why = ""
+        if first is not None:
+            # A database where no cycle ever ran missed nothing: its first run is now.
+            fresh = last_cycle_start(self.engine) is None
+            why = " (the first run)" if fresh else " (catching up a missed run)"
         log.info(
             "page check cycle scheduled (%s), next run %s%s",
             self.settings.schedule,
             job.next_run_time if job else "?",
-            " (catching up a missed run)" if first is not None else "",
+            why,
         )
 
     def next_run_time(self) -> dt.datetime | None:

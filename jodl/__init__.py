@@ -6,6 +6,9 @@ and writes every decision to a SQL reconstruction log so that a master killed at
 any moment resumes its cycle without redoing finished jobs.
 """
 
+from .client import add_jobs as add_jobs
+from .client import connect as connect
+from .client import results as results
 from .config import Settings as Settings
 from .exceptions import JodlError as JodlError
 from .family import Family as Family
@@ -18,11 +21,14 @@ from .placement import Placement as Placement
 from .placement import register as register_strategy
 from .queue import Queue as Queue
 from .queue import QueueFeeder as QueueFeeder
+from .store import JobResult as JobResult
+from .store import RunResults as RunResults
 from .store import Store as Store
 from .store import make_engine as make_engine
 
 __all__ = [
     "Family",
+    "JobResult",
     "JodlError",
     "Knowledge",
     "Master",
@@ -31,10 +37,14 @@ __all__ = [
     "Placement",
     "Queue",
     "QueueFeeder",
+    "RunResults",
     "RunSummary",
     "Settings",
     "Store",
+    "add_jobs",
+    "connect",
     "make_engine",
     "register_strategy",
+    "results",
 ]
 __version__ = "0.1.0"

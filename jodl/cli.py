@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -15,21 +16,62 @@ from .exceptions import BadPayload, ConfigError, JodlError
 from .progress import progress_reporters
 from .protocol import loads_object
 
+#: Loggers of libraries kept at WARNING (their INFO lines, e.g. a scheduler's two lines
+#: every couple of seconds, would bury what JODL prints); JODL_LOG_LEVEL=DEBUG shows all.
+QUIET_LIBRARIES = (
+    "alembic",
+    "apscheduler",
+    "waitress",
+    "rpyc",
+    "aiosmtpd",
+    "mail.log",
+    "asyncio",
+    "httpx",
+)
+
+
+def configure_logging(level: str) -> None:
+    """Log lines at ``level`` on stderr; libraries' at WARNING unless ``level`` is DEBUG."""
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    quiet = level.upper() != "DEBUG"
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.WARNING if quiet else logging.NOTSET)
+
 
 def _settings(ctx: click.Context) -> Settings:
     obj = ctx.ensure_object(dict)
     if "settings" not in obj:
         overrides = {"database_url": obj.get("database_url")}
         obj["settings"] = Settings.from_env(**overrides)
-        logging.basicConfig(
-            level=obj["settings"].log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
+        configure_logging(obj["settings"].log_level)
     settings: Settings = obj["settings"]
     return settings
 
 
-def _store(ctx: click.Context) -> Any:
+def missing_sqlite_file(url: str) -> str | None:
+    """The path of a SQLite database file that does not exist yet (None: not that case).
+
+    Opening it would create an empty file: a read must not leave one behind.
+    """
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - reported when the engine is made
+        return None
+    path = parsed.database
+    if not parsed.drivername.startswith("sqlite") or not path or path == ":memory:":
+        return None
+    if path.startswith("file:"):
+        return None  # a URI filename: its own mode decides
+    return None if os.path.exists(path) else path
+
+
+def _store(ctx: click.Context, create: bool = False) -> Any:
+    """The store on the configured database; a missing SQLite file is an error unless
+    ``create`` (``jodl db upgrade``): no command creates an empty database by reading."""
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
     from .store import Store, make_engine
@@ -37,12 +79,26 @@ def _store(ctx: click.Context) -> Any:
     obj = ctx.ensure_object(dict)
     if "store" not in obj:
         url = _settings(ctx).database_url
+        missing = None if create else missing_sqlite_file(url)
+        if missing is not None:
+            raise ConfigError(
+                f"no database at {missing}: run `jodl db upgrade` or `jodl up` to create it "
+                "(or set JODL_DATABASE_URL)"
+            )
         try:
             engine = make_engine(url)
-        except (ArgumentError, NoSuchModuleError) as exc:
-            raise ConfigError(f"JODL_DATABASE_URL: not a usable database URL ({exc})") from None
+        except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+            raise ConfigError(
+                f"JODL_DATABASE_URL: not a usable database URL ({_first_line(exc)}); "
+                "use sqlite:///FILE or postgresql+psycopg://USER@HOST/DB"
+            ) from None
         obj["store"] = Store(engine)
     return obj["store"]
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def _database_error(exc: Exception) -> str:
@@ -107,16 +163,26 @@ def db_upgrade(ctx: click.Context) -> None:
     """Create or migrate the tables to the newest version."""
     from .migrate import current, upgrade
 
-    store = _store(ctx)
+    store = _store(ctx, create=True)
     upgrade(store.engine)
     click.echo(f"database at revision {current(store.engine)}")
 
 
 @main.command("config")
-def config_table() -> None:
-    """Print the table of JODL_* settings (Markdown)."""
+@click.option("--table", is_flag=True, help="Print the README's table of settings (Markdown).")
+def config_table(table: bool) -> None:
+    """Show each JODL_* setting's value in effect and where it came from; check them all."""
+    from .config import effective
+
     _load_apps()
-    click.echo(markdown_table())
+    if table:
+        click.echo(markdown_table())
+        return
+    rows = effective()
+    width = max(len(row.option.name) for row in rows)
+    for row in rows:
+        value = row.value if row.value else "(empty)"
+        click.echo(f"{row.option.name:{width}s}  {value}  [{row.source}]")
 
 
 # -- agent ---------------------------------------------------------------------------------
@@ -235,29 +301,48 @@ def jobs() -> None:
 
 @jobs.command("add")
 @click.argument("family")
-@click.option("--count", type=click.IntRange(min=1), default=1, help="Number of jobs.")
-@click.option("--payload", default="{}", help="JSON object given to every job.")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="Number of jobs.")
+@click.option("--payload", default=None, help="JSON object given to every job.")
 @click.option("--key-prefix", default="job-", help="Keys are PREFIX0, PREFIX1, ...")
+@click.option(
+    "--from",
+    "from_file",
+    type=click.File("r", encoding="utf-8"),
+    default=None,
+    help='JSON Lines file: one {"key": ..., "payload": {...}} per line ("-": stdin).',
+)
 @click.option("--strategy", default=None, help="Placement strategy of a new family.")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=None)
 @click.pass_context
 def jobs_add(
     ctx: click.Context,
     family: str,
-    count: int,
-    payload: str,
+    count: int | None,
+    payload: str | None,
     key_prefix: str,
+    from_file: Any,
     strategy: str | None,
     max_attempts: int | None,
 ) -> None:
-    """Add COUNT jobs of FAMILY with the same payload (existing keys are kept)."""
+    """Add jobs to FAMILY: COUNT with one payload, or each line of a JSON Lines file.
+
+    All or nothing: a bad line is reported with its number and no job is added.
+    Keys the family already has are kept.
+    """
     from . import family as families
 
     families.load(family)  # refuse an unknown family before writing anything
-    try:
-        loads_object(payload)
-    except BadPayload as exc:
-        raise click.BadParameter(str(exc), param_hint="--payload") from None
+    if from_file is not None:
+        if count is not None or payload is not None:
+            raise click.BadParameter("give --from, or --count/--payload", param_hint="--from")
+        rows = _read_jobs(from_file)
+    else:
+        payload = payload or "{}"
+        try:
+            loads_object(payload)
+        except BadPayload as exc:
+            raise click.BadParameter(str(exc), param_hint="--payload") from None
+        rows = [(f"{key_prefix}{i}", payload) for i in range(count or 1)]
     store = _store(ctx)
     fields: dict[str, Any] = {}
     if strategy:
@@ -271,24 +356,105 @@ def jobs_add(
     if max_attempts:
         fields["max_attempts"] = max_attempts
     fam = store.ensure_family(family, **fields)
-    added = store.add_jobs(fam, ((f"{key_prefix}{i}", payload) for i in range(count)))
-    click.echo(f"{added} jobs added to {family}")
+    added = store.add_jobs(fam, rows)
+    kept = len(rows) - added
+    click.echo(f"{added} jobs added to {family}" + (f" ({kept} keys existed)" if kept else ""))
+
+
+#: Bad lines of a jobs file named in the error at most.
+BAD_LINES_SHOWN = 5
+
+
+def _read_jobs(fh: Any) -> list[tuple[str, str]]:
+    """(key, payload JSON) per line of a JSON Lines file; :class:`JodlError` naming every
+    bad line's number (blank lines are skipped)."""
+    rows: list[tuple[str, str]] = []
+    seen: dict[str, int] = {}
+    bad: list[str] = []
+    for number, line in enumerate(fh, start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            bad.append(f"line {number}: not JSON ({exc.args[0].split(':')[0]})")
+            continue
+        if not isinstance(item, dict) or not isinstance(item.get("key"), str) or not item["key"]:
+            bad.append(f'line {number}: expected {{"key": "...", "payload": {{...}}}}')
+            continue
+        body = item.get("payload", {})
+        if not isinstance(body, dict):
+            bad.append(f"line {number}: payload is not a JSON object")
+            continue
+        key = item["key"]
+        if key in seen:
+            bad.append(f"line {number}: key {key!r} repeats line {seen[key]}")
+            continue
+        seen[key] = number
+        rows.append((key, json.dumps(body)))
+    name = getattr(fh, "name", "the file")
+    if bad:
+        more = f"; and {len(bad) - BAD_LINES_SHOWN} more" if len(bad) > BAD_LINES_SHOWN else ""
+        raise JodlError(
+            f"{name}: {len(bad)} bad line(s), no job added: "
+            + "; ".join(bad[:BAD_LINES_SHOWN])
+            + more
+        )
+    if not rows:
+        raise JodlError(f"{name}: no jobs in it")
+    return rows
+
+
+@main.command("results")
+@click.argument("family")
+@click.option("--run", "number", type=click.IntRange(min=1), default=None, help="Run number.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+@click.pass_context
+def results_cmd(ctx: click.Context, family: str, number: int | None, as_json: bool) -> None:
+    """Each job's result (or error) in a run of FAMILY (default: its newest run)."""
+    found = _store(ctx).results(family, number)
+    if as_json:
+        doc = {
+            "family": found.family,
+            "run": found.run,
+            "state": found.state,
+            "jobs": [
+                {"key": j.key, "state": j.state, "result": j.result, "error": j.error}
+                for j in found
+            ],
+        }
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"run {found.family}#{found.run} ({found.state}): {len(found)} jobs", err=True)
+    for j in found:
+        text = json.dumps(j.result) if j.ok else (j.error or "")
+        click.echo(f"{j.key}\t{j.state}\t{text}")
 
 
 @main.command("run")
 @click.argument("family")
+@click.option(
+    "--takeover",
+    is_flag=True,
+    help="Take the master lease even from a running master (which then stops).",
+)
 @click.pass_context
-def run_cmd(ctx: click.Context, family: str) -> None:
+def run_cmd(ctx: click.Context, family: str, takeover: bool) -> None:
     """Run (or resume) one cycle of FAMILY and print a summary."""
     from .master import Master
 
     settings = _settings(ctx)
     store = _store(ctx)
+    holder = None if takeover else store.lease_holder()
+    if holder is not None:
+        # One master acts per database: the running one runs the cycle, we follow it.
+        _run_by(holder, store, family)
+        return
     if store.family(family) and not settings.register_listen and not store.nodes():
         # Nothing could ever run the jobs: say so instead of waiting forever.
         raise JodlError("no agent nodes registered: add one with `jodl node add HOST:PORT`")
     with progress_reporters(f"run {family}") as (_, progress):
-        master = Master(settings, store=_store(ctx), progress=progress)
+        master = Master(settings, store=store, progress=progress, takeover=takeover)
         try:
             summary = master.run_cycle(family)
         finally:
@@ -298,13 +464,33 @@ def run_cmd(ctx: click.Context, family: str) -> None:
         sys.exit(3)
 
 
+def _run_by(holder: str, store: Any, family: str) -> None:
+    """Ask the running master ``holder`` for a cycle of ``family``; follow it to its end."""
+    from .run_requests import follow
+
+    request_id = store.request_run(family)
+    click.echo(f"a master ({holder}) runs this database: the run is asked of it", err=True)
+    with progress_reporters(f"run {family}") as (_, progress):
+        row = follow(store, request_id, lambda: store.lease_holder() is not None, progress)
+    if row.error:
+        raise JodlError(row.error)
+    click.echo(row.summary)
+    if row.dead:
+        sys.exit(3)
+
+
 @main.command("master")
+@click.option(
+    "--takeover",
+    is_flag=True,
+    help="Take the master lease even from a running master (which then stops).",
+)
 @click.pass_context
-def master_cmd(ctx: click.Context) -> None:
+def master_cmd(ctx: click.Context, takeover: bool) -> None:
     """Run the long-lived master (scheduled cycles and on-demand jobs)."""
     from .master import Master
 
-    master = Master(_settings(ctx), store=_store(ctx))
+    master = Master(_settings(ctx), store=_store(ctx), takeover=takeover)
     sigterm_as_interrupt()
     stops = []
     try:
@@ -316,8 +502,10 @@ def master_cmd(ctx: click.Context) -> None:
         for ep in entry_points(group="jodl.services"):
             stops.append(ep.load()(master, master.settings))
         from .queue import Queue, QueueFeeder
+        from .run_requests import RunRequests
 
         master.feeders.append(QueueFeeder(Queue(master.store)))  # on-demand jobs
+        master.feeders.append(RunRequests(master.store))  # `jodl run` beside this master
         master.serve()
     except KeyboardInterrupt:
         pass

@@ -45,14 +45,20 @@ def _bool(text: str) -> bool:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise ValueError(f"expected a positive integer, got {text!r}")
     return value
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a positive number, got {text!r}") from None
     if not value > 0:
         raise ValueError(f"expected a positive number, got {text!r}")
     return value
@@ -364,6 +370,43 @@ def register_options(options: Iterable[Option]) -> None:
 
 def all_options() -> tuple[Option, ...]:
     return OPTIONS + tuple(_EXTRA)
+
+
+#: Words in a variable's name that mark its value as secret: shown as "(set)".
+SECRET_WORDS = ("SECRET", "PASSWORD")
+
+
+@dataclass(frozen=True)
+class Effective:
+    """A setting's value in effect (as text) and where it came from."""
+
+    option: Option
+    value: str
+    source: str  # "environment", "file PATH" or "default"
+
+
+def effective(env: Mapping[str, str] | None = None) -> list[Effective]:
+    """Every option's value in effect and its source, each parsed: :class:`ConfigError`
+    (naming the variable) on the first bad one."""
+    env = os.environ if env is None else env
+    file_values = _read_file(env["JODL_CONFIG"]) if env.get("JODL_CONFIG") else {}
+    out = []
+    for opt in all_options():
+        if opt.name in env:
+            text, source = env[opt.name], "environment"
+        elif opt.name in file_values:
+            text, source = file_values[opt.name], f"file {env['JODL_CONFIG']}"
+        else:
+            text, source = opt.default, "default"
+        try:
+            opt.parse(text)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (from the {source})") from None
+        if text and any(word in opt.name for word in SECRET_WORDS):
+            text = "(set)"
+        out.append(Effective(opt, text, source))
+    Settings.from_env(env)  # the checks across settings (e.g. TLS: all three or none)
+    return out
 
 
 def markdown_table(options: Iterable[Option] | None = None) -> str:

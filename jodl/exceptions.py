@@ -31,5 +31,17 @@ class AuthError(JodlError):
     """A peer failed authentication, or no authentication is configured where one is required."""
 
 
+class LeaseHeld(JodlError):
+    """Another live master holds the lease of this database; this one must not act."""
+
+    def __init__(self, holder: str, seconds_left: float) -> None:
+        super().__init__(
+            f"a master ({holder}) is running on this database; only one master acts on it "
+            f"(its lease is renewed while it runs: stop it, or take over with --takeover)"
+        )
+        self.holder = holder
+        self.seconds_left = seconds_left
+
+
 class Fenced(JodlError):
     """A master with a newer epoch has taken over; this master must stop."""

@@ -46,7 +46,7 @@ from .models import ExecState, Family, NodeState, Run, utcnow
 from .placement import JobInfo, Knowledge, NodeLoad, Placement, strategy
 from .protocol import decode_done, decode_failed, encode_ids, encode_jobs
 from .rebalancer import Rebalancer, job_info
-from .store import PendingJob, Store, make_engine, retry_delay
+from .store import LEASE_RENEW, PendingJob, Store, make_engine, retry_delay
 from .writer import LogWriter
 
 log = logging.getLogger("jodl.master")
@@ -198,8 +198,12 @@ class Master(Rebalancer):
         store: Store | None = None,
         name: str | None = None,
         progress: Callable[[int, int], None] | None = None,
+        takeover: bool = False,
     ) -> None:
         self.settings = settings or Settings.from_env()
+        #: Take the lease even from a live master (which is then fenced): ``--takeover``.
+        self.takeover = takeover
+        self._lease_renewed = 0.0
         self.store = store or Store(make_engine(self.settings.database_url))
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.progress = progress
@@ -232,7 +236,8 @@ class Master(Rebalancer):
         """Take the master lease (new epoch), load what was learned, connect the agents."""
         if self._started:
             return
-        self.epoch = self.store.acquire_lease(self.name)
+        self.epoch = self.store.acquire_lease(self.name, force=self.takeover)
+        self._lease_renewed = time.monotonic()
         self._gc = gc.get_threshold()
         gc.set_threshold(max(GC_THRESHOLD, self._gc[0]), *self._gc[1:])
         self.store.load_knowledge(self.knowledge)
@@ -264,6 +269,12 @@ class Master(Rebalancer):
                     except AgentUnavailable:
                         pass
                 slot.link.close()
+            if self._started:
+                self._started = False
+                try:  # the next master need not wait for the lease to expire
+                    self.store.release_lease(self.epoch)
+                except Exception:  # noqa: BLE001 - the database may be gone; it expires
+                    log.warning("could not release the master lease; it expires by itself")
 
     # -- cycles -----------------------------------------------------------------------------
 
@@ -304,6 +315,7 @@ class Master(Rebalancer):
             if self.pending or self.runs:
                 self.step()
             else:
+                self.keep_lease()
                 self.refresh_nodes()
                 time.sleep(self.settings.idle_sleep)
             for active in [a for a in self.runs.values() if a.remaining <= 0]:
@@ -446,6 +458,7 @@ class Master(Rebalancer):
     def step(self) -> bool:
         """One pass of the loop; True when something happened (results or sends)."""
         self.writer.check()
+        self.keep_lease()
         self.refresh_nodes()
         self.assign()
         sent = self.send()
@@ -470,6 +483,16 @@ class Master(Rebalancer):
     def _idle_pause(self) -> float:
         self._idle = min(self._idle + 1, 12)
         return min(self.settings.idle_sleep, 0.0005 * 2**self._idle, self.poll_cap())
+
+    def keep_lease(self) -> None:
+        """Renew the master lease every :data:`LEASE_RENEW` seconds (one small UPDATE);
+        :class:`Fenced` when another master took it (``--takeover``) meanwhile."""
+        now = time.monotonic()
+        if now - self._lease_renewed < LEASE_RENEW:
+            return
+        if not self.store.renew_lease(self.name, self.epoch):
+            raise Fenced("another master took over this database's lease")
+        self._lease_renewed = now
 
     def refresh_nodes(self, force: bool = False) -> None:
         """Pick up nodes added or removed in the log; reconnect unreachable ones when due."""

@@ -316,3 +316,24 @@ class MasterLease(Base):
     expires_at: Mapped[dt.datetime]
     #: Next execution id block handed to the holder (ids are allocated in blocks).
     next_exec_id: Mapped[int] = mapped_column(BigId, default=1)
+
+
+class RunRequest(Base):
+    """A cycle of a family asked of the running master (``jodl run`` beside it).
+
+    The serving master takes it (``taken_at``), runs the cycle and records the
+    outcome (``finished_at`` with the run's summary line, or ``error``).
+    """
+
+    __tablename__ = "jodl_run_request"
+    __table_args__ = (Index("ix_jodl_run_request_taken", "taken_at"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    family: Mapped[str] = mapped_column(String(100))
+    requested_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    taken_at: Mapped[dt.datetime | None]
+    taken_by: Mapped[str | None] = mapped_column(String(255))
+    run_id: Mapped[int | None] = mapped_column(Integer)
+    finished_at: Mapped[dt.datetime | None]
+    summary: Mapped[str | None] = mapped_column(Text)
+    dead: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Iterable, Sequence
+import os
+import socket
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +39,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import bulk
-from .exceptions import StoreUnavailable
+from .exceptions import JodlError, LeaseHeld, StoreUnavailable
 from .learning import LearningLog, learn_from_executions, settle_homes
 from .models import (
     Dispatch,
@@ -51,16 +53,69 @@ from .models import (
     Node,
     NodeState,
     Run,
+    RunRequest,
     RunState,
     utcnow,
 )
 
 log = logging.getLogger("jodl.store")
 
+
+@dataclass(frozen=True)
+class JobResult:
+    """What one job of a run gave: ``done`` with its ``result`` (decoded JSON), or the
+    state of its last attempt (``failed``, ``dead``, ...) with its ``error``."""
+
+    key: str
+    state: str
+    result: Any
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.state == ExecState.DONE
+
+
+@dataclass(frozen=True)
+class RunResults:
+    """The results of one run of a family (:meth:`Store.results`)."""
+
+    family: str
+    run: int
+    state: str
+    jobs: list[JobResult]
+
+    def __iter__(self) -> Iterator[JobResult]:
+        return iter(self.jobs)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
 #: Execution ids handed to a master per allocation (one UPDATE per block).
 EXEC_ID_BLOCK = 20_000
-#: Seconds a master's lease lasts without renewal.
+#: Seconds a master's lease lasts without renewal. The running master renews it
+#: every :data:`LEASE_RENEW` seconds (one small UPDATE); a master that stalls longer
+#: (or dies) lets another one take over.
 LEASE_SECONDS = 30.0
+#: Seconds between two renewals by the running master: a third of the lease, so two
+#: renewals may fail (a slow disk, a busy database) before it expires.
+LEASE_RENEW = LEASE_SECONDS / 3
+
+
+def holder_gone(holder: str) -> bool:
+    """True when ``holder`` (``HOST:PID...``, a master's name) is a process on this host
+    that no longer exists, so its lease need not be waited for."""
+    host, _, rest = holder.partition(":")
+    pid = rest.split(":", 1)[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def normalise_url(url: str) -> str:
@@ -275,8 +330,13 @@ class Store(LearningLog):
 
     # -- master lease, epochs and execution ids ---------------------------------------
 
-    def acquire_lease(self, holder: str, name: str = "master", force: bool = True) -> int:
-        """Take the master lease and return the new epoch (older masters are fenced)."""
+    def acquire_lease(self, holder: str, name: str = "master", force: bool = False) -> int:
+        """Take the master lease and return the new epoch (older masters are fenced).
+
+        A lease another holder renewed less than :data:`LEASE_SECONDS` ago is live:
+        :class:`LeaseHeld` unless ``force`` (an explicit takeover). A holder on this
+        host whose process is gone (killed) counts as expired at once.
+        """
         now = utcnow()
         with self.session() as s, s.begin():
             lease = s.get(MasterLease, name, with_for_update=True)
@@ -285,13 +345,26 @@ class Store(LearningLog):
                     name=name, holder=holder, epoch=0, expires_at=now, next_exec_id=1
                 )
                 s.add(lease)
-            elif not force and lease.holder != holder and lease.expires_at > now:
-                raise StoreUnavailable(f"another master ({lease.holder}) holds the lease")
+            elif (
+                not force
+                and lease.holder != holder
+                and lease.expires_at > now
+                and not holder_gone(lease.holder)
+            ):
+                raise LeaseHeld(lease.holder, (lease.expires_at - now).total_seconds())
             lease.epoch += 1
             lease.holder = holder
             lease.expires_at = now + dt.timedelta(seconds=LEASE_SECONDS)
             s.flush()
             return lease.epoch
+
+    def lease_holder(self, name: str = "master") -> str | None:
+        """Who holds a live lease (renewed, its process not known to be gone); None: nobody."""
+        with self.session() as s:
+            lease = s.get(MasterLease, name)
+            if lease is None or lease.expires_at <= utcnow() or holder_gone(lease.holder):
+                return None
+            return lease.holder
 
     def renew_lease(self, holder: str, epoch: int, name: str = "master") -> bool:
         """Extend the lease; False when another master has taken it (we are fenced)."""
@@ -302,6 +375,15 @@ class Store(LearningLog):
                 .values(expires_at=utcnow() + dt.timedelta(seconds=LEASE_SECONDS))
             )
             return res.rowcount == 1
+
+    def release_lease(self, epoch: int, name: str = "master") -> None:
+        """End our lease now (a clean stop): the next master need not wait for it to expire."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(MasterLease)
+                .where(MasterLease.name == name, MasterLease.epoch == epoch)
+                .values(expires_at=utcnow())
+            )
 
     def next_exec_ids(self, count: int, name: str = "master") -> list[int]:
         """``count`` fresh execution ids (allocated in committed blocks, never reused)."""
@@ -397,8 +479,11 @@ class Store(LearningLog):
                 .limit(1)
             )
             if run is not None:
+                # Resumed only if a master worked on it: a run an application opened
+                # (epoch 0) to record its id is new to the master that runs it.
+                resumed = run.epoch != 0
                 run.epoch = epoch
-                return run, True
+                return run, resumed
             number = (
                 s.scalar(select(func.max(Run.number)).where(Run.family_id == family.id)) or 0
             ) + 1
@@ -682,8 +767,22 @@ class Store(LearningLog):
 
     # -- jobs ---------------------------------------------------------------------------------
 
-    def add_jobs(self, family: Family, jobs: Iterable[tuple[str, str]], priority: int = 0) -> int:
-        """Insert (key, payload JSON) jobs of a family in batches; existing keys are kept."""
+    def add_jobs(
+        self,
+        family: Family | str,
+        jobs: Iterable[tuple[str, Any]] | Mapping[str, Any],
+        priority: int = 0,
+    ) -> int:
+        """Add jobs to a family (created if it is new, given by name); the number added.
+
+        ``jobs`` maps each job's key to its payload, as a mapping or (key, payload)
+        pairs; a payload is a dict (encoded to JSON here) or JSON text. One
+        transaction: all are added or none; keys the family already has are kept.
+        """
+        if isinstance(family, str):
+            family = self.ensure_family(family)
+        pairs = jobs.items() if isinstance(jobs, Mapping) else jobs
+        jobs = ((k, p if isinstance(p, str) else json.dumps(p)) for k, p in pairs)
         rows = [
             {
                 "family_id": family.id,
@@ -711,6 +810,98 @@ class Store(LearningLog):
             for start in range(0, len(new), 10000):
                 conn.execute(insert(Job), new[start : start + 10000])
             return len(new)
+
+    def results(self, family: str, run: int | None = None) -> RunResults:
+        """What run number ``run`` of ``family`` (default: its newest) gave, per job.
+
+        A job with a committed result is ``done`` with it; otherwise its newest
+        attempt's state (``failed``, ``lost``, ...) and error; ``dead`` when the run
+        gave up on it. Jobs without any attempt yet are not listed.
+        """
+        with self.session() as s:
+            query = select(Run).join(Family, Family.id == Run.family_id).where(
+                Family.name == family
+            )
+            if run is not None:
+                query = query.where(Run.number == run)
+            found = s.scalar(query.order_by(Run.number.desc()).limit(1))
+            if found is None:
+                which = f"run {run} of {family!r}" if run is not None else f"{family!r} has no run"
+                raise JodlError(f"no results: {which} (see `jodl status`)")
+            rows = s.execute(
+                select(Job.key, Job.state, Execution.state, Execution.result, Execution.error)
+                .join(Job, Job.id == Execution.job_id)
+                .where(Execution.run_id == found.id)
+                .order_by(Execution.id)
+            ).all()
+        by_key: dict[str, JobResult] = {}
+        for key, job_state, state, result, error in rows:
+            if key in by_key and by_key[key].state == ExecState.DONE:
+                continue  # one committed result per job per run; later rows are late copies
+            if state == ExecState.DONE:
+                by_key[key] = JobResult(key, state, json.loads(result) if result else None, None)
+            else:
+                dead = job_state == JobState.DEAD and found.state != RunState.RUNNING
+                by_key[key] = JobResult(key, "dead" if dead else state, None, error)
+        jobs = [by_key[key] for key in sorted(by_key)]
+        return RunResults(family, found.number, found.state, jobs)
+
+    # -- cycles asked of the running master (jodl/run_requests.py) --------------------------
+
+    def request_run(self, family: str) -> int:
+        """Record that a cycle of ``family`` is asked of the running master; the request's id."""
+        with self.session() as s, s.begin():
+            row = RunRequest(family=family, requested_at=utcnow())
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def take_run_requests(self, taker: str) -> list[tuple[int, str]]:
+        """Take every untaken request for ``taker``: (request id, family) pairs, oldest first.
+
+        A conditional UPDATE: of two masters taking at once, one gets each request.
+        """
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                select(RunRequest.id, RunRequest.family)
+                .where(RunRequest.taken_at.is_(None))
+                .order_by(RunRequest.id)
+            ).all()
+            if not rows:
+                return []
+            taken = set(
+                conn.scalars(
+                    update(RunRequest)
+                    .where(RunRequest.id.in_([r[0] for r in rows]), RunRequest.taken_at.is_(None))
+                    .values(taken_at=utcnow(), taken_by=taker[:255])
+                    .returning(RunRequest.id)
+                )
+            )
+        return [(rid, family) for rid, family in rows if rid in taken]
+
+    def settle_run_request(self, request_id: int, **outcome: Any) -> None:
+        """Record a request's outcome: ``run_id``, ``summary`` and ``dead``, or ``error``."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(RunRequest)
+                .where(RunRequest.id == request_id)
+                .values(finished_at=utcnow(), **outcome)
+            )
+
+    def run_request(self, request_id: int) -> RunRequest | None:
+        with self.session() as s:
+            return s.get(RunRequest, request_id)
+
+    def running_run(self, family: str) -> Run | None:
+        """The family's unfinished run, if any."""
+        with self.session() as s:
+            return s.scalar(
+                select(Run)
+                .join(Family, Family.id == Run.family_id)
+                .where(Family.name == family, Run.state == RunState.RUNNING)
+                .order_by(Run.number.desc())
+                .limit(1)
+            )
 
     def deleted_jobs(self, job_ids: Iterable[int]) -> set[int]:
         """Which of these jobs were deleted meanwhile (checked once per loop step)."""

@@ -100,8 +100,45 @@ def test_unreachable_database():
 
 def test_sqlite_file_in_a_missing_directory(tmp_path):
     url = f"sqlite:///{tmp_path / 'missing' / 'jodl.db'}"
-    one_line_error(jodl("status", env={"JODL_DATABASE_URL": url}), "cannot reach the database")
+    one_line_error(jodl("status", env={"JODL_DATABASE_URL": url}), "no database at")
     assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("args", [("status",), ("node", "list"), ("tracked",), ("admins", "list")])
+def test_a_read_creates_no_database(tmp_path, args):
+    path = tmp_path / "jodl.db"
+    one_line_error(
+        jodl(*args, env={"JODL_DATABASE_URL": f"sqlite:///{path}"}),
+        f"no database at {path}",
+        "jodl db upgrade",
+    )
+    assert not path.exists()
+
+
+def test_an_unsupported_database_url_is_one_line(tmp_path):
+    result = jodl("status", env={"JODL_DATABASE_URL": "mysql://u@127.0.0.1/x"}, process=True)
+    one_line_error(result, "JODL_DATABASE_URL", "not a usable database URL")
+
+
+def test_config_shows_values_in_effect_and_their_source(tmp_path):
+    (tmp_path / "jodl.toml").write_text("batch_size = 50\n")
+    env = {"JODL_CONFIG": str(tmp_path / "jodl.toml"), "JODL_AGENT_SLOTS": "7"}
+    out = jodl("config", env=env)
+    assert out.code == 0, out.stderr
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in out.stdout.splitlines()}
+    assert rows["JODL_AGENT_SLOTS"] == "7  [environment]"
+    assert rows["JODL_BATCH_SIZE"] == f"50  [file {tmp_path / 'jodl.toml'}]"
+    assert rows["JODL_MAX_ATTEMPTS"] == "3  [default]"
+
+
+def test_config_hides_secrets():
+    out = jodl("config", env={"JODL_SECRET": "hunter2"})
+    assert "hunter2" not in out.stdout and "JODL_SECRET" in out.stdout
+
+
+def test_config_checks_every_setting():
+    line = one_line_error(jodl("config", env={"JODL_AGENT_SLOTS": "many"}), "JODL_AGENT_SLOTS")
+    assert "expected a positive integer, got 'many'" in line
 
 
 @pytest.mark.parametrize("args", [("status",), ("run", "noop"), ("node", "list")])
@@ -166,3 +203,66 @@ def test_a_run_without_any_node_says_so_instead_of_waiting(store, db_url):
     one_line_error(result, "no agent nodes", "jodl node add")
     with store.engine.connect() as conn:
         assert conn.scalar(select(func.count()).select_from(Run)) == 0, "no run opened"
+
+
+def test_a_run_prints_its_summary_once_and_a_new_run_is_not_resumed(store, db_url, agents):
+    store.add_jobs(store.ensure_family("noop"), [(f"k{i}", "{}") for i in range(5)])
+    agents(1)
+    env = {"JODL_DATABASE_URL": db_url, "JODL_LOG_LEVEL": "INFO"}
+    result = jodl("run", "noop", env=env, process=True)
+    assert result.code == 0, result.stderr
+    output = result.stdout + result.stderr
+    assert output.count("run noop#1") == 1, output
+    assert "resumed" not in output
+
+
+def test_jobs_from_a_file_with_bad_lines_adds_nothing(store, db_url, tmp_path):
+    lines = [
+        '{"key": "a", "payload": {"seconds": 0}}',
+        "not json",
+        '{"key": "b", "payload": [1]}',
+        "",
+        '{"key": "a"}',
+        '{"payload": {}}',
+    ]
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    env = {"JODL_DATABASE_URL": db_url}
+    line = one_line_error(
+        jodl("jobs", "add", "sleep", "--from", str(path), env=env), "no job added"
+    )
+    for needle in (
+        "line 2: not JSON",
+        "line 3: payload",
+        "line 5: key 'a' repeats line 1",
+        "line 6",
+    ):
+        assert needle in line, line
+    assert counts(store) == (0, 0), "nothing half-added"
+
+
+def test_jobs_from_a_file_and_their_results(store, db_url, tmp_path):
+    path = tmp_path / "jobs.jsonl"
+    path.write_text('{"key": "x", "payload": {"seconds": 0}}\n{"key": "y"}\n')
+    env = {"JODL_DATABASE_URL": db_url}
+    out = jodl("jobs", "add", "sleep", "--from", str(path), env=env)
+    assert out.code == 0 and out.stdout.strip() == "2 jobs added to sleep", out.stderr
+    fam = store.family("sleep")
+    with store.session() as s:
+        payloads = dict(
+            s.execute(select(Job.key, Job.payload).where(Job.family_id == fam.id)).all()
+        )
+    assert payloads == {"x": '{"seconds": 0}', "y": "{}"}
+    one_line_error(jodl("results", "sleep", env=env), "no results", "'sleep' has no run")
+
+
+def test_libraries_log_warnings_only_unless_debug():
+    import logging
+
+    from jodl.cli import configure_logging
+
+    configure_logging("INFO")
+    assert logging.getLogger("apscheduler.scheduler").getEffectiveLevel() == logging.WARNING
+    assert logging.getLogger("waitress").getEffectiveLevel() == logging.WARNING
+    configure_logging("DEBUG")
+    assert logging.getLogger("apscheduler").level == logging.NOTSET  # as the root says

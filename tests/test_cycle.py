@@ -134,7 +134,7 @@ def test_an_older_master_is_fenced_and_the_newer_one_finishes_its_run(store, age
     add_jobs(store, "sleep", 40, payload='{"seconds": 0.01}')
     agents(2, slots=2)
     old = Master(settings, store=store, name="old")
-    new = Master(settings, store=Store(store.engine), name="new")
+    new = Master(settings, store=Store(store.engine), name="new", takeover=True)
     try:
         old.start()
         new.start()  # takes the lease: a newer epoch, announced to every agent
@@ -159,7 +159,7 @@ def test_a_fenced_master_stops_when_it_reconnects_too(store, spawn_agent, settin
     port = free_port()
     store.add_node(f"127.0.0.1:{port}", slots=1)
     old = Master(settings, store=store, name="old")
-    new = Master(settings, store=Store(store.engine), name="new")
+    new = Master(settings, store=Store(store.engine), name="new", takeover=True)
     outcome: list[BaseException | RunSummary] = []
     try:
         old.start()
@@ -182,3 +182,13 @@ def test_a_fenced_master_stops_when_it_reconnects_too(store, spawn_agent, settin
     finally:
         old.close()
         new.close()
+
+
+def test_a_run_an_application_opened_is_new_to_the_master_not_resumed(store):
+    fam = store.ensure_family("noop")
+    store.add_jobs(fam, [("a", "{}")])
+    opened, _ = store.open_run(fam, 0)  # as the page checker records its run's id first
+    run, resumed = store.open_run(fam, 7)
+    assert run.id == opened.id and not resumed
+    again, resumed = store.open_run(fam, 8)  # a master worked on it: now it is resumed
+    assert again.id == run.id and resumed

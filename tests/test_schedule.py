@@ -352,3 +352,20 @@ def test_next_check_of_each_tracked_page(store):
     assert got[daily] == slot
     assert got[weekly] == slot + dt.timedelta(days=2)
     assert next_checks(store.engine, [daily], app_settings(schedule="off"), now, UTC) == {}
+
+
+def test_a_new_database_is_not_catching_up(store, caplog):
+    caplog.set_level("INFO", logger="crawler_app.schedule")
+    sched = CycleScheduler(store.engine, lambda family: None, app_settings(), timezone=UTC)
+    sched.start()
+    try:
+        started = [r.getMessage() for r in caplog.records if "scheduled" in r.getMessage()]
+    finally:
+        sched.stop()
+    assert len(started) == 1 and "(the first run)" in started[0], started
+    add_cycle(store, utcnow() - dt.timedelta(days=3))  # an old database that missed slots
+    caplog.clear()
+    sched = CycleScheduler(store.engine, lambda family: None, app_settings(), timezone=UTC)
+    sched.start()
+    sched.stop()
+    assert any("catching up a missed run" in r.getMessage() for r in caplog.records)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 pytest_plugins = ("tests.site",)
 
 UP_LINE = re.compile(r"^JODL is up: (http://\S+)$", re.M)
+READY_LINE = re.compile(r"^Press Ctrl-C to stop", re.M)
 LOGIN_LINE = re.compile(r"operator login: (\S+) / (\S+)$", re.M)
 
 
@@ -49,8 +50,10 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def start_up(cwd: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = child_env({**AGENT_ENV, "JODL_LOG_LEVEL": "WARNING"})
+def start_up(
+    cwd: Path, log: Path, extra: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    env = child_env({**AGENT_ENV, "JODL_LOG_LEVEL": "WARNING", **(extra or {})})
     with open(log, "wb") as out:
         return subprocess.Popen(
             [*jodl_command(), "up", "--listen", "127.0.0.1:0"],
@@ -68,7 +71,7 @@ def wait_up(proc: subprocess.Popen[bytes], log: Path) -> str:
             raise AssertionError(f"jodl up exited ({proc.returncode}):\n{log.read_text()}")
         return log.read_text()
 
-    wait_for(lambda: UP_LINE.search(ready() or ""), timeout=60, what="jodl up to print its URL")
+    wait_for(lambda: READY_LINE.search(ready() or ""), timeout=60, what="jodl up to be ready")
     return log.read_text()
 
 
@@ -81,7 +84,7 @@ def test_up_runs_everything_and_stops_everything(tmp_path: Path, site: TestSite)
         url = UP_LINE.search(out).group(1)  # type: ignore[union-attr]
         email, password = LOGIN_LINE.search(out).groups()  # type: ignore[union-attr]
         assert email == "admin@localhost" and len(password) >= 12
-        assert (tmp_path / "jodl-up.db").exists()
+        assert (tmp_path / "jodl.db").exists()
         agents = children(proc.pid)
         assert len(agents) == 2 and all(alive(p) for p in agents)
 
@@ -121,18 +124,35 @@ def test_up_runs_everything_and_stops_everything(tmp_path: Path, site: TestSite)
     assert proc.returncode == 0, log.read_text()
     assert "JODL stopped." in log.read_text()
     assert not [p for p in agents if alive(p)]
-    engine = create_engine(f"sqlite:///{tmp_path / 'jodl-up.db'}")
+    engine = create_engine(f"sqlite:///{tmp_path / 'jodl.db'}")
     with engine.connect() as conn:
         states = [row[0] for row in conn.execute(text("SELECT state FROM jodl_node"))]
     engine.dispose()
     assert states == ["removed", "removed"]
 
-    # Started again on the same database: the operator exists; SIGTERM stops it too.
+    # Started again on the same database: the operator exists and its login is shown
+    # again; the agents come back as the same nodes; SIGTERM stops it too.
+    log.write_bytes(b"")
     proc = start_up(tmp_path, log)
     try:
         out = wait_up(proc, log)
-        assert "operator login: admin@localhost (password unchanged)" in out
+        assert f"operator login: {email} / {password}" in out
+        assert out.rstrip().splitlines()[-2].startswith("  database:"), "the login comes last"
+        login = subprocess.run(
+            [*jodl_command(), "up", "--print-login"],
+            cwd=tmp_path,
+            env=child_env({}),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert login.returncode == 0 and f"{email} / {password}" in login.stdout
         agents = children(proc.pid)
+        engine = create_engine(f"sqlite:///{tmp_path / 'jodl.db'}")
+        with engine.connect() as conn:
+            states = [row[0] for row in conn.execute(text("SELECT state FROM jodl_node"))]
+        engine.dispose()
+        assert states == ["active", "active"], "no removed nodes left behind by a restart"
     finally:
         proc.terminate()
         proc.wait(timeout=60)

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from werkzeug.exceptions import BadRequest, NotFound
 
 from crawler_app import cycle_requests
-from jodl.models import ExecState, Execution, Family, Run, RunState
+from jodl.models import ExecState, Execution, Family, Job, Node, Run, RunState
 from jodl.protocol import split_address
 from jodl.status import collect
 
@@ -25,6 +25,8 @@ from .auth import admin_required, current_user
 
 bp = Blueprint("admin", __name__, url_prefix="/admin")
 
+#: Failed attempts listed (newest first, with their error) on a run's page at most.
+FAILURES_LISTED = 100
 #: Most slots an operator may give a node from the web UI.
 MAX_SLOTS = 10_000
 
@@ -129,7 +131,15 @@ def run(run_id: int) -> Any:
             .tuples()
             .all()
         )
-    return render_template("run.html", run=row, family=family, counts=counts)
+        failures = s.execute(
+            select(Job.key, Execution.attempt, Node.address, Execution.state, Execution.error)
+            .join(Job, Job.id == Execution.job_id)
+            .outerjoin(Node, Node.id == Execution.node_id)
+            .where(Execution.run_id == run_id, Execution.error.is_not(None))
+            .order_by(Execution.id.desc())
+            .limit(FAILURES_LISTED)
+        ).all()
+    return render_template("run.html", run=row, family=family, counts=counts, failures=failures)
 
 
 @bp.route("/nodes", methods=["POST"])

@@ -36,7 +36,9 @@ from crawler_app.pages import add_user
 from jodl.config import Settings
 from jodl.master import Master
 from jodl.migrate import upgrade
+from jodl.models import NodeState
 from jodl.queue import Queue, QueueFeeder
+from jodl.run_requests import RunRequests
 from jodl.store import Store, make_engine
 
 log = logging.getLogger("web.cluster")
@@ -56,6 +58,17 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _bindable(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the agent binds (SO_REUSEADDR): a port in TIME_WAIT from the last run is usable.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _port_answers(port: int) -> bool:
@@ -168,11 +181,15 @@ class LocalCluster:
 
     # -- start ----------------------------------------------------------------------------------
 
-    def prepare(self) -> tuple[str, str | None]:
+    def prepare(self, remembered: tuple[str, str] | None = None) -> tuple[str, str | None]:
         """Migrate the database; create the operator account if there is no operator.
 
-        Returns (admin e-mail, new password or None when an operator existed).
+        Returns (admin e-mail, new password or None when an operator existed). An
+        operator's ``remembered`` (e-mail, password) from an earlier start is returned
+        when it still logs in.
         """
+        from crawler_app.pages import check_password
+
         self.settings = self.settings or Settings.from_env(database_url=self.database_url)
         self.engine = make_engine(self.database_url)
         upgrade(self.engine)
@@ -180,6 +197,9 @@ class LocalCluster:
         with self.store.session() as s, s.begin():
             admin = s.scalar(select(User).where(User.is_admin.is_(True)).order_by(User.id))
             if admin is not None:
+                if remembered and remembered[0] == admin.email:
+                    if check_password(admin, remembered[1]):
+                        return admin.email, remembered[1]
                 return admin.email, None
             password = secrets.token_urlsafe(12)
             existing = s.scalar(select(User).where(User.email == ADMIN_EMAIL))
@@ -201,8 +221,9 @@ class LocalCluster:
         env.setdefault("JODL_LOG_LEVEL", "WARNING")
         # All start at once (each takes a moment to import), then each is waited for.
         starting = []
+        ports = self._earlier_ports()
         for n in range(self.agents):
-            agent = LocalAgent(free_port(), self._log_path(n))
+            agent = LocalAgent(ports[n] if n < len(ports) else free_port(), self._log_path(n))
             agent.start(env, wait=False)
             starting.append(agent)
         for agent in starting:
@@ -221,6 +242,18 @@ class LocalCluster:
             self.store.add_node(agent.address, slots=int(env.get("JODL_AGENT_SLOTS", "4")))
         self._env = env
 
+    def _earlier_ports(self) -> list[int]:
+        """Free loopback ports of nodes an earlier start left removed: agents started there
+        bring those nodes back (their ids and what was learned) instead of adding new ones."""
+        assert self.store is not None
+        ports = []
+        for node in self.store.nodes(include_removed=True):
+            host, _, port = node.address.rpartition(":")
+            if node.state == NodeState.REMOVED and host == "127.0.0.1" and port.isdigit():
+                if not _port_answers(int(port)) and _bindable(int(port)):
+                    ports.append(int(port))
+        return ports
+
     def _log_path(self, n: int) -> str | None:
         if not self.log_dir:
             return None
@@ -232,11 +265,14 @@ class LocalCluster:
         from crawler_app.schedule import CycleScheduler, MasterRunner
         from crawler_app.settings import AppSettings
 
-        master = Master(self.settings, store=self.store, name=f"jodl-up:{os.getpid()}")
+        # HOST:PID first: a jodl up killed on this host does not hold the lease after it.
+        name = f"{socket.gethostname()}:{os.getpid()}:jodl-up"
+        master = Master(self.settings, store=self.store, name=name)
         master.start()
         if not any(isinstance(f, QueueFeeder) for f in master.feeders):
             self._queue = Queue(self.store)
             master.feeders.append(QueueFeeder(self._queue))
+        master.feeders.append(RunRequests(self.store))  # `jodl run` beside jodl up
         self.master = master
         self._runner = MasterRunner(master)
         self._scheduler = CycleScheduler(

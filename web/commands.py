@@ -26,16 +26,8 @@ from .settings import WebSettings
 
 log = logging.getLogger("web")
 
-#: Database of ``jodl up`` when JODL_DATABASE_URL is not set.
-UP_DATABASE = "sqlite:///jodl-up.db"
 #: Seconds waitress keeps an idle connection (streams send keep-alives more often).
 CHANNEL_TIMEOUT = 120
-
-
-def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
 
 
 def make_server(app: Any, settings: WebSettings, listen: str | None = None) -> Any:
@@ -124,15 +116,19 @@ def _check_schema(engine: Any) -> None:
 @click.pass_context
 def web_cmd(ctx: click.Context, listen: str | None, threads: int | None) -> None:
     """Serve the web UI and its JSON API (waitress, threads)."""
+    from jodl.cli import configure_logging, missing_sqlite_file
     from jodl.config import Settings
 
     from .app import create_app
 
     obj = ctx.ensure_object(dict)
     settings = WebSettings.from_env(database_url=obj.get("database_url"), web_threads=threads)
+    missing = missing_sqlite_file(settings.database_url)
+    if missing is not None:
+        raise JodlError(f"no database at {missing}: run `jodl db upgrade` or `jodl up`")
     if threads and settings.web_max_streams >= threads:
         settings = settings.replace(web_max_streams=max(1, threads - max(2, threads // 4)))
-    _logging(Settings.from_env(database_url=settings.database_url).log_level)
+    configure_logging(Settings.from_env(database_url=settings.database_url).log_level)
     app = create_app(settings)
     svc = app.extensions["jodl"]
     _check_schema(svc.engine)
@@ -150,43 +146,62 @@ def web_cmd(ctx: click.Context, listen: str | None, threads: int | None) -> None
     help="HOST:PORT of the web UI (default 127.0.0.1:8080, or any free port if taken).",
 )
 @click.option("--agents", type=click.IntRange(min=1, max=32), default=2, help="Local agents.")
+@click.option(
+    "--print-login",
+    is_flag=True,
+    help="Print the URL and operator login of the jodl up running in this folder, and exit.",
+)
 @click.pass_context
-def up_cmd(ctx: click.Context, listen: str | None, agents: int) -> None:
+def up_cmd(ctx: click.Context, listen: str | None, agents: int, print_login: bool) -> None:
     """Run the whole system here: database, master, agents, scheduler and web UI.
 
-    SQLite file jodl-up.db in this directory unless JODL_DATABASE_URL is set.
-    Prints the URL and the operator login; Ctrl-C stops everything.
+    The same database as every other command (JODL_DATABASE_URL, default the
+    SQLite file jodl.db in this directory), so `jodl status` beside it sees its
+    data. Prints the URL and the operator login last; Ctrl-C stops everything.
     """
-    from jodl.cli import sigterm_as_interrupt
+    from jodl.cli import configure_logging, sigterm_as_interrupt
     from jodl.config import Settings
 
+    from . import instance
     from .app import create_app
     from .cluster import LocalCluster
 
+    if print_login:
+        _print_login()
+        return
     obj = ctx.ensure_object(dict)
-    database = obj.get("database_url") or UP_DATABASE
-    lib = Settings.from_env(database_url=database)
-    _logging(lib.log_level)
+    lib = Settings.from_env(database_url=obj.get("database_url"))
+    database = lib.database_url
+    configure_logging(lib.log_level)
     web_settings = WebSettings.from_env(database_url=database, web_secure_cookies=False)
     cluster = LocalCluster(database, agents=agents, settings=lib)
     started = False
+    sink = None
     # SIGTERM stops like Ctrl-C from here on, also while starting or before serving.
     sigterm_as_interrupt()
     try:
-        email, password = cluster.prepare()
+        previous = instance.read()
+        remembered = (previous.email, previous.password) if previous and previous.password else None
+        email, password = cluster.prepare(remembered)
+        _refuse_second_master(cluster, database)
         app = create_app(web_settings, engine=cluster.engine)
         server = _up_server(app, web_settings, listen)
+        sink = _start_mail_sink(app, cluster)
         cluster.start_agents()
         cluster.start_master()
         started = True
         svc = app.extensions["jodl"]
-        url = server_url(server)
-        login = f"{email} / {password}" if password else f"{email} (password unchanged)"
-        click.echo(f"JODL is up: {url}")
-        click.echo(f"  operator login: {login}")
-        click.echo(f"  database: {database}")
+        me = instance.Instance(server_url(server), email, password, database, os.getpid())
+        instance.write(me)
         click.echo(f"  agents: {', '.join(a.address for a in cluster.children)}")
-        click.echo("Press Ctrl-C to stop.")
+        if sink is not None:
+            click.echo(
+                f"  mail: caught by a local sink, shown at {me.url}admin/mail "
+                f"and saved in {sink.folder} (JODL_SMTP_HOST sends real mail)"
+            )
+        for line in me.lines():  # last, so they are the lines a newcomer sees
+            click.echo(line)
+        click.echo("Press Ctrl-C to stop; `jodl up --print-login` shows this login again.")
         sys.stdout.flush()
 
         def stop_web_with_cluster() -> None:
@@ -200,10 +215,54 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int) -> None:
         pass  # stopped before the web server was serving
     finally:
         cluster.stop()
+        if sink is not None:
+            sink.stop()
         if started:
             click.echo("JODL stopped.")
     if cluster.failure:
         raise JodlError(cluster.failure)
+
+
+def _start_mail_sink(app: Any, cluster: Any) -> Any:
+    """Start the local mail sink and point the agents at it, unless JODL_SMTP_HOST is set."""
+    if os.environ.get("JODL_SMTP_HOST"):
+        return None
+    from pathlib import Path
+
+    from .mailsink import CONFIG_KEY, DEFAULT_FOLDER, MailSink
+
+    sink = MailSink(Path(DEFAULT_FOLDER).resolve())
+    sink.start()
+    cluster.agent_env.update({"JODL_SMTP_HOST": "127.0.0.1", "JODL_SMTP_PORT": str(sink.port)})
+    app.config[CONFIG_KEY] = str(sink.folder)
+    return sink
+
+
+def _refuse_second_master(cluster: Any, database: str) -> None:
+    """One master per database: a second ``jodl up`` says what runs and stops."""
+    from . import instance
+
+    holder = cluster.store.lease_holder()
+    if holder is None:
+        return
+    running = instance.read()
+    where = f", web UI {running.url}" if running and running.alive() else ""
+    raise JodlError(
+        f"a master ({holder}{where}) is already running on {database}; "
+        "stop it first, or give this one another JODL_DATABASE_URL"
+    )
+
+
+def _print_login() -> None:
+    from . import instance
+
+    found = instance.read()
+    if found is None:
+        raise JodlError("no jodl up has run in this folder")
+    for line in found.lines():
+        click.echo(line)
+    if not found.alive():
+        raise JodlError(f"that jodl up (process {found.pid}) is not running any more")
 
 
 def _up_server(app: Any, settings: WebSettings, listen: str | None) -> Any:

@@ -1,0 +1,103 @@
+"""Cycles asked of the running master through the database (``jodl run`` beside it).
+
+Only one master acts on a database (its lease). A ``jodl run FAMILY`` started
+beside a serving master (``jodl master``, ``jodl up``) therefore does not run the
+cycle itself: it records a :class:`~jodl.models.RunRequest`, the serving master's
+:class:`RunRequests` feeder takes it (every :data:`REQUEST_POLL` seconds) and
+runs the cycle with :meth:`Master.request_cycle`, and :func:`follow` reports the
+run's progress and outcome to the command.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from .exceptions import JodlError
+from .master import Feeder, Master, RunSummary
+from .models import RunRequest
+from .store import PendingJob, Store
+
+#: Seconds between two looks for requests by the serving master.
+REQUEST_POLL = 1.0
+#: Seconds between two looks at a followed request by the asking command.
+FOLLOW_POLL = 0.3
+
+
+class RunRequests(Feeder):
+    """Takes requested cycles for a serving master and records how they ended.
+
+    A feeder that feeds no jobs itself: its ``claim`` (called once per loop pass)
+    hands requests to the master's own cycle queue.
+    """
+
+    def __init__(self, store: Store, poll: float = REQUEST_POLL) -> None:
+        self.store = store
+        self.poll = poll
+        self._last = 0.0
+        #: request id -> the cycle's future (from Master.request_cycle).
+        self._running: dict[int, Future[RunSummary]] = {}
+
+    def claim(self, master: Master, limit: int) -> list[PendingJob]:
+        self._settle_finished()
+        now = time.monotonic()
+        if now - self._last >= self.poll:
+            self._last = now
+            for request_id, family in self.store.take_run_requests(master.name):
+                self._running[request_id] = master.request_cycle(family)
+        return []
+
+    def _settle_finished(self) -> None:
+        for request_id, future in list(self._running.items()):
+            if not future.done():
+                continue
+            del self._running[request_id]
+            exc = future.exception()
+            if exc is not None:
+                self.store.settle_run_request(request_id, error=str(exc))
+            else:
+                summary = future.result()
+                self.store.settle_run_request(
+                    request_id, run_id=summary.run_id, summary=summary.line(), dead=summary.dead
+                )
+
+    def close(self) -> None:
+        self._settle_finished()
+        for request_id in self._running:
+            self.store.settle_run_request(
+                request_id,
+                error="the master stopped before the run ended; it resumes on the next start",
+            )
+        self._running.clear()
+
+
+def follow(
+    store: Store,
+    request_id: int,
+    master_alive: Callable[[], bool],
+    progress: Callable[[int, int], None] | None = None,
+) -> RunRequest:
+    """Wait for request ``request_id`` to end, reporting its run's progress; the request.
+
+    :class:`JodlError` when the master stops without recording an outcome.
+    """
+    row: Any = None
+    while True:
+        row = store.run_request(request_id)
+        if row is None:
+            raise JodlError(f"run request {request_id} disappeared")
+        if row.finished_at is not None:
+            return row
+        if row.taken_at is not None and progress is not None:
+            run = store.running_run(row.family)
+            if run is not None and run.jobs_total:
+                done, _ = store.count_run(run.id)
+                progress(min(done, run.jobs_total), run.jobs_total)
+        if not master_alive():
+            row = store.run_request(request_id)
+            if row is not None and row.finished_at is not None:
+                return row
+            raise JodlError("the running master stopped before the run ended")
+        time.sleep(FOLLOW_POLL)

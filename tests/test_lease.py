@@ -1,0 +1,126 @@
+"""One master acts per database: the lease is renewed by its holder and not stolen."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import subprocess
+import sys
+
+import pytest
+from sqlalchemy import select, update
+
+from jodl.exceptions import Fenced, LeaseHeld
+from jodl.master import Master
+from jodl.models import MasterLease, utcnow
+from jodl.store import LEASE_SECONDS, Store
+
+
+def _expires(store: Store) -> dt.datetime:
+    with store.engine.connect() as conn:
+        return conn.scalar(select(MasterLease.expires_at))
+
+
+def test_a_second_master_does_not_steal_a_live_lease(store, settings):
+    first = Master(settings, store=store, name="first")
+    second = Master(settings, store=Store(store.engine), name="second")
+    try:
+        first.start()
+        with pytest.raises(LeaseHeld, match=r"a master \(first\) is running"):
+            second.start()
+        assert store.lease_holder() == "first"
+        first.step()  # the first master keeps working: it was not fenced
+    finally:
+        second.close()
+        first.close()
+    assert store.lease_holder() is None, "a clean stop releases the lease"
+
+
+def test_the_running_master_renews_its_lease(store, settings):
+    master = Master(settings, store=store, name="renewing")
+    try:
+        master.start()
+        # Pretend the lease is about to run out and the last renewal is long ago.
+        soon = utcnow() + dt.timedelta(seconds=1)
+        with store.engine.begin() as conn:
+            conn.execute(update(MasterLease).values(expires_at=soon))
+        master._lease_renewed = 0.0
+        master.step()
+        assert _expires(store) > soon + dt.timedelta(seconds=LEASE_SECONDS / 2)
+    finally:
+        master.close()
+
+
+def test_an_expired_lease_is_taken_and_its_old_holder_is_fenced(store, settings):
+    old = Master(settings, store=store, name="stalled")
+    new = Master(settings, store=Store(store.engine), name="new")
+    try:
+        old.start()
+        with store.engine.begin() as conn:  # the old master stalled past its lease
+            conn.execute(update(MasterLease).values(expires_at=utcnow()))
+        new.start()
+        assert store.lease_holder() == "new"
+        old._lease_renewed = 0.0
+        with pytest.raises(Fenced, match="took over"):
+            old.step()
+    finally:
+        old.close()
+        new.close()
+
+
+def test_takeover_takes_a_live_lease(store, settings):
+    old = Master(settings, store=store, name="old")
+    new = Master(settings, store=Store(store.engine), name="new", takeover=True)
+    try:
+        old.start()
+        new.start()
+        assert new.epoch > old.epoch and store.lease_holder() == "new"
+    finally:
+        old.close()
+        new.close()
+
+
+def test_a_killed_master_on_this_host_does_not_hold_the_lease(store, settings):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    holder = f"{socket.gethostname()}:{gone.pid}"
+    Master(settings, store=store, name=holder).start()  # never closed: as if SIGKILLed
+    assert store.lease_holder() is None
+    master = Master(settings, store=Store(store.engine), name="next")
+    try:
+        master.start()
+        assert store.lease_holder() == "next"
+    finally:
+        master.close()
+
+
+def test_a_cycle_asked_of_the_serving_master_is_run_by_it(store, settings, agents):
+    import threading
+
+    from jodl.run_requests import RunRequests, follow
+
+    store.add_jobs("noop", {f"k{i}": {} for i in range(6)})
+    agents(1)
+    master = Master(settings, store=store, name="serving")
+    master.feeders.append(RunRequests(store, poll=0.05))
+    master.start()
+    stop = threading.Event()
+    thread = threading.Thread(target=master.serve, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        asked = Store(store.engine)
+        with pytest.raises(LeaseHeld):
+            Master(settings, store=asked, name="second").start()
+        seen: list[tuple[int, int]] = []
+        row = follow(
+            asked, asked.request_run("noop"), lambda: True, lambda d, t: seen.append((d, t))
+        )
+        assert row.error is None and row.summary.startswith("run noop#1: 6/6 done"), row.summary
+        assert row.taken_by == "serving" and row.dead == 0
+        missing = follow(asked, asked.request_run("nosuch"), lambda: True)
+        assert "no family 'nosuch'" in missing.error
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        master.close()
+    assert all(total == 6 for _, total in seen)

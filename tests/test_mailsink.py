@@ -1,0 +1,78 @@
+"""jodl up's local mail sink (a real aiosmtpd server) and failure reasons on run pages."""
+
+from __future__ import annotations
+
+import smtplib
+from email.message import EmailMessage
+from pathlib import Path
+
+from flask import Flask
+from flask.testing import FlaskClient
+from test_web_views import XSS_TEXT, admin_client, app, assert_safe, text_of  # noqa: F401
+
+from jodl.models import ExecState, Execution, utcnow
+from web.mailsink import CONFIG_KEY, MailSink
+
+
+def test_the_sink_keeps_each_message_as_a_file_and_shows_it_to_operators(
+    app: Flask,  # noqa: F811
+    admin_client: FlaskClient,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    sink = MailSink(tmp_path / "mail")
+    sink.start()
+    try:
+        msg = EmailMessage()
+        msg["From"] = "jodl@localhost"
+        msg["To"] = "alice@example.org"
+        msg["Subject"] = "2 pages changed <script>alert(1)</script>"
+        msg.set_content("https://example.org/news changed\n" + XSS_TEXT)
+        with smtplib.SMTP("127.0.0.1", sink.port, timeout=30) as smtp:
+            smtp.send_message(msg)
+    finally:
+        sink.stop()
+    (saved,) = (tmp_path / "mail").glob("*.eml")
+    assert b"alice@example.org" in saved.read_bytes()
+
+    app.config[CONFIG_KEY] = str(tmp_path / "mail")
+    page = admin_client.get("/admin/mail")
+    assert page.status_code == 200
+    text = text_of(assert_safe(page.get_data(as_text=True)))
+    assert "2 pages changed <script>alert(1)</script>" in text
+    assert "https://example.org/news changed" in text and "alice@example.org" in text
+    assert "Mail sink" in admin_client.get("/admin/").get_data(as_text=True)
+
+
+def test_the_mail_page_is_for_operators_only(app: Flask) -> None:  # noqa: F811
+    assert app.test_client().get("/admin/mail").status_code in (302, 303, 401, 403)
+
+
+def test_a_run_page_shows_why_attempts_failed(
+    app: Flask,  # noqa: F811
+    admin_client: FlaskClient,  # noqa: F811
+) -> None:
+    store = app.extensions["jodl"].store
+    fam = store.ensure_family("notify")
+    store.add_jobs(fam, {"alice@example.org": {}})
+    run, _ = store.open_run(fam, 1)
+    node = store.add_node("127.0.0.1:9")
+    (job_id,) = [j.id for j in store.run_jobs(run, "notify")]
+    reason = "SMTP error: ConnectionRefusedError: [Errno 111] Connection refused"
+    with store.session() as s, s.begin():
+        for attempt in (1, 2):
+            s.add(
+                Execution(
+                    id=attempt,
+                    run_id=run.id,
+                    job_id=job_id,
+                    node_id=node.id,
+                    attempt=attempt,
+                    state=ExecState.FAILED,
+                    sent_at=utcnow(),
+                    error=reason,
+                )
+            )
+    page = admin_client.get(f"/admin/runs/{run.id}")
+    text = text_of(assert_safe(page.get_data(as_text=True)))
+    assert text.count(reason) == 2
+    assert "alice@example.org" in text and "127.0.0.1:9" in text
