@@ -316,3 +316,12 @@ class MasterLease(Base):
     expires_at: Mapped[dt.datetime]
     #: Next execution id block handed to the holder (ids are allocated in blocks).
     next_exec_id: Mapped[int] = mapped_column(BigId, default=1)
+
+
+class Cluster(Base):
+    """This database's identity, drawn once: agents bind the execution ids they remember
+    to it, so a fresh database (numbering executions from 1 again) never meets old ids."""
+
+    __tablename__ = "jodl_cluster"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,13 +34,14 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import bulk
 from .exceptions import StoreUnavailable
 from .learning import LearningLog, learn_from_executions, settle_homes
 from .models import (
+    Cluster,
     Dispatch,
     ExecState,
     Execution,
@@ -292,6 +294,31 @@ class Store(LearningLog):
             lease.expires_at = now + dt.timedelta(seconds=LEASE_SECONDS)
             s.flush()
             return lease.epoch
+
+    def cluster_id(self) -> str:
+        """This database's cluster id, drawn on first use (agents bind their memory to it)."""
+        with self.session() as s:
+            found = s.scalar(select(Cluster.id).order_by(Cluster.created_at).limit(1))
+        if found is not None:
+            return found
+        try:
+            with self.session() as s, s.begin():
+                s.add(Cluster(id=secrets.token_hex(16), created_at=utcnow()))
+        except IntegrityError:
+            pass  # the same moment in another master: read theirs
+        with self.session() as s:
+            found = s.scalar(select(Cluster.id).order_by(Cluster.created_at, Cluster.id).limit(1))
+        assert found is not None
+        return found
+
+    def settled(self, exec_ids: Sequence[int]) -> set[int]:
+        """Which of ``exec_ids`` have an outcome in the log (done, or given up on)."""
+        out: set[int] = set()
+        with self.engine.connect() as conn:
+            for start in range(0, len(exec_ids), 5000):
+                chunk = list(exec_ids[start : start + 5000])
+                out.update(conn.scalars(select(Execution.id).where(Execution.id.in_(chunk))))
+        return out
 
     def renew_lease(self, holder: str, epoch: int, name: str = "master") -> bool:
         """Extend the lease; False when another master has taken it (we are fenced)."""
