@@ -1,4 +1,8 @@
-"""cluster identity: agents bind what they remember to the database they serve
+"""effects: the cluster's identity, and the digests' shared claims
+
+``jodl_cluster`` holds one random id per database: agents bind the execution ids
+they remember to it. ``app_digest_claim`` holds the claim ``notify`` takes on a
+digest's idempotency key before sending it, shared by every agent.
 
 Revision ID: 0007_effects
 Revises: 0006
@@ -23,7 +27,18 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_jodl_cluster")),
     )
+    op.create_table(
+        "app_digest_claim",
+        sa.Column("idem_key", sa.String(100), nullable=False),
+        sa.Column("message_id", sa.String(255), nullable=False),
+        sa.Column("state", sa.String(16), nullable=False),
+        sa.Column("node", sa.String(255), nullable=False),
+        sa.Column("claimed_at", sa.DateTime(), nullable=False),
+        sa.Column("sent_at", sa.DateTime(), nullable=True),
+        sa.PrimaryKeyConstraint("idem_key", name=op.f("pk_app_digest_claim")),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("app_digest_claim")
     op.drop_table("jodl_cluster")
