@@ -178,12 +178,12 @@ def test_the_sending_agent_killed(store, agents, settings, site, slow_inbox, whe
             assert "may already have been delivered" in note.error
 
 
-def test_smtp_credentials_go_only_over_tls(store, db_url, inbox, monkeypatch) -> None:
+def test_smtp_credentials_go_only_over_tls(store, db_url, slow_inbox, monkeypatch) -> None:
     with pytest.raises(ConfigError, match="JODL_SMTP_USER is set but neither"):
         AppSettings.from_env(env={"JODL_SMTP_USER": "ann", "JODL_SMTP_PASSWORD": "secret"})
     monkeypatch.setenv("JODL_DATABASE_URL", db_url)
     monkeypatch.setenv("JODL_SMTP_HOST", "127.0.0.1")
-    monkeypatch.setenv("JODL_SMTP_PORT", str(inbox.port))
+    monkeypatch.setenv("JODL_SMTP_PORT", str(slow_inbox.port))
     notify = Notify()
     # Settings changed behind the start-up check: the family checks again before sending.
     notify.settings = dataclasses.replace(notify.settings, smtp_user="ann", smtp_password="pw")
@@ -197,9 +197,9 @@ def test_smtp_credentials_go_only_over_tls(store, db_url, inbox, monkeypatch) ->
     }
     with pytest.raises(SmtpRefused, match="refusing to send the SMTP password unencrypted"):
         notify.run(payload)
-    assert inbox.mails == []
+    assert slow_inbox.mails == []
     # With STARTTLS asked of a server that offers none, nothing is sent in clear either.
     notify.settings = dataclasses.replace(notify.settings, smtp_starttls=True)
     with pytest.raises(RuntimeError, match="SMTPNotSupportedError"):
         notify.run(payload)
-    assert inbox.mails == []
+    assert slow_inbox.mails == []
