@@ -6,7 +6,7 @@ so a master killed at any moment finds them again. Every call is idempotent,
 keyed by execution ids: a call that timed out on the master may still arrive.
 
 What the agent remembers is bound to the cluster (the database) and the
-connection of the master it serves (docs/architecture.md, "Detached agents"):
+connection of the master it serves (README, "Agents that are left alone"):
 
 * ``init`` names the cluster; an agent that served another one forgets its ids,
   results and epoch first, since a new database numbers executions from 1 again.

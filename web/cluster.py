@@ -199,6 +199,7 @@ class LocalCluster:
         env = dict(os.environ)
         env.update(self.agent_env)
         env.setdefault("JODL_LOG_LEVEL", "WARNING")
+        env["JODL_DATABASE_URL"] = self.database_url  # notify claims its digests there
         # All start at once (each takes a moment to import), then each is waited for.
         starting = []
         for n in range(self.agents):
