@@ -22,11 +22,13 @@ import pytest
 from agents import AgentProcess, wait_for
 from sqlalchemy import select
 
+from jodl.agent import KNOWN_ID
 from jodl.config import Settings
 from jodl.exceptions import ConfigError
 from jodl.master import Master, RunSummary
 from jodl.migrate import upgrade
 from jodl.models import ExecState, Execution, Job, Node
+from jodl.protocol import connect
 from jodl.store import Store, make_engine
 
 #: The master's give-up time in these tests (seconds); agents detach after half of it.
@@ -169,3 +171,29 @@ def test_agents_reused_with_a_fresh_database_run_its_jobs(
             assert summary.done == count
     finally:
         engine.dispose()
+
+
+def test_an_agent_binds_ids_to_its_cluster_and_session(spawn_agent: Any) -> None:
+    agent = spawn_agent()
+    first, second = (connect(agent.address, Settings(call_timeout=10.0)) for _ in range(2))
+    try:
+        root = first.root
+        hello = json.dumps({"cluster": "one", "give_up": 10.0})
+        stamp = (1, json.loads(root.init("m", 1, hello))["session"], 0.0)
+        assert root.send(stamp, ((1, "noop", "{}"),)) == ()
+        wait_for(lambda: root.done(stamp, (), 10), 20, "the result of execution 1")
+        root.ack(stamp, (1,))
+        # Finished here: sent again, it is refused and said, not dropped in silence.
+        ((refused_id, error),) = root.send(stamp, ((1, "noop", "{}"),))
+        assert refused_id == 1 and error.startswith(KNOWN_ID)
+        # A master of another database: the agent forgets the old ids; 1 runs again.
+        other = second.root
+        hello = json.dumps({"cluster": "two", "give_up": 10.0})
+        fresh = (1, json.loads(other.init("m2", 1, hello))["session"], 0.0)
+        with pytest.raises(Exception, match="stale connection"):
+            root.remaining(stamp)  # the first connection's session was replaced
+        assert other.send(fresh, ((1, "noop", "{}"),)) == ()
+        wait_for(lambda: other.done(fresh, (), 10), 20, "execution 1 of the new database")
+    finally:
+        first.close()
+        second.close()
