@@ -7,10 +7,10 @@ trackers asked for (whole page, CSS selectors). A view's text travels back only
 when its fingerprint is not one the master already knows, so an unchanged page
 costs a few hundred bytes.
 
-``notify`` sends one digest e-mail over SMTP. It writes the digest's
-idempotency key to its journal *before* talking to the SMTP server and marks it
-sent right after, so a digest handed to an agent twice (a master restart, a
-retry elsewhere after a lost answer) is recognised and not sent again.
+``notify`` sends one digest e-mail over SMTP. It claims the digest's
+idempotency key in the shared database *before* talking to the SMTP server and
+marks it sent right after, so a digest run twice, on any agents (a master
+restart, a retry elsewhere after a lost answer), goes out at most once.
 """
 
 from __future__ import annotations
@@ -18,17 +18,23 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import smtplib
-import sqlite3
 import ssl
 import threading
 import time
 from email.message import EmailMessage
 from typing import Any
 
+from sqlalchemy import Engine, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from jodl.config import Settings
 from jodl.family import Family, Permanent
+from jodl.models import utcnow
+from jodl.store import make_engine
 
 from .fetcher import THREAD_PARSE_BYTES, Fetcher
-from .settings import AppSettings
+from .models import DigestClaim, DigestClaimState
+from .settings import SMTP_IN_CLEAR, AppSettings
 from .text import SelectorError, extract, fingerprint
 
 #: Longest wait before a spread check starts (guards against a clock far off).
@@ -138,59 +144,68 @@ class CheckPage(Family):
 
 
 class Journal:
-    """Which digests this agent started and finished sending, by idempotency key.
+    """The digests' claims, by idempotency key, in the shared database (:class:`DigestClaim`).
 
-    In memory, or in a SQLite file (``JODL_MAIL_JOURNAL``) so it outlives the agent.
-    One lock per key: two copies of one digest never talk to the SMTP server at once.
+    A claim is one row, inserted before the SMTP conversation: the primary key makes
+    the first inserter the only sender, whichever agent it runs on, across agent
+    restarts and ``jodl up``. The row says ``sent`` once the server accepted the mail;
+    it is deleted when the server accepted nothing, so a retry may send it.
+
+    A crash between the claim and the end of the conversation leaves ``sending``:
+    the digest is then **not** sent again (at most once). The server may or may not
+    have it, and a second copy is the fault users see and report; a missing digest
+    shows as failed in the UI and the next digest lists the later changes.
     """
 
-    def __init__(self, path: str | None = None) -> None:
-        self.path = path
-        self._memory: dict[str, str] = {}
-        self._lock = threading.Lock()
-        self._key_locks: dict[str, threading.Lock] = {}
-        if path:
-            with self._connect() as conn:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def claim(self, key: str, message_id: str, node: str) -> str | None:
+        """Take the claim on ``key``: None when taken, else the state found there."""
+        try:
+            with self.engine.begin() as conn:
                 conn.execute(
-                    "CREATE TABLE IF NOT EXISTS digest (key TEXT PRIMARY KEY, state TEXT, "
-                    "message_id TEXT, at REAL)"
+                    insert(DigestClaim).values(
+                        idem_key=key,
+                        message_id=message_id,
+                        state=DigestClaimState.SENDING,
+                        node=node,
+                        claimed_at=utcnow(),
+                    )
                 )
-
-    def _connect(self) -> sqlite3.Connection:
-        assert self.path
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        return conn
-
-    def lock(self, key: str) -> threading.Lock:
-        with self._lock:
-            return self._key_locks.setdefault(key, threading.Lock())
+        except IntegrityError:
+            with self.engine.connect() as conn:
+                state = conn.scalar(select(DigestClaim.state).where(DigestClaim.idem_key == key))
+            return state or DigestClaimState.SENDING
+        return None
 
     def state(self, key: str) -> str | None:
-        """``sending``, ``sent`` or None (never started here)."""
-        if not self.path:
-            return self._memory.get(key)
-        with self._connect() as conn:
-            row = conn.execute("SELECT state FROM digest WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else None
+        """``sending``, ``sent`` or None (not claimed)."""
+        with self.engine.connect() as conn:
+            return conn.scalar(select(DigestClaim.state).where(DigestClaim.idem_key == key))
 
-    def mark(self, key: str, state: str | None, message_id: str = "") -> None:
-        """Record ``state`` for ``key`` durably (None forgets it: nothing went out)."""
-        if not self.path:
-            if state is None:
-                self._memory.pop(key, None)
-            else:
-                self._memory[key] = state
-            return
-        with self._connect() as conn:
-            if state is None:
-                conn.execute("DELETE FROM digest WHERE key = ?", (key,))
-            else:
-                conn.execute(
-                    "INSERT INTO digest (key, state, message_id, at) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT(key) DO UPDATE SET state = excluded.state, at = excluded.at",
-                    (key, state, message_id, time.time()),
-                )
+    def sent(self, key: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(DigestClaim)
+                .where(DigestClaim.idem_key == key)
+                .values(state=DigestClaimState.SENT, sent_at=utcnow())
+            )
+
+    def release(self, key: str) -> None:
+        """Nothing went out: free the key for a retry."""
+        with self.engine.begin() as conn:
+            conn.execute(delete(DigestClaim).where(DigestClaim.idem_key == key))
+
+
+class SmtpRefused(Permanent):
+    """SMTP settings ``notify`` will not use (one line saying what to set)."""
+
+
+def check_smtp_tls(settings: AppSettings) -> None:
+    """Credentials go only over TLS: a username needs STARTTLS or implicit TLS."""
+    if settings.smtp_user and not (settings.smtp_starttls or settings.smtp_ssl):
+        raise SmtpRefused(SMTP_IN_CLEAR)
 
 
 def build_message(payload: dict[str, Any]) -> EmailMessage:
@@ -210,57 +225,75 @@ def build_message(payload: dict[str, Any]) -> EmailMessage:
 
 
 class Notify(Family):
-    """Send one digest over SMTP, at most once per idempotency key on this agent.
+    """Send one digest over SMTP, at most once per idempotency key in the whole cluster.
 
     Payload: ``key`` (idempotency key), ``message_id``, ``from``, ``to``,
     ``subject``, ``text``, ``html``. Result: ``{"sent": true, "message_id": ...}``,
-    or ``{"sent": false, "duplicate": true}`` for a key this agent already sent.
+    or ``{"sent": false, "duplicate": true}`` for a key already sent. The claim is
+    taken in the shared database (``JODL_DATABASE_URL``, see :class:`Journal`);
     SMTP settings come from the agent's environment (``JODL_SMTP_*``).
+
+    Not idempotent: a second run could mail twice if the claim were bypassed, so
+    the master runs no backup copy of it and does not time a running one out.
     """
 
     name = "notify"
     version = "1"
-    idempotent = True
+    idempotent = False
 
     def __init__(self, context: dict[str, Any] | None = None) -> None:
         super().__init__(context)
         self.settings = AppSettings.from_env()
-        self.journal = Journal(self.settings.mail_journal)
+        self._journal: Journal | None = None
+        self._journal_lock = threading.Lock()
+
+    @property
+    def journal(self) -> Journal:
+        with self._journal_lock:
+            if self._journal is None:  # on first use: an agent may start before the database
+                self._journal = Journal(make_engine(Settings.from_env().database_url))
+            return self._journal
 
     def run(self, payload: dict[str, Any]) -> Any:
         key = str(payload["key"])
         message_id = str(payload["message_id"])
-        with self.journal.lock(key):
-            state = self.journal.state(key)
-            if state == "sent":
-                return {"sent": False, "duplicate": True, "message_id": message_id}
-            if state == "sending":
-                # An earlier attempt here stopped mid-conversation: the server may have
-                # the mail. Sending again could make a duplicate; a human must decide.
-                raise Permanent(
-                    f"digest {key} may already have been delivered (an earlier attempt on "
-                    "this agent was interrupted); not sent again"
-                )
-            msg = build_message(payload)
-            self.journal.mark(key, "sending", message_id)  # record before send
-            try:
-                refused = self._send(msg)
-            except smtplib.SMTPRecipientsRefused as exc:
-                self.journal.mark(key, None)
-                raise Permanent(f"the SMTP server refused {payload['to']}: {exc}") from None
-            except (smtplib.SMTPException, OSError) as exc:
-                # Nothing was accepted: forget the key so a retry may send it.
-                self.journal.mark(key, None)
-                raise RuntimeError(f"SMTP error: {type(exc).__name__}: {exc}") from None
-            self.journal.mark(key, "sent", message_id)  # record after send
+        check_smtp_tls(self.settings)
+        msg = build_message(payload)
+        found = self.journal.claim(key, message_id, str(self.context.get("node", "")))
+        if found == DigestClaimState.SENT:
+            return {"sent": False, "duplicate": True, "message_id": message_id}
+        if found is not None:
+            # Claimed and never confirmed: an attempt stopped mid-conversation (the
+            # server may have the mail), or another copy is sending it right now.
+            raise Permanent(
+                f"digest {key} may already have been delivered (an earlier attempt was "
+                "interrupted); not sent again"
+            )
+        try:
+            refused = self._send(msg)
+        except smtplib.SMTPRecipientsRefused as exc:
+            self.journal.release(key)
+            raise Permanent(f"the SMTP server refused {payload['to']}: {exc}") from None
+        except (smtplib.SMTPException, OSError) as exc:
+            # Nothing was accepted: free the key so a retry may send it.
+            self.journal.release(key)
+            raise RuntimeError(f"SMTP error: {type(exc).__name__}: {exc}") from None
+        self.journal.sent(key)
         return {"sent": True, "message_id": message_id, "to": payload["to"], "refused": refused}
 
     def _send(self, msg: EmailMessage) -> dict[str, Any]:
         s = self.settings
-        with smtplib.SMTP(s.smtp_host, s.smtp_port, timeout=s.smtp_timeout) as smtp:
-            if s.smtp_starttls:
-                # smtplib's own default context does not check the certificate.
-                smtp.starttls(context=ssl.create_default_context())
+        context = ssl.create_default_context()  # smtplib's own does not check certificates
+        smtp: smtplib.SMTP
+        if s.smtp_ssl:
+            smtp = smtplib.SMTP_SSL(
+                s.smtp_host, s.smtp_port, timeout=s.smtp_timeout, context=context
+            )
+        else:
+            smtp = smtplib.SMTP(s.smtp_host, s.smtp_port, timeout=s.smtp_timeout)
+        with smtp:
+            if s.smtp_starttls and not s.smtp_ssl:
+                smtp.starttls(context=context)
             if s.smtp_user:
                 smtp.login(s.smtp_user, s.smtp_password or "")
             refused = smtp.send_message(msg)

@@ -242,3 +242,25 @@ class Notification(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     sent_at: Mapped[dt.datetime | None]
     error: Mapped[str | None] = mapped_column(Text)
+
+
+class DigestClaimState:
+    SENDING = "sending"  # claimed: an agent is talking to the SMTP server, or died doing so
+    SENT = "sent"  # the SMTP server accepted it
+
+
+class DigestClaim(Base):
+    """The claim on a digest's idempotency key, taken before it is sent (``notify``).
+
+    In the shared database, so every agent sees it, across agent restarts and
+    ``jodl up``: a key is sent by whoever inserts its row first, and never again.
+    """
+
+    __tablename__ = "app_digest_claim"
+    idem_key: Mapped[str] = mapped_column(String(100), primary_key=True)
+    message_id: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16), default=DigestClaimState.SENDING)
+    #: The agent that took the claim.
+    node: Mapped[str] = mapped_column(String(255))
+    claimed_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    sent_at: Mapped[dt.datetime | None]

@@ -207,12 +207,13 @@ def family_id(session: Session, name: str) -> int:
     """Id of the JODL family ``name``, created on first use."""
     fid = session.scalar(select(Family.id).where(Family.name == name))
     if fid is None:
-        # Both families are idempotent for the master: a check may run twice harmlessly,
-        # and a digest carries its own idempotency key (the agent journal refuses a resend).
+        # A check may run twice harmlessly; a digest may not (its claim guards it, but a
+        # backup copy would only ever be refused): no backups, no timeouts for notify.
         placement: dict[str, Any] = {}
         if name == CHECK_FAMILY:  # others keep the library's default strategy
             placement = dict(zip(("strategy", "strategy_params"), CHECK_STRATEGY, strict=True))
-        fam = Family(name=name, idempotent=True, created_at=utcnow(), **placement)
+        idempotent = name != NOTIFY_FAMILY
+        fam = Family(name=name, idempotent=idempotent, created_at=utcnow(), **placement)
         session.add(fam)
         session.flush()
         fid = fam.id

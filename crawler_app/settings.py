@@ -156,17 +156,20 @@ OPTIONS: tuple[Option, ...] = (
     AppOption("JODL_SMTP_USER", "", "str?", "SMTP login (none when empty)", "agent"),
     AppOption("JODL_SMTP_PASSWORD", "", "str?", "SMTP password", "agent"),
     AppOption(
-        "JODL_SMTP_STARTTLS", "false", "bool", "Upgrade the SMTP session with STARTTLS", "agent"
-    ),
-    AppOption("JODL_SMTP_TIMEOUT", "30", "float+", "Seconds an SMTP exchange may take", "agent"),
-    AppOption(
-        "JODL_MAIL_JOURNAL",
-        "",
-        "str?",
-        "SQLite file where an agent records each digest before and after sending it, so a "
-        "digest is never sent twice even across agent restarts (in memory when empty)",
+        "JODL_SMTP_STARTTLS",
+        "false",
+        "bool",
+        "Upgrade the SMTP session with STARTTLS (needed, or JODL_SMTP_SSL, with JODL_SMTP_USER)",
         "agent",
     ),
+    AppOption(
+        "JODL_SMTP_SSL",
+        "false",
+        "bool",
+        "Talk to the SMTP server over implicit TLS (SMTPS, usually port 465)",
+        "agent",
+    ),
+    AppOption("JODL_SMTP_TIMEOUT", "30", "float+", "Seconds an SMTP exchange may take", "agent"),
     AppOption(
         "JODL_FETCH_ALLOW",
         "",
@@ -245,6 +248,12 @@ OPTIONS: tuple[Option, ...] = (
 
 register_options(OPTIONS)
 
+#: Why a username without TLS is refused: the password would cross the network in clear.
+SMTP_IN_CLEAR = (
+    "JODL_SMTP_USER is set but neither JODL_SMTP_STARTTLS nor JODL_SMTP_SSL: refusing "
+    "to send the SMTP password unencrypted; turn one of them on"
+)
+
 
 @dataclass(frozen=True)
 class AppSettings:
@@ -261,8 +270,8 @@ class AppSettings:
     smtp_user: str | None = None
     smtp_password: str | None = None
     smtp_starttls: bool = False
+    smtp_ssl: bool = False
     smtp_timeout: float = 30.0
-    mail_journal: str | None = None
     fetch_allow: tuple[str, ...] = ()
     fetch_user_agent: str = FS.user_agent
     fetch_connect_timeout: float = FS.connect_timeout
@@ -290,6 +299,8 @@ class AppSettings:
         except ValueError as exc:
             raise ConfigError(f"JODL_FETCH_ALLOW: {exc}") from None
         settings.fetch_settings()
+        if settings.smtp_user and not (settings.smtp_starttls or settings.smtp_ssl):
+            raise ConfigError(SMTP_IN_CLEAR)
         return settings
 
     def fetch_settings(self) -> fetcher.FetchSettings:

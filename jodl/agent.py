@@ -4,6 +4,21 @@ The master calls it (DESIGN §5); it never calls the master except for a one-sho
 hello. Results stay here until the master acknowledges them after its own commit,
 so a master killed at any moment finds them again. Every call is idempotent,
 keyed by execution ids: a call that timed out on the master may still arrive.
+
+What the agent remembers is bound to the cluster (the database) and the
+connection of the master it serves (README, "Agents that are left alone"):
+
+* ``init`` names the cluster; an agent that served another one forgets its ids,
+  results and epoch first, since a new database numbers executions from 1 again.
+* ``init`` opens a *session*; every later call carries ``(epoch, session, since)``,
+  where ``since`` is the master's time since its previous call. A call of an older
+  session (a connection the master gave up) is refused.
+* Silent for longer than the detach time, the agent starts nothing queued. The next
+  call resumes it if the master was only slow (its ``since`` covers the silence);
+  if not (this agent was frozen or cut off while the master gave up on it), the
+  call is refused and the session closed. After every ``init`` the agent starts
+  nothing until the master's next call, which cancels the executions it gave up
+  on: nothing it sent before the gap runs after its result was committed elsewhere.
 """
 
 from __future__ import annotations
@@ -23,7 +38,7 @@ import rpyc
 from rpyc.utils.server import ThreadedServer
 
 from . import family as family_registry
-from .config import Settings
+from .config import DETACH_SHARE, Settings
 from .exceptions import AuthError, JodlError, UnknownFamily
 from .family import Family, Permanent
 from .protocol import (
@@ -49,6 +64,9 @@ QUICK_JOB = 0.001
 #: ... at most this many (and never more than its share of the queue).
 QUICK_CHUNK = 32
 _RESULT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+#: How a refusal of an execution id the agent already knows begins (the master
+#: retries such a job elsewhere instead of declaring it dead).
+KNOWN_ID = "execution id already known on agent"
 
 Done = tuple[int, float, float, str]  # exec_id, duration, finished (unix), result JSON
 Failed = tuple[int, float, float, str, bool]  # exec_id, duration, finished, error, retryable
@@ -87,6 +105,7 @@ class AgentCore:
         speed: float = 1.0,
         loop: str = "auto",
         families: dict[str, type[Family]] | None = None,
+        detach: float | None = None,
     ) -> None:
         self.name = name
         self.slots = slots
@@ -94,6 +113,19 @@ class AgentCore:
         self.speed = speed
         self.epoch = 0
         self.master_id = ""
+        #: The cluster (database) whose execution ids this agent holds; "" before any.
+        self.cluster = ""
+        #: JODL_AGENT_DETACH as set (None: a share of the master's give-up time).
+        self.detach_setting = detach
+        #: Seconds of silence after which nothing queued starts (None: never).
+        self.detach_after: float | None = detach
+        #: The master connection (session) whose calls are accepted; grows with each init.
+        self._session = 0
+        #: Monotonic time of the last accepted call.
+        self._heard = time.monotonic()
+        #: Nothing queued starts: set by init until the master's next call, and by a
+        #: call that arrives after a gap the master did not account for.
+        self._paused = False
         self._classes = family_registry.installed() if families is None else families
         self._instances: dict[str, Family] = {}
         self._cond = threading.Condition()
@@ -146,8 +178,39 @@ class AgentCore:
         self.epoch = epoch
 
     def init(self, master_id: str, epoch: int, settings_json: str) -> str:
-        self.check_epoch(epoch)
-        self.master_id = master_id
+        """Serve a master: bind to its cluster, open a session, pause until its next call.
+
+        The answer lists the executions queued here (not started), so the master can
+        cancel those it gave up on with its next call (which resumes the agent).
+        """
+        try:
+            options = json.loads(settings_json or "{}")
+        except ValueError:
+            options = {}
+        if not isinstance(options, dict):
+            options = {}
+        cluster = str(options.get("cluster") or "")
+        give_up = options.get("give_up")
+        with self._cond:
+            if cluster and self.cluster and cluster != self.cluster:
+                log.warning(
+                    "agent %s: a master of another cluster (%s, was %s): forgetting what "
+                    "the old one sent",
+                    self.name,
+                    cluster,
+                    self.cluster,
+                )
+                self._forget_locked()
+            if cluster:
+                self.cluster = cluster
+            self.check_epoch(epoch)
+            self.detach_after = self._detach_time(give_up)
+            self.master_id = master_id
+            self._session += 1
+            self._heard = time.monotonic()
+            self._paused = True
+            queued = [job[0] for job in self._queue] + [job[0] for job in self._aqueue]
+            session = self._session
         return json.dumps(
             {
                 "name": self.name,
@@ -156,12 +219,85 @@ class AgentCore:
                 "event_loop": loop_name(self._loop),
                 "speed": self.speed,
                 "epoch": self.epoch,
-                "families": {n: {"version": v, "async": a} for n, v, a in self.family_list()},
+                "families": {
+                    n: {"version": v, "async": a, "idempotent": self._classes[n].idempotent}
+                    for n, v, a in self.family_list()
+                },
+                "session": session,
+                "detach": self.detach_after,
+                "queued": queued,
             }
         )
 
+    def _detach_time(self, give_up: Any) -> float | None:
+        if type(give_up) not in (int, float) or give_up <= 0:
+            return self.detach_setting
+        if self.detach_setting is None:
+            return float(give_up) * DETACH_SHARE
+        if self.detach_setting >= give_up:
+            raise JodlError(
+                f"agent {self.name}: JODL_AGENT_DETACH ({self.detach_setting:g}s) must be "
+                f"shorter than the master's JODL_CALL_TIMEOUT ({give_up:g}s)"
+            )
+        return self.detach_setting
+
+    def _forget_locked(self) -> None:
+        """Drop every id of the old cluster; results of jobs still running are discarded."""
+        self._cancelled.update(self._running)
+        self._queue.clear()
+        self._aqueue.clear()
+        self._done.clear()
+        self._failed.clear()
+        self._acked.clear()
+        self.epoch = 0
+
+    def hear(self, epoch: int, session: int | None, since: float) -> bool:
+        """Accept a call of the master (fencing, session, gap); True: resume after it.
+
+        ``session`` None and ``since`` 0 for a caller that does not send them.
+        """
+        with self._cond:
+            self.check_epoch(epoch)
+            if session is not None and session != self._session:
+                raise JodlError(f"stale connection: session {session} was replaced; init again")
+            now = time.monotonic()
+            gap = now - self._heard - since
+            if self.detach_after is not None and gap > self.detach_after:
+                # Frozen or cut off while the master gave up on this node: it may have
+                # run our queued jobs elsewhere. Only a new init (which cancels them) helps.
+                self._paused = True
+                self._session += 1
+                raise JodlError(
+                    f"detached: {gap:.1f}s without the master (more than "
+                    f"{self.detach_after:g}s); init again"
+                )
+            silent = self.detach_after is not None and now - self._heard > self.detach_after
+            self._heard = now
+            if silent and not self._paused:  # the master was only slow: carry on
+                self._cond.notify_all()
+                self._loop.call_soon_threadsafe(self._wake_async)
+            return self._paused
+
+    def resume(self) -> None:
+        """Start queued jobs again (after the first call of a new session)."""
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+        self._loop.call_soon_threadsafe(self._wake_async)
+
+    def _halted_locked(self) -> bool:
+        """Starts nothing: paused, or silent for longer than the detach time."""
+        if self._paused:
+            return True
+        limit = self.detach_after
+        return limit is not None and time.monotonic() - self._heard > limit
+
     def send(self, jobs: Iterable[tuple[int, str, str]]) -> tuple[tuple[int, str], ...]:
-        """Queue jobs; return (exec_id, error) for the refused ones. Known ids are ignored."""
+        """Queue jobs; return (exec_id, error) for the refused ones.
+
+        An id queued, running or held here is a repeated send and ignored; one that
+        finished here (acknowledged, taken back, cancelled) is refused, never dropped.
+        """
         refused: list[tuple[int, str]] = []
         sync_jobs: list[tuple[int, str, str]] = []
         async_jobs: list[tuple[int, str, str]] = []
@@ -170,8 +306,14 @@ class AgentCore:
             batch: set[int] = set()  # the same id twice in one batch runs once too
             for job in jobs:
                 exec_id, fam = job[0], job[1]
-                if exec_id in batch or exec_id in known:
+                if exec_id in batch:
                     continue
+                if exec_id in known:
+                    if exec_id in self._acked:
+                        # Finished, taken back or cancelled here: ignored, the master would
+                        # wait for it forever. Said, so it records it and runs the job anew.
+                        refused.append((exec_id, f"{KNOWN_ID} {self.name}: {exec_id}"))
+                    continue  # queued, running or held: a repeated send of the same one
                 batch.add(exec_id)
                 cls = self._classes.get(fam)
                 if cls is None:
@@ -297,10 +439,11 @@ class AgentCore:
         cond, queue, running = self._cond, self._queue, self._running
         while True:
             with cond:
-                while not queue:
+                while not queue or self._halted_locked():
                     if self._closing:
                         return
-                    cond.wait()
+                    # A silence is noticed at the next job; resume() and send() notify.
+                    cond.wait(self.detach_after if queue else None)
                 take = 1
                 if self._recent < QUICK_JOB:
                     take = max(1, min(QUICK_CHUNK, len(queue) // max(1, self.slots)))
@@ -340,7 +483,7 @@ class AgentCore:
             while True:
                 await sem.acquire()
                 with self._cond:
-                    if not self._aqueue:
+                    if not self._aqueue or self._halted_locked():
                         sem.release()
                         break
                     exec_id, fam, payload = self._aqueue.popleft()
@@ -429,11 +572,36 @@ def _jobs(values: Any) -> list[tuple[int, str, str]]:
 
 
 class AgentService(rpyc.Service):
-    """The calls a master may make. Arguments are checked to be value types."""
+    """The calls a master may make. Arguments are checked to be value types.
+
+    Every call but ``ping``, ``families`` and ``init`` starts with a *stamp*: the
+    master's epoch, or ``(epoch, session, since)`` (see the module docstring).
+    """
 
     def __init__(self, core: AgentCore) -> None:
         super().__init__()
         self._core = core
+
+    def _heard(self, stamp: Any) -> bool:
+        if type(stamp) is int:
+            return self._core.hear(stamp, None, 0.0)
+        if (
+            type(stamp) is not tuple
+            or len(stamp) != 3
+            or type(stamp[0]) is not int
+            or type(stamp[1]) is not int
+            or type(stamp[2]) not in (int, float)
+        ):
+            raise TypeError("the stamp is an epoch or a plain tuple (epoch, session, since)")
+        return self._core.hear(stamp[0], stamp[1], max(0.0, float(stamp[2])))
+
+    def _call(self, stamp: Any, fn: Any, *args: Any) -> Any:
+        resume = self._heard(stamp)
+        try:
+            return fn(*args)
+        finally:
+            if resume:  # after the call: what it cancels must not start in between
+                self._core.resume()
 
     def exposed_ping(self) -> tuple[str, int, float]:
         return (self._core.name, self._core.epoch, time.time())
@@ -446,44 +614,36 @@ class AgentService(rpyc.Service):
             _str(master_id, "master id"), _int(epoch, "epoch"), _str(settings_json, "settings")
         )
 
-    def exposed_send(self, epoch: int, jobs: tuple) -> tuple[tuple[int, str], ...]:
-        self._core.check_epoch(_int(epoch, "epoch"))
-        return self._core.send(_jobs(jobs))
+    def exposed_send(self, epoch: Any, jobs: tuple) -> tuple[tuple[int, str], ...]:
+        return self._call(epoch, self._core.send, _jobs(jobs))
 
     def exposed_done(
-        self, epoch: int, ack: tuple | str, limit: int, framed: bool = False
+        self, epoch: Any, ack: tuple | str, limit: int, framed: bool = False
     ) -> tuple[Done, ...] | str:
         """Held results (acknowledging ``ack`` first); one framed str when ``framed``."""
-        self._core.check_epoch(_int(epoch, "epoch"))
-        rows = self._core.take("done", _ids(ack), _int(limit, "limit"))
+        rows = self._call(epoch, self._core.take, "done", _ids(ack), _int(limit, "limit"))
         return encode_done(rows) if framed is True else rows
 
     def exposed_failed(
-        self, epoch: int, ack: tuple | str, limit: int, framed: bool = False
+        self, epoch: Any, ack: tuple | str, limit: int, framed: bool = False
     ) -> tuple[Failed, ...] | str:
-        self._core.check_epoch(_int(epoch, "epoch"))
-        rows = self._core.take("failed", _ids(ack), _int(limit, "limit"))
+        rows = self._call(epoch, self._core.take, "failed", _ids(ack), _int(limit, "limit"))
         return encode_failed(rows) if framed is True else rows
 
-    def exposed_ack(self, epoch: int, ids: tuple) -> int:
-        self._core.check_epoch(_int(epoch, "epoch"))
-        return self._core.ack(_ids(ids))
+    def exposed_ack(self, epoch: Any, ids: tuple) -> int:
+        return self._call(epoch, self._core.ack, _ids(ids))
 
-    def exposed_remaining(self, epoch: int) -> tuple[int, int, int, int]:
-        self._core.check_epoch(_int(epoch, "epoch"))
-        return self._core.remaining()
+    def exposed_remaining(self, epoch: Any) -> tuple[int, int, int, int]:
+        return self._call(epoch, self._core.remaining)
 
-    def exposed_take_back(self, epoch: int, count: int, ids: tuple) -> tuple[int, ...]:
-        self._core.check_epoch(_int(epoch, "epoch"))
-        return self._core.take_back(_int(count, "count"), _ids(ids))
+    def exposed_take_back(self, epoch: Any, count: int, ids: tuple) -> tuple[int, ...]:
+        return self._call(epoch, self._core.take_back, _int(count, "count"), _ids(ids))
 
-    def exposed_cancel(self, epoch: int, ids: tuple) -> tuple[int, ...]:
-        self._core.check_epoch(_int(epoch, "epoch"))
-        return self._core.cancel(_ids(ids))
+    def exposed_cancel(self, epoch: Any, ids: tuple) -> tuple[int, ...]:
+        return self._call(epoch, self._core.cancel, _ids(ids))
 
-    def exposed_held(self, epoch: int, ids: tuple) -> tuple[int, ...]:
-        self._core.check_epoch(_int(epoch, "epoch"))
-        return self._core.held(_ids(ids))
+    def exposed_held(self, epoch: Any, ids: tuple) -> tuple[int, ...]:
+        return self._call(epoch, self._core.held, _ids(ids))
 
 
 def make_server(
@@ -503,6 +663,7 @@ def make_server(
         async_slots=settings.agent_async_slots,
         loop=settings.agent_loop,
         speed=settings.agent_speed,
+        detach=settings.agent_detach,
     )
     service = AgentService(core)
     try:

@@ -23,8 +23,14 @@ DEFAULT_DATABASE_URL = "sqlite:///jodl.db"
 DEFAULT_AGENT_LISTEN = "127.0.0.1:18861"
 #: Default number of job slots (threads) on an agent.
 DEFAULT_SLOTS = 4
-#: Seconds a single rpyc call may take before the peer counts as hung.
+#: Seconds a single rpyc call may take before the peer counts as hung: the master's
+#: give-up time. A node whose call times out is given up, its executions recorded lost.
 DEFAULT_CALL_TIMEOUT = 10.0
+#: Unless set, an agent detaches after this share of the master's give-up time (which
+#: the master tells it in ``init``): silent for longer, it starts nothing it was sent
+#: before (DESIGN §12). Shorter than the give-up, so a frozen or cut-off agent has
+#: stopped starting jobs before the master runs them elsewhere.
+DETACH_SHARE = 0.5
 #: Attempts of one job in one run before it is declared dead.
 DEFAULT_MAX_ATTEMPTS = 3
 #: Jobs sent to one agent in one call at most.
@@ -104,6 +110,10 @@ def _event_loop(text: str) -> str:
     return kind
 
 
+def _optional_positive_float(text: str) -> float | None:
+    return _positive_float(text) if text.strip() else None
+
+
 def _str_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -114,6 +124,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "bool": _bool,
     "int+": _positive_int,
     "float+": _positive_float,
+    "float+?": _optional_positive_float,
     "fraction": _fraction,
     "host:port": _host_port,
     "list": _str_list,
@@ -221,8 +232,19 @@ OPTIONS: tuple[Option, ...] = (
         "JODL_CALL_TIMEOUT",
         str(DEFAULT_CALL_TIMEOUT),
         "float+",
-        "Seconds one rpyc call may take before the agent counts as hung",
+        "Seconds one rpyc call may take before the agent counts as hung: the master's "
+        "give-up time (its executions there are recorded lost and run elsewhere); "
+        "must be longer than JODL_AGENT_DETACH",
         "master",
+    ),
+    Option(
+        "JODL_AGENT_DETACH",
+        "",
+        "float+?",
+        "Seconds without a word from the master after which an agent starts nothing it "
+        "was sent before, until the master connects again and cancels what it gave up; "
+        "must be shorter than the master's JODL_CALL_TIMEOUT (empty: half of it)",
+        "master, agent",
     ),
     Option(
         "JODL_MAX_ATTEMPTS",
@@ -321,6 +343,7 @@ class Settings:
     agent_loop: str = "auto"
     agent_speed: float = 1.0
     call_timeout: float = DEFAULT_CALL_TIMEOUT
+    agent_detach: float | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     batch_size: int = DEFAULT_BATCH_SIZE
     idle_sleep: float = DEFAULT_IDLE_SLEEP
@@ -343,6 +366,12 @@ class Settings:
         tls = (self.tls_cert, self.tls_key, self.tls_ca)
         if any(tls) and not all(tls):
             raise ConfigError("JODL_TLS_CERT, JODL_TLS_KEY and JODL_TLS_CA: set all three or none")
+        if self.agent_detach is not None and self.agent_detach >= self.call_timeout:
+            raise ConfigError(
+                f"JODL_AGENT_DETACH ({self.agent_detach:g}s) must be shorter than "
+                f"JODL_CALL_TIMEOUT ({self.call_timeout:g}s): an agent must stop starting "
+                "jobs before the master gives them up and runs them elsewhere"
+            )
         for name, address in (
             ("JODL_REGISTER_LISTEN", self.register_listen),
             ("JODL_AGENT_LISTEN", self.agent_listen),

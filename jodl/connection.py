@@ -21,6 +21,9 @@ BACKOFF_START = 0.5
 # What a dead, hung or refusing peer raises: connection reset/refused, EOF, timeouts,
 # and rpyc's remote exceptions (which arrive as generic exceptions under the strict config).
 CALL_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, TimeoutError, Exception)
+#: Calls whose first argument is the epoch: sent as the stamp (epoch, session, since)
+#: so the agent can tell a slow master from one that gave up on it (jodl.agent).
+STAMPED = frozenset(("send", "done", "failed", "remaining", "take_back", "ack", "cancel", "held"))
 
 
 class AgentLink:
@@ -43,6 +46,10 @@ class AgentLink:
         self._calls: dict[str, Callable[..., Any]] = {}
         #: Round trip of the last ping-like call (seconds), for balancing decisions.
         self.rtt = 0.001
+        #: The agent's session for this connection (from init), None for an old agent.
+        self.session: int | None = None
+        #: Monotonic time of the last call sent (the agent measures gaps against it).
+        self.last_call = 0.0
 
     @property
     def connected(self) -> bool:
@@ -70,8 +77,11 @@ class AgentLink:
                 )
             }
             started = time.perf_counter()
+            self.last_call = time.monotonic()
             self.info = json.loads(self._calls["init"](master_id, epoch, settings_json))
             self.rtt = time.perf_counter() - started
+            session = self.info.get("session")
+            self.session = session if type(session) is int else None
         except AuthError as exc:
             self._fail(str(exc))
             raise AgentUnavailable(str(exc)) from None
@@ -86,6 +96,10 @@ class AgentLink:
         """Call ``name`` on the agent; :class:`AgentUnavailable` on any failure."""
         if self.conn is None:
             raise AgentUnavailable(f"{self.address}: not connected")
+        now = time.monotonic()
+        if self.session is not None and name in STAMPED:
+            args = ((args[0], self.session, now - self.last_call), *args[1:])
+        self.last_call = now
         try:
             return self._calls[name](*args)
         except CALL_ERRORS as exc:

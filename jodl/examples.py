@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from typing import Any
@@ -74,3 +75,24 @@ class FailFirst(Family):
         if count <= int(payload.get("times", 1)):
             raise RuntimeError(f"attempt {count} of {key!r} fails on purpose")
         return {"attempt": count}
+
+
+class Mark(Family):
+    """Leaves a mark outside JODL: appends ``"<node> <key>\\n"`` to ``payload["path"]``.
+
+    The line is written (O_APPEND, one write) when the job starts, then the job sleeps
+    ``payload["seconds"]``: the file tells which jobs really ran where and how often,
+    whatever the log says. Not idempotent: a second run leaves a second mark.
+    """
+
+    name = "mark"
+
+    def run(self, payload: dict[str, Any]) -> Any:
+        line = f"{self.context.get('node', '')} {payload['key']}\n".encode()
+        fd = os.open(str(payload["path"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+        time.sleep(max(0.0, float(payload.get("seconds", 0.0))))
+        return {"marked": payload["key"]}

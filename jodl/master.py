@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import failpoint
+from .agent import KNOWN_ID
 from .config import Settings
 from .connection import AgentLink
 from .exceptions import AgentUnavailable, Fenced, JodlError, UnknownFamily
@@ -132,6 +133,8 @@ class NodeSlot:
     async_slots: int = 0
     #: Moving mean of the durations this node reported (seconds); None before any.
     recent_duration: float | None = None
+    #: Families whose class on this agent declares itself idempotent (backups allowed).
+    idempotent: set[str] = field(default_factory=set)
 
     def add_acks(self, ids: list[int]) -> None:
         with self.ack_lock:
@@ -228,6 +231,7 @@ class Master(Rebalancer):
         self._started = False
         self._gc: tuple[int, ...] | None = None
         self._hello: Any = None
+        self.cluster = ""
         self._balancing_init()
 
     # -- start ------------------------------------------------------------------------------
@@ -238,6 +242,7 @@ class Master(Rebalancer):
             return
         self.epoch = self.store.acquire_lease(self.name, force=self.takeover)
         self._lease_renewed = time.monotonic()
+        self.cluster = self.store.cluster_id()
         self._gc = gc.get_threshold()
         gc.set_threshold(max(GC_THRESHOLD, self._gc[0]), *self._gc[1:])
         self.store.load_knowledge(self.knowledge)
@@ -525,7 +530,8 @@ class Master(Rebalancer):
 
     def _connect(self, slot: NodeSlot) -> None:
         try:
-            info = slot.link.open(self.name, self.epoch, json.dumps({"master": self.name}))
+            info = slot.link.open(self.name, self.epoch, self._init_settings())
+            self._reconcile(slot, info.get("queued") or [])
         except AgentUnavailable as exc:
             self._check_fenced(slot)  # refused for our old epoch: stop, the node is fine
             log.warning("node %s unreachable: %s", slot.link.address, exc)
@@ -538,6 +544,7 @@ class Master(Rebalancer):
             return
         families = info.get("families", {})
         slot.families = set(families)
+        slot.idempotent = {name for name, fam in families.items() if fam.get("idempotent")}
         slot.async_families = {name for name, fam in families.items() if fam.get("async")}
         slot.async_slots = int(info.get("async_slots", 0))
         slot.load.slots = int(info.get("slots", slot.load.slots))
@@ -551,6 +558,28 @@ class Master(Rebalancer):
             families=info.get("families", {}),
         )
         log.info("node %s connected (%d slots)", slot.link.address, slot.load.slots)
+
+    def _init_settings(self) -> str:
+        """What ``init`` tells an agent: who we are, our cluster, and when we give up."""
+        return json.dumps(
+            {"master": self.name, "cluster": self.cluster, "give_up": self.settings.call_timeout}
+        )
+
+    def _reconcile(self, slot: NodeSlot, queued: list[int]) -> None:
+        """Cancel on a (re)connected agent what it queues but the log has settled.
+
+        Those are executions given up on (lost with the node, timed out, taken back)
+        and maybe run elsewhere since; the agent starts nothing until this call.
+        """
+        self.writer.flush()  # outcomes decided in memory are in the log before we ask
+        given_up = sorted(self.store.settled([i for i in queued if type(i) is int]))
+        slot.link.call("cancel", self.epoch, tuple(given_up))
+        if given_up:
+            log.warning(
+                "node %s still queued %d executions given up on: cancelled there",
+                slot.link.address,
+                len(given_up),
+            )
 
     def _node_down(self, slot: NodeSlot, gone: bool = False) -> None:
         """The node failed or was removed: its jobs (sent or not) go back to be placed."""
@@ -755,7 +784,12 @@ class Master(Rebalancer):
 
     def _refused(self, slot: NodeSlot, refused: tuple[tuple[int, str], ...]) -> None:
         """Jobs the agent would not take (e.g. unknown family there): permanent failures."""
-        failed = [(exec_id, 0.0, time.time(), str(error), False) for exec_id, error in refused]
+        for exec_id, error in refused:
+            log.warning("node %s refused execution %s: %s", slot.link.address, exec_id, error)
+        failed = [
+            (exec_id, 0.0, time.time(), str(error), str(error).startswith(KNOWN_ID))
+            for exec_id, error in refused
+        ]
         self._outcomes(slot, (), tuple(failed))
 
     def collect(self) -> int:
@@ -806,7 +840,10 @@ class Master(Rebalancer):
             job = self.pending.get(flight.job_id) if flight is not None else None
             acks.append(exec_id)
             if job is None or flight is None:
-                continue  # committed before a restart, or superseded: only acknowledge
+                # Committed before a restart, superseded, or given up on (lost): only
+                # acknowledged, and said, since the job may have run twice.
+                log.info("node %s: result of execution %s not awaited", slot.link.address, exec_id)
+                continue
             rows.append(
                 self._outcome(
                     exec_id,

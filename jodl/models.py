@@ -337,3 +337,12 @@ class RunRequest(Base):
     summary: Mapped[str | None] = mapped_column(Text)
     dead: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
+
+
+class Cluster(Base):
+    """This database's identity, drawn once: agents bind the execution ids they remember
+    to it, so a fresh database (numbering executions from 1 again) never meets old ids."""
+
+    __tablename__ = "jodl_cluster"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

@@ -217,7 +217,10 @@ class Rebalancer:
                     other_exec,
                     flight,
                     ExecState.CANCELLED,
-                    error=f"superseded: the copy on node {node_id} finished first",
+                    error=(
+                        f"superseded: the copy on node {node_id} finished first; this copy "
+                        "may have started (its result, if any, is discarded)"
+                    ),
                 )
             )
             self.to_cancel.setdefault(other_node, []).append(other_exec)
@@ -505,7 +508,11 @@ class Rebalancer:
             late: dict[int, float] = {}
             for exec_id, flight, started in self._running(slot, now):
                 job = self.pending.get(flight.job_id)
-                timeout = self._tuned(job.family).timeout if job is not None else None
+                if job is None or job.family not in slot.idempotent:
+                    # Cancelling only drops the result: the job runs on there. A family
+                    # whose class says a second run does harm waits for its outcome.
+                    continue
+                timeout = self._tuned(job.family).timeout
                 if balance.overdue({exec_id: started}, now, timeout):
                     late[exec_id] = now - started
             if not late:
@@ -597,9 +604,10 @@ class Rebalancer:
     def run_backups(self) -> int:
         """Near the end of a cycle, run backup copies of stragglers on idle nodes.
 
-        Only for families declared idempotent, and only once nothing of the cycle
-        waits to be sent. The first committed result wins; the other copy is
-        cancelled (see :meth:`note_done`).
+        Only for families idempotent both in the log and in the family class the
+        agents run (:attr:`jodl.family.Family.idempotent`: running twice does no
+        harm), and only once nothing of the cycle waits to be sent. The first
+        committed result wins; the other copy is cancelled (see :meth:`note_done`).
         """
         self._flush_cancels()
         families = {
@@ -618,6 +626,8 @@ class Rebalancer:
                 job = self.pending.get(flight.job_id)
                 if job is None or job.family not in families or job.id in self.copies:
                     continue
+                if job.family not in slot.idempotent:
+                    continue
                 info = job_info(job)
                 expected = self._expected_now(info, slot.load)
                 running.append(Running(exec_id, info, slot.load.id, now - started, expected))
@@ -628,7 +638,7 @@ class Rebalancer:
             idle = [
                 s.load
                 for s in self.nodes.values()
-                if self.allowed(fam, s) and not s.inflight and not s.backlog
+                if self.allowed(fam, s) and not s.inflight and not s.backlog and fam in s.idempotent
             ]
             mine = [r for r in running if r.job.family == fam]
             factor = self._tuned(fam).backup_factor

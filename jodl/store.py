@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import logging
 import os
+import secrets
 import socket
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,13 +36,14 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import bulk
 from .exceptions import JodlError, LeaseHeld, StoreUnavailable
 from .learning import LearningLog, learn_from_executions, settle_homes
 from .models import (
+    Cluster,
     Dispatch,
     ExecState,
     Execution,
@@ -365,6 +367,31 @@ class Store(LearningLog):
             if lease is None or lease.expires_at <= utcnow() or holder_gone(lease.holder):
                 return None
             return lease.holder
+
+    def cluster_id(self) -> str:
+        """This database's cluster id, drawn on first use (agents bind their memory to it)."""
+        with self.session() as s:
+            found = s.scalar(select(Cluster.id).order_by(Cluster.created_at).limit(1))
+        if found is not None:
+            return found
+        try:
+            with self.session() as s, s.begin():
+                s.add(Cluster(id=secrets.token_hex(16), created_at=utcnow()))
+        except IntegrityError:
+            pass  # the same moment in another master: read theirs
+        with self.session() as s:
+            found = s.scalar(select(Cluster.id).order_by(Cluster.created_at, Cluster.id).limit(1))
+        assert found is not None
+        return found
+
+    def settled(self, exec_ids: Sequence[int]) -> set[int]:
+        """Which of ``exec_ids`` have an outcome in the log (done, or given up on)."""
+        out: set[int] = set()
+        with self.engine.connect() as conn:
+            for start in range(0, len(exec_ids), 5000):
+                chunk = list(exec_ids[start : start + 5000])
+                out.update(conn.scalars(select(Execution.id).where(Execution.id.in_(chunk))))
+        return out
 
     def renew_lease(self, holder: str, epoch: int, name: str = "master") -> bool:
         """Extend the lease; False when another master has taken it (we are fenced)."""

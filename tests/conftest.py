@@ -124,6 +124,8 @@ def agents(store: Store, spawn_agent: Callable[..., AgentProcess]) -> AgentFacto
     ) -> list[AgentProcess]:
         extra = dict(env or {})
         extra["JODL_AGENT_SLOTS"] = str(slots)
+        # The database too: ``notify`` takes its digests' claims there.
+        extra.setdefault("JODL_DATABASE_URL", store.engine.url.render_as_string(False))
         if speed is not None:
             extra["JODL_AGENT_SPEED"] = str(speed)
         out: list[AgentProcess] = spawn_agent(env=extra, count=count)

@@ -355,10 +355,12 @@ def digest_payload(key: str, to: str = "ann@example.org") -> dict[str, str]:
     }
 
 
-def test_notify_sends_a_digest_once_per_key_even_across_restarts(inbox, tmp_path, monkeypatch):
+def test_notify_sends_a_digest_once_per_key_even_across_restarts(
+    store, db_url, inbox, monkeypatch
+):
     monkeypatch.setenv("JODL_SMTP_HOST", "127.0.0.1")
     monkeypatch.setenv("JODL_SMTP_PORT", str(inbox.port))
-    monkeypatch.setenv("JODL_MAIL_JOURNAL", str(tmp_path / "journal.db"))
+    monkeypatch.setenv("JODL_DATABASE_URL", db_url)  # the claims are in the shared database
     first = Notify()
     assert first.run(digest_payload("digest-1-1"))["sent"] is True
     assert first.run(digest_payload("digest-1-1")) == {
@@ -366,7 +368,7 @@ def test_notify_sends_a_digest_once_per_key_even_across_restarts(inbox, tmp_path
         "duplicate": True,
         "message_id": "<digest-1-1.1@example.org>",
     }
-    restarted = Notify()  # a new agent process with the same journal file
+    restarted = Notify()  # a new agent process (or another agent) on the same database
     assert restarted.run(digest_payload("digest-1-1"))["duplicate"] is True
     assert restarted.run(digest_payload("digest-2-1"))["sent"] is True
     assert inbox.per_recipient() == {"ann@example.org": 2}
@@ -379,7 +381,8 @@ def test_notify_sends_a_digest_once_per_key_even_across_restarts(inbox, tmp_path
     assert "history: http://ui.example.org/pages/7" in got.text
 
 
-def test_notify_retries_when_the_smtp_server_is_down(inbox, monkeypatch):
+def test_notify_retries_when_the_smtp_server_is_down(store, db_url, inbox, monkeypatch):
+    monkeypatch.setenv("JODL_DATABASE_URL", db_url)
     monkeypatch.setenv("JODL_SMTP_HOST", "127.0.0.1")
     monkeypatch.setenv("JODL_SMTP_PORT", str(free_port()))  # nothing listens there
     down = Notify()

@@ -1,16 +1,19 @@
 """Crash tests: a master or an agent SIGKILLed mid-cycle; invariants read from the log.
 
-The master runs as ``jodl run sleep`` in a subprocess and kills itself at a named
+The master runs as ``jodl run mark`` in a subprocess and kills itself at a named
 failpoint (``JODL_FAILPOINT=NAME:N``, see :mod:`jodl.failpoint`); it is then
 started again without the failpoint and must finish the same run: every job ends
 with exactly one committed result, and no job that had one before the kill is
-sent again (the dispatch log, written before every send, is the evidence).
+sent again (the dispatch log, written before every send, is the evidence) nor
+runs again (the line each real run of a ``mark`` job appends to a file).
 """
 
 from __future__ import annotations
 
 import json
 import signal
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,10 +40,36 @@ JOBS = 60
 SECONDS = 0.05
 
 
-def add_sleep_jobs(store: Store, count: int = JOBS, seconds: float = SECONDS) -> None:
-    fam = store.ensure_family("sleep")
-    payload = f'{{"seconds": {seconds}}}'
-    store.add_jobs(fam, ((f"s{i}", payload) for i in range(count)))
+def add_mark_jobs(store: Store, marks: Path, count: int = JOBS, seconds: float = SECONDS) -> None:
+    """Jobs that append a line to ``marks`` when they really run (jodl.examples.Mark)."""
+    fam = store.ensure_family("mark")
+    store.add_jobs(
+        fam,
+        (
+            (f"s{i}", json.dumps({"key": f"s{i}", "path": str(marks), "seconds": seconds}))
+            for i in range(count)
+        ),
+    )
+
+
+def runs_by_key(marks: Path) -> Counter[str]:
+    """How many times each job really ran (its lines in the marks file)."""
+    if not marks.exists():
+        return Counter()
+    return Counter(line.split(" ")[1] for line in marks.read_text().splitlines())
+
+
+def check_marks(store: Store, marks: Path, after: dict[int, dict[str, Any]]) -> None:
+    """The file agrees with the log: every job ran, and no more often than it was started."""
+    with store.engine.connect() as conn:
+        keys = dict(conn.execute(select(Job.id, Job.key)).tuples().all())
+    ran = runs_by_key(marks)
+    assert set(ran) == set(keys.values()), "every job ran at least once"
+    started = Counter(
+        keys[row["job_id"]] for row in after.values() if row["state"] != ExecState.TAKEN_BACK
+    )
+    more = {key: n for key, n in ran.items() if n > started[key]}
+    assert not more, f"jobs ran more often than the log has executions for them: {more}"
 
 
 def executions(store: Store) -> dict[int, dict[str, Any]]:
@@ -126,32 +155,51 @@ def agents_idle(store: Store, nodes: list[AgentProcess]) -> None:
         assert (queued, running) == (0, 0), f"{agent.address} still works after the run"
 
 
+def done_keys(store: Store, rows: dict[int, dict[str, Any]]) -> set[str]:
+    with store.engine.connect() as conn:
+        keys = dict(conn.execute(select(Job.id, Job.key)).tuples().all())
+    return {keys[row["job_id"]] for row in rows.values() if row["state"] == ExecState.DONE}
+
+
 def kill_and_resume(
-    store: Store, db_url: str, failpoints: list[str], nodes: list[AgentProcess]
+    store: Store, db_url: str, failpoints: list[str], nodes: list[AgentProcess], marks: Path
 ) -> None:
     """Run the master once per failpoint (each must kill it), then once to the end."""
     env = {"JODL_DATABASE_URL": db_url, "JODL_CALL_TIMEOUT": "5"}
     before = executions(store)
     first_new_id = next_exec_id(store)
+    committed: set[str] = set()
+    ran_at_kill: Counter[str] = Counter()
+
+    def check_not_run_again() -> None:
+        ran = runs_by_key(marks)
+        rerun = {key for key in committed if ran[key] != ran_at_kill[key]}
+        assert not rerun, f"jobs committed before a kill ran again: {sorted(rerun)[:5]}"
+
     for point in failpoints:
-        crashed = run_jodl("run", "sleep", env={**env, "JODL_FAILPOINT": point})
+        crashed = run_jodl("run", "mark", env={**env, "JODL_FAILPOINT": point})
         assert crashed.returncode == -signal.SIGKILL, (
             f"{point} did not kill the master mid-cycle:\n{crashed.stdout}{crashed.stderr}"
         )
         after = executions(store)
         check_no_rerun(store, before, after, first_new_id)
+        # By the file: a job whose result was committed at a kill never runs again.
+        check_not_run_again()
+        committed, ran_at_kill = done_keys(store, after), runs_by_key(marks)
         before, first_new_id = after, next_exec_id(store)
     with store.engine.connect() as conn:
         total = conn.scalar(select(func.count()).select_from(Job))
     done_at_kill = sum(1 for row in before.values() if row["state"] == ExecState.DONE)
     assert done_at_kill < total, "the kill came after the cycle had finished"
-    finished = run_jodl("run", "sleep", env=env)
+    finished = run_jodl("run", "mark", env=env)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert "(resumed)" in finished.stdout
     after = executions(store)
     check_no_rerun(store, before, after, first_new_id)
     check_complete(store, after)
     agents_idle(store, nodes)
+    check_not_run_again()
+    check_marks(store, marks, after)
 
 
 FAILPOINTS = ["before_send:2", "after_log:2", "after_send:2", "before_commit:3", "after_commit:3"]
@@ -160,27 +208,33 @@ FAILPOINTS = ["before_send:2", "after_log:2", "after_send:2", "before_commit:3",
 # One kill from a fresh start per point (on SQLite; the sequence below runs on both).
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 @pytest.mark.parametrize("failpoint", FAILPOINTS)
-def test_master_killed_at_a_failpoint_resumes_without_redoing(store, agents, db_url, failpoint):
-    add_sleep_jobs(store)
+def test_master_killed_at_a_failpoint_resumes_without_redoing(
+    store, agents, db_url, failpoint, tmp_path
+):
+    marks = tmp_path / "marks.txt"
+    add_mark_jobs(store, marks)
     nodes = agents(2, slots=2)
-    kill_and_resume(store, db_url, [failpoint], nodes)
+    kill_and_resume(store, db_url, [failpoint], nodes, marks)
 
 
-def test_master_killed_at_every_failpoint_in_turn_finishes_once(store, agents, db_url):
-    add_sleep_jobs(store, count=90)
+def test_master_killed_at_every_failpoint_in_turn_finishes_once(store, agents, db_url, tmp_path):
+    marks = tmp_path / "marks.txt"
+    add_mark_jobs(store, marks, count=90)
     nodes = agents(2, slots=2)
-    kill_and_resume(store, db_url, [point.replace(":3", ":2") for point in FAILPOINTS], nodes)
+    points = [point.replace(":3", ":2") for point in FAILPOINTS]
+    kill_and_resume(store, db_url, points, nodes, marks)
 
 
 def fail_an_agent_mid_cycle(store, agents, db_url, tmp_path, hang: bool) -> None:  # type: ignore[no-untyped-def]
     """Kill (SIGKILL) or hang (SIGSTOP) one of three agents mid-cycle; the run must finish."""
-    add_sleep_jobs(store, count=90 if hang else 150)
+    marks = tmp_path / "marks.txt"
+    add_mark_jobs(store, marks, count=90 if hang else 150)
     victim, *_ = agents(3, slots=2)
     with store.session() as s:
         victim_id = s.scalar(select(Node.id).where(Node.address == victim.address))
     master = spawn_jodl(
         "run",
-        "sleep",
+        "mark",
         log_path=tmp_path / "master.log",
         env={"JODL_DATABASE_URL": db_url, "JODL_CALL_TIMEOUT": "2" if hang else "5"},
     )
@@ -225,6 +279,7 @@ def fail_an_agent_mid_cycle(store, agents, db_url, tmp_path, hang: bool) -> None
     )
     with store.session() as s:
         assert s.get(Node, victim_id).state == NodeState.UNREACHABLE
+    check_marks(store, marks, after)
 
 
 def test_agent_killed_mid_cycle_its_jobs_finish_elsewhere(store, agents, db_url, tmp_path):

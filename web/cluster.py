@@ -219,6 +219,7 @@ class LocalCluster:
         env = dict(os.environ)
         env.update(self.agent_env)
         env.setdefault("JODL_LOG_LEVEL", "WARNING")
+        env["JODL_DATABASE_URL"] = self.database_url  # notify claims its digests there
         # All start at once (each takes a moment to import), then each is waited for.
         starting = []
         ports = self._earlier_ports()

@@ -1,6 +1,6 @@
 """reconstruction log: cycles asked of the running master (jodl run beside it)
 
-Revision ID: 0007_cli
+Revision ID: 0007
 Revises: 0006
 Create Date: 2026-11-22 15:00:00.000000
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007_cli"
+revision = "0007"
 down_revision = "0006"
 branch_labels = None
 depends_on = None

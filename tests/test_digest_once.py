@@ -1,0 +1,205 @@
+"""Each digest reaches the SMTP server at most once, judged by the server (aiosmtpd).
+
+Two agents, and one digest the server is slow to accept: the master would send a
+backup copy of that straggler to the idle agent, and a copy on another agent did
+send the mail a second time. Then kills: the master at every step of the cycle,
+and the agent that is sending, mid-conversation or right after the server took
+the mail. The count comes from what the server received, not from the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+from agents import AgentProcess, free_port, run_jodl, wait_for
+from aiosmtpd.controller import Controller
+from app_support import Inbox, add_users_tracking, agent_env, app_settings
+from sqlalchemy import select
+from sqlalchemy.orm import sessionmaker
+from test_app_cycle import KILL_CHAIN, html
+
+from crawler_app.cycle import CycleResult, PageCycle
+from crawler_app.families import Notify, SmtpRefused
+from crawler_app.models import (
+    DigestClaim,
+    DigestClaimState,
+    Notification,
+    NotificationState,
+    User,
+)
+from crawler_app.settings import AppSettings
+from jodl.exceptions import ConfigError
+from jodl.master import Master
+
+pytest_plugins = ("tests.site",)
+
+#: The recipient whose digest the server is slow to accept (seconds).
+SLOW = "all@example.org"
+SLOW_SECONDS = 2.0
+RECIPIENTS = ("ann@example.org", "bob@example.org", SLOW)
+
+
+class SlowInbox(Inbox):
+    """Keeps every message; holds the DATA of the slow recipient's digest first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slow_started = threading.Event()
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's name
+        if SLOW in envelope.rcpt_tos:
+            self.slow_started.set()
+            await asyncio.sleep(SLOW_SECONDS)
+        return await super().handle_DATA(server, session, envelope)
+
+
+@pytest.fixture
+def slow_inbox() -> Iterator[SlowInbox]:
+    handler = SlowInbox()
+    controller = Controller(handler, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    handler.port = controller.port
+    try:
+        yield handler
+    finally:
+        controller.stop()
+
+
+def prepare(store: Any, site: Any, settings: Any) -> None:
+    """Two pages changed and confirmed in the next cycle: three digests to send."""
+    for name in ("p", "q"):
+        site.set_page(f"/{name}", html(name, "v1"), headers={"ETag": '"1"'})
+    add_users_tracking(store, site.url("/p"), ["ann@example.org", SLOW])
+    add_users_tracking(store, site.url("/q"), ["bob@example.org", SLOW])
+    cycle_in_thread(store, settings).result(timeout=120)
+    for name in ("p", "q"):
+        site.set_page(f"/{name}", html(name, "v2"), headers={"ETag": '"2"'})
+    cycle_in_thread(store, settings).result(timeout=120)  # candidates; the next one mails
+
+
+def cycle_in_thread(store: Any, settings: Any) -> Future[CycleResult]:
+    future: Future[CycleResult] = Future()
+
+    def run() -> None:
+        master = Master(settings, store=store)
+        try:
+            future.set_result(PageCycle(store.engine, master.run_cycle, app_settings()).run())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            future.set_exception(exc)
+        finally:
+            master.close()
+
+    threading.Thread(target=run, daemon=True).start()
+    return future
+
+
+def assert_each_digest_once(inbox: Inbox) -> None:
+    assert inbox.per_recipient() == {r: 1 for r in RECIPIENTS}, inbox.per_recipient()
+
+
+def test_a_slow_digest_gets_no_second_copy(store, agents, settings, site, slow_inbox) -> None:
+    agents(2, env=agent_env(slow_inbox))
+    prepare(store, site, settings)
+    result = cycle_in_thread(store, settings).result(timeout=120)
+    assert result.sent == 3
+    assert_each_digest_once(slow_inbox)
+
+
+def test_a_master_killed_at_each_step_with_two_agents(
+    store, agents, settings, site, slow_inbox, db_url
+) -> None:
+    agents(2, env=agent_env(slow_inbox))
+    prepare(store, site, settings)
+    env = {"JODL_DATABASE_URL": db_url, "JODL_MAIL_FROM": "JODL <jodl@example.org>"}
+    for point in KILL_CHAIN:
+        killed = run_jodl("cycle", env={**env, "JODL_FAILPOINT": point})
+        assert killed.returncode == -9, (point, killed.stdout, killed.stderr)
+    final = run_jodl("cycle", env=env)
+    assert final.returncode == 0, final.stderr
+    assert_each_digest_once(slow_inbox)
+
+
+def sender(store: Any, agents_: list[AgentProcess], state: str) -> AgentProcess | None:
+    """The agent holding the slow digest's claim in ``state``, once there is one."""
+    with sessionmaker(store.engine)() as s:
+        node = s.scalar(
+            select(DigestClaim.node).where(
+                DigestClaim.idem_key.like("digest-%"), DigestClaim.state == state
+            )
+        )
+    if node is None:
+        return None
+    port = int(node.rpartition(":")[2])
+    return next(a for a in agents_ if a.port == port)
+
+
+@pytest.mark.parametrize("when", ["mid_conversation", "after_accepted"])
+def test_the_sending_agent_killed(store, agents, settings, site, slow_inbox, when) -> None:
+    started = agents(2, env=agent_env(slow_inbox))
+    prepare(store, site, settings)
+    future = cycle_in_thread(store, settings)
+    assert slow_inbox.slow_started.wait(60), "the slow digest never reached the server"
+    if when == "mid_conversation":
+        victim = wait_for(
+            lambda: sender(store, started, DigestClaimState.SENDING), 30, "the slow claim"
+        )
+    else:
+        wait_for(lambda: slow_inbox.to(SLOW), 30, "the server to accept the slow digest")
+        victim = wait_for(
+            lambda: (
+                sender(store, started, DigestClaimState.SENT)
+                or sender(store, started, DigestClaimState.SENDING)
+            ),
+            30,
+            "the claim of the slow digest",
+        )
+    assert isinstance(victim, AgentProcess)
+    victim.kill()
+    future.result(timeout=120)
+    got = slow_inbox.per_recipient()
+    assert (got["ann@example.org"], got["bob@example.org"]) == (1, 1)
+    if when == "after_accepted":
+        # The server took it; the retry on the other agent found the claim and held back.
+        assert got[SLOW] == 1
+    else:
+        # Cut off before the server answered: it dropped the message. The claim says an
+        # attempt may have delivered it, so it is not sent again (at most once) and the
+        # digest is recorded failed, saying why.
+        assert got[SLOW] == 0
+        with sessionmaker(store.engine)() as s:
+            note = s.scalar(select(Notification).join(User).where(User.email == SLOW))
+            assert note.state == NotificationState.FAILED
+            assert "may already have been delivered" in note.error
+
+
+def test_smtp_credentials_go_only_over_tls(store, db_url, slow_inbox, monkeypatch) -> None:
+    with pytest.raises(ConfigError, match="JODL_SMTP_USER is set but neither"):
+        AppSettings.from_env(env={"JODL_SMTP_USER": "ann", "JODL_SMTP_PASSWORD": "secret"})
+    monkeypatch.setenv("JODL_DATABASE_URL", db_url)
+    monkeypatch.setenv("JODL_SMTP_HOST", "127.0.0.1")
+    monkeypatch.setenv("JODL_SMTP_PORT", str(slow_inbox.port))
+    notify = Notify()
+    # Settings changed behind the start-up check: the family checks again before sending.
+    notify.settings = dataclasses.replace(notify.settings, smtp_user="ann", smtp_password="pw")
+    payload = {
+        "key": "digest-9-9",
+        "message_id": "<digest-9-9.1@example.org>",
+        "from": "JODL <jodl@example.org>",
+        "to": "ann@example.org",
+        "subject": "s",
+        "text": "t",
+    }
+    with pytest.raises(SmtpRefused, match="refusing to send the SMTP password unencrypted"):
+        notify.run(payload)
+    assert slow_inbox.mails == []
+    # With STARTTLS asked of a server that offers none, nothing is sent in clear either.
+    notify.settings = dataclasses.replace(notify.settings, smtp_starttls=True)
+    with pytest.raises(RuntimeError, match="SMTPNotSupportedError"):
+        notify.run(payload)
+    assert slow_inbox.mails == []
