@@ -26,6 +26,7 @@ buffers more than :data:`HIGH_WATER` bytes ahead of the reader.
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator
@@ -446,7 +447,9 @@ class PinnedTransport(httpx.AsyncBaseTransport):
         except ssl.SSLError as exc:
             raise httpx.ConnectError(f"TLS failed: {exc.reason or exc}") from None
         except OSError as exc:
-            raise httpx.ConnectError(f"{exc.strerror or exc}") from None
+            # Not str(exc): asyncio's text names the address, the agent's DNS view.
+            reason = os.strerror(exc.errno).lower() if exc.errno else "the connection failed"
+            raise httpx.ConnectError(reason) from None
         return conn
 
     def _release(self, conn: _Connection, keep: bool) -> None:

@@ -310,7 +310,7 @@ def test_a_stalled_answer_hits_the_read_timeout(raw: Callable[[Script], RawServe
         (result,) = fetch_all([server.url("/")], config)
     finally:
         stop.set()
-    assert result["error"] == "timeout" and "ReadTimeout" in result["error_message"]
+    assert result["error"] == "timeout" and "read timeout" in result["error_message"]
 
 
 # --- pinning ---------------------------------------------------------------------------------
