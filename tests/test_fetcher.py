@@ -85,6 +85,45 @@ def test_connection_refused_is_reported_not_raised() -> None:
     assert result["error_message"]
 
 
+def test_connection_refused_is_reported_as_such_with_robots_obeyed() -> None:
+    # robots.txt cannot be read when nothing listens: that is the cause to report, not a
+    # robots.txt verdict ("robots.txt unreachable disallows").
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    async def main() -> list[dict[str, Any]]:
+        async with Fetcher(FAST) as fetcher:  # obeys robots.txt
+            return [await fetcher.fetch(f"http://127.0.0.1:{port}/") for _ in range(2)]
+
+    for result in asyncio.run(main()):  # the second one from the cached failure
+        assert (result["ok"], result["error"]) == (False, "connect_error")
+        message = result["error_message"]
+        assert "connection refused" in message and "robots" not in message
+        assert "Errno" not in message
+
+
+def test_an_unknown_host_is_named_in_plain_words() -> None:
+    result = get("http://no-such-host.invalid/", settings(obey_robots=False))
+    assert result["error"] == "dns_error"
+    assert "no-such-host.invalid" in result["error_message"]
+    assert "Errno" not in result["error_message"] and "-2" not in result["error_message"]
+
+
+def test_a_loopback_refusal_names_the_setting_that_allows_it(site: TestSite) -> None:
+    site.set_page("/p", "<p>x</p>")
+    by_address = get(site.url("/p"), settings(allow_networks=()))
+    by_name = get(f"http://localhost:{site.port}/p", settings(allow_networks=()))
+    assert by_address["error"] == by_name["error"] == "refused"
+    assert "JODL_FETCH_ALLOW=127.0.0.0/8" in by_address["error_message"]
+    assert "JODL_FETCH_ALLOW" in by_name["error_message"]
+    # A name's refusal says nothing of what it resolved to, and reads as a sentence.
+    assert "127.0.0.1" not in by_name["error_message"].split("/p: ", 1)[1]
+    assert "resolves to" not in by_name["error_message"]
+    assert "localhost is a private or loopback address" in by_name["error_message"]
+    assert site.requests("/p") == []
+
+
 # --- conditional GET ------------------------------------------------------------------------
 
 
@@ -393,6 +432,7 @@ def test_an_unreachable_robots_txt_disallows_everything(site: TestSite) -> None:
     site.set_page("/page", "<p>x</p>")
     result = get(site.url("/page"))
     assert result["error"] == "robots_disallowed"
+    assert "robots.txt answered 503" in result["error_message"]
     assert site.requests("/page") == []
 
 
