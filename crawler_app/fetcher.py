@@ -17,7 +17,8 @@ Every request — page, redirect hop, robots.txt — goes through one path:
 A fetch sends the stored validators back exactly as the server gave them
 (``If-None-Match``/``If-Modified-Since``); a ``304`` is reported as
 ``not_modified`` without reading a body. Redirects are followed by hand, each
-hop checked again. Bodies are streamed and cut at ``max_bytes``. The result is a
+hop checked again. Bodies are streamed, decoded in bounded steps
+(:mod:`crawler_app.decoding`) and cut at ``max_bytes``. The result is a
 plain JSON-able dict (see :data:`RESULT_KEYS`); errors come back in it with a
 short code (:data:`ERROR_CODES`) and a one-line message, never as exceptions.
 """
@@ -36,6 +37,7 @@ from urllib.parse import urljoin
 
 import httpx
 
+from .decoding import ACCEPT_ENCODING, BodyTooLarge, BoundedDecoder, DecodingError
 from .guard import AsyncResolver, CheckedTarget, FetchRefused, check_url_async, parse_allowlist
 from .politeness import (
     DEFAULT_MAX_IN_FLIGHT,
@@ -222,6 +224,9 @@ def make_client(settings: FetchSettings = DEFAULT_SETTINGS) -> httpx.AsyncClient
         follow_redirects=False,
         headers={"User-Agent": settings.user_agent, "Accept": ACCEPT},
     )
+    # Only codings decoded in bounded steps (see crawler_app.decoding); set in place, so
+    # the headers keep httpx's order.
+    client.headers["Accept-Encoding"] = ACCEPT_ENCODING
     _GUARDED_CLIENTS.add(client)
     return client
 
@@ -595,14 +600,16 @@ class Fetcher:
             self.politeness.note_response(target.host, status, headers.get("retry-after"))
             if not body_wanted(status, headers):
                 return _Answer(status, headers, None)
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in response.aiter_bytes():
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > limit:
-                    return _Answer(status, headers, b"".join(chunks)[:limit], False)
-            return _Answer(status, headers, b"".join(chunks))
+            # Raw bytes, decoded here: httpx would inflate a whole chunk before we count.
+            decoder = BoundedDecoder(headers.get("content-encoding"), limit)
+            try:
+                async for chunk in response.aiter_raw():
+                    decoder.feed(chunk)
+                return _Answer(status, headers, decoder.finish())
+            except BodyTooLarge as cut:
+                return _Answer(status, headers, cut.data[:limit], False)
+            except DecodingError as exc:
+                raise _Failure.at(target.url, "protocol_error", str(exc)) from None
         finally:
             await response.aclose()
 
