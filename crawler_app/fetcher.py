@@ -574,7 +574,9 @@ class Fetcher:
     ) -> _Answer:
         url = httpx.URL(target.url)
         default_port = 443 if target.scheme == "https" else 80
-        if url.host != target.host or (url.port or default_port) != target.port:
+        # raw_host: the ASCII (IDNA) form, as the guard keeps it; .host would be Unicode.
+        host = url.raw_host.decode("ascii", errors="replace")
+        if host != target.host or (url.port or default_port) != target.port:
             # httpx must parse our normalised URL as we did; anything else is refused.
             raise _Failure("refused", f"{target.url}: URL parsers disagree", "parser_mismatch")
         # The request is built here rather than by client.build_request(): a GET with

@@ -292,7 +292,8 @@ class PinnedTransport(httpx.AsyncBaseTransport):
                 request=request,
             )
         default_port = 443 if url.scheme == "https" else 80
-        if (url.scheme, url.host, url.port or default_port) != (
+        host = url.raw_host.decode("ascii", errors="replace")  # IDNA form, as the guard's
+        if (url.scheme, host, url.port or default_port) != (
             target.scheme,
             target.host,
             target.port,
