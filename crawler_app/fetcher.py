@@ -17,7 +17,8 @@ Every request — page, redirect hop, robots.txt — goes through one path:
 A fetch sends the stored validators back exactly as the server gave them
 (``If-None-Match``/``If-Modified-Since``); a ``304`` is reported as
 ``not_modified`` without reading a body. Redirects are followed by hand, each
-hop checked again. Bodies are streamed and cut at ``max_bytes``. The result is a
+hop checked again. Bodies are streamed, decoded in bounded steps
+(:mod:`crawler_app.decoding`) and cut at ``max_bytes``. The result is a
 plain JSON-able dict (see :data:`RESULT_KEYS`); errors come back in it with a
 short code (:data:`ERROR_CODES`) and a one-line message, never as exceptions.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import http.cookiejar
+import re
 import time
 import weakref
 from collections.abc import Callable
@@ -35,13 +37,19 @@ from urllib.parse import urljoin
 
 import httpx
 
+from .decoding import ACCEPT_ENCODING, BodyTooLarge, BoundedDecoder, DecodingError
 from .guard import AsyncResolver, CheckedTarget, FetchRefused, check_url_async, parse_allowlist
 from .politeness import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_PAUSE,
     DEFAULT_MIN_INTERVAL,
+    ROBOTS_CACHE_BYTES,
+    ROBOTS_FAILURE_TTL,
     ROBOTS_MAX_BYTES,
+    ROBOTS_TTL,
     Politeness,
+    RobotsAnswer,
+    RobotsCache,
 )
 from .text import SelectorError, compile_selector, extract, fingerprint, media_type
 from .transport import PINNED, PinnedTransport
@@ -134,6 +142,11 @@ class FetchSettings:
     #: Networks admitted although not public, e.g. ("127.0.0.0/8",) for tests.
     allow_networks: tuple[str, ...] = ()
     obey_robots: bool = True
+    #: Memory the robots.txt cache may hold (bytes, estimated), and how long it keeps an
+    #: answer and a failure (seconds); see :class:`~crawler_app.politeness.RobotsCache`.
+    robots_cache_bytes: int = ROBOTS_CACHE_BYTES
+    robots_ttl: float = ROBOTS_TTL
+    robots_failure_ttl: float = ROBOTS_FAILURE_TTL
     per_host_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     per_host_interval: float = DEFAULT_MIN_INTERVAL
     max_retry_after: float = DEFAULT_MAX_PAUSE
@@ -146,7 +159,12 @@ class FetchSettings:
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                allowed_zero = f.name in ("max_redirects", "per_host_interval", "max_retry_after")
+                allowed_zero = f.name in (
+                    "max_redirects",
+                    "per_host_interval",
+                    "max_retry_after",
+                    "robots_failure_ttl",
+                )
                 if value < 0 or (value == 0 and not allowed_zero):
                     raise ValueError(f"FetchSettings.{f.name} must be positive, not {value!r}")
         if not isinstance(self.allow_networks, tuple) or not isinstance(self.accepted_types, tuple):
@@ -206,6 +224,9 @@ def make_client(settings: FetchSettings = DEFAULT_SETTINGS) -> httpx.AsyncClient
         follow_redirects=False,
         headers={"User-Agent": settings.user_agent, "Accept": ACCEPT},
     )
+    # Only codings decoded in bounded steps (see crawler_app.decoding); set in place, so
+    # the headers keep httpx's order.
+    client.headers["Accept-Encoding"] = ACCEPT_ENCODING
     _GUARDED_CLIENTS.add(client)
     return client
 
@@ -217,9 +238,16 @@ _NO_BODY = httpx.ByteStream(b"")
 
 
 class _Failure(Exception):
-    def __init__(self, code: str, message: str, reason: str | None = None) -> None:
+    def __init__(
+        self, code: str, message: str, reason: str | None = None, detail: str | None = None
+    ) -> None:
         super().__init__(message)
         self.code, self.message, self.reason = code, message, reason
+        self.detail = message if detail is None else detail  # the message without the URL
+
+    @classmethod
+    def at(cls, url: str, code: str, detail: str) -> _Failure:
+        return cls(code, f"{url}: {detail}", detail=detail)
 
 
 @dataclass
@@ -309,6 +337,11 @@ class Fetcher:
             max_pause=settings.max_retry_after,
             obey_robots=settings.obey_robots,
             user_agent=settings.user_agent,
+            robots_cache=RobotsCache(
+                budget=settings.robots_cache_bytes,
+                ttl=settings.robots_ttl,
+                failure_ttl=settings.robots_failure_ttl,
+            ),
         )
         self._resolve = resolve
         self._timeouts = httpx.Timeout(
@@ -411,8 +444,10 @@ class Fetcher:
             refusal = await self.politeness.robots_refusal(
                 target, lambda robots_url: self._load_robots(robots_url, budget)
             )
-            if refusal is not None:
-                raise _Failure("robots_disallowed", refusal)
+            if refusal is not None and refusal.code == "robots_disallowed":
+                raise _Failure(refusal.code, refusal.message)
+            if refusal is not None:  # robots.txt was out of reach: so is the page
+                raise _Failure.at(target.url, refusal.code, refusal.message)
             answer = await self._exchange(target, headers, budget, self._page_body_wanted)
             result["status"] = answer.status
             result["content_type"] = answer.headers.get("content-type")
@@ -519,13 +554,16 @@ class Fetcher:
                 async with budget.spend():
                     return await self._send(target, headers, body_wanted, limit)
             except httpx.TimeoutException as exc:
-                raise _Failure("timeout", f"{target.url}: {_describe(exc)}") from None
+                raise _Failure.at(target.url, "timeout", _describe(exc)) from None
             except httpx.ConnectError as exc:
-                raise _Failure("connect_error", f"{target.url}: {_describe(exc)}") from None
+                detail = f"cannot connect: {_describe(exc)}"
+                raise _Failure.at(target.url, "connect_error", detail) from None
             except (httpx.RemoteProtocolError, httpx.LocalProtocolError, httpx.DecodingError) as e:
-                raise _Failure("protocol_error", f"{target.url}: {_describe(e)}") from None
+                detail = f"the server broke HTTP: {_describe(e)}"
+                raise _Failure.at(target.url, "protocol_error", detail) from None
             except httpx.TransportError as exc:
-                raise _Failure("network_error", f"{target.url}: {_describe(exc)}") from None
+                detail = f"the connection broke: {_describe(exc)}"
+                raise _Failure.at(target.url, "network_error", detail) from None
 
     async def _send(
         self,
@@ -536,7 +574,9 @@ class Fetcher:
     ) -> _Answer:
         url = httpx.URL(target.url)
         default_port = 443 if target.scheme == "https" else 80
-        if url.host != target.host or (url.port or default_port) != target.port:
+        # raw_host: the ASCII (IDNA) form, as the guard keeps it; .host would be Unicode.
+        host = url.raw_host.decode("ascii", errors="replace")
+        if host != target.host or (url.port or default_port) != target.port:
             # httpx must parse our normalised URL as we did; anything else is refused.
             raise _Failure("refused", f"{target.url}: URL parsers disagree", "parser_mismatch")
         # The request is built here rather than by client.build_request(): a GET with
@@ -562,19 +602,21 @@ class Fetcher:
             self.politeness.note_response(target.host, status, headers.get("retry-after"))
             if not body_wanted(status, headers):
                 return _Answer(status, headers, None)
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in response.aiter_bytes():
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > limit:
-                    return _Answer(status, headers, b"".join(chunks)[:limit], False)
-            return _Answer(status, headers, b"".join(chunks))
+            # Raw bytes, decoded here: httpx would inflate a whole chunk before we count.
+            decoder = BoundedDecoder(headers.get("content-encoding"), limit)
+            try:
+                async for chunk in response.aiter_raw():
+                    decoder.feed(chunk)
+                return _Answer(status, headers, decoder.finish())
+            except BodyTooLarge as cut:
+                return _Answer(status, headers, cut.data[:limit], False)
+            except DecodingError as exc:
+                raise _Failure.at(target.url, "protocol_error", str(exc)) from None
         finally:
             await response.aclose()
 
-    async def _load_robots(self, robots_url: str, budget: _Budget) -> tuple[int | None, str]:
-        """robots.txt through the guarded path: (status or None if unreachable, text)."""
+    async def _load_robots(self, robots_url: str, budget: _Budget) -> RobotsAnswer:
+        """robots.txt through the guarded path (status None and why, if unreachable)."""
         current = robots_url
         status: int | None = None
         for _hop in range(MAX_REDIRECTS + 1):
@@ -582,7 +624,9 @@ class Fetcher:
                 target = await self._check(current, budget)
             except _Failure as failure:
                 # A refused redirect target is "unavailable" (allow); DNS trouble "unreachable".
-                return (None, "") if failure.code in ("dns_error", "timeout") else (404, "")
+                if failure.code in ("dns_error", "timeout"):
+                    return RobotsAnswer(None, "", (failure.code, failure.detail))
+                return RobotsAnswer(404)
             try:
                 answer = await self._exchange(
                     target,
@@ -591,22 +635,25 @@ class Fetcher:
                     lambda status, _headers: 200 <= status < 300,
                     max_bytes=ROBOTS_MAX_BYTES,
                 )
-            except _Failure:
-                return None, ""
+            except _Failure as failure:
+                return RobotsAnswer(None, "", (failure.code, failure.detail))
             status = answer.status
             location = answer.headers.get("location")
             if status in REDIRECT_STATUSES and location:
                 current = urljoin(target.url, location.strip())
                 continue
             body = answer.body or b""
-            return status, body.decode("utf-8", errors="replace")
-        return status, ""
+            return RobotsAnswer(status, body.decode("utf-8", errors="replace"))
+        return RobotsAnswer(status)
+
+
+_ERRNO = re.compile(r"\[Errno -?\d+\]\s*")
 
 
 def _describe(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    name = type(exc).__name__
-    return f"{name}: {text[0]}" if text else name
+    """The first line of ``exc`` for people: no "[Errno 111]", no class name."""
+    lines = _ERRNO.sub("", str(exc)).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 async def fetch(

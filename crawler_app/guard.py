@@ -49,6 +49,9 @@ ALLOWED_SCHEMES = ("http", "https")
 #: Longest URL accepted (browsers and servers commonly stop near 8 KiB).
 MAX_URL_LENGTH = 8192
 
+#: The setting (environment variable) that admits non-public networks, named in refusals.
+ALLOW_SETTING = "JODL_FETCH_ALLOW"
+
 #: A resolver takes (host, port) and returns the host's addresses as strings.
 Resolver = Callable[[str, int], Sequence[str]]
 AsyncResolver = Callable[[str, int], Awaitable[Sequence[str]]]
@@ -136,6 +139,16 @@ def _bad_char(url: str) -> str | None:
     return None
 
 
+_CHAR_NAMES = {" ": "a space", "\t": "a tab", "\n": "a line break", "\r": "a line break"}
+
+
+def _char_name(ch: str) -> str:
+    """``ch`` in plain words, for people: "a space", "a tab", "an invisible character"."""
+    if ch in _CHAR_NAMES:
+        return _CHAR_NAMES[ch]
+    return "a space" if ch.isspace() else "an invisible control character"
+
+
 def parse_url(url: str) -> ParsedUrl:
     """Check the syntax of ``url`` and split it; no DNS, no network.
 
@@ -150,9 +163,7 @@ def parse_url(url: str) -> ParsedUrl:
         raise FetchRefused("bad_url", f"URL is longer than {MAX_URL_LENGTH} characters")
     bad = _bad_char(url)
     if bad is not None:
-        raise FetchRefused(
-            "control_char", f"URL contains a control or whitespace character U+{ord(bad):04X}"
-        )
+        raise FetchRefused("control_char", f"URL contains {_char_name(bad)}; remove it")
     if "\\" in url:
         # WHATWG parsers read "\" as "/", Python's parser does not: a classic
         # way to make two parsers see two different hosts.
@@ -387,15 +398,25 @@ def _check_address(address: str, allow: tuple[str, ...]) -> str:
     if why is not None:
         raise FetchRefused(
             "blocked_address",
-            f"{address} is not a public address ({why}); only public addresses are "
-            "fetched: add its network to the allowlist to admit it",
+            f"{address} is not a public address ({why}); set "
+            f"{ALLOW_SETTING}={_network_of(plain)} where the agents run to allow it",
         )
     return str(plain)
 
 
+def _network_of(ip: IPAddress) -> str:
+    """The blocked network ``ip`` falls in, to suggest for the allowlist (else the address)."""
+    if isinstance(ip, ipaddress.IPv4Address):
+        for net4, _why in _V4_BLOCKED:
+            if ip in net4:
+                return str(net4)
+        return f"{ip}/32"
+    return f"{ip}/128"
+
+
 def _admit(parsed: ParsedUrl, addresses: Sequence[str], allow: Iterable[str]) -> CheckedTarget:
     if not addresses:
-        raise FetchRefused("dns_error", f"host {parsed.host!r} has no address")
+        raise FetchRefused("dns_error", f"{parsed.host} has no address")
     allow = tuple(allow)
     checked: list[str] = []
     for address in addresses:
@@ -404,8 +425,13 @@ def _admit(parsed: ParsedUrl, addresses: Sequence[str], allow: Iterable[str]) ->
         except FetchRefused as exc:
             if parsed.is_ip_literal:
                 raise
+            # The message never names the address: what the agents' DNS answers for a
+            # name (an intranet's layout) is not for the person who typed it.
             raise FetchRefused(
-                exc.code, f"host {parsed.host!r} resolves to {exc.message}"
+                exc.code,
+                f"{parsed.host} is a private or loopback address, not a public one; set "
+                f"{ALLOW_SETTING} to its network where the agents run (e.g. "
+                f"{ALLOW_SETTING}=127.0.0.0/8 for this machine) to allow it",
             ) from None
     unique = tuple(dict.fromkeys(checked))
     return CheckedTarget(
@@ -423,8 +449,26 @@ def system_resolve(host: str, port: int) -> list[str]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError, OSError) as exc:
-        raise FetchRefused("dns_error", f"host {host!r} cannot be resolved: {exc}") from None
+        raise FetchRefused("dns_error", f"{host} cannot be resolved: {_dns_failure(exc)}") from None
     return [str(info[4][0]) for info in infos]
+
+
+_DNS_FAILURES = {
+    socket.EAI_NONAME: "name not found",
+    socket.EAI_AGAIN: "the name server did not answer (a temporary failure; try again later)",
+    socket.EAI_FAIL: "the name server failed",
+}
+if hasattr(socket, "EAI_NODATA"):  # glibc: the name exists but has no address
+    _DNS_FAILURES[socket.EAI_NODATA] = "the name has no address"
+
+
+def _dns_failure(exc: BaseException) -> str:
+    """Why a lookup failed, in plain words (never "[Errno -2] ...")."""
+    if isinstance(exc, socket.gaierror) and exc.errno in _DNS_FAILURES:
+        return _DNS_FAILURES[exc.errno]
+    if isinstance(exc, UnicodeError):
+        return "the name is not valid"
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 
 def check_url(
@@ -464,6 +508,6 @@ async def check_url_async(
                 addresses = await asyncio.to_thread(system_resolve, parsed.host, parsed.port)
     except TimeoutError:
         raise FetchRefused(
-            "dns_error", f"host {parsed.host!r} did not resolve within {timeout} s"
+            "dns_error", f"{parsed.host} did not resolve within {timeout} s"
         ) from None
     return _admit(parsed, addresses, allow)

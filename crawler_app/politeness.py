@@ -7,8 +7,11 @@ For every host (by name) a :class:`Politeness` object keeps
   to the host's robots.txt ``Crawl-delay``, capped at :data:`MAX_CRAWL_DELAY`);
 * a pause after a ``429`` or ``503`` answer carrying ``Retry-After``: no request
   starts before it ends (capped at ``max_pause``);
-* its robots.txt rules (RFC 9309), fetched once per origin through the loader
-  the fetcher gives, i.e. through the same guarded fetch path as pages.
+* its robots.txt rules (RFC 9309), fetched through the loader the fetcher
+  gives, i.e. through the same guarded fetch path as pages, and kept in a
+  :class:`RobotsCache`: least recently used first out under a byte budget,
+  each entry for a time to live (24 h, as RFC 9309 asks), a failure only for
+  a few minutes.
 
 One object serves one event loop: its locks belong to the loop that uses them.
 The limits are kept per agent process; they hold across the cluster because the
@@ -22,9 +25,11 @@ import asyncio
 import email.utils
 import time
 import urllib.robotparser
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .guard import ParsedUrl
 
@@ -39,8 +44,34 @@ MAX_CRAWL_DELAY = 30.0
 #: Bytes of robots.txt read; RFC 9309 asks parsers to read at least 500 KiB.
 ROBOTS_MAX_BYTES = 512 * 1024
 
-#: Fetches a robots.txt URL; returns (HTTP status, or None if unreachable, body text).
-RobotsLoader = Callable[[str], Awaitable[tuple[int | None, str]]]
+#: Seconds a robots.txt answer is used before it is fetched again (RFC 9309, 2.4: 24 h).
+ROBOTS_TTL = 24 * 3600.0
+#: Seconds a failure (unreachable, 429, 5xx) is kept: long enough that a down host is not
+#: asked for robots.txt by every page, short enough that a blip is soon forgotten.
+ROBOTS_FAILURE_TTL = 300.0
+#: Memory the robots.txt cache may hold, in bytes (estimated, see ``RobotsRules.cost``):
+#: some thousands of typical origins, or a hundred at the 512 KiB limit.
+ROBOTS_CACHE_BYTES = 64 * 1024 * 1024
+#: Parsed rules cost this many bytes per byte of robots.txt (measured with tracemalloc on
+#: ``urllib.robotparser``: 9.6 for a 512 KiB file), plus a fixed overhead per origin.
+_ROBOTS_BYTES_PER_CHAR = 12
+_ROBOTS_ENTRY_OVERHEAD = 2048
+
+
+class RobotsAnswer(NamedTuple):
+    """What fetching robots.txt gave: an HTTP status and body, or why there was none.
+
+    ``status`` None means unreachable; ``failure`` then holds ``(code, message)``: the
+    error code and one line saying why (a connection refused, a timeout …).
+    """
+
+    status: int | None
+    text: str = ""
+    failure: tuple[str, str] | None = None
+
+
+#: Fetches a robots.txt URL.
+RobotsLoader = Callable[[str], Awaitable[RobotsAnswer]]
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
@@ -78,21 +109,37 @@ class RobotsRules:
     """
 
     def __init__(
-        self, parser: urllib.robotparser.RobotFileParser | None, *, allow_all: bool, note: str
+        self,
+        parser: urllib.robotparser.RobotFileParser | None,
+        *,
+        allow_all: bool,
+        note: str,
+        failure: tuple[str, str] | None = None,
+        size: int = 0,
     ) -> None:
         self._parser = parser
         self._allow_all = allow_all
         self.note = note
+        #: (code, message) when robots.txt could not be fetched at all.
+        self.failure = failure
+        #: Estimated bytes of memory these rules hold.
+        self.cost = _ROBOTS_ENTRY_OVERHEAD + _ROBOTS_BYTES_PER_CHAR * size
+
+    @property
+    def failed(self) -> bool:
+        """True for a temporary verdict: robots.txt unreachable, 429 or 5xx."""
+        return self._parser is None and not self._allow_all
 
     @classmethod
-    def from_response(cls, status: int | None, text: str) -> RobotsRules:
-        """Rules from the robots.txt answer: HTTP status (None: unreachable) and body."""
+    def from_response(cls, answer: RobotsAnswer) -> RobotsRules:
+        """Rules from the robots.txt answer (see :class:`RobotsAnswer`)."""
+        status, text = answer.status, answer.text
         if status is None:
-            return cls(None, allow_all=False, note="robots.txt unreachable")
+            return cls(None, allow_all=False, note="robots.txt unreachable", failure=answer.failure)
         if 200 <= status < 300:
             parser = urllib.robotparser.RobotFileParser()
             parser.parse(text.lstrip("\ufeff").splitlines())
-            return cls(parser, allow_all=False, note="robots.txt")
+            return cls(parser, allow_all=False, note="robots.txt", size=len(text))
         if status == 429 or status >= 500:
             return cls(None, allow_all=False, note=f"robots.txt answered {status}")
         return cls(None, allow_all=True, note=f"no robots.txt ({status})")
@@ -109,6 +156,63 @@ class RobotsRules:
             return None
         delay = self._parser.crawl_delay(agent)
         return float(delay) if delay is not None else None
+
+
+class RobotsCache:
+    """robots.txt rules per origin: an LRU under a byte budget, each entry with a lifetime.
+
+    ``budget`` bounds the summed :attr:`RobotsRules.cost` (rules costing more are
+    used once and not kept); ``ttl`` is the lifetime of an answer, ``failure_ttl`` that
+    of a failure (:attr:`RobotsRules.failed`). An expired entry is fetched again; if
+    that fails while the expired rules were a real robots.txt, the old rules serve on
+    for ``failure_ttl`` (RFC 9309, 2.4: a cached copy may be used while unreachable).
+    ``clock`` gives seconds (monotonic).
+    """
+
+    def __init__(
+        self,
+        *,
+        budget: int = ROBOTS_CACHE_BYTES,
+        ttl: float = ROBOTS_TTL,
+        failure_ttl: float = ROBOTS_FAILURE_TTL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.budget = budget
+        self.ttl = ttl
+        self.failure_ttl = failure_ttl
+        self._clock = clock
+        # origin -> (rules, expires at); least recently used first
+        self._entries: OrderedDict[str, tuple[RobotsRules, float]] = OrderedDict()
+        self.size = 0  # summed cost of the entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, origin: str) -> RobotsRules | None:
+        """The live rules of ``origin``, or None when missing or expired."""
+        entry = self._entries.get(origin)
+        if entry is None or entry[1] <= self._clock():
+            return None
+        self._entries.move_to_end(origin)
+        return entry[0]
+
+    def put(self, origin: str, rules: RobotsRules) -> RobotsRules:
+        """Keep ``rules`` for ``origin``; returns the rules to use now (see the class doc)."""
+        lifetime = self.failure_ttl if rules.failed else self.ttl
+        old = self._entries.pop(origin, None)
+        if old is not None:
+            previous = old[0]
+            self.size -= previous.cost
+            if rules.failed and not previous.failed:
+                rules = previous  # the last real answer serves while the host fails
+        if rules.cost > self.budget:
+            return rules
+        self._entries[origin] = (rules, self._clock() + lifetime)
+        self.size += rules.cost
+        while self.size > self.budget:
+            _origin, (evicted, _expires) = self._entries.popitem(last=False)
+            self.size -= evicted.cost
+        return rules
 
 
 @dataclass
@@ -130,6 +234,7 @@ class Politeness:
         max_pause: float = DEFAULT_MAX_PAUSE,
         obey_robots: bool = True,
         user_agent: str = "*",
+        robots_cache: RobotsCache | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
@@ -141,8 +246,8 @@ class Politeness:
         self.obey_robots = obey_robots
         self.agent = robots_agent(user_agent)
         self._hosts: dict[str, _Host] = {}
-        self._robots: dict[str, RobotsRules] = {}
-        self._robots_locks: dict[str, asyncio.Lock] = {}
+        self.robots = robots_cache if robots_cache is not None else RobotsCache()
+        self._robots_locks: dict[str, asyncio.Lock] = {}  # only while a load is under way
 
     def _host(self, host: str) -> _Host:
         state = self._hosts.get(host)
@@ -189,33 +294,52 @@ class Politeness:
         """Current minimum spacing between request starts to ``host``, in seconds."""
         return self._host(host).interval
 
-    async def robots_refusal(self, target: ParsedUrl, load: RobotsLoader) -> str | None:
-        """None if robots.txt lets us fetch ``target``, else a one-line reason.
+    async def robots_refusal(self, target: ParsedUrl, load: RobotsLoader) -> RobotsRefusal | None:
+        """None if robots.txt lets us fetch ``target``, else why not.
 
         The origin's robots.txt is loaded once (concurrent callers wait for the
-        first) and cached for the life of this object.
+        first) and kept in :attr:`robots` (see :class:`RobotsCache`).
         """
         if not self.obey_robots:
             return None
         rules = await self._rules(target, load)
         if rules.allows(target.url, self.agent):
             return None
-        return f"{rules.note} disallows {target.url} for {self.agent}"
+        if rules.failure is not None:
+            code, message = rules.failure
+            return RobotsRefusal(code, message)
+        return RobotsRefusal(
+            "robots_disallowed", f"{rules.note} disallows {target.url} for {self.agent}"
+        )
 
     async def _rules(self, target: ParsedUrl, load: RobotsLoader) -> RobotsRules:
         origin = target.origin
-        rules = self._robots.get(origin)
+        rules = self.robots.get(origin)
         if rules is not None:
             return rules
         lock = self._robots_locks.setdefault(origin, asyncio.Lock())
-        async with lock:
-            rules = self._robots.get(origin)
-            if rules is None:
-                status, text = await load(f"{origin}/robots.txt")
-                rules = RobotsRules.from_response(status, text)
-                self._robots[origin] = rules
-                delay = rules.crawl_delay(self.agent)
-                if delay:
-                    state = self._host(target.host)
-                    state.interval = max(state.interval, min(delay, MAX_CRAWL_DELAY))
+        try:
+            async with lock:
+                rules = self.robots.get(origin)
+                if rules is None:
+                    answer = await load(f"{origin}/robots.txt")
+                    rules = self.robots.put(origin, RobotsRules.from_response(answer))
+                    delay = rules.crawl_delay(self.agent)
+                    if delay:
+                        state = self._host(target.host)
+                        state.interval = max(state.interval, min(delay, MAX_CRAWL_DELAY))
+        finally:
+            if not lock.locked() and self._robots_locks.get(origin) is lock:
+                del self._robots_locks[origin]
         return rules
+
+
+class RobotsRefusal(NamedTuple):
+    """Why a URL is not fetched for robots.txt: an error code and one line for people.
+
+    ``code`` is ``robots_disallowed``, or the fetch error (``connect_error``,
+    ``dns_error``, ``timeout`` …) that kept robots.txt, and so the host, out of reach.
+    """
+
+    code: str
+    message: str

@@ -238,6 +238,28 @@ OPTIONS: tuple[Option, ...] = (
     ),
     AppOption("JODL_FETCH_ROBOTS", "true", "bool", "Obey robots.txt", "agent"),
     AppOption(
+        "JODL_FETCH_ROBOTS_CACHE_BYTES",
+        str(FS.robots_cache_bytes),
+        "int+",
+        "Memory the robots.txt cache may hold per agent (bytes, estimated); least recently "
+        "used origins go first",
+        "agent",
+    ),
+    AppOption(
+        "JODL_FETCH_ROBOTS_TTL",
+        str(FS.robots_ttl),
+        "float+",
+        "Seconds a robots.txt is used before it is fetched again (RFC 9309: at most a day)",
+        "agent",
+    ),
+    AppOption(
+        "JODL_FETCH_ROBOTS_FAILURE_TTL",
+        str(FS.robots_failure_ttl),
+        "float0",
+        "Seconds a robots.txt failure (unreachable, 429, 5xx) is remembered",
+        "agent",
+    ),
+    AppOption(
         "JODL_FETCH_MAX_CONNECTIONS",
         str(FS.max_connections),
         "int+",
@@ -284,6 +306,9 @@ class AppSettings:
     fetch_host_interval: float = politeness.DEFAULT_MIN_INTERVAL
     fetch_max_retry_after: float = politeness.DEFAULT_MAX_PAUSE
     fetch_robots: bool = True
+    fetch_robots_cache_bytes: int = FS.robots_cache_bytes
+    fetch_robots_ttl: float = FS.robots_ttl
+    fetch_robots_failure_ttl: float = FS.robots_failure_ttl
     fetch_max_connections: int = FS.max_connections
 
     @classmethod
@@ -316,6 +341,9 @@ class AppSettings:
                 accepted_types=tuple(self.fetch_accept),
                 allow_networks=tuple(self.fetch_allow),
                 obey_robots=self.fetch_robots,
+                robots_cache_bytes=self.fetch_robots_cache_bytes,
+                robots_ttl=self.fetch_robots_ttl,
+                robots_failure_ttl=self.fetch_robots_failure_ttl,
                 per_host_in_flight=self.fetch_host_in_flight,
                 per_host_interval=self.fetch_host_interval,
                 max_retry_after=self.fetch_max_retry_after,

@@ -1,12 +1,16 @@
 """A lean HTTP/1.1 transport for httpx that connects only to guard-checked addresses.
 
-httpx stays the client (requests, responses, headers, content decoding); this
-module replaces what sits under it, httpcore's connection pool and h11, which
-cost most of a fetch's CPU time on a busy agent. It speaks the part of HTTP/1.1
-a page checker needs: ``GET`` and ``HEAD`` without a request body; responses
+httpx stays the client (requests, responses, headers); this module replaces
+what sits under it, httpcore's connection pool, which with h11 cost most of a
+fetch's CPU time on a busy agent. Our own part is the pool and the pinning
+below; responses are parsed by llhttp (Node.js's parser, fuzzed upstream)
+through httptools, as each piece arrives. It speaks the part of HTTP/1.1 a
+page checker needs: ``GET`` and ``HEAD`` without a request body; responses
 framed by ``Content-Length``, ``chunked`` transfer coding or the end of the
 connection; keep-alive connections reused per host; TLS with the host name as
-server name (SNI) and for the certificate check.
+server name (SNI) and for the certificate check. llhttp is strict: a response
+with two ``Content-Length`` headers, both a length and ``chunked``, a folded
+(obs-fold) header or bare LF line ends is refused, and the connection dropped.
 
 **Pinning.** Every request must carry, in its ``extensions`` under
 :data:`PINNED`, the :class:`~crawler_app.guard.CheckedTarget` the SSRF guard
@@ -26,11 +30,13 @@ buffers more than :data:`HIGH_WATER` bytes ahead of the reader.
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httptools
 import httpx
 
 from .guard import CheckedTarget
@@ -45,8 +51,10 @@ KEEPALIVE_EXPIRY = 5.0
 MAX_HEAD_BYTES = 64 * 1024
 #: Bytes buffered ahead of the reader before the socket stops being read.
 HIGH_WATER = 256 * 1024
-#: Longest chunk-size line of a chunked body, in bytes.
-MAX_CHUNK_LINE = 4096
+#: Most header lines in a response head.
+MAX_HEADERS = 200
+#: Interim (1xx) answers skipped before a final one; more is a broken (or hostile) server.
+MAX_INTERIM = 10
 
 _NO_BODY_STATUSES = frozenset({204, 304})
 
@@ -55,13 +63,139 @@ class _Stale(Exception):
     """A reused connection closed before the server answered: safe to retry once."""
 
 
+class _Response:
+    """One response as llhttp (httptools) parses it: the parser's callbacks fill it.
+
+    Fed from the connection's ``data_received``; the request coroutine reads the
+    head, then the body pieces, from here. Interim (1xx) answers are skipped,
+    at most :data:`MAX_INTERIM` of them.
+    """
+
+    def __init__(self, method: str) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.head_request = method == "HEAD"
+        self.status = 0
+        self.reason = b""
+        self.version = b"HTTP/1.1"
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_done = False  # the final (2xx-5xx) head is parsed
+        self.head_bytes = 0  # bytes fed before the final head was done
+        self.head_size = 0  # bytes of status lines and headers parsed
+        self.interim = 0
+        self.body: deque[bytes] = deque()
+        self.buffered = 0  # bytes in ``body``
+        self.complete = False
+        self.keep = False  # the server lets the connection be reused
+        self.close_delimited = False  # no length nor chunked coding: the end is the close
+        self.extra = False  # bytes after the response: the connection cannot be reused
+        self.error: str | None = None
+
+    # -- httptools callbacks (an exception raised here fails feed_data) -----------------------
+
+    def on_message_begin(self) -> None:
+        if self.head_done:
+            self.extra = True
+        self.headers = []
+
+    def on_status(self, reason: bytes) -> None:
+        if not self.head_done:
+            self.reason = bytes(reason)
+            self._count(len(reason))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.head_done:
+            return  # trailers (after a chunked body) are ignored
+        self.headers.append((bytes(name), bytes(value)))
+        self._count(len(name) + len(value))
+        if len(self.headers) > MAX_HEADERS:
+            raise self._fail(f"more than {MAX_HEADERS} header lines")
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        status = parser.get_status_code()
+        if status < 200:
+            self.interim += 1
+            if self.interim > MAX_INTERIM:
+                raise self._fail(f"more than {MAX_INTERIM} interim (1xx) answers")
+            return
+        self.status = status
+        self.version = b"HTTP/" + parser.get_http_version().encode("ascii")
+        self.keep = parser.should_keep_alive()
+        self.head_done = True
+        if self.head_request:
+            # llhttp cannot be told a HEAD answer has no body: stop here, keep nothing.
+            self.complete, self.keep = True, False
+            return
+        framed = any(
+            name.lower() == b"content-length"
+            or (name.lower() == b"transfer-encoding" and b"chunked" in value.lower())
+            for name, value in self.headers
+        )
+        self.close_delimited = not framed and status not in _NO_BODY_STATUSES
+
+    def on_body(self, body: bytes) -> None:
+        if self.complete:
+            self.extra = True
+            return
+        self.body.append(bytes(body))
+        self.buffered += len(body)
+
+    def on_message_complete(self) -> None:
+        if self.head_done:
+            self.complete = True
+
+    def _count(self, size: int) -> None:
+        # Bytes fed are counted too (see feed), but a head that arrives whole with its
+        # body in one piece is only measured here.
+        self.head_size += size + 4
+        if self.head_size > MAX_HEAD_BYTES:
+            raise self._fail("response head too large")
+
+    def _fail(self, message: str) -> Exception:
+        self.error = message
+        return httpx.RemoteProtocolError(message)
+
+    # -- fed by the connection -------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        """Parse ``data``; a broken answer sets :attr:`error` (or :attr:`extra`, after the end)."""
+        if self.error is not None or (self.complete and self.extra):
+            return
+        if not self.head_done:
+            self.head_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._broken("the server switched protocols")
+        except httptools.HttpParserError as exc:
+            self._broken(self.error or str(exc).strip() or type(exc).__name__)
+        if not self.head_done and self.head_bytes > MAX_HEAD_BYTES and self.error is None:
+            self.error = "response head too large"
+
+    def _broken(self, message: str) -> None:
+        if self.complete:
+            self.extra = True  # the answer was whole; what came after is not trusted
+        elif self.error is None:
+            self.error = message[:200]
+
+    def closed(self) -> None:
+        """The server closed the connection."""
+        if self.complete or self.error is not None:
+            return
+        if self.head_done and self.close_delimited:
+            self.complete, self.keep = True, False
+        else:
+            self.error = "the server closed the connection mid-response"
+
+
 class _Connection(asyncio.Protocol):
-    """One TCP (or TLS) connection: a receive buffer the request coroutine reads from."""
+    """One TCP (or TLS) connection; the response in progress is parsed as bytes arrive."""
 
     def __init__(self, key: tuple[str, str, int, str]) -> None:
         self.key = key
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
+        self.response: _Response | None = None
+        self.received = False  # any byte of the current response arrived
         self.eof = False
         self.in_use = True
         self.reused = False
@@ -75,23 +209,29 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        if not self.in_use:
+        response = self.response
+        if not self.in_use or response is None:
             self.eof = True  # bytes nobody asked for: the connection cannot be trusted
             self.close()
             return
-        self.buffer += data
-        if len(self.buffer) > HIGH_WATER and not self._paused and self.transport is not None:
+        self.received = True
+        response.feed(data)
+        if response.buffered > HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
         self._wake()
 
     def eof_received(self) -> bool:
-        self.eof = True
-        self._wake()
+        self._closed_by_peer()
         return False  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._closed_by_peer()
+
+    def _closed_by_peer(self) -> None:
         self.eof = True
+        if self.response is not None:
+            self.response.closed()
         self._wake()
 
     def _wake(self) -> None:
@@ -105,13 +245,13 @@ class _Connection(asyncio.Protocol):
     def usable(self) -> bool:
         return not self.eof and self.transport is not None and not self.transport.is_closing()
 
-    async def more(self, timeout: float | None) -> None:
-        """Wait until more bytes arrive or the server closes; ReadTimeout after ``timeout``."""
-        if self.eof:
-            raise httpx.RemoteProtocolError("the server closed the connection mid-response")
-        if self._paused and self.transport is not None:
-            self._paused = False
-            self.transport.resume_reading()
+    def begin(self, method: str) -> _Response:
+        self.response = _Response(method)
+        self.received = False
+        return self.response
+
+    async def wait(self, timeout: float | None) -> None:
+        """Wait until something happens on the connection; ReadTimeout after ``timeout``."""
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
         timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
@@ -122,20 +262,16 @@ class _Connection(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
 
-    def take(self, size: int) -> bytes:
-        data = bytes(self.buffer[:size])
-        del self.buffer[:size]
-        return data
-
-    async def line(self, timeout: float | None, limit: int) -> bytes:
-        """One line (without its line end), waiting for it to arrive."""
-        while True:
-            end = self.buffer.find(b"\n")
-            if end >= 0:
-                return self.take(end + 1).rstrip(b"\r\n")
-            if len(self.buffer) > limit:
-                raise httpx.RemoteProtocolError("line too long in the response")
-            await self.more(timeout)
+    def take(self) -> bytes:
+        """The next body piece the parser produced (the caller checked there is one)."""
+        response = self.response
+        assert response is not None
+        piece = response.body.popleft()
+        response.buffered -= len(piece)
+        if self._paused and response.buffered <= HIGH_WATER and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return piece
 
     def close(self) -> None:
         self.eof = True
@@ -149,105 +285,38 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 
 
 class _Body(httpx.AsyncByteStream):
-    """A response body read from its connection as the reader asks for it."""
+    """A response body handed to the reader as the parser produces it."""
 
     def __init__(
-        self,
-        pool: PinnedTransport,
-        conn: _Connection,
-        framing: str,
-        length: int,
-        keep: bool,
-        timeout: float | None,
+        self, pool: PinnedTransport, conn: _Connection, response: _Response, timeout: float | None
     ) -> None:
         self._pool = pool
         self._conn = conn
-        self._framing = framing  # "length", "chunked" or "close"
-        self._left = length  # bytes left for "length"
-        self._keep = keep
+        self._response = response
         self._timeout = timeout
-        self._complete = framing == "length" and length == 0
         self._closed = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        if self._complete or self._closed:
-            return
-        try:
-            if self._framing == "length":
-                async for chunk in self._by_length():
-                    yield chunk
-            elif self._framing == "chunked":
-                async for chunk in self._chunked():
-                    yield chunk
-            else:
-                async for chunk in self._until_close():
-                    yield chunk
-        except BaseException:
-            self._keep = False
-            raise
-
-    async def _by_length(self) -> AsyncIterator[bytes]:
-        conn = self._conn
-        while self._left:
-            if not conn.buffer:
-                await conn.more(self._timeout)
-                if not conn.buffer:
-                    continue
-            data = conn.take(self._left)
-            self._left -= len(data)
-            if not self._left:
-                self._complete = True
-            yield data
-
-    async def _chunked(self) -> AsyncIterator[bytes]:
-        conn, timeout = self._conn, self._timeout
-        while True:
-            size_line = await conn.line(timeout, MAX_CHUNK_LINE)
-            size_text = size_line.split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise httpx.RemoteProtocolError(f"bad chunk size {size_text[:20]!r}") from None
-            if size < 0:
-                raise httpx.RemoteProtocolError("negative chunk size")
-            if size == 0:
-                while await conn.line(timeout, MAX_HEAD_BYTES):  # trailers, ignored
-                    pass
-                self._complete = True
-                return
-            while size:
-                if not conn.buffer:
-                    await conn.more(timeout)
-                    continue
-                data = conn.take(size)
-                size -= len(data)
-                yield data
-            if await conn.line(timeout, 2):
-                raise httpx.RemoteProtocolError("chunk data longer than its size")
-
-    async def _until_close(self) -> AsyncIterator[bytes]:
-        conn = self._conn
-        while True:
-            if conn.buffer:
-                yield conn.take(len(conn.buffer))
-            elif conn.eof:
-                self._complete = True
+        conn, response = self._conn, self._response
+        while not self._closed:
+            if response.body:
+                yield conn.take()
+            elif response.error is not None:
+                raise httpx.RemoteProtocolError(response.error)
+            elif response.complete:
                 return
             else:
-                try:
-                    await conn.more(self._timeout)
-                except httpx.RemoteProtocolError:
-                    self._complete = True  # the end of the connection is the end of the body
-                    return
+                await conn.wait(self._timeout)
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
-        conn = self._conn
+        response = self._response
         # A body left unread (a reader that stopped early) makes the connection unusable;
-        # so do extra bytes after the body.
-        self._pool._release(conn, self._keep and self._complete and not conn.buffer)
+        # so do bytes after the body.
+        keep = response.keep and response.complete and not response.body and not response.extra
+        self._pool._release(self._conn, keep and response.error is None)
 
 
 class PinnedTransport(httpx.AsyncBaseTransport):
@@ -291,7 +360,8 @@ class PinnedTransport(httpx.AsyncBaseTransport):
                 request=request,
             )
         default_port = 443 if url.scheme == "https" else 80
-        if (url.scheme, url.host, url.port or default_port) != (
+        host = url.raw_host.decode("ascii", errors="replace")  # IDNA form, as the guard's
+        if (url.scheme, host, url.port or default_port) != (
             target.scheme,
             target.host,
             target.port,
@@ -322,68 +392,25 @@ class PinnedTransport(httpx.AsyncBaseTransport):
         self, conn: _Connection, request: httpx.Request, head: bytes, timeout: float | None
     ) -> httpx.Response:
         assert conn.transport is not None
+        response = conn.begin(request.method)
         conn.transport.write(head)
-        while True:  # 1xx interim answers are skipped
-            status, reason, version, headers = await self._read_head(conn, timeout)
-            if status >= 200:
-                break
-            if status == 101:
-                raise httpx.RemoteProtocolError("the server switched protocols")
-        framing, length, keep = _framing(request.method, status, version, headers)
-        stream = _Body(self, conn, framing, length, keep, timeout)
-        return httpx.Response(
-            status,
-            headers=headers,
-            stream=stream,
-            request=request,
-            extensions={"http_version": version, "reason_phrase": reason},
-        )
-
-    async def _read_head(
-        self, conn: _Connection, timeout: float | None
-    ) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
-        buffer = conn.buffer
-        while True:
-            end = buffer.find(b"\r\n\r\n")
-            if end >= 0:
-                raw = conn.take(end + 4)
-                break
-            end = buffer.find(b"\n\n")
-            if end >= 0:
-                raw = conn.take(end + 2)
-                break
-            if len(buffer) > MAX_HEAD_BYTES:
-                raise httpx.RemoteProtocolError("response head too large")
+        while not response.head_done:
+            if response.error is not None:
+                if conn.reused and not conn.received:
+                    raise _Stale()
+                raise httpx.RemoteProtocolError(response.error)
             if conn.eof:
-                if conn.reused and not buffer:
+                if conn.reused and not conn.received:
                     raise _Stale()
                 raise httpx.RemoteProtocolError("the server disconnected without a full answer")
-            try:
-                await conn.more(timeout)
-            except httpx.RemoteProtocolError:
-                if conn.reused and not buffer:
-                    raise _Stale() from None
-                raise
-        lines = raw.split(b"\n")
-        status_line = lines[0].rstrip(b"\r")
-        parts = status_line.split(b" ", 2)
-        version = parts[0]
-        if not version.startswith(b"HTTP/1.") or len(parts) < 2 or len(parts[1]) != 3:
-            raise httpx.RemoteProtocolError(f"bad status line {status_line[:60]!r}")
-        try:
-            status = int(parts[1])
-        except ValueError:
-            raise httpx.RemoteProtocolError(f"bad status line {status_line[:60]!r}") from None
-        headers: list[tuple[bytes, bytes]] = []
-        for line in lines[1:]:
-            line = line.rstrip(b"\r")
-            if not line:
-                continue
-            name, colon, value = line.partition(b":")
-            if not colon or not name or name != name.strip() or line[:1] in (b" ", b"\t"):
-                raise httpx.RemoteProtocolError(f"bad header line {line[:60]!r}")
-            headers.append((name, value.strip(b" \t")))
-        return status, parts[2] if len(parts) > 2 else b"", version, headers
+            await conn.wait(timeout)
+        return httpx.Response(
+            response.status,
+            headers=response.headers,
+            stream=_Body(self, conn, response, timeout),
+            request=request,
+            extensions={"http_version": response.version, "reason_phrase": response.reason},
+        )
 
     # -- the pool ---------------------------------------------------------------------------
 
@@ -446,7 +473,9 @@ class PinnedTransport(httpx.AsyncBaseTransport):
         except ssl.SSLError as exc:
             raise httpx.ConnectError(f"TLS failed: {exc.reason or exc}") from None
         except OSError as exc:
-            raise httpx.ConnectError(f"{exc.strerror or exc}") from None
+            # Not str(exc): asyncio's text names the address, the agent's DNS view.
+            reason = os.strerror(exc.errno).lower() if exc.errno else "the connection failed"
+            raise httpx.ConnectError(reason) from None
         return conn
 
     def _release(self, conn: _Connection, keep: bool) -> None:
@@ -518,33 +547,3 @@ def _request_head(request: httpx.Request) -> bytes:
     if head.count(b"\n") != lines or head.count(b"\r") != lines or b"\x00" in head:
         raise httpx.LocalProtocolError("a header or the target holds a line break or NUL")
     return head
-
-
-def _framing(
-    method: str, status: int, version: bytes, headers: list[tuple[bytes, bytes]]
-) -> tuple[str, int, bool]:
-    """How the body is delimited: ("length", n, keep), ("chunked", 0, keep), ("close", 0, False)."""
-    keep = version == b"HTTP/1.1"
-    lengths: set[bytes] = set()
-    coding = b""
-    for name, value in headers:
-        lowered = name.lower()
-        if lowered == b"content-length":
-            lengths.update(v.strip() for v in value.split(b","))
-        elif lowered == b"transfer-encoding":
-            coding = value
-        elif lowered == b"connection" and b"close" in value.lower():
-            keep = False
-    if method == "HEAD" or status in _NO_BODY_STATUSES:
-        return "length", 0, keep
-    if coding:
-        last = coding.split(b",")[-1].strip().lower()
-        if last == b"chunked":
-            # A Content-Length beside it is ignored, and the connection not trusted after.
-            return "chunked", 0, keep and not lengths
-        return "close", 0, False
-    if lengths:
-        if len(lengths) != 1 or not next(iter(lengths)).isdigit():
-            raise httpx.RemoteProtocolError("bad Content-Length in the response")
-        return "length", int(next(iter(lengths))), keep
-    return "close", 0, False

@@ -9,6 +9,8 @@ import json
 import shutil
 import socket
 import subprocess
+import tracemalloc
+import zlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +87,45 @@ def test_connection_refused_is_reported_not_raised() -> None:
     assert result["error_message"]
 
 
+def test_connection_refused_is_reported_as_such_with_robots_obeyed() -> None:
+    # robots.txt cannot be read when nothing listens: that is the cause to report, not a
+    # robots.txt verdict ("robots.txt unreachable disallows").
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    async def main() -> list[dict[str, Any]]:
+        async with Fetcher(FAST) as fetcher:  # obeys robots.txt
+            return [await fetcher.fetch(f"http://127.0.0.1:{port}/") for _ in range(2)]
+
+    for result in asyncio.run(main()):  # the second one from the cached failure
+        assert (result["ok"], result["error"]) == (False, "connect_error")
+        message = result["error_message"]
+        assert "connection refused" in message and "robots" not in message
+        assert "Errno" not in message
+
+
+def test_an_unknown_host_is_named_in_plain_words() -> None:
+    result = get("http://no-such-host.invalid/", settings(obey_robots=False))
+    assert result["error"] == "dns_error"
+    assert "no-such-host.invalid" in result["error_message"]
+    assert "Errno" not in result["error_message"] and "-2" not in result["error_message"]
+
+
+def test_a_loopback_refusal_names_the_setting_that_allows_it(site: TestSite) -> None:
+    site.set_page("/p", "<p>x</p>")
+    by_address = get(site.url("/p"), settings(allow_networks=()))
+    by_name = get(f"http://localhost:{site.port}/p", settings(allow_networks=()))
+    assert by_address["error"] == by_name["error"] == "refused"
+    assert "JODL_FETCH_ALLOW=127.0.0.0/8" in by_address["error_message"]
+    assert "JODL_FETCH_ALLOW" in by_name["error_message"]
+    # A name's refusal says nothing of what it resolved to, and reads as a sentence.
+    assert "127.0.0.1" not in by_name["error_message"].split("/p: ", 1)[1]
+    assert "resolves to" not in by_name["error_message"]
+    assert "localhost is a private or loopback address" in by_name["error_message"]
+    assert site.requests("/p") == []
+
+
 # --- conditional GET ------------------------------------------------------------------------
 
 
@@ -143,6 +184,73 @@ def test_compressed_bodies_count_after_decompression(site: TestSite) -> None:
     small = gzip.compress(b"<p>zipped</p>")
     site.set_page("/small", small, headers={"Content-Encoding": "gzip"})
     assert get(site.url("/small"))["text"] == "zipped"
+
+
+def compress(data_size: int, coding: str) -> bytes:
+    """``data_size`` zero bytes compressed with ``coding``, built without holding them."""
+    wbits = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS, "raw": -zlib.MAX_WBITS}
+    packer = zlib.compressobj(9, zlib.DEFLATED, wbits[coding])
+    block = b"\0" * (1 << 20)
+    parts = [packer.compress(b"<p>")]
+    parts += [packer.compress(block) for _ in range(data_size >> 20)]
+    return b"".join([*parts, packer.compress(b"</p>"), packer.flush()])
+
+
+def peak_memory_of(url: str, config: FetchSettings) -> tuple[dict[str, Any], int]:
+    tracemalloc.start()
+    try:
+        result = get(url, config)
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize(
+    ("coding", "header"),
+    [("gzip", "gzip"), ("deflate", "deflate"), ("raw", "deflate"), ("gzip2", "gzip, gzip")],
+)
+def test_a_compression_bomb_stops_at_the_limit_in_bounded_memory(
+    site: TestSite, coding: str, header: str
+) -> None:
+    if coding == "gzip2":  # 256 MB inside two layers of gzip: a few kilobytes on the wire
+        body = gzip.compress(compress(256 << 20, "gzip"), 9)
+    else:
+        body = compress(64 << 20, coding)
+    assert len(body) < 300_000
+    site.set_page("/bomb", body, headers={"Content-Encoding": header})
+    limit = 1 << 20
+    result, peak = peak_memory_of(site.url("/bomb"), settings(max_bytes=limit, obey_robots=False))
+    assert result["error"] == "too_large"
+    assert "1048576 bytes" in result["error_message"]
+    # The limit, a few decompression steps and the fetcher's own needs: far below the
+    # 64 MB (or 256 MB) the body decodes to.
+    assert peak < 16 * limit
+
+
+def test_compressed_bodies_under_the_limit_decode_in_any_supported_coding(site: TestSite) -> None:
+    page = b"<p>" + b"zipped " * 50_000 + b"</p>"  # 350 kB: many decompression steps
+    codings = {
+        "gzip": gzip.compress(page),
+        "x-gzip": gzip.compress(page),
+        "deflate": zlib.compress(page),
+        "gzip, deflate": zlib.compress(gzip.compress(page)),
+        "identity": page,
+    }
+    raw = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+    codings["deflate "] = raw.compress(page) + raw.flush()  # raw deflate, as some servers send
+    for n, (coding, body) in enumerate(codings.items()):
+        site.set_page(f"/z{n}", body, headers={"Content-Encoding": coding.strip()})
+    results = get_many([site.url(f"/z{n}") for n in range(len(codings))], FAST)
+    for coding, result in zip(codings, results, strict=True):
+        assert result["ok"], (coding, result["error_message"])
+        assert result["size"] == len(page) and result["text"].startswith("zipped zipped")
+    assert "gzip" in site.requests("/z0")[0].headers["accept-encoding"]
+
+
+def test_a_broken_compressed_body_is_a_protocol_error(site: TestSite) -> None:
+    site.set_page("/broken", b"not gzip at all", headers={"Content-Encoding": "gzip"})
+    result = get(site.url("/broken"), settings(obey_robots=False))
+    assert result["error"] == "protocol_error" and "gzip" in result["error_message"]
 
 
 def test_slow_server_hits_the_read_timeout(site: TestSite) -> None:
@@ -393,6 +501,7 @@ def test_an_unreachable_robots_txt_disallows_everything(site: TestSite) -> None:
     site.set_page("/page", "<p>x</p>")
     result = get(site.url("/page"))
     assert result["error"] == "robots_disallowed"
+    assert "robots.txt answered 503" in result["error_message"]
     assert site.requests("/page") == []
 
 

@@ -287,6 +287,94 @@ def test_broken_answers_are_protocol_errors(
     assert result["ok"] is False and result["error"] == code, result
 
 
+H = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n"
+CHUNKED = H + b"Transfer-Encoding: chunked\r\n\r\n"
+
+#: Malformed answers: (answer, whether the server then closes). Kept open, a broken
+#: answer must be noticed from its bytes alone, not from the close.
+MALFORMED = {
+    "bad chunk size": (CHUNKED + b"zz\r\n<p>x</p>\r\n0\r\n\r\n", False),
+    "chunk size overflow": (CHUNKED + b"1" * 40 + b"\r\n<p>x</p>\r\n0\r\n\r\n", False),
+    "chunk longer than its size": (CHUNKED + b"2\r\n<p>x</p>\r\n0\r\n\r\n", False),
+    "negative chunk size": (CHUNKED + b"-8\r\n<p>x</p>\r\n0\r\n\r\n", False),
+    "duplicate Content-Length": (
+        H + b"Content-Length: 8\r\nContent-Length: 8\r\n\r\n<p>x</p>",
+        False,
+    ),
+    "conflicting Content-Length": (
+        H + b"Content-Length: 8\r\nContent-Length: 9\r\n\r\n<p>x</p>",
+        False,
+    ),
+    "Content-Length list": (H + b"Content-Length: 8, 9\r\n\r\n<p>x</p>", False),
+    "negative Content-Length": (H + b"Content-Length: -8\r\n\r\n<p>x</p>", False),
+    "Content-Length and chunked": (
+        H + b"Content-Length: 8\r\nTransfer-Encoding: chunked\r\n\r\n8\r\n<p>x</p>\r\n0\r\n\r\n",
+        False,
+    ),
+    "obs-fold header": (H + b"X-Folded: one\r\n two\r\nContent-Length: 8\r\n\r\n<p>x</p>", False),
+    "space before colon": (H + b"X-Bad : x\r\nContent-Length: 8\r\n\r\n<p>x</p>", False),
+    "NUL in a header": (H + b"X-Nul: a\x00b\r\nContent-Length: 8\r\n\r\n<p>x</p>", False),
+    "bare LF line ends": (b"HTTP/1.1 200 OK\nContent-Length: 8\n\n<p>x</p>", False),
+    "overlong header line": (H + b"X-Long: " + b"y" * 100_000 + b"\r\n\r\n", False),
+    "overlong status line": (b"HTTP/1.1 200 " + b"O" * 100_000 + b"\r\n\r\n", False),
+    "too many headers": (H + b"X-Many: y\r\n" * 1000 + b"Content-Length: 0\r\n\r\n", False),
+    "1xx flood": (b"HTTP/1.1 100 Continue\r\n\r\n" * 1000, False),
+    "switching protocols": (
+        b"HTTP/1.1 101 Switching\r\nConnection: upgrade\r\nUpgrade: x\r\n\r\n",
+        False,
+    ),
+    "status out of range": (b"HTTP/1.1 2000 OK\r\nContent-Length: 0\r\n\r\n", False),
+    "not HTTP": (b"SPDY/3 200 OK\r\n\r\n", False),
+    "early close in the head": (b"HTTP/1.1 200 OK\r\nContent-Le", True),
+    "early close in the body": (H + b"Content-Length: 100\r\n\r\n<p>too short", True),
+    "early close in a chunk": (CHUNKED + b"100\r\n<p>too short", True),
+    "early close before the last chunk": (CHUNKED + b"8\r\n<p>x</p>\r\n", True),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_answers_fail_their_url_alone_and_leak_nothing(
+    raw: Callable[[Script], RawServer], case: str
+) -> None:
+    answer, close = MALFORMED[case]
+
+    def script(path: str, conn: int, n: int) -> bytes | tuple[bytes, bool]:
+        if path == "/bad":
+            return (answer, True) if close else answer
+        return ok(b"<p>fine</p>")
+
+    server = raw(script)
+    # A hung connection would end in a timeout: these are short, and the error must not be one.
+    config = dataclasses.replace(FAST, read_timeout=3, total_timeout=5)
+
+    async def main() -> tuple[list[dict[str, Any]], tuple[int, int]]:
+        async with Fetcher(config) as fetcher:
+            results = [await fetcher.fetch(server.url(p)) for p in ("/good", "/bad", "/good")]
+            results += await asyncio.gather(*(fetcher.fetch(server.url("/good")) for _ in range(3)))
+            transport = fetcher.client._transport
+            assert isinstance(transport, PinnedTransport)
+            return results, transport.connections
+
+    results, (open_now, idle) = asyncio.run(main())
+    bad = results[1]
+    assert (bad["ok"], bad["error"]) == (False, "protocol_error"), bad
+    assert bad["error_message"].startswith(server.url("/bad") + ": the server broke HTTP")
+    assert all(r["ok"] and r["text"] == "fine" for r in results[:1] + results[2:])
+    assert open_now == idle  # no connection left in use: the pool is not poisoned
+    # The broken connection was dropped: /bad was the last request it carried.
+    (carrier,) = [n for n, path, _ in server.requests if path == "/bad"]
+    assert [path for n, path, _ in server.requests if n == carrier][-1] == "/bad"
+
+
+def test_bytes_after_a_whole_answer_keep_it_but_not_the_connection(
+    raw: Callable[[Script], RawServer],
+) -> None:
+    server = raw(lambda path, conn, n: ok(b"<p>fine</p>") + b"HTTP/1.1 200 OK\r\nSURPLUS")
+    first, second = fetch_all([server.url("/a"), server.url("/b")])
+    assert first["ok"] and second["ok"] and first["text"] == "fine"
+    assert server.connections == 2
+
+
 def test_interim_answers_are_skipped(raw: Callable[[Script], RawServer]) -> None:
     server = raw(
         lambda path, conn, n: (
@@ -310,7 +398,7 @@ def test_a_stalled_answer_hits_the_read_timeout(raw: Callable[[Script], RawServe
         (result,) = fetch_all([server.url("/")], config)
     finally:
         stop.set()
-    assert result["error"] == "timeout" and "ReadTimeout" in result["error_message"]
+    assert result["error"] == "timeout" and "read timeout" in result["error_message"]
 
 
 # --- pinning ---------------------------------------------------------------------------------
