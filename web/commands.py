@@ -59,6 +59,9 @@ def make_server(app: Any, settings: WebSettings, listen: str | None = None) -> A
             connection_limit=max(100, 4 * settings.web_threads),
             ident="jodl",
             clear_untrusted_proxy_headers=True,
+            # Reads ahead while a request runs, so a stream learns at once that its
+            # client disconnected (waitress.client_disconnected) and frees its slot.
+            channel_request_lookahead=1,
         )
     except OSError as exc:
         raise JodlError(f"cannot listen on {address}: {exc.strerror or exc}") from None
@@ -129,9 +132,9 @@ def web_cmd(ctx: click.Context, listen: str | None, threads: int | None) -> None
     from .app import create_app
 
     obj = ctx.ensure_object(dict)
-    settings = WebSettings.from_env(database_url=obj.get("database_url"), web_threads=threads)
-    if threads and settings.web_max_streams >= threads:
-        settings = settings.replace(web_max_streams=max(1, threads - max(2, threads // 4)))
+    settings = WebSettings.from_env(
+        database_url=obj.get("database_url"), web_threads=threads, web_listen=listen
+    )
     _logging(Settings.from_env(database_url=settings.database_url).log_level)
     app = create_app(settings)
     svc = app.extensions["jodl"]
@@ -162,12 +165,13 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int) -> None:
 
     from .app import create_app
     from .cluster import LocalCluster
+    from .trial import login_line, public_warning
 
     obj = ctx.ensure_object(dict)
     database = obj.get("database_url") or UP_DATABASE
     lib = Settings.from_env(database_url=database)
     _logging(lib.log_level)
-    web_settings = WebSettings.from_env(database_url=database, web_secure_cookies=False)
+    web_settings = WebSettings.for_up(database_url=database, web_listen=listen)
     cluster = LocalCluster(database, agents=agents, settings=lib)
     started = False
     # SIGTERM stops like Ctrl-C from here on, also while starting or before serving.
@@ -181,7 +185,10 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int) -> None:
         started = True
         svc = app.extensions["jodl"]
         url = server_url(server)
-        login = f"{email} / {password}" if password else f"{email} (password unchanged)"
+        login = login_line(email, password)
+        warning = public_warning(server.effective_host)
+        if warning:
+            click.echo(warning, err=True)
         click.echo(f"JODL is up: {url}")
         click.echo(f"  operator login: {login}")
         click.echo(f"  database: {database}")

@@ -17,6 +17,7 @@ import hmac
 import secrets
 import threading
 import time
+from dataclasses import dataclass
 
 from flask import Response, session
 
@@ -120,3 +121,17 @@ class RateLimiter:
         ]
         for key in full:
             del self._buckets[key]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The rate limits of the web UI, one bucket set each."""
+
+    #: Submissions and sign-ups of signed-in users (per user).
+    users: RateLimiter
+    #: Submissions and sign-ups of visitors who are not signed in (per address).
+    anonymous: RateLimiter
+    #: Failed logins per (address, account).
+    login_pair: RateLimiter
+    #: Failed logins per address, over all accounts.
+    login_address: RateLimiter
