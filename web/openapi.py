@@ -73,17 +73,25 @@ def _text(most: int, least: int = 1) -> dict[str, Any]:
 
 
 def _stream(*events: str) -> dict[str, Any]:
-    """An event stream whose events' ``data`` are JSON objects of the named schemas."""
-    return {
-        "text/event-stream": {
-            "schema": {
-                "type": "string",
-                "description": "Server-Sent Events; the `data` of each event is one JSON "
-                "object: " + ", ".join(f"`{e}` a {e.title()}" for e in events),
+    """An event stream: ``schema`` describes each event (OpenAPI 3.1 reading); its
+    ``data`` is one JSON object of the component schema named like the event."""
+
+    def event(name: str) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "required": ["event", "data"],
+            "properties": {
+                "event": {"const": name},
+                "id": {"type": "string"},
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": {"$ref": f"#/components/schemas/{name.title()}"},
+                },
             },
-            "x-events": {e: {"$ref": f"#/components/schemas/{e.title()}"} for e in events},
         }
-    }
+
+    return {"text/event-stream": {"schema": {"oneOf": [event(e) for e in events]}}}
 
 
 def _query_int(name: str) -> dict[str, Any]:
