@@ -59,7 +59,7 @@ def _guard() -> None:
 
 def body() -> dict[str, Any]:
     """The request's JSON object; 400 when the body is not one, or holds a string
-    that is not Unicode text (a lone surrogate such as ``"\\ud800"``)."""
+    that cannot be stored (a lone surrogate such as ``"\\ud800"``, a NUL)."""
     try:
         data = request.get_json(silent=True)
     except RecursionError:  # nested deeper than the JSON parser goes
@@ -67,12 +67,15 @@ def body() -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object")
     if not _encodable(data):
-        raise BadRequest("the body holds a string that is not valid Unicode (lone surrogate)")
+        raise BadRequest(
+            "the body holds a string that cannot be stored: a lone surrogate or a NUL character"
+        )
     return data
 
 
 def _encodable(value: Any) -> bool:
-    """True when every string (and key) inside ``value`` can be stored as UTF-8."""
+    """True when every string (and key) inside ``value`` can be stored: UTF-8, no NUL
+    (which PostgreSQL's text columns refuse)."""
     stack = [value]
     while stack:
         item = stack.pop()
@@ -80,6 +83,8 @@ def _encodable(value: Any) -> bool:
             try:
                 item.encode("utf-8")
             except UnicodeEncodeError:
+                return False
+            if "\x00" in item:
                 return False
         elif isinstance(item, dict):
             stack.extend(item.keys())

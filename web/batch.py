@@ -319,7 +319,9 @@ class Batches:
                 if admit is not None:
                     admit(normal)
             except ValueError as exc:
-                items.append(Item(len(items), text.strip()[:ITEM_URL_LENGTH], str(exc)))
+                # Shown as given, but storable (PostgreSQL text refuses NUL).
+                shown = text.strip()[:ITEM_URL_LENGTH].replace("\x00", "\ufffd")
+                items.append(Item(len(items), shown, str(exc)))
                 continue
             if normal in seen:
                 duplicates += 1
