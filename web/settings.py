@@ -8,6 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+# The page checker's options register first, whichever module is imported first:
+# the configuration table keeps one order.
+import crawler_app.settings  # noqa: F401
 from jodl.config import Option, read_values, register_options
 from jodl.exceptions import ConfigError
 
@@ -114,14 +117,16 @@ OPTIONS: tuple[Option, ...] = (
         "JODL_WEB_SUBMIT_PER_MINUTE",
         str(DEFAULT_SUBMIT_PER_MINUTE),
         "float+",
-        "Submissions (and login attempts) per minute per user or client address",
+        "Submissions per minute per signed-in user, and failed logins per minute per "
+        "(address, account); an address may fail five times as often over all accounts",
         "web",
     ),
     Option(
         "JODL_WEB_SUBMIT_BURST",
         str(DEFAULT_SUBMIT_BURST),
         "int+",
-        "Submissions a client may make at once before the per-minute rate applies",
+        "Submissions (and failed logins) a client may make at once before the per-minute "
+        "rate applies",
         "web",
     ),
     Option(
