@@ -123,7 +123,7 @@ def create_app(
         )
     store = Store(engine)
     queue = Queue(store)
-    from .auth import ADDRESS_LOGIN_FACTOR
+    from .auth import ADDRESS_LOGIN_FACTOR, LOGIN_WINDOW_MINUTES
 
     app.extensions["jodl"] = Services(
         settings=settings,
@@ -134,9 +134,11 @@ def create_app(
         limits=Limits(
             users=RateLimiter(settings.web_submit_per_minute, settings.web_submit_burst),
             anonymous=RateLimiter(settings.web_anonymous_per_minute, settings.web_anonymous_burst),
-            login_pair=RateLimiter(settings.web_submit_per_minute, settings.web_submit_burst),
+            login_pair=RateLimiter(
+                settings.web_submit_burst / LOGIN_WINDOW_MINUTES, settings.web_submit_burst
+            ),
             login_address=RateLimiter(
-                settings.web_submit_per_minute * ADDRESS_LOGIN_FACTOR,
+                settings.web_submit_burst * ADDRESS_LOGIN_FACTOR / LOGIN_WINDOW_MINUTES,
                 settings.web_submit_burst * ADDRESS_LOGIN_FACTOR,
             ),
         ),

@@ -59,7 +59,11 @@ PASSWORD_MAX = 200
 TOKEN_SECONDS = 30 * 24 * 3600
 #: Seconds a confirmation link stays good.
 CONFIRM_SECONDS = 7 * 24 * 3600
-#: Failed logins one address may make over all accounts, in bursts of the
+#: Minutes over which failed logins count: JODL_WEB_SUBMIT_BURST (10) failures per
+#: (address, account) per 15 minutes is under a thousand guesses a day from one
+#: address, and a typing owner never meets it.
+LOGIN_WINDOW_MINUTES = 15.0
+#: Failed logins one address may make over all accounts, in multiples of the
 #: per-(address, account) limit: guessing one account stops long before.
 ADDRESS_LOGIN_FACTOR = 5
 #: Answer to every sign-up, new address or not: nothing tells accounts apart.

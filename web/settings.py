@@ -117,16 +117,16 @@ OPTIONS: tuple[Option, ...] = (
         "JODL_WEB_SUBMIT_PER_MINUTE",
         str(DEFAULT_SUBMIT_PER_MINUTE),
         "float+",
-        "Submissions per minute per signed-in user, and failed logins per minute per "
-        "(address, account); an address may fail five times as often over all accounts",
+        "Submissions per minute per signed-in user",
         "web",
     ),
     Option(
         "JODL_WEB_SUBMIT_BURST",
         str(DEFAULT_SUBMIT_BURST),
         "int+",
-        "Submissions (and failed logins) a client may make at once before the per-minute "
-        "rate applies",
+        "Submissions a signed-in user may make at once before the per-minute rate applies; "
+        "also failed logins per (address, account) per 15 minutes (five times as many "
+        "per address over all accounts)",
         "web",
     ),
     Option(
