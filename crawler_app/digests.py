@@ -69,6 +69,8 @@ def prepare(s: Session, cycle: AppCycle, settings: AppSettings) -> int:
             .where(
                 Tracking.page_id == snap.page_id,
                 func.coalesce(Tracking.selector, WHOLE_PAGE) == snap.selector,
+                # Only to addresses their owners confirmed (web sign-ups follow a link).
+                User.email_confirmed.is_(True),
             )
         ).all()
         for user_id, address in trackers:

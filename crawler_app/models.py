@@ -27,6 +27,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
+    true,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -60,6 +61,11 @@ class User(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     #: Operators (admin role) see and manage nodes, runs and the queue in the web UI.
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    #: Digests go only to confirmed addresses: users an operator adds are; a web sign-up
+    #: is once its owner followed the link mailed to it.
+    email_confirmed: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    #: Raised by logout and password changes: web sessions of an older version end.
+    session_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Page(Base):

@@ -34,7 +34,10 @@ CHECK_STRATEGY = ("affinity", {"by": "host"})
 #: Family of the jobs that send digests.
 NOTIFY_FAMILY = "notify"
 
-_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$|^[^@\s]+@localhost$")
+# One mailbox: no characters that separate or group addresses in a header
+# ("a@x.org,postmaster" would be two recipients).
+_ATOM = r"[^@\s,;:<>()\[\]\\\"]+"
+_EMAIL = re.compile(rf"^{_ATOM}@{_ATOM}\.{_ATOM}$|^{_ATOM}@localhost$")
 
 
 class PageError(JodlError):
@@ -110,6 +113,8 @@ def get_user(session: Session, email: str) -> User:
 def set_password(user: User, password: str) -> None:
     """Replace the user's password (hash only)."""
     user.password_hash = generate_password_hash(password)
+    # The web UI's sessions and API tokens opened under the old password end.
+    user.session_version = (user.session_version or 0) + 1
 
 
 def check_password(user: User, password: str) -> bool:

@@ -36,6 +36,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -132,6 +133,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for ``url``, checked to answer; :class:`StoreUnavailable` if it does not."""
     url = normalise_url(url)
     if url.startswith("sqlite"):
+        _create_private(make_url(url).database)
         kwargs.setdefault("connect_args", {"check_same_thread": False, "timeout": 30})
         engine = create_engine(url, **kwargs)
 
@@ -155,6 +157,19 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             f"cannot reach the database {engine.url.render_as_string(hide_password=True)}: {reason}"
         ) from None
     return engine
+
+
+def _create_private(path: str | None) -> None:
+    """Create a new SQLite file readable by its owner only (0600).
+
+    It holds password hashes, addresses and page text. SQLite gives its -wal and
+    -shm files the database file's mode. An existing file keeps its mode."""
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:
+        pass  # it exists, or no such directory (SQLite reports that on connecting)
 
 
 def ensure_schema(engine: Engine) -> None:

@@ -68,7 +68,8 @@ def test_results_appear_live_in_the_browser(tmp_path: Path, site: TestSite) -> N
     try:
         out = wait_up(proc, log)
         url = UP_LINE.search(out).group(1)  # type: ignore[union-attr]
-        email, password = LOGIN_LINE.search(out).groups()  # type: ignore[union-attr]
+        email, login_file = LOGIN_LINE.search(out).groups()  # type: ignore[union-attr]
+        password = Path(login_file).read_text().split()[1]
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
             page = browser.new_page(timezone_id=READER_ZONE, locale="en-GB")
@@ -79,6 +80,11 @@ def test_results_appear_live_in_the_browser(tmp_path: Path, site: TestSite) -> N
 
             page.on("console", console)
             page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
+            # Signed in: the allowlisted loopback site serves signed-in users only.
+            page.goto(url + "login")
+            page.fill("#email", email)
+            page.fill("#password", password)
+            page.click("form button[type=submit]")
             page.goto(url)
             urls = [site.url(p) for p in ("/slow", "/fast", "/evil", "/gone")] + ["ftp://nope"]
             page.fill("#urls", "\n".join(urls))
@@ -107,11 +113,7 @@ def test_results_appear_live_in_the_browser(tmp_path: Path, site: TestSite) -> N
             expect(rows["ftp"].locator(".excerpt")).to_contain_text("scheme")
             page.screenshot(path=str(ARTIFACTS / "browser-batch.png"), full_page=True)
 
-            # The operator logs in and sees the live status (scripts run under the CSP).
-            page.goto(url + "login")
-            page.fill("#email", email)
-            page.fill("#password", password)
-            page.click("form button[type=submit]")
+            # The operator sees the live status (scripts run under the CSP).
             page.goto(url + "admin/")
             expect(page.locator("#live-state")).to_contain_text("updated", timeout=15_000)
             expect(page.locator("#nodes tbody tr")).to_have_count(2)

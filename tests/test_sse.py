@@ -41,7 +41,13 @@ class System:
     site: TestSite
 
     def submit(self, urls: list[str]) -> dict[str, object]:
-        r = httpx.post(self.web.url + "/api/batches", json={"urls": urls}, timeout=30)
+        # Signed in: the allowlisted loopback site serves signed-in users only.
+        r = httpx.post(
+            self.web.url + "/api/batches",
+            json={"urls": urls},
+            auth=("user@example.org", PASSWORD),
+            timeout=30,
+        )
         assert r.status_code == 201, r.text
         data: dict[str, object] = r.json()
         return data

@@ -29,7 +29,13 @@ def make_app(tmp_path: Path, **settings: Any) -> Flask:
     url = f"sqlite:///{tmp_path / 'api.db'}"
     engine = make_engine(url)
     upgrade(engine)
-    values: dict[str, Any] = {"web_secure_cookies": False, "web_submit_burst": 1000}
+    values: dict[str, Any] = {
+        "web_secure_cookies": False,
+        "web_submit_burst": 1000,
+        "web_anonymous_submit": True,
+        "web_anonymous_burst": 1000,
+        "web_anonymous_batch_max": 100,
+    }
     values.update(settings)
     app = create_app(WebSettings(database_url=url, **values), engine=engine)
     sessions = sessionmaker(engine)
@@ -108,7 +114,7 @@ def test_submission_validation(client: FlaskClient) -> None:
 
 
 def test_rate_limit(tmp_path: Path) -> None:
-    app = make_app(tmp_path, web_submit_burst=3, web_submit_per_minute=1.0)
+    app = make_app(tmp_path, web_anonymous_burst=3, web_anonymous_per_minute=1.0)
     client = app.test_client()
     codes = [
         client.post("/api/batches", json={"urls": ["http://a.example/"]}).status_code
@@ -173,9 +179,15 @@ def test_session_auth_needs_csrf_header_basic_does_not(client: FlaskClient) -> N
 
 def test_signup_through_the_api(client: FlaskClient) -> None:
     r = client.post("/api/users", json={"email": "new@example.org", "password": PASSWORD})
-    assert r.status_code == 201 and r.get_json()["user"]["email"] == "new@example.org"
+    assert r.status_code == 202 and "confirm" in r.get_json()["message"]
+    assert (
+        client.post(
+            "/api/session", json={"email": "new@example.org", "password": PASSWORD}
+        ).get_json()["user"]["email"]
+        == "new@example.org"
+    )
+    client = client.application.test_client()  # a visitor again
     for body, status in [
-        ({"email": "new@example.org", "password": PASSWORD}, 400),
         ({"email": "x@example.org", "password": "short"}, 400),
         ({"email": 5, "password": PASSWORD}, 400),
         ({"email": "x@example.org"}, 400),
@@ -310,11 +322,12 @@ def test_stream_slots_are_limited(tmp_path: Path) -> None:
     client = app.test_client()
     batch = client.post("/api/batches", json={"urls": ["http://a.example/"]}).get_json()
     svc = app.extensions["jodl"]
-    assert svc.streams.acquire(blocking=False)  # another stream holds the only slot
+    slot = svc.streams.take("addr:10.0.0.9")  # another client holds the only slot
+    assert slot is not None
     try:
         body = client.get(batch["events"]).get_data(as_text=True)
     finally:
-        svc.streams.release()
+        svc.streams.give_back(slot)
     assert body.startswith("retry: 3000\n") and "event:" not in body
 
 

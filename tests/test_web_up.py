@@ -27,7 +27,7 @@ pytest_plugins = ("tests.site",)
 
 UP_LINE = re.compile(r"^JODL is up: (http://\S+)$", re.M)
 READY_LINE = re.compile(r"^Press Ctrl-C to stop", re.M)
-LOGIN_LINE = re.compile(r"operator login: (\S+) / (\S+)$", re.M)
+LOGIN_LINE = re.compile(r"operator login: (\S+), password in (\S+) \(readable only by you\)$", re.M)
 
 
 def children(pid: int) -> list[int]:
@@ -82,14 +82,24 @@ def test_up_runs_everything_and_stops_everything(tmp_path: Path, site: TestSite)
     try:
         out = wait_up(proc, log)
         url = UP_LINE.search(out).group(1)  # type: ignore[union-attr]
-        email, password = LOGIN_LINE.search(out).groups()  # type: ignore[union-attr]
-        assert email == "admin@localhost" and len(password) >= 12
+        email, login_file = LOGIN_LINE.search(out).groups()  # type: ignore[union-attr]
+        # The password is in a file only its owner reads, not on the terminal.
+        assert Path(login_file).stat().st_mode & 0o777 == 0o600
+        file_email, password = Path(login_file).read_text().split()
+        assert email == file_email == "admin@localhost" and len(password) >= 12
+        assert password not in out
         assert (tmp_path / "jodl.db").exists()
         agents = children(proc.pid)
         assert len(agents) == 2 and all(alive(p) for p in agents)
 
         # A URL of the local site, through the API and the stream.
-        r = httpx.post(url + "api/batches", json={"urls": [site.url("/hello")]}, timeout=30)
+        # (as the operator: private networks of the allowlist serve signed-in users only)
+        r = httpx.post(
+            url + "api/batches",
+            json={"urls": [site.url("/hello")]},
+            auth=(email, password),
+            timeout=30,
+        )
         assert r.status_code == 201
         with EventStream(url.rstrip("/") + r.json()["events"]) as stream:
             events = list(stream)
@@ -136,7 +146,8 @@ def test_up_runs_everything_and_stops_everything(tmp_path: Path, site: TestSite)
     proc = start_up(tmp_path, log)
     try:
         out = wait_up(proc, log)
-        assert f"operator login: {email} / {password}" in out
+        assert f"operator login: {email}, password in {login_file} " in out
+        assert Path(login_file).read_text().split() == [email, password], "the same login"
         assert out.rstrip().splitlines()[-2].startswith("  database:"), "the login comes last"
         login = subprocess.run(
             [*jodl_command(), "up", "--print-login"],
@@ -146,7 +157,8 @@ def test_up_runs_everything_and_stops_everything(tmp_path: Path, site: TestSite)
             text=True,
             timeout=60,
         )
-        assert login.returncode == 0 and f"{email} / {password}" in login.stdout
+        assert login.returncode == 0 and f"{email}, password in {login_file}" in login.stdout
+        assert password not in login.stdout
         agents = children(proc.pid)
         engine = create_engine(f"sqlite:///{tmp_path / 'jodl.db'}")
         with engine.connect() as conn:

@@ -146,11 +146,17 @@ class Event:
 class EventStream:
     """An open ``text/event-stream`` response read event by event."""
 
-    def __init__(self, url: str, last_event_id: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        last_event_id: str | None = None,
+        timeout: float = 60.0,
+        auth: tuple[str, str] | None = None,
+    ) -> None:
         headers = {"Accept": "text/event-stream"}
         if last_event_id is not None:
             headers["Last-Event-ID"] = last_event_id
-        self.client = httpx.Client(timeout=httpx.Timeout(timeout))
+        self.client = httpx.Client(timeout=httpx.Timeout(timeout), auth=auth)
         self._cm = self.client.stream("GET", url, headers=headers)
         self.response = self._cm.__enter__()
         self.retry: int | None = None

@@ -1,8 +1,10 @@
 """The JSON API: everything the HTML views do, described by ``/api/openapi.json``.
 
 Authentication: the session cookie (log in with ``POST /api/session``; then
-every state-changing request carries the session's token in ``X-CSRF-Token``)
-or HTTP Basic credentials on each request (no token needed). State-changing
+every state-changing request carries the session's token in ``X-CSRF-Token``),
+a bearer token from ``POST /api/tokens`` (``Authorization: Bearer …``), or
+HTTP Basic credentials on each request (a password hash each time: slow). Tokens
+and Basic need no CSRF token. State-changing
 requests must send JSON (``Content-Type: application/json``), which a page of
 another site cannot make a browser send without the API's consent.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, jsonify, request, session, url_for
+from flask import Blueprint, jsonify, request, url_for
 from werkzeug.exceptions import BadRequest, Forbidden, NotFound, UnsupportedMediaType
 
 from crawler_app.pages import PageError
@@ -19,13 +21,18 @@ from crawler_app.pages import PageError
 from . import admin, tracking
 from .app import services
 from .auth import (
+    SIGNUP_SENT,
+    TOKEN_SECONDS,
     _check_credentials,
     admin_required,
-    create_account,
     current_user,
+    end_session,
+    issue_token,
     limit,
     login_required,
+    sign_up,
     start_session,
+    submission_rules,
 )
 from .batch import SubmissionError
 from .openapi import document
@@ -51,14 +58,40 @@ def _guard() -> None:
 
 
 def body() -> dict[str, Any]:
-    """The request's JSON object; 400 when the body is not one."""
+    """The request's JSON object; 400 when the body is not one, or holds a string
+    that cannot be stored (a lone surrogate such as ``"\\ud800"``, a NUL)."""
     try:
         data = request.get_json(silent=True)
     except RecursionError:  # nested deeper than the JSON parser goes
         data = None
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object")
+    if not _encodable(data):
+        raise BadRequest(
+            "the body holds a string that cannot be stored: a lone surrogate or a NUL character"
+        )
     return data
+
+
+def _encodable(value: Any) -> bool:
+    """True when every string (and key) inside ``value`` can be stored: UTF-8, no NUL
+    (which PostgreSQL's text columns refuse)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+            if "\x00" in item:
+                return False
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
 
 
 def url_list(data: dict[str, Any]) -> list[str]:
@@ -98,11 +131,12 @@ def openapi() -> Any:
 @bp.route("/batches", methods=["POST"])
 def batches_create() -> Any:
     svc = services()
+    most, admit = submission_rules()
     limit("submit")
     urls = url_list(body())
     user = current_user()
     try:
-        submitted = svc.batches.submit(urls, user.id if user else None)
+        submitted = svc.batches.submit(urls, user.id if user else None, admit=admit, most=most)
     except SubmissionError as exc:
         raise BadRequest(str(exc)) from None
     svc.metrics.inc("jodl_web_batches_total")
@@ -193,11 +227,11 @@ def signup() -> Any:
     if not isinstance(email, str) or not isinstance(password, str):
         raise BadRequest("email and password: strings")
     try:
-        with svc.batches.sessions.begin() as s:
-            user = create_account(s, email, password)
+        sign_up(email, password)
     except PageError as exc:
         raise BadRequest(str(exc)) from None
-    return jsonify({"user": _user_json(user)}), 201
+    # The same answer whether the address had an account: nothing to enumerate.
+    return jsonify({"message": SIGNUP_SENT}), 202
 
 
 @bp.route("/session", methods=["GET"])
@@ -220,8 +254,17 @@ def session_create() -> Any:
 
 @bp.route("/session", methods=["DELETE"])
 def session_delete() -> Any:
-    session.clear()
+    """Log out: every session and token of the user ends."""
+    end_session()
     return "", 204
+
+
+@bp.route("/tokens", methods=["POST"])
+@login_required
+def tokens_create() -> Any:
+    """A bearer token: API requests without a password hash each (revoked by logout)."""
+    user = _me()
+    return jsonify({"token": issue_token(user), "expires_in": TOKEN_SECONDS}), 201
 
 
 # -- tracked pages ------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 
 from flask import Flask, Response, current_app, g, jsonify, render_template, request
 from sqlalchemy import Engine
-from werkzeug.exceptions import BadRequest, Forbidden, HTTPException
+from werkzeug.exceptions import BadRequest, Forbidden, HTTPException, MethodNotAllowed, NotFound
 from werkzeug.middleware.proxy_fix import ProxyFix
 from werkzeug.routing import IntegerConverter
 
@@ -27,8 +27,17 @@ from jodl.store import Store, make_engine
 
 from .batch import Batches
 from .metrics import Metrics
-from .security import CSRF_FIELD, CSRF_HEADER, RateLimiter, add_headers, csrf_token, csrf_valid
+from .security import (
+    CSRF_FIELD,
+    CSRF_HEADER,
+    Limits,
+    RateLimiter,
+    add_headers,
+    csrf_token,
+    csrf_valid,
+)
 from .settings import WebSettings
+from .slots import StreamSlots
 from .timefmt import when
 
 log = logging.getLogger("web")
@@ -40,8 +49,15 @@ MAX_BODY = 1024 * 1024
 class IdConverter(IntegerConverter):
     """A row id in a URL: a whole number a database column holds (else 404, never 500)."""
 
-    def __init__(self, map: Any, *args: Any, **kwargs: Any) -> None:  # noqa: A002
-        super().__init__(map, min=1, max=2**31 - 1)
+    #: Largest id looked up (an integer column's largest value).
+    MAX = 2**31 - 1
+
+    def to_python(self, value: str) -> int:
+        number = int(value)
+        if not 1 <= number <= self.MAX:
+            # Not "no such route" (another route with other methods would answer 405).
+            raise NotFound("no such id")
+        return number
 
 
 @dataclass
@@ -53,10 +69,10 @@ class Services:
     store: Store
     queue: Queue
     batches: Batches
-    limiter: RateLimiter
+    limits: Limits
     metrics: Metrics
-    #: One slot per open event stream (see JODL_WEB_MAX_STREAMS).
-    streams: threading.BoundedSemaphore
+    #: Slots of open event streams (JODL_WEB_MAX_STREAMS, per client, operators').
+    streams: StreamSlots
     #: Set when the server shuts down: open streams end at once.
     stopping: threading.Event
 
@@ -97,6 +113,8 @@ def create_app(
         MAX_CONTENT_LENGTH=MAX_BODY,
         MAX_FORM_MEMORY_SIZE=MAX_BODY,
         JSON_SORT_KEYS=False,
+        # Host names this site answers to: a rebinding name pointing at it gets a 400.
+        TRUSTED_HOSTS=settings.trusted_hosts(),
     )
     app.jinja_env.autoescape = True  # every template, whatever its file name
     app.url_map.converters["id"] = IdConverter
@@ -106,15 +124,31 @@ def create_app(
         )
     store = Store(engine)
     queue = Queue(store)
+    from .auth import ADDRESS_LOGIN_FACTOR, LOGIN_WINDOW_MINUTES
+
     app.extensions["jodl"] = Services(
         settings=settings,
         engine=engine,
         store=store,
         queue=queue,
         batches=Batches(engine, settings, queue),
-        limiter=RateLimiter(settings.web_submit_per_minute, settings.web_submit_burst),
+        limits=Limits(
+            users=RateLimiter(settings.web_submit_per_minute, settings.web_submit_burst),
+            anonymous=RateLimiter(settings.web_anonymous_per_minute, settings.web_anonymous_burst),
+            login_pair=RateLimiter(
+                settings.web_submit_burst / LOGIN_WINDOW_MINUTES, settings.web_submit_burst
+            ),
+            login_address=RateLimiter(
+                settings.web_submit_burst * ADDRESS_LOGIN_FACTOR / LOGIN_WINDOW_MINUTES,
+                settings.web_submit_burst * ADDRESS_LOGIN_FACTOR,
+            ),
+        ),
         metrics=Metrics(),
-        streams=threading.BoundedSemaphore(settings.web_max_streams),
+        streams=StreamSlots(
+            settings.web_max_streams,
+            settings.web_streams_per_client,
+            settings.web_operator_streams,
+        ),
         stopping=threading.Event(),
     )
     app.jinja_env.globals["csrf_token"] = csrf_token
@@ -139,6 +173,8 @@ def _check_csrf() -> None:
     """Refuse a state-changing request of the HTML views without the session's token."""
     if request.method in ("GET", "HEAD", "OPTIONS") or is_api():
         return  # the API checks its own (session-authenticated requests only)
+    if request.routing_exception is not None:
+        return  # no such page or method: answered 404/405 as such (nothing changes)
     token = request.form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER)
     if not csrf_valid(token):
         raise Forbidden("the form expired or did not come from this site: reload it and retry")
@@ -158,10 +194,12 @@ def _http_error(exc: HTTPException) -> Any:
     if isinstance(exc, BadRequest) and code == 400 and "CSRF" in str(message):
         message = "bad request"
     headers = {}
+    if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
+        headers["Allow"] = ", ".join(sorted(exc.valid_methods))
     if code == 429 and getattr(exc, "retry_after", None):
         headers["Retry-After"] = str(exc.retry_after)  # type: ignore[attr-defined]
     if code == 401 and is_api():
-        headers["WWW-Authenticate"] = 'Basic realm="jodl", charset="UTF-8"'
+        headers["WWW-Authenticate"] = 'Basic realm="jodl", charset="UTF-8", Bearer realm="jodl"'
     if exc.response is not None and code in (301, 302, 303, 307, 308):
         return exc.response
     if is_api() or request.accept_mimetypes.best == "application/json":

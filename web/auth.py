@@ -3,7 +3,18 @@
 Passwords are stored only as Werkzeug salted hashes (through the page checker's
 user functions). A browser is identified by the signed session cookie; an API
 client may instead send HTTP Basic credentials (e-mail and password) with each
-request, which needs no CSRF token since a browser never adds them on its own.
+request, or a bearer token from ``POST /api/tokens`` (no password hash per
+request); neither needs a CSRF token since a browser never adds them on its own.
+
+* **Revocable sessions**: a session and a token name the user's
+  ``session_version``; logout and password changes raise it, which ends every
+  session and token of that user at their next request.
+* **Login limits**: failed logins count per client address and per (address,
+  account), so guessing from one address stops while the owner, elsewhere, still
+  logs in. An unknown account costs a password hash too (same answer time), and
+  sign-up answers the same whether the address has an account or not.
+* **Confirmed addresses**: a sign-up mails a signed link; digests go only to
+  confirmed addresses.
 """
 
 from __future__ import annotations
@@ -14,13 +25,27 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from flask import Blueprint, flash, g, redirect, render_template, request, session, url_for
-from sqlalchemy import select
+from flask import (
+    Blueprint,
+    current_app,
+    flash,
+    g,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
-from werkzeug.exceptions import Forbidden, TooManyRequests, Unauthorized
+from werkzeug.exceptions import Forbidden, NotFound, TooManyRequests, Unauthorized
+from werkzeug.security import check_password_hash, generate_password_hash
 
+from crawler_app.guard import FetchRefused, check_url
 from crawler_app.models import User
 from crawler_app.pages import PageError, add_user, check_password, normalise_email
+from crawler_app.settings import AppSettings
 
 from .app import is_api, services
 from .security import CSRF_KEY
@@ -30,6 +55,22 @@ bp = Blueprint("auth", __name__)
 #: Shortest and longest password accepted at sign-up.
 PASSWORD_MIN = 8
 PASSWORD_MAX = 200
+#: Seconds an API token lives (logout and password changes end it sooner).
+TOKEN_SECONDS = 30 * 24 * 3600
+#: Seconds a confirmation link stays good.
+CONFIRM_SECONDS = 7 * 24 * 3600
+#: Minutes over which failed logins count: JODL_WEB_SUBMIT_BURST (10) failures per
+#: (address, account) per 15 minutes is under a thousand guesses a day from one
+#: address, and a typing owner never meets it.
+LOGIN_WINDOW_MINUTES = 15.0
+#: Failed logins one address may make over all accounts, in multiples of the
+#: per-(address, account) limit: guessing one account stops long before.
+ADDRESS_LOGIN_FACTOR = 5
+#: Answer to every sign-up, new address or not: nothing tells accounts apart.
+SIGNUP_SENT = (
+    "If the address has no account yet, it has one now: we sent a link to confirm it "
+    "(digests go out once it is confirmed). Log in with your password."
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -41,12 +82,14 @@ class CurrentUser:
     id: int
     email: str
     is_admin: bool
-    #: "session" (cookie: CSRF applies) or "basic" (credentials in the request).
+    #: "session" (cookie: CSRF applies), "basic" (credentials in the request) or
+    #: "token" (a bearer token from POST /api/tokens).
     via: str
 
 
 def load_user() -> None:
-    """Find the request's user (session cookie, or HTTP Basic on the API) into ``g.user``."""
+    """Find the request's user (session cookie; on the API also HTTP Basic or a bearer
+    token) into ``g.user``."""
     g.user = None
     auth = request.authorization if is_api() else None
     if auth is not None and auth.type == "basic":
@@ -55,13 +98,19 @@ def load_user() -> None:
             raise Unauthorized("wrong e-mail or password")
         g.user = CurrentUser(user.id, user.email, bool(user.is_admin), "basic")
         return
-    uid = session.get("uid")
+    if auth is not None and auth.type == "bearer":
+        found = _token_user(auth.token or "")
+        if found is None:
+            raise Unauthorized("the token is unknown, expired or revoked: get a new one")
+        g.user = CurrentUser(found.id, found.email, bool(found.is_admin), "token")
+        return
+    uid, version = session.get("uid"), session.get("sv")
     if not isinstance(uid, int):
         return
-    with services().batches.sessions() as s:
-        user = s.get(User, uid)
-    if user is None or session.get("pw") != _password_tag(user):
-        session.pop("uid", None)  # deleted, or the password changed since the login
+    user = _user_at_version(uid, version)
+    if user is None:
+        session.pop("uid", None)  # deleted, logged out or the password changed since
+        session.pop("sv", None)
         return
     g.user = CurrentUser(user.id, user.email, bool(user.is_admin), "session")
 
@@ -70,32 +119,89 @@ def current_user() -> CurrentUser | None:
     return g.get("user")
 
 
-def _password_tag(user: User) -> str:
-    # A short tag of the hash: changing the password ends other sessions.
-    return (user.password_hash or "")[-12:]
+def _user_at_version(uid: object, version: object) -> User | None:
+    """User ``uid`` if its session version is still ``version`` (else None: revoked)."""
+    if not isinstance(uid, int) or not isinstance(version, int):
+        return None
+    with services().batches.sessions() as s:
+        user = s.get(User, uid)
+    if user is None or user.session_version != version:
+        return None
+    return user
+
+
+def _serializer(salt: str) -> URLSafeTimedSerializer:
+    return URLSafeTimedSerializer(current_app.secret_key or "", salt=salt)
+
+
+def issue_token(user: CurrentUser) -> str:
+    """A bearer token for ``user``, good until it expires or the user's sessions end."""
+    with services().batches.sessions() as s:
+        found = s.get(User, user.id)
+        version = found.session_version if found is not None else -1
+    return str(_serializer("jodl-api-token").dumps({"uid": user.id, "sv": version}))
+
+
+def _token_user(token: str) -> User | None:
+    try:
+        data = _serializer("jodl-api-token").loads(token, max_age=TOKEN_SECONDS)
+    except BadSignature:
+        return None
+    if not isinstance(data, dict):
+        return None
+    return _user_at_version(data.get("uid"), data.get("sv"))
+
+
+def end_sessions(user_id: int) -> None:
+    """End every session and token of the user (logout, password change)."""
+    with services().batches.sessions.begin() as s:
+        s.execute(
+            update(User).where(User.id == user_id).values(session_version=User.session_version + 1)
+        )
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    # Checked against when the account does not exist: the answer takes as long.
+    return generate_password_hash("no such account, no such password")
+
+
+def _too_many(wait: float, what: str) -> TooManyRequests:
+    services().metrics.inc("jodl_web_rate_limited_total")
+    seconds = max(1, round(wait))
+    exc = TooManyRequests(f"{what}; retry in {seconds} s")
+    exc.retry_after = seconds  # type: ignore[attr-defined]
+    return exc
 
 
 def _check_credentials(email: str, password: str) -> User | None:
     try:
-        address = normalise_email(email)
+        account = normalise_email(email)
     except PageError:
-        return None
+        account = ""
     if not password or len(password) > PASSWORD_MAX:
         return None
-    # Failed attempts count against the address (not successful ones: API clients
-    # send their credentials with every request).
-    limiter = services().limiter
-    key = f"login-failed:{address}"
-    wait = limiter.wait(key)
+    # Failed attempts count against the client's address, and against the (address,
+    # account) pair; not against the account alone, which would let anyone lock its
+    # owner out. Successful ones count nothing (API clients log in on each request).
+    limits = services().limits
+    where = request.remote_addr or "?"
+    keys = ((limits.login_address, f"addr:{where}"), (limits.login_pair, f"{where} {account}"))
+    wait = max(limiter.wait(key) for limiter, key in keys)
     if wait:
-        services().metrics.inc("jodl_web_rate_limited_total")
-        exc = TooManyRequests(f"too many failed logins; retry in {max(1, round(wait))} s")
-        exc.retry_after = max(1, round(wait))  # type: ignore[attr-defined]
-        raise exc
-    with services().batches.sessions() as s:
-        user = s.scalar(select(User).where(User.email == address))
-    if user is None or not check_password(user, password):
-        limiter.take(key)
+        raise _too_many(wait, "too many failed logins")
+    user = None
+    if account:
+        with services().batches.sessions() as s:
+            user = s.scalar(select(User).where(User.email == account))
+    if user is not None and user.password_hash:
+        good = check_password(user, password)
+    else:
+        check_password_hash(_dummy_hash(), password)
+        good = False
+    if not good:
+        for limiter, key in keys:
+            limiter.take(key)
         return None
     return user
 
@@ -135,13 +241,41 @@ def client_key() -> str:
 
 
 def limit(kind: str) -> None:
-    """Take one token of ``kind`` for this client; 429 when the bucket is empty."""
-    wait = services().limiter.take(f"{kind}:{client_key()}")
+    """Take one token of ``kind`` for this client; 429 when the bucket is empty.
+
+    Visitors who are not signed in draw from the smaller anonymous buckets."""
+    limits = services().limits
+    limiter = limits.users if current_user() is not None else limits.anonymous
+    wait = limiter.take(f"{kind}:{client_key()}")
     if wait:
-        services().metrics.inc("jodl_web_rate_limited_total")
-        exc = TooManyRequests(f"too many requests; retry in {max(1, round(wait))} s")
-        exc.retry_after = max(1, round(wait))  # type: ignore[attr-defined]
-        raise exc
+        raise _too_many(wait, "too many requests")
+
+
+def submission_rules() -> tuple[int, Callable[[str], None] | None]:
+    """How many URLs this client may submit at once, and what else refuses a URL.
+
+    Visitors who are not signed in: 401 when anonymous submissions are off; else
+    smaller batches, and only public addresses (the fetch allowlist's private
+    networks serve signed-in users only)."""
+    settings = services().settings
+    if current_user() is not None:
+        return settings.web_batch_max, None
+    if not settings.web_anonymous_submit:
+        raise Unauthorized("log in to submit URLs")
+    return min(settings.web_batch_max, settings.web_anonymous_batch_max), public_only
+
+
+def public_only(url: str) -> None:
+    """ValueError unless ``url``'s host resolves to public addresses only (or not at
+    all: the agent then reports it). The message never names the addresses."""
+    try:
+        check_url(url)
+    except FetchRefused as exc:
+        if exc.code == "dns_error":
+            return
+        raise ValueError(
+            "not a public address: log in to check pages on private networks"
+        ) from None
 
 
 def safe_next(target: str | None) -> str:
@@ -157,23 +291,104 @@ def safe_next(target: str | None) -> str:
 
 
 def start_session(user: User) -> None:
-    """Log ``user`` in: a fresh session (new CSRF token) bound to the password."""
+    """Log ``user`` in: a fresh session (new CSRF token) under the user's session version."""
     session.clear()
     session.permanent = True
     session["uid"] = user.id
-    session["pw"] = _password_tag(user)
+    session["sv"] = user.session_version or 0
     session.pop(CSRF_KEY, None)
 
 
+def end_session() -> None:
+    """Log out: this session and every other one of the user end."""
+    user = current_user()
+    if user is not None:
+        end_sessions(user.id)
+    session.clear()
+
+
 def create_account(s: Session, email: str, password: str, confirm: str | None = None) -> User:
-    """A new user from a sign-up; :class:`PageError` with a clear message if refused."""
+    """A new user from a sign-up; :class:`PageError` with a clear message if refused.
+
+    Its address is unconfirmed. For an address that has an account already, the
+    password is still hashed (the same time) and :class:`AccountExists` raised:
+    callers answer as for a new account."""
     if not isinstance(password, str) or len(password) < PASSWORD_MIN:
         raise PageError(f"the password needs at least {PASSWORD_MIN} characters")
     if len(password) > PASSWORD_MAX:
         raise PageError(f"the password may have at most {PASSWORD_MAX} characters")
     if confirm is not None and confirm != password:
         raise PageError("the two passwords differ")
-    return add_user(s, email, password)
+    address = normalise_email(email)
+    if s.scalar(select(User.id).where(User.email == address)) is not None:
+        generate_password_hash(password)
+        raise AccountExists(address)
+    user = add_user(s, address, password)
+    user.email_confirmed = False
+    return user
+
+
+class AccountExists(PageError):
+    """A sign-up for an address that has an account (never told to the visitor)."""
+
+
+def sign_up(email: str, password: str, confirm: str | None = None) -> None:
+    """Create an account and mail its confirmation link; the same outcome seen from
+    outside whether the address had an account. :class:`PageError` for bad input."""
+    svc = services()
+    try:
+        with svc.batches.sessions.begin() as s:
+            user = create_account(s, email, password, confirm)
+            uid, address = user.id, user.email
+    except AccountExists:
+        return
+    send_confirmation(uid, address)
+
+
+def send_confirmation(uid: int, address: str) -> None:
+    """Queue the mail with the link that confirms ``address`` (sent by an agent)."""
+    token = _serializer("jodl-confirm").dumps({"uid": uid, "email": address})
+    app = AppSettings.from_env()
+    if app.app_url:
+        link = app.app_url.rstrip("/") + url_for("auth.confirm", token=token)
+    else:
+        link = url_for("auth.confirm", token=token, _external=True)
+    domain = app.mail_from.rpartition("@")[2].strip(" >") or "localhost"
+    key = f"confirm-{uid}-{token[-16:]}"
+    text = (
+        f"Someone (we hope you) signed up to JODL with {address}.\n\n"
+        f"Follow this link to confirm the address and receive digests:\n{link}\n\n"
+        "If it was not you, ignore this mail: no digest goes to an unconfirmed address.\n"
+    )
+    payload = {
+        "key": key,
+        "message_id": f"<{key}@{domain}>",
+        "from": app.mail_from,
+        "to": address,
+        "subject": "Confirm your e-mail address for JODL",
+        "text": text,
+        "html": None,
+    }
+    services().queue.enqueue("notify", key, payload)
+
+
+def confirm_token(token: str) -> str:
+    """Confirm the address a link names; the address, or :class:`NotFound`."""
+    try:
+        data = _serializer("jodl-confirm").loads(token, max_age=CONFIRM_SECONDS)
+    except BadSignature:
+        raise NotFound("this confirmation link is unknown or expired; sign up again") from None
+    if not isinstance(data, dict) or not isinstance(data.get("email"), str):
+        raise NotFound("this confirmation link is unknown or expired; sign up again")
+    with services().batches.sessions.begin() as s:
+        done = s.execute(
+            update(User)
+            .where(User.id == data.get("uid"), User.email == data["email"])
+            .values(email_confirmed=True)
+        ).rowcount
+    if not done:
+        raise NotFound("this confirmation link is unknown or expired; sign up again")
+    return str(data["email"])
 
 
 # -- views --------------------------------------------------------------------------------------
@@ -189,16 +404,19 @@ def signup() -> Any:
     limit("signup")
     email = request.form.get("email", "")
     try:
-        with svc.batches.sessions.begin() as s:
-            user = create_account(
-                s, email, request.form.get("password", ""), request.form.get("confirm", "")
-            )
+        sign_up(email, request.form.get("password", ""), request.form.get("confirm", ""))
     except PageError as exc:
         flash(str(exc), "error")
         return render_template("signup.html", email=email[:320]), 400
-    start_session(user)
-    flash("Welcome! Your account is ready.", "ok")
-    return redirect(url_for("tracking.pages"), 303)
+    flash(SIGNUP_SENT, "ok")
+    return redirect(url_for("auth.login"), 303)
+
+
+@bp.route("/confirm/<token>")
+def confirm(token: str) -> Any:
+    address = confirm_token(token)
+    flash(f"{address} is confirmed: digests will go there.", "ok")
+    return redirect(url_for("tracking.pages" if current_user() else "auth.login"), 303)
 
 
 @bp.route("/login", methods=["GET", "POST"])
@@ -217,6 +435,6 @@ def login() -> Any:
 
 @bp.route("/logout", methods=["POST"])
 def logout() -> Any:
-    session.clear()
+    end_session()
     flash("Logged out.", "ok")
     return redirect(url_for("ui.index"), 303)

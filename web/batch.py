@@ -289,7 +289,13 @@ class Batches:
     # -- submit ---------------------------------------------------------------------------------
 
     def submit(
-        self, urls: Sequence[str], user_id: int | None = None, *, refetch: bool = False
+        self,
+        urls: Sequence[str],
+        user_id: int | None = None,
+        admit: Callable[[str], None] | None = None,
+        most: int | None = None,
+        *,
+        refetch: bool = False,
     ) -> Submitted:
         """Record a batch of URLs, answer what the cache can, queue the rest.
 
@@ -297,16 +303,16 @@ class Batches:
 
         Raises :class:`SubmissionError` for an empty batch or one over the size limit.
         Each URL refused on its own (scheme, syntax, length) becomes an item with an
-        error: the rest of the batch goes ahead.
+        error: the rest of the batch goes ahead. ``admit`` may refuse a normalised
+        URL more (ValueError saying why); ``most`` lowers the size limit.
         """
         if not isinstance(urls, Sequence) or isinstance(urls, str):
             raise SubmissionError("urls must be a list of strings")
         if not urls:
             raise SubmissionError("no URL given")
-        if len(urls) > self.settings.web_batch_max:
-            raise SubmissionError(
-                f"{len(urls)} URLs given; at most {self.settings.web_batch_max} per submission"
-            )
+        most = min(most or self.settings.web_batch_max, self.settings.web_batch_max)
+        if len(urls) > most:
+            raise SubmissionError(f"{len(urls)} URLs given; at most {most} per submission")
         self._cleanup()
         items: list[Item] = []
         seen: set[str] = set()
@@ -317,8 +323,12 @@ class Batches:
                 continue
             try:
                 normal = check_url(text, self.settings.web_url_max)
+                if admit is not None:
+                    admit(normal)
             except ValueError as exc:
-                items.append(Item(len(items), text.strip()[:ITEM_URL_LENGTH], str(exc)))
+                # Shown as given, but storable (PostgreSQL text refuses NUL).
+                shown = text.strip()[:ITEM_URL_LENGTH].replace("\x00", "\ufffd")
+                items.append(Item(len(items), shown, str(exc)))
                 continue
             if normal in seen:
                 duplicates += 1

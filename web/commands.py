@@ -51,6 +51,9 @@ def make_server(app: Any, settings: WebSettings, listen: str | None = None) -> A
             connection_limit=max(100, 4 * settings.web_threads),
             ident="jodl",
             clear_untrusted_proxy_headers=True,
+            # Reads ahead while a request runs, so a stream learns at once that its
+            # client disconnected (waitress.client_disconnected) and frees its slot.
+            channel_request_lookahead=1,
         )
     except OSError as exc:
         raise JodlError(f"cannot listen on {address}: {exc.strerror or exc}") from None
@@ -122,12 +125,12 @@ def web_cmd(ctx: click.Context, listen: str | None, threads: int | None) -> None
     from .app import create_app
 
     obj = ctx.ensure_object(dict)
-    settings = WebSettings.from_env(database_url=obj.get("database_url"), web_threads=threads)
+    settings = WebSettings.from_env(
+        database_url=obj.get("database_url"), web_threads=threads, web_listen=listen
+    )
     missing = missing_sqlite_file(settings.database_url)
     if missing is not None:
         raise JodlError(f"no database at {missing}: run `jodl db upgrade` or `jodl up`")
-    if threads and settings.web_max_streams >= threads:
-        settings = settings.replace(web_max_streams=max(1, threads - max(2, threads // 4)))
     configure_logging(Settings.from_env(database_url=settings.database_url).log_level)
     app = create_app(settings)
     svc = app.extensions["jodl"]
@@ -165,6 +168,7 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int, print_login: boo
     from . import instance
     from .app import create_app
     from .cluster import LocalCluster
+    from .trial import login_line, public_warning, read_login
 
     if print_login:
         _print_login()
@@ -173,16 +177,14 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int, print_login: boo
     lib = Settings.from_env(database_url=obj.get("database_url"))
     database = lib.database_url
     configure_logging(lib.log_level)
-    web_settings = WebSettings.from_env(database_url=database, web_secure_cookies=False)
+    web_settings = WebSettings.for_up(database_url=database, web_listen=listen)
     cluster = LocalCluster(database, agents=agents, settings=lib)
     started = False
     sink = None
     # SIGTERM stops like Ctrl-C from here on, also while starting or before serving.
     sigterm_as_interrupt()
     try:
-        previous = instance.read()
-        remembered = (previous.email, previous.password) if previous and previous.password else None
-        email, password = cluster.prepare(remembered)
+        email, password = cluster.prepare(read_login())
         _refuse_second_master(cluster, database)
         app = create_app(web_settings, engine=cluster.engine)
         server = _up_server(app, web_settings, listen)
@@ -191,8 +193,12 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int, print_login: boo
         cluster.start_master()
         started = True
         svc = app.extensions["jodl"]
-        me = instance.Instance(server_url(server), email, password, database, os.getpid())
+        login = login_line(email, password)
+        me = instance.Instance(server_url(server), email, login, database, os.getpid())
         instance.write(me)
+        warning = public_warning(server.effective_host)
+        if warning:
+            click.echo(warning, err=True)
         click.echo(f"  agents: {', '.join(a.address for a in cluster.children)}")
         if sink is not None:
             click.echo(

@@ -1,7 +1,7 @@
 """What a running ``jodl up`` leaves for others to find: its URL, login and database.
 
 ``jodl up`` writes :data:`INSTANCE_FILE` in its working directory (readable by its
-owner only: it holds the operator's password) once everything serves, and removes
+owner only) once everything serves, and removes
 it when it stops. ``jodl up --print-login`` prints it again, so the login the
 first lines showed is never lost in the log that follows.
 """
@@ -23,7 +23,9 @@ class Instance:
 
     url: str
     email: str
-    password: str | None
+    #: How to log in: the operator's e-mail and the file holding the password
+    #: (:func:`web.trial.login_line`); the password itself is never printed.
+    login: str
     database: str
     pid: int
 
@@ -36,16 +38,11 @@ class Instance:
             return True
         return True
 
-    def login(self) -> str:
-        if self.password:
-            return f"{self.email} / {self.password}"
-        return f"{self.email} (password set earlier; `jodl admins add {self.email} --password`)"
-
     def lines(self) -> list[str]:
         """The lines ``jodl up`` prints last (and ``--print-login`` again)."""
         return [
             f"JODL is up: {self.url}",
-            f"  operator login: {self.login()}",
+            f"  operator login: {self.login}",
             f"  database: {self.database}",
         ]
 
@@ -61,7 +58,7 @@ def read(folder: Path | None = None) -> Instance | None:
 
 
 def write(instance: Instance, folder: Path | None = None) -> None:
-    """Record ``instance`` (owner-only permissions: it holds a password)."""
+    """Record ``instance`` (owner-only permissions)."""
     path = (folder or Path.cwd()) / INSTANCE_FILE
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -1,4 +1,11 @@
-"""The OpenAPI 3.1 document of the JSON API (served at ``/api/openapi.json``)."""
+"""The OpenAPI 3.1 document of the JSON API (served at ``/api/openapi.json``).
+
+It lists every status an operation can answer: any API request may carry wrong
+credentials (401) or too many failed ones (429); a request with a body may be
+malformed (400) or not JSON (415); a state-changing request with the session
+cookie needs the CSRF header (403). ``tests/test_web_fuzz.py`` holds the server
+to it with schemathesis.
+"""
 
 from __future__ import annotations
 
@@ -13,22 +20,29 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
     return {"content": {"application/json": {"schema": schema}}}
 
 
+#: Statuses any API request may answer: wrong credentials, too many failed ones.
+ANY = (401, 429)
+#: ... and a request with a JSON body: malformed, not JSON, no CSRF header (session).
+WITH_BODY = (400, 401, 403, 415, 429)
+
+REASONS = {
+    400: "Malformed or refused input",
+    401: "Not logged in, or wrong credentials (session, bearer token or HTTP Basic)",
+    403: "Missing CSRF token, operators only, or closed",
+    404: "No such thing",
+    415: "The body must be JSON",
+    429: "Rate limit: retry after the Retry-After header's seconds",
+}
+
+
 def _responses(
     ok: int, description: str, schema: dict[str, Any] | None, *errors: int
 ) -> dict[str, Any]:
     out: dict[str, Any] = {str(ok): {"description": description}}
     if schema is not None:
         out[str(ok)].update(_json(schema))
-    reasons = {
-        400: "Malformed or refused input",
-        401: "Not logged in (session or HTTP Basic)",
-        403: "Missing CSRF token, or operators only",
-        404: "No such thing",
-        415: "The body must be JSON",
-        429: "Rate limit: retry after the Retry-After header's seconds",
-    }
-    for code in errors:
-        out[str(code)] = {"description": reasons[code], **_json(_ERROR)}
+    for code in sorted({*errors, *ANY}):
+        out[str(code)] = {"description": REASONS[code], **_json(_ERROR)}
     return out
 
 
@@ -44,7 +58,7 @@ def _op(
     if body is not None:
         op["requestBody"] = {"required": True, **_json(body)}
     if auth:
-        op["security"] = [{"session": [], "csrf": []}, {"basic": []}]
+        op["security"] = [{"session": [], "csrf": []}, {"bearer": []}, {"basic": []}]
     if params:
         op["parameters"] = params
     return op
@@ -52,6 +66,32 @@ def _op(
 
 def _path_int(name: str) -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "schema": {"type": "integer"}}
+
+
+def _text(most: int, least: int = 1) -> dict[str, Any]:
+    return {"type": "string", "minLength": least, "maxLength": most}
+
+
+def _stream(*events: str) -> dict[str, Any]:
+    """An event stream: ``schema`` describes each event (OpenAPI 3.1 reading); its
+    ``data`` is one JSON object of the component schema named like the event."""
+
+    def event(name: str) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "required": ["event", "data"],
+            "properties": {
+                "event": {"const": name},
+                "id": {"type": "string"},
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": {"$ref": f"#/components/schemas/{name.title()}"},
+                },
+            },
+        }
+
+    return {"text/event-stream": {"schema": {"oneOf": [event(e) for e in events]}}}
 
 
 def _query_int(name: str) -> dict[str, Any]:
@@ -69,26 +109,38 @@ def document(settings: WebSettings) -> dict[str, Any]:
         "properties": {
             "urls": {
                 "type": "array",
-                "items": {"type": "string", "maxLength": settings.web_url_max},
+                "items": {
+                    "type": "string",
+                    "description": "A URL. One that is empty, malformed, not http(s) or "
+                    f"longer than {settings.web_url_max} characters is refused on its own "
+                    "(an item with an error); the rest of the batch goes ahead",
+                },
                 "minItems": 1,
                 "maxItems": settings.web_batch_max,
+                "description": "At most "
+                f"{min(settings.web_batch_max, settings.web_anonymous_batch_max)} "
+                "for visitors who are not logged in",
             }
         },
     }
     credentials = {
         "type": "object",
         "required": ["email", "password"],
-        "properties": {"email": {"type": "string"}, "password": {"type": "string"}},
+        "properties": {"email": _text(320), "password": _text(200)},
+    }
+    signup = {
+        "type": "object",
+        "required": ["email", "password"],
+        "properties": {"email": _text(320), "password": _text(200, 8)},
     }
     obj = {"type": "object"}
-    stream = {"text/event-stream": {"schema": {"type": "string"}}}
     paths: dict[str, Any] = {
         "/api/": {"get": _op("Links to the API's parts", _responses(200, "Links", obj))},
         "/api/openapi.json": {"get": _op("This document", _responses(200, "OpenAPI", obj))},
         "/api/batches": {
             "post": _op(
                 "Submit URLs: cached answers at once, the rest queued",
-                _responses(201, "The batch", {"$ref": "#/components/schemas/Batch"}, 400, 415, 429),
+                _responses(201, "The batch", {"$ref": "#/components/schemas/Batch"}, *WITH_BODY),
                 urls,
             )
         },
@@ -108,22 +160,49 @@ def document(settings: WebSettings) -> dict[str, Any]:
                     {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}},
                 ],
                 "responses": {
-                    "200": {"description": "Event stream", "content": stream},
+                    "200": {
+                        "description": "Event stream",
+                        "content": _stream("result", "complete"),
+                    },
                     "404": {"description": "No such batch", **_json(_ERROR)},
+                    **{str(c): {"description": REASONS[c], **_json(_ERROR)} for c in ANY},
                 },
             }
         },
         "/api/reset": {
             "post": _op(
                 "Forget the cached results of these URLs",
-                _responses(200, "What was forgotten", obj, 400, 401, 403, 415),
+                _responses(200, "What was forgotten", obj, *WITH_BODY),
                 urls,
                 auth=True,
             )
         },
         "/api/users": {
             "post": _op(
-                "Sign up", _responses(201, "The new user", obj, 400, 403, 415, 429), credentials
+                "Sign up: the account's address gets a confirmation link. The answer is the "
+                "same whether the address had an account",
+                _responses(202, "Check your mailbox", obj, *WITH_BODY),
+                signup,
+            )
+        },
+        "/api/tokens": {
+            "post": _op(
+                "A bearer token for API requests (no password hash each); logout ends it",
+                _responses(
+                    201,
+                    "The token",
+                    {
+                        "type": "object",
+                        "required": ["token", "expires_in"],
+                        "properties": {
+                            "token": {"type": "string"},
+                            "expires_in": {"type": "integer"},
+                        },
+                    },
+                    *WITH_BODY,
+                ),
+                {"type": "object"},
+                auth=True,
             )
         },
         "/api/session": {
@@ -132,21 +211,24 @@ def document(settings: WebSettings) -> dict[str, Any]:
             ),
             "post": _op(
                 "Log in (sets the session cookie)",
-                _responses(200, "User and CSRF token", obj, 400, 401, 415, 429),
+                _responses(200, "User and CSRF token", obj, *WITH_BODY),
                 credentials,
             ),
-            "delete": _op("Log out", _responses(204, "Logged out", None, 403)),
+            "delete": _op(
+                "Log out: every session and token of the user ends",
+                _responses(204, "Logged out", None, 403),
+            ),
         },
         "/api/pages": {
             "get": _op("Your tracked pages", _responses(200, "Pages", obj, 401), auth=True),
             "post": _op(
                 "Track a page (optionally only what a CSS selector picks)",
-                _responses(201, "Tracked", obj, 400, 401, 403, 415),
+                _responses(201, "Tracked", obj, *WITH_BODY),
                 {
                     "type": "object",
                     "required": ["url"],
                     "properties": {
-                        "url": {"type": "string"},
+                        "url": _text(settings.web_url_max),
                         "selector": {"type": ["string", "null"]},
                     },
                 },
@@ -185,19 +267,25 @@ def document(settings: WebSettings) -> dict[str, Any]:
         "/api/admin/events": {
             "get": {
                 "summary": "The status every second as Server-Sent Events (operators)",
-                "security": [{"session": []}, {"basic": []}],
-                "responses": {"200": {"description": "Event stream", "content": stream}},
+                "security": [{"session": []}, {"bearer": []}, {"basic": []}],
+                "responses": {
+                    "200": {"description": "Event stream", "content": _stream("status")},
+                    **{
+                        str(c): {"description": REASONS[c], **_json(_ERROR)}
+                        for c in (401, 403, 429)
+                    },
+                },
             }
         },
         "/api/admin/nodes": {
             "post": _op(
                 "Add (or bring back) an agent node",
-                _responses(201, "Added", obj, 400, 401, 403, 415),
+                _responses(201, "Added", obj, *WITH_BODY),
                 {
                     "type": "object",
                     "required": ["address"],
                     "properties": {
-                        "address": {"type": "string", "description": "HOST:PORT"},
+                        "address": {**_text(300), "description": "HOST:PORT"},
                         "slots": {"type": "integer", "minimum": 1},
                     },
                 },
@@ -207,11 +295,11 @@ def document(settings: WebSettings) -> dict[str, Any]:
         "/api/admin/nodes/remove": {
             "post": _op(
                 "Remove an agent node",
-                _responses(200, "Removed", obj, 400, 401, 403, 404, 415),
+                _responses(200, "Removed", obj, 404, *WITH_BODY),
                 {
                     "type": "object",
                     "required": ["address"],
-                    "properties": {"address": {"type": "string"}},
+                    "properties": {"address": _text(300)},
                 },
                 auth=True,
             )
@@ -219,16 +307,28 @@ def document(settings: WebSettings) -> dict[str, Any]:
         "/api/admin/cycles": {
             "post": _op(
                 "Request an application cycle now (a running master starts it)",
-                _responses(202, "Requested", obj, 400, 401, 403),
+                _responses(202, "Requested", obj, *WITH_BODY),
                 {"type": "object"},
                 auth=True,
             )
         },
-        "/healthz": {"get": _op("Health: the database answers", _responses(200, "Healthy", obj))},
+        "/healthz": {
+            "get": _op(
+                "Health: the database answers",
+                {
+                    "200": {"description": "Healthy", **_json(obj)},
+                    "503": {"description": "The database does not answer", **_json(obj)},
+                },
+            )
+        },
         "/metrics": {
             "get": {
-                "summary": "Prometheus metrics",
-                "responses": {"200": {"description": "Text exposition format"}},
+                "summary": "Prometheus metrics (JODL_WEB_METRICS_ACCESS: by default clients "
+                "on this machine and operators)",
+                "responses": {
+                    "200": {"description": "Text exposition format"},
+                    "403": {"description": REASONS[403], **_json(_ERROR)},
+                },
             }
         },
     }
@@ -246,6 +346,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
             "securitySchemes": {
                 "session": {"type": "apiKey", "in": "cookie", "name": "__Host-jodl"},
                 "csrf": {"type": "apiKey", "in": "header", "name": "X-CSRF-Token"},
+                "bearer": {"type": "http", "scheme": "bearer"},
                 "basic": {"type": "http", "scheme": "basic"},
             },
             "schemas": {
@@ -261,6 +362,18 @@ def document(settings: WebSettings) -> dict[str, Any]:
                         "items": {"type": "array", "items": obj},
                         "events": {"type": "string"},
                     },
+                },
+                "Complete": {
+                    "type": "object",
+                    "description": "The last event of a batch: every item is answered",
+                    "required": ["total"],
+                    "properties": {"total": {"type": "integer"}},
+                },
+                "Status": {
+                    "type": "object",
+                    "description": "One `status` event: the operators' overview",
+                    "required": ["nodes"],
+                    "properties": {"nodes": {"type": "array"}},
                 },
                 "Result": {
                     "type": "object",

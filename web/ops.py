@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, jsonify, request
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
+from werkzeug.exceptions import Forbidden
 
 from .app import services
+from .auth import current_user
+
+#: Client addresses of this machine.
+LOOPBACK = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
 
 bp = Blueprint("ops", __name__)
 
@@ -26,9 +31,26 @@ def healthz() -> Any:
     return jsonify({"status": "ok", "database": "ok"})
 
 
+def _may_read_metrics(access: str) -> bool:
+    """Whether this request may read /metrics under JODL_WEB_METRICS_ACCESS."""
+    if access == "public":
+        return True
+    user = current_user()
+    if user is not None and user.is_admin:
+        return True
+    if access == "operators":
+        return False
+    # "loopback": a scraper on this machine (not through a proxy: then it names another).
+    return request.remote_addr in LOOPBACK and "X-Forwarded-For" not in request.headers
+
+
 @bp.route("/metrics")
 def metrics() -> Response:
     svc = services()
+    if not _may_read_metrics(svc.settings.web_metrics_access):
+        raise Forbidden(
+            "metrics are for clients on this machine and operators (JODL_WEB_METRICS_ACCESS)"
+        )
     try:
         body = svc.metrics.render(svc.engine)
     except SQLAlchemyError:

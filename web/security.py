@@ -7,18 +7,22 @@
 * **Headers**: a Content-Security-Policy without ``unsafe-inline`` (every script
   and style is a file under ``/static``), no framing, no MIME sniffing, no referrer
   leaks to other sites; HSTS when the session cookie is HTTPS-only.
-* **Rate limit**: a token bucket per client key (user id, else address) in the
-  process; enough for one web process, and the first line of defence behind a proxy.
+* **Rate limits**: a moving window per client key (user id, else address), counted
+  by the ``limits`` library in the process; enough for one web process, and the
+  first line of defence behind a proxy.
 """
 
 from __future__ import annotations
 
 import hmac
 import secrets
-import threading
 import time
+from dataclasses import dataclass
 
 from flask import Response, session
+from limits import RateLimitItemPerSecond
+from limits.storage import MemoryStorage
+from limits.strategies import MovingWindowRateLimiter
 
 #: Session key of the CSRF token, form field and header that carry it.
 CSRF_KEY = "csrf"
@@ -77,46 +81,45 @@ def add_headers(response: Response, hsts: bool) -> Response:
 
 
 class RateLimiter:
-    """Token buckets: ``burst`` requests at once, refilled at ``per_minute`` per minute."""
+    """``burst`` requests per ``burst / per_minute`` minutes per key (a moving window).
 
-    #: Buckets kept at most; full (idle) buckets are dropped beyond this.
-    MAX_KEYS = 50_000
+    The counting is the ``limits`` library's (the engine of Flask-Limiter), in this
+    process's memory: enough for one web process, and the first line of defence
+    behind a proxy. Views call it where the rule needs it (failed logins only,
+    anonymous and signed-in clients apart), which decorators would not express.
+    """
 
     def __init__(self, per_minute: float, burst: int) -> None:
-        self.rate = per_minute / 60.0
-        self.burst = float(burst)
-        self._buckets: dict[str, tuple[float, float]] = {}
-        self._lock = threading.Lock()
+        seconds = max(1, round(60.0 * burst / per_minute)) if per_minute > 0 else 3600
+        self.item = RateLimitItemPerSecond(burst, seconds)
+        self._window = MovingWindowRateLimiter(MemoryStorage())
 
     def take(self, key: str, cost: float = 1.0) -> float:
-        """Take ``cost`` tokens for ``key``: 0.0 if allowed, else seconds to wait."""
-        now = time.monotonic()
-        with self._lock:
-            tokens, last = self._buckets.get(key, (self.burst, now))
-            tokens = min(self.burst, tokens + (now - last) * self.rate)
-            if tokens >= cost:
-                self._buckets[key] = (tokens - cost, now)
-                if len(self._buckets) > self.MAX_KEYS:
-                    self._prune(now)
-                return 0.0
-            self._buckets[key] = (tokens, now)
-            return (cost - tokens) / self.rate if self.rate > 0 else 3600.0
+        """Take ``cost`` for ``key``: 0.0 if allowed, else seconds to wait."""
+        if self._window.hit(self.item, key, cost=max(1, round(cost))):
+            return 0.0
+        return self._retry_after(key)
 
     def wait(self, key: str, cost: float = 1.0) -> float:
-        """Seconds until ``key`` could take ``cost`` tokens (0.0: now); takes nothing."""
-        now = time.monotonic()
-        with self._lock:
-            tokens, last = self._buckets.get(key, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - last) * self.rate)
-        if tokens >= cost:
+        """Seconds until ``key`` could take ``cost`` (0.0: now); takes nothing."""
+        if self._window.test(self.item, key, cost=max(1, round(cost))):
             return 0.0
-        return (cost - tokens) / self.rate if self.rate > 0 else 3600.0
+        return self._retry_after(key)
 
-    def _prune(self, now: float) -> None:
-        full = [
-            k
-            for k, (tokens, last) in self._buckets.items()
-            if tokens + (now - last) * self.rate >= self.burst
-        ]
-        for key in full:
-            del self._buckets[key]
+    def _retry_after(self, key: str) -> float:
+        reset = self._window.get_window_stats(self.item, key).reset_time
+        return max(1.0, reset - time.time())
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The rate limits of the web UI, one bucket set each."""
+
+    #: Submissions and sign-ups of signed-in users (per user).
+    users: RateLimiter
+    #: Submissions and sign-ups of visitors who are not signed in (per address).
+    anonymous: RateLimiter
+    #: Failed logins per (address, account).
+    login_pair: RateLimiter
+    #: Failed logins per address, over all accounts.
+    login_address: RateLimiter

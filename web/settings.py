@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import secrets
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+# The page checker's options register first, whichever module is imported first:
+# the configuration table keeps one order.
+import crawler_app.settings  # noqa: F401
 from jodl.config import Option, read_values, register_options
 from jodl.exceptions import ConfigError
 
@@ -33,6 +37,20 @@ DEFAULT_STREAM_POLL = 0.1
 DEFAULT_STREAM_SECONDS = 300.0
 #: Seconds between keep-alive comments on a quiet stream.
 DEFAULT_KEEPALIVE = 15.0
+#: Anonymous visitors' submissions: per minute and burst per address, URLs per
+#: submission. Much smaller than a signed-in user's: each URL makes an agent fetch.
+DEFAULT_ANONYMOUS_PER_MINUTE = 6.0
+DEFAULT_ANONYMOUS_BURST = 3
+DEFAULT_ANONYMOUS_BATCH_MAX = 10
+#: Event streams one client (signed-in user, else address) may hold open at once.
+DEFAULT_STREAMS_PER_CLIENT = 4
+#: Event streams kept for operators' live views, apart from everyone else's.
+DEFAULT_OPERATOR_STREAMS = 4
+#: Who may read /metrics: "loopback" (clients on this machine, and operators),
+#: "operators" (signed-in operators only) or "public".
+METRICS_ACCESS = ("loopback", "operators", "public")
+#: Host names always trusted in the Host header (besides the listen host).
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 OPTIONS: tuple[Option, ...] = (
     Option("JODL_WEB_LISTEN", DEFAULT_LISTEN, "host:port", "Address `jodl web` listens on", "web"),
@@ -99,14 +117,16 @@ OPTIONS: tuple[Option, ...] = (
         "JODL_WEB_SUBMIT_PER_MINUTE",
         str(DEFAULT_SUBMIT_PER_MINUTE),
         "float+",
-        "Submissions (and login attempts) per minute per user or client address",
+        "Submissions per minute per signed-in user",
         "web",
     ),
     Option(
         "JODL_WEB_SUBMIT_BURST",
         str(DEFAULT_SUBMIT_BURST),
         "int+",
-        "Submissions a client may make at once before the per-minute rate applies",
+        "Submissions a signed-in user may make at once before the per-minute rate applies; "
+        "also failed logins per (address, account) per 15 minutes (five times as many "
+        "per address over all accounts)",
         "web",
     ),
     Option(
@@ -121,6 +141,66 @@ OPTIONS: tuple[Option, ...] = (
         str(DEFAULT_STREAM_SECONDS),
         "float+",
         "Seconds an event stream stays open before the browser resumes it",
+        "web",
+    ),
+    Option(
+        "JODL_WEB_ANONYMOUS_SUBMIT",
+        "false",
+        "bool",
+        "Let visitors who are not signed in submit URLs (each makes an agent fetch; "
+        "`jodl up` turns it on unless set); private networks of the fetch allowlist "
+        "stay for signed-in users",
+        "web",
+    ),
+    Option(
+        "JODL_WEB_ANONYMOUS_PER_MINUTE",
+        str(DEFAULT_ANONYMOUS_PER_MINUTE),
+        "float+",
+        "Submissions per minute per address of visitors who are not signed in",
+        "web",
+    ),
+    Option(
+        "JODL_WEB_ANONYMOUS_BURST",
+        str(DEFAULT_ANONYMOUS_BURST),
+        "int+",
+        "Submissions a visitor who is not signed in may make at once",
+        "web",
+    ),
+    Option(
+        "JODL_WEB_ANONYMOUS_BATCH_MAX",
+        str(DEFAULT_ANONYMOUS_BATCH_MAX),
+        "int+",
+        "URLs in one submission of a visitor who is not signed in at most",
+        "web",
+    ),
+    Option(
+        "JODL_WEB_STREAMS_PER_CLIENT",
+        str(DEFAULT_STREAMS_PER_CLIENT),
+        "int+",
+        "Event streams one client (user, else address) may hold open at once",
+        "web",
+    ),
+    Option(
+        "JODL_WEB_OPERATOR_STREAMS",
+        str(DEFAULT_OPERATOR_STREAMS),
+        "int+",
+        "Event streams kept for operators (their own pool, apart from JODL_WEB_MAX_STREAMS)",
+        "web",
+    ),
+    Option(
+        "JODL_WEB_METRICS_ACCESS",
+        "loopback",
+        "str",
+        "Who may read /metrics: loopback (clients on this machine, and operators), "
+        "operators, or public",
+        "web",
+    ),
+    Option(
+        "JODL_WEB_TRUSTED_HOSTS",
+        "",
+        "list",
+        "Host names the web UI answers to (Host header; against DNS rebinding); empty: "
+        "the listen host and localhost names. A leading dot admits subdomains",
         "web",
     ),
     Option(
@@ -155,6 +235,14 @@ class WebSettings:
     web_stream_seconds: float = DEFAULT_STREAM_SECONDS
     web_keepalive: float = DEFAULT_KEEPALIVE
     web_proxies: int = 0
+    web_anonymous_submit: bool = False
+    web_anonymous_per_minute: float = DEFAULT_ANONYMOUS_PER_MINUTE
+    web_anonymous_burst: int = DEFAULT_ANONYMOUS_BURST
+    web_anonymous_batch_max: int = DEFAULT_ANONYMOUS_BATCH_MAX
+    web_streams_per_client: int = DEFAULT_STREAMS_PER_CLIENT
+    web_operator_streams: int = DEFAULT_OPERATOR_STREAMS
+    web_metrics_access: str = "loopback"
+    web_trusted_hosts: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> WebSettings:
@@ -172,6 +260,13 @@ class WebSettings:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in values.items() if k in known}
         values.update({k: v for k, v in overrides.items() if v is not None})
+        threads = values.get("web_threads", DEFAULT_THREADS)
+        if not _given("JODL_WEB_MAX_STREAMS", env) and values["web_max_streams"] >= threads:
+            # Fewer threads than the default streams need: streams take what pages spare.
+            values["web_max_streams"] = max(1, threads - max(2, threads // 4))
+        spare = threads - values["web_max_streams"] - 1
+        if not _given("JODL_WEB_OPERATOR_STREAMS", env) and values["web_operator_streams"] > spare:
+            values["web_operator_streams"] = max(1, spare)
         settings = cls(**values)
         settings.validate()
         return settings
@@ -179,13 +274,55 @@ class WebSettings:
     def replace(self, **changes: Any) -> WebSettings:
         return replace(self, **changes)
 
+    @classmethod
+    def for_up(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> WebSettings:
+        """The settings of ``jodl up``: a local trial, so plain-HTTP cookies and
+        anonymous submissions, each unless the operator set it."""
+        settings = cls.from_env(env, **overrides)
+        changes: dict[str, Any] = {}
+        if not _given("JODL_WEB_SECURE_COOKIES", env):
+            changes["web_secure_cookies"] = False
+        if not _given("JODL_WEB_ANONYMOUS_SUBMIT", env):
+            changes["web_anonymous_submit"] = True
+        return settings.replace(**changes)
+
     def validate(self) -> None:
+        if self.web_metrics_access not in METRICS_ACCESS:
+            raise ConfigError(
+                f"JODL_WEB_METRICS_ACCESS: expected one of {', '.join(METRICS_ACCESS)}, "
+                f"got {self.web_metrics_access!r}"
+            )
         if self.web_max_streams >= self.web_threads:
             raise ConfigError(
                 f"JODL_WEB_MAX_STREAMS ({self.web_max_streams}) must be below "
                 f"JODL_WEB_THREADS ({self.web_threads}), or streams could take every thread"
             )
+        if self.web_max_streams + self.web_operator_streams > self.web_threads:
+            raise ConfigError(
+                f"JODL_WEB_MAX_STREAMS ({self.web_max_streams}) plus JODL_WEB_OPERATOR_STREAMS "
+                f"({self.web_operator_streams}) must not exceed JODL_WEB_THREADS "
+                f"({self.web_threads})"
+            )
+
+    def trusted_hosts(self, listen: str | None = None) -> list[str]:
+        """Host names the Host header may carry: the setting, else the listen host's
+        name and the localhost names (any host of this machine when listening on all)."""
+        if self.web_trusted_hosts:
+            return list(self.web_trusted_hosts)
+        host = (listen or self.web_listen).rpartition(":")[0].strip("[]")
+        names = list(LOCAL_HOSTS)
+        if host in ("", "0.0.0.0", "::"):
+            names += [socket.gethostname(), socket.getfqdn()]
+        elif host not in names:
+            names.append(host)
+        return names
 
     def secret_key(self) -> str:
         """The session signing key: the configured one, else a random one for this process."""
         return self.web_secret_key or secrets.token_urlsafe(32)
+
+
+def _given(name: str, env: Mapping[str, str] | None) -> bool:
+    """True when the operator set option ``name`` (environment or configuration file)."""
+    probe = Option(name, "", "str?", "", "web")
+    return read_values((probe,), env)[probe.attr] is not None

@@ -11,10 +11,12 @@ bitmap). A reconnecting browser sends it back as ``Last-Event-ID`` and receives
 exactly the items it has not seen, whatever order results committed in
 meanwhile; the server keeps no per-client state.
 
-Each open stream holds a thread of the WSGI server, so streams take at most
-``JODL_WEB_MAX_STREAMS`` slots (below the thread count): a browser over the
-limit is told to retry a little later and ordinary pages never wait. A stream
-also ends after ``JODL_WEB_STREAM_SECONDS``; the browser resumes it.
+Each open stream holds a thread of the WSGI server, so streams take slots
+(:mod:`web.slots`: a shared pool below the thread count, a cap per client, the
+operators' own pool): a browser over the limit is told to retry a little later
+and ordinary pages never wait. A stream ends when its client disconnects (the
+server tells at once; without that, the next write finds out), and after
+``JODL_WEB_STREAM_SECONDS``; the browser then resumes it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import binascii
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from flask import Blueprint, Response, request
@@ -32,7 +34,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import NotFound
 
 from .app import Services, services
-from .auth import admin_required
+from .auth import admin_required, client_key
+from .slots import Slot
 
 bp = Blueprint("stream", __name__)
 log = logging.getLogger("web.stream")
@@ -98,6 +101,25 @@ def sse(event: str, data: Any, event_id: str | None = None) -> str:
     return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
+def _gone() -> Callable[[], bool]:
+    """Whether this request's client has disconnected (waitress tells; else never)."""
+    told = request.environ.get("waitress.client_disconnected")
+    return told if callable(told) else (lambda: False)
+
+
+def _take_slot(svc: Services, client: str, operator: bool) -> Slot | None:
+    # Taken when the body starts (a body never started never gives a slot back).
+    slot = svc.streams.take(client, operator)
+    if slot is not None:
+        svc.metrics.add("jodl_web_streams_open", 1)
+    return slot
+
+
+def _give_back(svc: Services, slot: Slot) -> None:
+    svc.metrics.add("jodl_web_streams_open", -1)
+    svc.streams.give_back(slot)
+
+
 def _response(body: Iterator[str]) -> Response:
     response = Response(body, mimetype="text/event-stream")
     response.headers["Cache-Control"] = "no-store"
@@ -113,18 +135,19 @@ def batch_events(svc: Services, batch_id: str, last_event_id: str | None) -> Ite
     _batch, items = loaded
     cursor = Cursor.parse(last_event_id, len(items))
     settings = svc.settings
+    disconnected = _gone()
+    client = client_key()
 
     def generate() -> Iterator[str]:
-        if not svc.streams.acquire(blocking=False):
+        slot = _take_slot(svc, client, operator=False)
+        if slot is None:
             yield f"retry: {BUSY_RETRY_MS}\n: busy, retry soon\n\n"
             return
-        svc.metrics.add("jodl_web_streams_open", 1)
         try:
             yield f"retry: {RETRY_MS}\n\n"
             yield from follow()
         finally:
-            svc.metrics.add("jodl_web_streams_open", -1)
-            svc.streams.release()
+            _give_back(svc, slot)
 
     def emit(event: dict[str, Any]) -> str:
         cursor.add(event["position"])
@@ -140,7 +163,7 @@ def batch_events(svc: Services, batch_id: str, last_event_id: str | None) -> Ite
         quiet_since = started
         next_give_up = started + GIVE_UP_CHECK
         pause = settings.web_stream_poll
-        while pending and not svc.stopping.is_set():
+        while pending and not svc.stopping.is_set() and not disconnected():
             now = time.monotonic()
             try:
                 answered = svc.batches.arrived(pending.values())
@@ -188,17 +211,19 @@ def admin_stream() -> Response:
     from .admin import overview
 
     svc = services()
+    disconnected = _gone()
+    client = client_key()
 
     def generate() -> Iterator[str]:
-        if not svc.streams.acquire(blocking=False):
+        slot = _take_slot(svc, client, operator=True)
+        if slot is None:
             yield f"retry: {BUSY_RETRY_MS}\n: busy, retry soon\n\n"
             return
-        svc.metrics.add("jodl_web_streams_open", 1)
         try:
             yield f"retry: {RETRY_MS}\n\n"
             started = time.monotonic()
             number = 0
-            while not svc.stopping.is_set():
+            while not svc.stopping.is_set() and not disconnected():
                 number += 1
                 try:
                     yield sse("status", overview(svc), str(number))
@@ -208,7 +233,6 @@ def admin_stream() -> Response:
                     return
                 svc.stopping.wait(STATUS_EVERY)
         finally:
-            svc.metrics.add("jodl_web_streams_open", -1)
-            svc.streams.release()
+            _give_back(svc, slot)
 
     return _response(generate())

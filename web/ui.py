@@ -8,7 +8,7 @@ from flask import Blueprint, flash, redirect, render_template, request, url_for
 from werkzeug.exceptions import NotFound
 
 from .app import services
-from .auth import current_user, limit, login_required
+from .auth import current_user, limit, login_required, submission_rules
 from .batch import SubmissionError, split_urls
 
 bp = Blueprint("ui", __name__)
@@ -27,11 +27,17 @@ def index() -> Any:
 @bp.route("/batches", methods=["POST"])
 def submit() -> Any:
     svc = services()
-    limit("submit")
     user = current_user()
+    if user is None and not svc.settings.web_anonymous_submit:
+        flash("Log in to submit URLs.", "error")
+        return redirect(url_for("auth.login", next="/"), 303)
+    most, admit = submission_rules()
+    limit("submit")
     text = request.form.get("urls", "")
     try:
-        submitted = svc.batches.submit(split_urls(text), user.id if user else None)
+        submitted = svc.batches.submit(
+            split_urls(text), user.id if user else None, admit=admit, most=most
+        )
     except SubmissionError as exc:
         flash(str(exc), "error")
         return (
