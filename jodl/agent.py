@@ -312,7 +312,12 @@ class AgentCore:
                 try:
                     result = self._family(fam).run(json.loads(payload))
                 except Exception as exc:  # noqa: BLE001 - every failure is reported to the master
-                    log.debug("job %s failed: %s", exec_id, traceback.format_exc())
+                    log.debug(
+                        "job %s failed: %s",
+                        exec_id,
+                        traceback.format_exc(),
+                        extra={"job": exec_id, "family": fam, "node": self.name},
+                    )
                     outcomes.append((exec_id, time.perf_counter() - started, None, exc))
                 else:
                     outcomes.append((exec_id, time.perf_counter() - started, result, None))

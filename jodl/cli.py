@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import signal
 import sys
 from typing import Any
@@ -21,9 +20,11 @@ def _settings(ctx: click.Context) -> Settings:
     if "settings" not in obj:
         overrides = {"database_url": obj.get("database_url")}
         obj["settings"] = Settings.from_env(**overrides)
-        logging.basicConfig(
-            level=obj["settings"].log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        from .logs import configure
+
+        roles = {"agent": "agent", "master": "master", "run": "master"}
+        configure(
+            obj["settings"].log_level, obj["settings"].log_format, roles.get(ctx.info_name, "cli")
         )
     settings: Settings = obj["settings"]
     return settings

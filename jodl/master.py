@@ -364,6 +364,7 @@ class Master(Rebalancer):
             run.number,
             "resumed" if resumed else "opened",
             len(jobs),
+            extra={"run_id": run.id, "family": family.name},
         )
         return active
 
@@ -438,7 +439,7 @@ class Master(Rebalancer):
             makespan=makespan,
             lower_bound=lower_bound,
         )
-        log.info("%s", summary.line())
+        log.info("%s", summary.line(), extra={"run_id": run.id, "family": summary.family})
         return summary
 
     # -- the loop ------------------------------------------------------------------------
@@ -505,7 +506,9 @@ class Master(Rebalancer):
             info = slot.link.open(self.name, self.epoch, json.dumps({"master": self.name}))
         except AgentUnavailable as exc:
             self._check_fenced(slot)  # refused for our old epoch: stop, the node is fine
-            log.warning("node %s unreachable: %s", slot.link.address, exc)
+            log.warning(
+                "node %s unreachable: %s", slot.link.address, exc, extra={"node": slot.link.address}
+            )
             self.store.update_node(
                 slot.load.id,
                 state=NodeState.UNREACHABLE,
@@ -527,7 +530,12 @@ class Master(Rebalancer):
             slots=slot.load.slots,
             families=info.get("families", {}),
         )
-        log.info("node %s connected (%d slots)", slot.link.address, slot.load.slots)
+        log.info(
+            "node %s connected (%d slots)",
+            slot.link.address,
+            slot.load.slots,
+            extra={"node": slot.link.address},
+        )
 
     def _node_down(self, slot: NodeSlot, gone: bool = False) -> None:
         """The node failed or was removed: its jobs (sent or not) go back to be placed."""

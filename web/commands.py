@@ -33,9 +33,10 @@ CHANNEL_TIMEOUT = 120
 
 
 def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    from jodl.config import Settings
+    from jodl.logs import configure
+
+    configure(level, Settings.from_env().log_format, "web")
 
 
 def make_server(app: Any, settings: WebSettings, listen: str | None = None) -> Any:
