@@ -26,6 +26,7 @@ from email.message import EmailMessage
 from typing import Any
 
 from jodl.family import Family, Permanent
+from jodl.metrics import FETCHES, NOTIFICATIONS
 
 from .fetcher import THREAD_PARSE_BYTES, Fetcher
 from .settings import AppSettings
@@ -112,6 +113,7 @@ class CheckPage(Family):
         )
         out = {key: result.get(key) for key in _COPIED}
         out["redirects"] = len(result.get("redirects") or ())
+        count_fetch(out)
         if not result.get("ok") or result.get("not_modified"):
             return out
         limit = self.fetch_settings.max_text_chars
@@ -132,6 +134,17 @@ class CheckPage(Family):
                 views.update(_selector_views(body, result.get("content_type"), others, limit))
         out["views"] = views
         return out
+
+
+def count_fetch(out: dict[str, Any]) -> None:
+    """One fetch in the agent's metrics, by outcome."""
+    if out.get("not_modified"):
+        outcome = "not_modified"
+    elif out.get("ok"):
+        outcome = "ok"
+    else:
+        outcome = str(out.get("error") or "http_error")[:40]
+    FETCHES.labels(outcome).inc()
 
 
 # -- notify -----------------------------------------------------------------------------------
@@ -233,6 +246,7 @@ class Notify(Family):
         with self.journal.lock(key):
             state = self.journal.state(key)
             if state == "sent":
+                NOTIFICATIONS.labels("duplicate").inc()
                 return {"sent": False, "duplicate": True, "message_id": message_id}
             if state == "sending":
                 # An earlier attempt here stopped mid-conversation: the server may have
@@ -253,6 +267,7 @@ class Notify(Family):
                 self.journal.mark(key, None)
                 raise RuntimeError(f"SMTP error: {type(exc).__name__}: {exc}") from None
             self.journal.mark(key, "sent", message_id)  # record after send
+            NOTIFICATIONS.labels("sent").inc()
         return {"sent": True, "message_id": message_id, "to": payload["to"], "refused": refused}
 
     def _send(self, msg: EmailMessage) -> dict[str, Any]:

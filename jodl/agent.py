@@ -26,6 +26,7 @@ from . import family as family_registry
 from .config import Settings
 from .exceptions import AuthError, JodlError, UnknownFamily
 from .family import Family, Permanent
+from .metrics import AGENT_JOBS_FINISHED
 from .protocol import (
     STRICT_CONFIG,
     decode_ids,
@@ -38,6 +39,8 @@ from .protocol import (
 )
 
 log = logging.getLogger("jodl.agent")
+_FINISHED_DONE = AGENT_JOBS_FINISHED.labels("done")
+_FINISHED_FAILED = AGENT_JOBS_FINISHED.labels("failed")
 
 #: Acknowledged execution ids remembered, so a late duplicate send is not run again.
 REMEMBER_ACKED = 200_000
@@ -288,7 +291,9 @@ class AgentCore:
                 error, text = exc, ""
             else:
                 self._done[exec_id] = (exec_id, duration, finished, text)
+                _FINISHED_DONE.inc()
                 return
+        _FINISHED_FAILED.inc()
         retryable = not isinstance(error, Permanent | UnknownFamily)
         message = f"{type(error).__name__}: {error}"[:MAX_ERROR]
         self._failed[exec_id] = (exec_id, duration, finished, message, retryable)

@@ -24,7 +24,9 @@ def _settings(ctx: click.Context) -> Settings:
 
         roles = {"agent": "agent", "master": "master", "run": "master"}
         configure(
-            obj["settings"].log_level, obj["settings"].log_format, roles.get(ctx.info_name, "cli")
+            obj["settings"].log_level,
+            obj["settings"].log_format,
+            roles.get(ctx.info_name or "", "cli"),
         )
     settings: Settings = obj["settings"]
     return settings
@@ -169,11 +171,16 @@ def agent(
         hello(register_url, advertise or address, settings.agent_slots, settings)
         click.echo(f"registered with {register_url}", err=True)
     signal.signal(signal.SIGTERM, lambda *_: server.close())
+    from .ops_server import serve_agent
+
+    ops = serve_agent(server.core, settings)  # health, metrics, profiles (HTTP)
     try:
         server.start()
     except KeyboardInterrupt:
         pass
     finally:
+        if ops is not None:
+            ops.close()
         server.core.close()
 
 
@@ -290,9 +297,14 @@ def run_cmd(ctx: click.Context, family: str) -> None:
         raise JodlError("no agent nodes registered: add one with `jodl node add HOST:PORT`")
     with progress_reporters(f"run {family}") as (_, progress):
         master = Master(settings, store=_store(ctx), progress=progress)
+        from .ops_server import serve_master
+
+        ops = serve_master(master)  # health, metrics, profiles (HTTP)
         try:
             summary = master.run_cycle(family)
         finally:
+            if ops is not None:
+                ops.close()
             master.close()
     click.echo(summary.line())
     if summary.dead:
@@ -308,6 +320,11 @@ def master_cmd(ctx: click.Context) -> None:
     master = Master(_settings(ctx), store=_store(ctx))
     sigterm_as_interrupt()
     stops = []
+    from .ops_server import serve_master
+
+    ops = serve_master(master)  # health, metrics, profiles (HTTP)
+    if ops is not None:
+        stops.append(ops.close)
     try:
         master.start()
         # Installed applications' services (e.g. a scheduler) run beside the serve loop;

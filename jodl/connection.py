@@ -43,6 +43,8 @@ class AgentLink:
         self._calls: dict[str, Callable[..., Any]] = {}
         #: Round trip of the last ping-like call (seconds), for balancing decisions.
         self.rtt = 0.001
+        #: Moving mean of all calls' round trips (seconds), for metrics.
+        self.call_time = 0.001
 
     @property
     def connected(self) -> bool:
@@ -86,11 +88,14 @@ class AgentLink:
         """Call ``name`` on the agent; :class:`AgentUnavailable` on any failure."""
         if self.conn is None:
             raise AgentUnavailable(f"{self.address}: not connected")
+        started = time.perf_counter()
         try:
-            return self._calls[name](*args)
+            out = self._calls[name](*args)
         except CALL_ERRORS as exc:
             self._fail(_describe(exc))
             raise AgentUnavailable(f"{self.address}: {_describe(exc)}") from None
+        self.call_time += 0.2 * (time.perf_counter() - started - self.call_time)
+        return out
 
     def _fail(self, error: str) -> None:
         self.last_error = error

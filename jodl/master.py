@@ -42,6 +42,7 @@ from . import failpoint
 from .config import Settings
 from .connection import AgentLink
 from .exceptions import AgentUnavailable, Fenced, JodlError, UnknownFamily
+from .metrics import LOOP_STEP, MasterGauges, count_outcomes, count_sent
 from .models import ExecState, Family, NodeState, Run, utcnow
 from .placement import JobInfo, Knowledge, NodeLoad, Placement, strategy
 from .protocol import decode_done, decode_failed, encode_ids, encode_jobs
@@ -224,6 +225,7 @@ class Master(Rebalancer):
         self._started = False
         self._gc: tuple[int, ...] | None = None
         self._hello: Any = None
+        self.gauges = MasterGauges()
         self._balancing_init()
 
     # -- start ------------------------------------------------------------------------------
@@ -446,6 +448,7 @@ class Master(Rebalancer):
 
     def step(self) -> bool:
         """One pass of the loop; True when something happened (results or sends)."""
+        started = time.perf_counter()
         self.writer.check()
         self.refresh_nodes()
         self.assign()
@@ -455,6 +458,8 @@ class Master(Rebalancer):
         self.check_timeouts()
         self.review_durations()
         self.run_backups()
+        LOOP_STEP.observe(time.perf_counter() - started)
+        self.gauges.maybe_update(self)  # metrics and runs' progress, once a second at most
         if not (sent or got):
             time.sleep(self._idle_pause())
         else:
@@ -700,6 +705,7 @@ class Master(Rebalancer):
                 self.dispatch_left[group[0][0]] = len(group)
             flights[node_id] = [pair for group in per_run.values() for pair in group]
         failpoint.hit("before_send")
+        count_sent(wires.values())
         self.store.record_dispatches(dispatches)  # write-ahead: committed before agents see jobs
         failpoint.hit("after_log")
         now = time.perf_counter()
@@ -810,6 +816,7 @@ class Master(Rebalancer):
             finished.append(job)
             record(job.id, node_id, job.family, duration)
             self.note_done(slot, job, exec_id, duration, rows)
+        n_done = len(finished)
         for exec_id, duration, finished_at, error, retryable in failed:
             flight = slot.inflight.pop(exec_id, None)
             job = self.pending.get(flight.job_id) if flight is not None else None
@@ -852,6 +859,7 @@ class Master(Rebalancer):
             else:
                 retry.append(job.id)
         slot.observe(durations)
+        count_outcomes(finished, n_done, dead, retry, claims, self.pending)
         # Acknowledged to the agent on a later call, once the writer has committed.
         self._commit(rows, dead, claims, after=lambda: slot.add_acks(acks), settle=settle)
         dead_ids = {d[0] for d in dead}
