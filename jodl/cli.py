@@ -347,10 +347,17 @@ def master_cmd(ctx: click.Context) -> None:
 
 @main.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--watch", is_flag=True, help="Live view, refreshed every second (Ctrl-C stops).")
 @click.pass_context
-def status(ctx: click.Context, as_json: bool) -> None:
+def status(ctx: click.Context, as_json: bool, watch: bool) -> None:
     """Runs, nodes and job counts."""
     from .status import collect
+
+    if watch:
+        from .cli_ops import watch_status
+
+        watch_status(_store(ctx), _settings(ctx))
+        return
 
     data = collect(_store(ctx))
     if as_json:
@@ -487,4 +494,7 @@ def _load_apps() -> None:
         ep.load()(main)
 
 
+from .cli_ops import register as _register_ops  # noqa: E402 - profile
+
+_register_ops(main)
 _load_apps()
