@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 from typing import Any
@@ -299,7 +300,7 @@ def run_cmd(ctx: click.Context, family: str) -> None:
         master = Master(settings, store=_store(ctx), progress=progress)
         from .ops_server import serve_master
 
-        ops = serve_master(master)  # health, metrics, profiles (HTTP)
+        ops = serve_master(master, taken=logging.INFO)  # health, metrics, profiles (HTTP)
         try:
             summary = master.run_cycle(family)
         finally:

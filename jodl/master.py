@@ -307,6 +307,7 @@ class Master(Rebalancer):
                 self.step()
             else:
                 self.refresh_nodes()
+                self.gauges.maybe_update(self)
                 time.sleep(self.settings.idle_sleep)
             for active in [a for a in self.runs.values() if a.remaining <= 0]:
                 summary = self.finish_run(active)
@@ -427,6 +428,7 @@ class Master(Rebalancer):
         self.writer.flush()  # every outcome and home of the run committed before it closes
         self._flush_acks()
         run = self.store.finish_run(active.run, makespan, lower_bound)
+        self.gauges.run_finished(active)
         del self.runs[active.run.id]
         summary = RunSummary(
             family=active.family.name,

@@ -189,6 +189,13 @@ class MasterGauges:
             del self._written[run_id]
 
 
+    def run_finished(self, active: Any) -> None:
+        """A run closed: its gauges show its final counts."""
+        RUN_JOBS_TOTAL.labels(active.family.name).set(active.total)
+        RUN_JOBS_DONE.labels(active.family.name).set(active.done)
+        self._written.pop(active.run.id, None)
+
+
 class DatabaseCollector(Collector):
     """Nodes by state, on-demand queue jobs by family and state, overdue jobs, runs running.
 

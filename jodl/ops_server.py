@@ -191,21 +191,26 @@ class OpsServer:
         self._server.server_close()
 
 
-def serve(app: OpsApp, listen: str | None) -> OpsServer | None:
-    """Serve ``app`` on ``listen``; None when off (empty) or the address is taken (a warning)."""
+def serve(app: OpsApp, listen: str | None, taken: int = logging.WARNING) -> OpsServer | None:
+    """Serve ``app`` on ``listen``; None when off (empty) or the address is taken
+    (logged at level ``taken``)."""
     if not listen:
         return None
     try:
         server = OpsServer(app, listen)
     except OSError as exc:
-        log.warning("no health/metrics endpoint on %s: %s", listen, exc.strerror or exc)
+        log.log(taken, "no health/metrics endpoint on %s: %s", listen, exc.strerror or exc)
         return None
     log.info("health and metrics on http://%s/metrics", server.address)
     return server
 
 
-def serve_master(master: Any) -> OpsServer | None:
-    """The endpoint of a master (``JODL_METRICS_LISTEN``), with the database's gauges."""
+def serve_master(master: Any, taken: int = logging.WARNING) -> OpsServer | None:
+    """The endpoint of a master (``JODL_METRICS_LISTEN``), with the database's gauges.
+
+    ``taken``: level of the message when the address is in use (``jodl run`` beside
+    a long-lived master on the same host: expected, so INFO there).
+    """
     from sqlalchemy import text
 
     from .metrics import register_database
@@ -232,7 +237,7 @@ def serve_master(master: Any) -> OpsServer | None:
         return health()
 
     app = OpsApp("master", settings.secret, health, ready)
-    server = serve(app, settings.metrics_listen)
+    server = serve(app, settings.metrics_listen, taken)
     if server is not None:
         collector = register_database(master.store)
         closing = server.close

@@ -86,6 +86,7 @@ def test_every_process_serves_health_and_metrics(store, agents, master_ops, tmp_
     assert value(after, "jodl_node_up", node=agent.address) == 1
     assert value(after, "jodl_node_round_trip_seconds", node=agent.address) > 0
     assert value(after, "jodl_run_jobs_total", family="noop") == 200
+    assert value(after, "jodl_run_jobs_done", family="noop") == 200
     assert value(after, "jodl_runs_running") == 0
     assert value(after, "jodl_nodes", state="active") == 1
 
