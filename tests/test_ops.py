@@ -23,6 +23,8 @@ from jodl.cli_ops import render, snapshot
 from jodl.master import Master
 from jodl.ops_server import serve_master
 
+pytest_plugins = ("tests.site",)
+
 DASHBOARD = Path(__file__).resolve().parent.parent / "docs" / "grafana-dashboard.json"
 
 
@@ -236,3 +238,31 @@ def test_status_shows_a_running_runs_progress(store, agents, settings) -> None:
         cycle.join(timeout=120)
         master.close()
     assert result["s"].done == jobs
+
+
+def test_page_checks_count_fetches_and_politeness_waits(store, agents, settings, site) -> None:
+    from app_support import agent_env
+
+    agent_ops = f"127.0.0.1:{free_port()}"
+    env = {
+        **agent_env(),
+        "JODL_FETCH_HOST_INTERVAL": "0.05",
+        "JODL_AGENT_METRICS_LISTEN": agent_ops,
+    }
+    agents(1, slots=2, env=env)
+    wait_for(lambda: _answers(agent_ops), what="the agent's ops endpoint")
+    pages = 6
+    for i in range(pages):
+        site.set_page(f"/p{i}", f"<html><title>P{i}</title><body>page {i}</body></html>")
+    fam = store.ensure_family("check_page")
+    store.add_jobs(fam, ((f"p{i}", json.dumps({"url": site.url(f"/p{i}")})) for i in range(pages)))
+    master = Master(settings)
+    try:
+        assert master.run_cycle("check_page").done == pages
+    finally:
+        master.close()
+    metrics = get_metrics(agent_ops)
+    assert value(metrics, "jodl_fetches_total", outcome="ok") == pages
+    # six fetches of one host, 50 ms apart: all but the first waited their turn
+    assert value(metrics, "jodl_politeness_waits_total") >= 1
+    assert value(metrics, "jodl_politeness_wait_seconds_total") > 0
