@@ -29,6 +29,7 @@ from sqlalchemy.exc import IntegrityError
 
 from jodl.config import Settings
 from jodl.family import Family, Permanent
+from jodl.metrics import FETCHES, NOTIFICATIONS
 from jodl.models import utcnow
 from jodl.store import make_engine
 
@@ -118,6 +119,7 @@ class CheckPage(Family):
         )
         out = {key: result.get(key) for key in _COPIED}
         out["redirects"] = len(result.get("redirects") or ())
+        count_fetch(out)
         if not result.get("ok") or result.get("not_modified"):
             return out
         limit = self.fetch_settings.max_text_chars
@@ -138,6 +140,17 @@ class CheckPage(Family):
                 views.update(_selector_views(body, result.get("content_type"), others, limit))
         out["views"] = views
         return out
+
+
+def count_fetch(out: dict[str, Any]) -> None:
+    """One fetch in the agent's metrics, by outcome."""
+    if out.get("not_modified"):
+        outcome = "not_modified"
+    elif out.get("ok"):
+        outcome = "ok"
+    else:
+        outcome = str(out.get("error") or "http_error")[:40]
+    FETCHES.labels(outcome).inc()
 
 
 # -- notify -----------------------------------------------------------------------------------
@@ -261,6 +274,7 @@ class Notify(Family):
         msg = build_message(payload)
         found = self.journal.claim(key, message_id, str(self.context.get("node", "")))
         if found == DigestClaimState.SENT:
+            NOTIFICATIONS.labels("duplicate").inc()
             return {"sent": False, "duplicate": True, "message_id": message_id}
         if found is not None:
             # Claimed and never confirmed: an attempt stopped mid-conversation (the
@@ -279,6 +293,7 @@ class Notify(Family):
             self.journal.release(key)
             raise RuntimeError(f"SMTP error: {type(exc).__name__}: {exc}") from None
         self.journal.sent(key)
+        NOTIFICATIONS.labels("sent").inc()
         return {"sent": True, "message_id": message_id, "to": payload["to"], "refused": refused}
 
     def _send(self, msg: EmailMessage) -> dict[str, Any]:

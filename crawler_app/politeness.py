@@ -31,6 +31,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from jodl.metrics import POLITENESS_WAIT_SECONDS, POLITENESS_WAITS
+
 from .guard import ParsedUrl
 
 #: Requests to one host in flight at once (Scrapy uses 8; a page checker needs few).
@@ -268,8 +270,12 @@ class Politeness:
             async with state.start_lock:
                 loop = asyncio.get_running_loop()
                 # Re-read next_start after every sleep: a pause may have arrived.
+                waited = loop.time()
                 while (wait := state.next_start - loop.time()) > 0:
                     await asyncio.sleep(wait)
+                if (waited := loop.time() - waited) > 0.001:
+                    POLITENESS_WAITS.inc()
+                    POLITENESS_WAIT_SECONDS.inc(waited)
                 state.next_start = loop.time() + state.interval
             yield
 

@@ -41,6 +41,7 @@ from . import family as family_registry
 from .config import DETACH_SHARE, Settings
 from .exceptions import AuthError, JodlError, UnknownFamily
 from .family import Family, Permanent
+from .metrics import AGENT_JOBS_FINISHED
 from .protocol import (
     STRICT_CONFIG,
     decode_ids,
@@ -53,6 +54,8 @@ from .protocol import (
 )
 
 log = logging.getLogger("jodl.agent")
+_FINISHED_DONE = AGENT_JOBS_FINISHED.labels("done")
+_FINISHED_FAILED = AGENT_JOBS_FINISHED.labels("failed")
 
 #: Acknowledged execution ids remembered, so a late duplicate send is not run again.
 REMEMBER_ACKED = 200_000
@@ -430,7 +433,9 @@ class AgentCore:
                 error, text = exc, ""
             else:
                 self._done[exec_id] = (exec_id, duration, finished, text)
+                _FINISHED_DONE.inc()
                 return
+        _FINISHED_FAILED.inc()
         retryable = not isinstance(error, Permanent | UnknownFamily)
         message = f"{type(error).__name__}: {error}"[:MAX_ERROR]
         self._failed[exec_id] = (exec_id, duration, finished, message, retryable)
@@ -455,7 +460,12 @@ class AgentCore:
                 try:
                     result = self._family(fam).run(json.loads(payload))
                 except Exception as exc:  # noqa: BLE001 - every failure is reported to the master
-                    log.debug("job %s failed: %s", exec_id, traceback.format_exc())
+                    log.debug(
+                        "job %s failed: %s",
+                        exec_id,
+                        traceback.format_exc(),
+                        extra={"job": exec_id, "family": fam, "node": self.name},
+                    )
                     outcomes.append((exec_id, time.perf_counter() - started, None, exc))
                 else:
                     outcomes.append((exec_id, time.perf_counter() - started, result, None))

@@ -16,28 +16,12 @@ from .exceptions import BadPayload, ConfigError, JodlError
 from .progress import progress_reporters
 from .protocol import loads_object
 
-#: Loggers of libraries kept at WARNING (their INFO lines, e.g. a scheduler's two lines
-#: every couple of seconds, would bury what JODL prints); JODL_LOG_LEVEL=DEBUG shows all.
-QUIET_LIBRARIES = (
-    "alembic",
-    "apscheduler",
-    "waitress",
-    "rpyc",
-    "aiosmtpd",
-    "mail.log",
-    "asyncio",
-    "httpx",
-)
 
+def configure_logging(level: str, fmt: str = "text", role: str = "cli") -> None:
+    """Log lines at ``level`` on stderr as text or JSON (:mod:`jodl.logs`)."""
+    from .logs import configure
 
-def configure_logging(level: str) -> None:
-    """Log lines at ``level`` on stderr; libraries' at WARNING unless ``level`` is DEBUG."""
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    quiet = level.upper() != "DEBUG"
-    for name in QUIET_LIBRARIES:
-        logging.getLogger(name).setLevel(logging.WARNING if quiet else logging.NOTSET)
+    configure(level, fmt, role)
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -45,7 +29,12 @@ def _settings(ctx: click.Context) -> Settings:
     if "settings" not in obj:
         overrides = {"database_url": obj.get("database_url")}
         obj["settings"] = Settings.from_env(**overrides)
-        configure_logging(obj["settings"].log_level)
+        roles = {"agent": "agent", "master": "master", "run": "master"}
+        configure_logging(
+            obj["settings"].log_level,
+            obj["settings"].log_format,
+            roles.get(ctx.info_name or "", "cli"),
+        )
     settings: Settings = obj["settings"]
     return settings
 
@@ -234,11 +223,16 @@ def agent(
         hello(register_url, advertise or address, settings.agent_slots, settings)
         click.echo(f"registered with {register_url}", err=True)
     signal.signal(signal.SIGTERM, lambda *_: server.close())
+    from .ops_server import serve_agent
+
+    ops = serve_agent(server.core, settings)  # health, metrics, profiles (HTTP)
     try:
         server.start()
     except KeyboardInterrupt:
         pass
     finally:
+        if ops is not None:
+            ops.close()
         server.core.close()
 
 
@@ -455,9 +449,14 @@ def run_cmd(ctx: click.Context, family: str, takeover: bool) -> None:
         raise JodlError("no agent nodes registered: add one with `jodl node add HOST:PORT`")
     with progress_reporters(f"run {family}") as (_, progress):
         master = Master(settings, store=store, progress=progress, takeover=takeover)
+        from .ops_server import serve_master
+
+        ops = serve_master(master, taken=logging.INFO)  # health, metrics, profiles (HTTP)
         try:
             summary = master.run_cycle(family)
         finally:
+            if ops is not None:
+                ops.close()
             master.close()
     click.echo(summary.line())
     if summary.dead:
@@ -493,6 +492,11 @@ def master_cmd(ctx: click.Context, takeover: bool) -> None:
     master = Master(_settings(ctx), store=_store(ctx), takeover=takeover)
     sigterm_as_interrupt()
     stops = []
+    from .ops_server import serve_master
+
+    ops = serve_master(master)  # health, metrics, profiles (HTTP)
+    if ops is not None:
+        stops.append(ops.close)
     try:
         master.start()
         # Installed applications' services (e.g. a scheduler) run beside the serve loop;
@@ -517,10 +521,17 @@ def master_cmd(ctx: click.Context, takeover: bool) -> None:
 
 @main.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--watch", is_flag=True, help="Live view, refreshed every second (Ctrl-C stops).")
 @click.pass_context
-def status(ctx: click.Context, as_json: bool) -> None:
+def status(ctx: click.Context, as_json: bool, watch: bool) -> None:
     """Runs, nodes and job counts."""
     from .status import collect
+
+    if watch:
+        from .cli_ops import watch_status
+
+        watch_status(_store(ctx), _settings(ctx))
+        return
 
     data = collect(_store(ctx))
     if as_json:
@@ -657,4 +668,7 @@ def _load_apps() -> None:
         ep.load()(main)
 
 
+from .cli_ops import register as _register_ops  # noqa: E402 - profile
+
+_register_ops(main)
 _load_apps()

@@ -37,6 +37,12 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_BATCH_SIZE = 2000
 #: Longest pause of the master loop when nothing happens (seconds).
 DEFAULT_IDLE_SLEEP = 0.05
+#: Default address of the master's health/metrics endpoint (loopback; empty: off).
+DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
+#: Default address of an agent's health/metrics endpoint (loopback; empty: off). A
+#: second agent on the host finds it taken, says so, and runs without one: give each
+#: agent its own with JODL_AGENT_METRICS_LISTEN.
+DEFAULT_AGENT_METRICS_LISTEN = "127.0.0.1:9465"
 #: Longest backoff between two tries to reach an unreachable node (seconds).
 DEFAULT_NODE_BACKOFF_MAX = 60.0
 
@@ -114,6 +120,13 @@ def _optional_positive_float(text: str) -> float | None:
     return _positive_float(text) if text.strip() else None
 
 
+def _log_format(text: str) -> str:
+    fmt = text.strip().lower()
+    if fmt not in ("text", "json"):
+        raise ValueError(f"expected text or json, got {text!r}")
+    return fmt
+
+
 def _str_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -130,6 +143,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "list": _str_list,
     "level": _log_level,
     "loop": _event_loop,
+    "logfmt": _log_format,
 }
 
 
@@ -282,6 +296,31 @@ OPTIONS: tuple[Option, ...] = (
         "master",
     ),
     Option("JODL_LOG_LEVEL", "INFO", "level", "Logging level", "all"),
+    # -- operations: logs for machines, health and metrics endpoints (docs/operations.md)
+    Option(
+        "JODL_LOG_FORMAT",
+        "text",
+        "logfmt",
+        "Log records as text lines, or json: one object per record with time, level, "
+        "role, run_id, family, node and job where known",
+        "all",
+    ),
+    Option(
+        "JODL_METRICS_LISTEN",
+        DEFAULT_METRICS_LISTEN,
+        "str?",
+        "HOST:PORT where the master serves /healthz, /readyz, /metrics and "
+        "/debug/profile over HTTP (off when empty)",
+        "master",
+    ),
+    Option(
+        "JODL_AGENT_METRICS_LISTEN",
+        DEFAULT_AGENT_METRICS_LISTEN,
+        "str?",
+        "HOST:PORT where an agent serves /healthz, /metrics and /debug/profile "
+        "over HTTP (off when empty)",
+        "agent",
+    ),
 )
 
 
@@ -350,6 +389,10 @@ class Settings:
     node_backoff_max: float = DEFAULT_NODE_BACKOFF_MAX
     register_listen: str | None = None
     log_level: str = "INFO"
+    # operations
+    log_format: str = "text"
+    metrics_listen: str | None = DEFAULT_METRICS_LISTEN
+    agent_metrics_listen: str | None = DEFAULT_AGENT_METRICS_LISTEN
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -375,6 +418,8 @@ class Settings:
         for name, address in (
             ("JODL_REGISTER_LISTEN", self.register_listen),
             ("JODL_AGENT_LISTEN", self.agent_listen),
+            ("JODL_METRICS_LISTEN", self.metrics_listen),
+            ("JODL_AGENT_METRICS_LISTEN", self.agent_metrics_listen),
         ):
             if address:
                 try:

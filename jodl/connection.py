@@ -50,6 +50,8 @@ class AgentLink:
         self.session: int | None = None
         #: Monotonic time of the last call sent (the agent measures gaps against it).
         self.last_call = 0.0
+        #: Moving mean of all calls' round trips (seconds), for metrics.
+        self.call_time = 0.001
 
     @property
     def connected(self) -> bool:
@@ -101,10 +103,12 @@ class AgentLink:
             args = ((args[0], self.session, now - self.last_call), *args[1:])
         self.last_call = now
         try:
-            return self._calls[name](*args)
+            out = self._calls[name](*args)
         except CALL_ERRORS as exc:
             self._fail(_describe(exc))
             raise AgentUnavailable(f"{self.address}: {_describe(exc)}") from None
+        self.call_time += 0.2 * (time.monotonic() - now - self.call_time)
+        return out
 
     def _fail(self, error: str) -> None:
         self.last_error = error

@@ -43,6 +43,7 @@ from .agent import KNOWN_ID
 from .config import Settings
 from .connection import AgentLink
 from .exceptions import AgentUnavailable, Fenced, JodlError, UnknownFamily
+from .metrics import LOOP_STEP, MasterGauges, count_outcomes, count_sent
 from .models import ExecState, Family, NodeState, Run, utcnow
 from .placement import JobInfo, Knowledge, NodeLoad, Placement, strategy
 from .protocol import decode_done, decode_failed, encode_ids, encode_jobs
@@ -232,6 +233,7 @@ class Master(Rebalancer):
         self._gc: tuple[int, ...] | None = None
         self._hello: Any = None
         self.cluster = ""
+        self.gauges = MasterGauges()
         self._balancing_init()
 
     # -- start ------------------------------------------------------------------------------
@@ -322,6 +324,7 @@ class Master(Rebalancer):
             else:
                 self.keep_lease()
                 self.refresh_nodes()
+                self.gauges.maybe_update(self)
                 time.sleep(self.settings.idle_sleep)
             for active in [a for a in self.runs.values() if a.remaining <= 0]:
                 summary = self.finish_run(active)
@@ -381,6 +384,7 @@ class Master(Rebalancer):
             run.number,
             "resumed" if resumed else "opened",
             len(jobs),
+            extra={"run_id": run.id, "family": family.name},
         )
         return active
 
@@ -441,6 +445,7 @@ class Master(Rebalancer):
         self.writer.flush()  # every outcome and home of the run committed before it closes
         self._flush_acks()
         run = self.store.finish_run(active.run, makespan, lower_bound)
+        self.gauges.run_finished(active)
         del self.runs[active.run.id]
         summary = RunSummary(
             family=active.family.name,
@@ -455,13 +460,14 @@ class Master(Rebalancer):
             makespan=makespan,
             lower_bound=lower_bound,
         )
-        log.info("%s", summary.line())
+        log.info("%s", summary.line(), extra={"run_id": run.id, "family": summary.family})
         return summary
 
     # -- the loop ------------------------------------------------------------------------
 
     def step(self) -> bool:
         """One pass of the loop; True when something happened (results or sends)."""
+        started = time.perf_counter()
         self.writer.check()
         self.keep_lease()
         self.refresh_nodes()
@@ -472,6 +478,8 @@ class Master(Rebalancer):
         self.check_timeouts()
         self.review_durations()
         self.run_backups()
+        LOOP_STEP.observe(time.perf_counter() - started)
+        self.gauges.maybe_update(self)  # metrics and runs' progress, once a second at most
         if not (sent or got):
             time.sleep(self._idle_pause())
         else:
@@ -534,7 +542,9 @@ class Master(Rebalancer):
             self._reconcile(slot, info.get("queued") or [])
         except AgentUnavailable as exc:
             self._check_fenced(slot)  # refused for our old epoch: stop, the node is fine
-            log.warning("node %s unreachable: %s", slot.link.address, exc)
+            log.warning(
+                "node %s unreachable: %s", slot.link.address, exc, extra={"node": slot.link.address}
+            )
             self.store.update_node(
                 slot.load.id,
                 state=NodeState.UNREACHABLE,
@@ -557,7 +567,12 @@ class Master(Rebalancer):
             slots=slot.load.slots,
             families=info.get("families", {}),
         )
-        log.info("node %s connected (%d slots)", slot.link.address, slot.load.slots)
+        log.info(
+            "node %s connected (%d slots)",
+            slot.link.address,
+            slot.load.slots,
+            extra={"node": slot.link.address},
+        )
 
     def _init_settings(self) -> str:
         """What ``init`` tells an agent: who we are, our cluster, and when we give up."""
@@ -744,6 +759,7 @@ class Master(Rebalancer):
                 self.dispatch_left[group[0][0]] = len(group)
             flights[node_id] = [pair for group in per_run.values() for pair in group]
         failpoint.hit("before_send")
+        count_sent(wires.values())
         self.store.record_dispatches(dispatches)  # write-ahead: committed before agents see jobs
         failpoint.hit("after_log")
         now = time.perf_counter()
@@ -862,6 +878,7 @@ class Master(Rebalancer):
             finished.append(job)
             record(job.id, node_id, job.family, duration)
             self.note_done(slot, job, exec_id, duration, rows)
+        n_done = len(finished)
         for exec_id, duration, finished_at, error, retryable in failed:
             flight = slot.inflight.pop(exec_id, None)
             job = self.pending.get(flight.job_id) if flight is not None else None
@@ -904,6 +921,7 @@ class Master(Rebalancer):
             else:
                 retry.append(job.id)
         slot.observe(durations)
+        count_outcomes(finished, n_done, dead, retry, claims, self.pending)
         # Acknowledged to the agent on a later call, once the writer has committed.
         self._commit(rows, dead, claims, after=lambda: slot.add_acks(acks), settle=settle)
         dead_ids = {d[0] for d in dead}

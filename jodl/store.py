@@ -645,6 +645,13 @@ class Store(LearningLog):
                 )
         return [x for x in sent if x.exec_id not in resolved]
 
+    def running_runs(self) -> int:
+        """How many runs are open now (for metrics)."""
+        with self.engine.connect() as conn:
+            return int(
+                conn.scalar(select(func.count()).where(Run.state == RunState.RUNNING)) or 0
+            )
+
     def run_progress(self, run_id: int, done: int, failed: int, dead: int) -> None:
         with self.engine.begin() as conn:
             conn.execute(

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from . import failpoint
+from .metrics import WRITER_COMMIT
 from .store import Store
 
 _STOP = object()
@@ -51,6 +53,10 @@ class LogWriter:
         self._queue.join()
         self.check()
 
+    def depth(self) -> int:
+        """Batches queued and not committed yet (for metrics)."""
+        return self._queue.qsize()
+
     def check(self) -> None:
         """Raise the error that stopped the writer, if any."""
         if self._error is not None:
@@ -72,9 +78,11 @@ class LogWriter:
                 executions, dead, claims, closed, homes, settle, after = item
                 try:
                     failpoint.hit("before_commit")
+                    started = time.perf_counter()
                     self.store.record_outcomes(
                         executions, dead, claims, closed, homes=homes, settle=settle
                     )
+                    WRITER_COMMIT.observe(time.perf_counter() - started)
                     failpoint.hit("after_commit")
                     if after is not None:
                         after()

@@ -132,7 +132,7 @@ def test_rate_limit(tmp_path: Path) -> None:
     )
     assert other.status_code == 201
     metrics = client.get("/metrics").get_data(as_text=True)
-    assert re.search(r"^jodl_web_rate_limited_total 2$", metrics, re.M)
+    assert re.search(r"^jodl_web_rate_limited_total 2.0$", metrics, re.M)
 
 
 def test_failed_logins_are_limited(tmp_path: Path) -> None:
@@ -311,10 +311,10 @@ def test_health_and_metrics(client: FlaskClient) -> None:
     sample = re.compile(r'^[a-z_]+(\{([a-z_]+="[^"\n]*",?)*\})? -?[0-9.e+]+$')
     for line in text.splitlines():
         assert line.startswith("# HELP ") or line.startswith("# TYPE ") or sample.match(line), line
-    assert 'jodl_web_urls_total{answer="queued"} 1' in text
-    assert 'jodl_web_urls_total{answer="refused"} 1' in text
-    assert 'jodl_queue_jobs{family="check_page",state="queued"} 1' in text
-    assert "jodl_web_streams_open 0" in text
+    assert 'jodl_web_urls_total{answer="queued"} 1.0' in text
+    assert 'jodl_web_urls_total{answer="refused"} 1.0' in text
+    assert 'jodl_queue_jobs{family="check_page",state="queued"} 1.0' in text
+    assert "jodl_web_streams_open 0.0" in text
 
 
 def test_stream_slots_are_limited(tmp_path: Path) -> None:

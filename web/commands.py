@@ -131,7 +131,8 @@ def web_cmd(ctx: click.Context, listen: str | None, threads: int | None) -> None
     missing = missing_sqlite_file(settings.database_url)
     if missing is not None:
         raise JodlError(f"no database at {missing}: run `jodl db upgrade` or `jodl up`")
-    configure_logging(Settings.from_env(database_url=settings.database_url).log_level)
+    lib = Settings.from_env(database_url=settings.database_url)
+    configure_logging(lib.log_level, lib.log_format, "web")
     app = create_app(settings)
     svc = app.extensions["jodl"]
     _check_schema(svc.engine)
@@ -176,7 +177,7 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int, print_login: boo
     obj = ctx.ensure_object(dict)
     lib = Settings.from_env(database_url=obj.get("database_url"))
     database = lib.database_url
-    configure_logging(lib.log_level)
+    configure_logging(lib.log_level, lib.log_format, "web")
     web_settings = WebSettings.for_up(database_url=database, web_listen=listen)
     cluster = LocalCluster(database, agents=agents, settings=lib)
     started = False

@@ -1,0 +1,265 @@
+"""The operations endpoint of a master or an agent: health, metrics and profiles over HTTP.
+
+A small threaded HTTP server (the standard library's WSGI server; prometheus_client
+renders the metrics) on its own port, loopback by default (``JODL_METRICS_LISTEN``,
+``JODL_AGENT_METRICS_LISTEN``), in a daemon thread beside the process's work:
+
+``/healthz``        200 while the process works (the master: its log writer has not failed)
+``/readyz``         200 once it does its job (the master: holds the lease, database answers)
+``/metrics``        Prometheus text format (see :mod:`jodl.metrics`)
+``/debug/profile``  ``?seconds=N``: profiles every thread of the live process for N
+                    seconds (yappi, wall clock) and answers a pstats file. With
+                    ``JODL_SECRET`` set it asks for ``Authorization: Bearer SECRET``;
+                    without, it answers loopback clients only.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from typing import Any
+from urllib.parse import parse_qs
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import REGISTRY, make_wsgi_app
+
+from .protocol import split_address
+
+log = logging.getLogger("jodl.ops")
+
+#: Longest profile one request may ask for (seconds): the request holds a thread that long.
+MAX_PROFILE_SECONDS = 300.0
+#: A check answers (ok, reason); reason is shown in the JSON body.
+Check = Callable[[], tuple[bool, str]]
+
+
+def _ok() -> tuple[bool, str]:
+    return True, "ok"
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        log.debug("%s - %s", self.address_string(), format % args)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class Profiler:
+    """One profile at a time of every thread of this process, as a pstats file."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def profile(self, seconds: float) -> bytes | None:
+        """Profile for ``seconds``; None when another profile is being taken."""
+        import yappi  # type: ignore[import-untyped]
+
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            yappi.clear_stats()
+            yappi.set_clock_type("wall")
+            yappi.start(builtins=False, profile_threads=True)
+            try:
+                _profiling(seconds)
+            finally:
+                yappi.stop()
+            stats = yappi.get_func_stats()
+            fd, path = tempfile.mkstemp(suffix=".pstats")
+            os.close(fd)
+            try:
+                stats.save(path, type="pstat")
+                with open(path, "rb") as fh:
+                    return fh.read()
+            finally:
+                os.unlink(path)
+                yappi.clear_stats()
+        finally:
+            self._lock.release()
+
+
+def _profiling(seconds: float) -> None:
+    """Wait while the profile is taken (a Python call of its own: a profile of an idle
+    process still has one entry, and pstats cannot load an empty one)."""
+    time.sleep(seconds)
+
+
+class OpsApp:
+    """The WSGI application of the endpoint."""
+
+    def __init__(
+        self,
+        role: str,
+        secret: str | None,
+        health: Check = _ok,
+        ready: Check = _ok,
+        registry: Any = REGISTRY,
+    ) -> None:
+        self.role = role
+        self.secret = secret
+        self.health = health
+        self.ready = ready
+        self.metrics = make_wsgi_app(registry)
+        self.profiler = Profiler()
+
+    def __call__(self, environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return self.metrics(environ, start)  # type: ignore[no-any-return]
+        if path in ("/healthz", "/readyz"):
+            ok, reason = (self.health if path == "/healthz" else self.ready)()
+            body = {"status": "ok" if ok else "error", "role": self.role, "reason": reason}
+            return _json(start, 200 if ok else 503, body)
+        if path == "/debug/profile":
+            return self._profile(environ, start)
+        return _json(start, 404, {"error": f"no such page {path!r}"})
+
+    def _profile(self, environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
+        if self.secret:
+            given = environ.get("HTTP_AUTHORIZATION", "").removeprefix("Bearer ").strip()
+            if not hmac.compare_digest(given.encode(), self.secret.encode()):
+                return _json(start, 401, {"error": "send Authorization: Bearer JODL_SECRET"})
+        elif not _is_loopback(environ.get("REMOTE_ADDR", "")):
+            return _json(start, 403, {"error": "without JODL_SECRET only loopback may profile"})
+        try:
+            query = parse_qs(environ.get("QUERY_STRING", ""))
+            seconds = float(query.get("seconds", ["10"])[0])
+            if not 0 < seconds <= MAX_PROFILE_SECONDS:
+                raise ValueError
+        except ValueError:
+            return _json(
+                start, 400, {"error": f"seconds: a number in (0, {MAX_PROFILE_SECONDS:g}]"}
+            )
+        data = self.profiler.profile(seconds)
+        if data is None:
+            return _json(start, 409, {"error": "a profile is being taken; try again later"})
+        start(
+            "200 OK",
+            [
+                ("Content-Type", "application/octet-stream"),
+                ("Content-Disposition", f'attachment; filename="{self.role}.pstats"'),
+                ("Content-Length", str(len(data))),
+            ],
+        )
+        return [data]
+
+
+def _json(start: Callable[..., Any], status: int, body: dict[str, Any]) -> list[bytes]:
+    reasons = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"}
+    reasons |= {404: "Not Found", 409: "Conflict", 503: "Service Unavailable"}
+    data = json.dumps(body).encode()
+    start(f"{status} {reasons[status]}", [("Content-Type", "application/json")])
+    return [data]
+
+
+class OpsServer:
+    """The endpoint serving in a daemon thread; :meth:`close` stops it."""
+
+    def __init__(self, app: OpsApp, listen: str) -> None:
+        host, port = split_address(listen)
+        self.app = app
+        self._server = make_server(
+            host, port, app, server_class=_Server, handler_class=_QuietHandler
+        )
+        self.port = self._server.server_port
+        self.address = f"{host}:{self.port}"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name=f"ops-{app.role}", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def serve(app: OpsApp, listen: str | None, taken: int = logging.WARNING) -> OpsServer | None:
+    """Serve ``app`` on ``listen``; None when off (empty) or the address is taken
+    (logged at level ``taken``)."""
+    if not listen:
+        return None
+    try:
+        server = OpsServer(app, listen)
+    except OSError as exc:
+        log.log(taken, "no health/metrics endpoint on %s: %s", listen, exc.strerror or exc)
+        return None
+    log.info("health and metrics on http://%s/metrics", server.address)
+    return server
+
+
+def serve_master(master: Any, taken: int = logging.WARNING) -> OpsServer | None:
+    """The endpoint of a master (``JODL_METRICS_LISTEN``), with the database's gauges.
+
+    ``taken``: level of the message when the address is in use (``jodl run`` beside
+    a long-lived master on the same host: expected, so INFO there).
+    """
+    from sqlalchemy import text
+
+    from .metrics import register_database
+
+    settings = master.settings
+    if not settings.metrics_listen:
+        return None
+
+    def health() -> tuple[bool, str]:
+        try:
+            master.writer.check()
+        except BaseException as exc:  # noqa: BLE001 - reported, not raised
+            return False, f"log writer stopped: {exc}"
+        return True, "ok"
+
+    def ready() -> tuple[bool, str]:
+        if not master.epoch:
+            return False, "no master lease yet"
+        try:
+            with master.store.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            return False, f"database: {str(exc).splitlines()[0][:200]}"
+        return health()
+
+    app = OpsApp("master", settings.secret, health, ready)
+    server = serve(app, settings.metrics_listen, taken)
+    if server is not None:
+        collector = register_database(master.store)
+        closing = server.close
+
+        def close() -> None:
+            REGISTRY.unregister(collector)
+            closing()
+
+        server.close = close  # type: ignore[method-assign]
+    return server
+
+
+def serve_agent(core: Any, settings: Any) -> OpsServer | None:
+    """The endpoint of an agent (``JODL_AGENT_METRICS_LISTEN``), with its queue gauges."""
+    from .metrics import register_agent
+
+    if not settings.agent_metrics_listen:
+        return None
+    server = serve(OpsApp("agent", settings.secret), settings.agent_metrics_listen)
+    if server is not None:
+        register_agent(core)
+    return server
+
+
+__all__ = ["OpsApp", "OpsServer", "Profiler", "serve", "serve_agent", "serve_master"]
