@@ -24,7 +24,7 @@ from rpyc.utils.server import ThreadedServer
 
 from . import family as family_registry
 from .config import Settings
-from .exceptions import AuthError, JodlError, UnknownFamily
+from .exceptions import JodlError, UnknownFamily
 from .family import Family, Permanent
 from .protocol import (
     STRICT_CONFIG,
@@ -32,7 +32,7 @@ from .protocol import (
     decode_jobs,
     encode_done,
     encode_failed,
-    is_loopback,
+    require_auth,
     server_authenticator,
     split_address,
 )
@@ -489,14 +489,14 @@ class AgentService(rpyc.Service):
 def make_server(
     settings: Settings, listen: str | None = None, name: str | None = None
 ) -> ThreadedServer:
-    """Build (not start) the agent's server; refuses an unauthenticated non-loopback address."""
+    """Build (not start) the agent's server; refuses to start without a secret or TLS.
+
+    Loopback is no exception: any local user could otherwise command the agent, and
+    one who binds its port first would receive the master's jobs.
+    """
     address = listen or settings.agent_listen
     host, port = split_address(address)
-    if not is_loopback(host) and not (settings.secret or settings.tls):
-        raise AuthError(
-            f"refusing to listen on {address} without authentication: set JODL_SECRET "
-            "or JODL_TLS_CERT/JODL_TLS_KEY/JODL_TLS_CA (only loopback may go without)"
-        )
+    require_auth(settings, f"refusing to listen on {address}")
     core = AgentCore(
         name or f"{socket.gethostname()}:{port}",
         slots=settings.agent_slots,

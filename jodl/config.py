@@ -19,7 +19,7 @@ from .exceptions import ConfigError
 
 #: Default database: a SQLite file in the working directory.
 DEFAULT_DATABASE_URL = "sqlite:///jodl.db"
-#: Default address an agent listens on (loopback: no auth needed there).
+#: Default address an agent listens on (authenticated like any other address).
 DEFAULT_AGENT_LISTEN = "127.0.0.1:18861"
 #: Default number of job slots (threads) on an agent.
 DEFAULT_SLOTS = 4
@@ -33,6 +33,9 @@ DEFAULT_BATCH_SIZE = 2000
 DEFAULT_IDLE_SLEEP = 0.05
 #: Longest backoff between two tries to reach an unreachable node (seconds).
 DEFAULT_NODE_BACKOFF_MAX = 60.0
+#: Shortest accepted JODL_SECRET (characters): 128 bits as URL-safe base64, e.g.
+#: ``python -c "import secrets; print(secrets.token_urlsafe(32))"`` (43 characters).
+MIN_SECRET_LENGTH = 22
 
 
 def _bool(text: str) -> bool:
@@ -158,8 +161,8 @@ OPTIONS: tuple[Option, ...] = (
         "JODL_SECRET",
         "",
         "str?",
-        "Shared secret for master-agent HMAC authentication; "
-        "required for agents listening beyond loopback unless TLS is set",
+        "Shared secret of masters and agents (mutual HMAC handshake), at least "
+        f"{MIN_SECRET_LENGTH} random characters; an agent needs it or TLS, on loopback too",
         "master, agent",
     ),
     Option(
@@ -337,6 +340,7 @@ class Settings:
         tls = (self.tls_cert, self.tls_key, self.tls_ca)
         if any(tls) and not all(tls):
             raise ConfigError("JODL_TLS_CERT, JODL_TLS_KEY and JODL_TLS_CA: set all three or none")
+        check_secret(self.secret)
         for name, address in (
             ("JODL_REGISTER_LISTEN", self.register_listen),
             ("JODL_AGENT_LISTEN", self.agent_listen),
@@ -350,6 +354,16 @@ class Settings:
     @property
     def tls(self) -> bool:
         return bool(self.tls_cert)
+
+
+def check_secret(secret: str | None) -> None:
+    """:class:`ConfigError` when ``secret`` is set but shorter than :data:`MIN_SECRET_LENGTH`."""
+    if secret and len(secret) < MIN_SECRET_LENGTH:
+        raise ConfigError(
+            f"JODL_SECRET is too short ({len(secret)} characters): use at least "
+            f"{MIN_SECRET_LENGTH} random ones (128 bits), e.g. the output of "
+            "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
 
 
 _EXTRA: list[Option] = []

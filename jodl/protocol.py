@@ -5,11 +5,12 @@ tuples of them): anything else would arrive as an rpyc netref, a remote proxy
 that costs a round trip per access and opens the peer's object graph.  Rich
 values (payloads, results, agent info) travel as JSON strings.
 
-Authentication happens on the raw socket before rpyc speaks: optional mutual TLS
-with a private CA, the agent's banner (whether it requires a secret), then (when a
-secret is set) a mutual HMAC-SHA256 challenge.
-The agent proves the secret to the master too, so a master never sends jobs to
-an impostor.
+Authentication happens on the raw socket before rpyc speaks, on every address
+(loopback included): optional mutual TLS with a private CA, the agent's banner
+(whether it requires a secret), then (when a secret is set) a mutual HMAC-SHA256
+challenge. Every agent requires the shared secret or TLS (it refuses to start with
+neither), and a master refuses to connect without one of them. The agent proves
+the secret to the master too, so a master never sends jobs to an impostor.
 
 Calls of the protocol (agent side names without the ``exposed_`` prefix):
 
@@ -43,15 +44,15 @@ import rpyc
 from rpyc.core.stream import SocketStream
 from rpyc.utils.authenticators import AuthenticationError
 
-from .config import Settings
-from .exceptions import AuthError, BadPayload
+from .config import Settings, check_secret
+from .exceptions import AuthError, BadPayload, ConfigError
 
 #: Bumped on any incompatible change of the calls above.
 PROTOCOL_VERSION = 1
 _MAGIC = b"JODL%d" % PROTOCOL_VERSION
 _NONCE_BYTES = 32
-#: Banner flags: the agent requires the shared secret, or it does not.
-_SECRET, _OPEN = b"S", b"O"
+#: Banner flags: the agent requires the shared secret, or it relies on TLS alone.
+_SECRET, _TLS_ONLY = b"S", b"T"
 #: Seconds a peer has to finish the handshake (a silent client cannot hold a thread).
 HANDSHAKE_TIMEOUT = 5.0
 
@@ -142,6 +143,20 @@ def _client_tls(settings: Settings) -> ssl.SSLContext:
     return ctx
 
 
+def require_auth(settings: Settings, what: str) -> None:
+    """:class:`AuthError` (one line) unless ``settings`` authenticate peers: secret or TLS."""
+    if not (settings.secret or settings.tls):
+        raise AuthError(
+            f"{what} without authentication: set JODL_SECRET (the same on masters and agents; "
+            "python -c 'import secrets; print(secrets.token_urlsafe(32))') "
+            "or JODL_TLS_CERT/JODL_TLS_KEY/JODL_TLS_CA"
+        )
+    try:
+        check_secret(settings.secret)
+    except ConfigError as exc:
+        raise AuthError(str(exc)) from None
+
+
 def server_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[Any, Any]]:
     """The agent's rpyc authenticator for ``settings``.
 
@@ -150,6 +165,7 @@ def server_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[
     expects: a master without the secret, or with a secret the agent lacks, fails
     with a clear :class:`AuthError` instead of a timeout.
     """
+    require_auth(settings, "refusing to serve")
     tls = _server_tls(settings) if settings.tls else None
     secret = settings.secret
 
@@ -161,7 +177,7 @@ def server_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[
                 sock = tls.wrap_socket(sock, server_side=True)
                 credentials["cert"] = sock.getpeercert()  # type: ignore[attr-defined]
             nonce = os.urandom(_NONCE_BYTES)
-            sock.sendall(_MAGIC + (_SECRET if secret else _OPEN) + nonce)
+            sock.sendall(_MAGIC + (_SECRET if secret else _TLS_ONLY) + nonce)
             if secret:
                 # The magic first: a peer that does not speak JODL is dropped at once
                 # instead of holding this thread until the handshake timeout.
@@ -196,7 +212,7 @@ def client_handshake(sock: socket.socket, settings: Settings, host: str) -> sock
         mode, nonce = banner[len(_MAGIC) : len(_MAGIC) + 1], banner[len(_MAGIC) + 1 :]
         if mode == _SECRET and not settings.secret:
             raise AuthError(f"{host}: the agent requires the shared secret; set JODL_SECRET")
-        if mode != _SECRET and settings.secret:
+        if mode != _SECRET and settings.secret:  # an agent that relies on TLS alone
             raise AuthError(
                 f"{host}: the agent has no shared secret and cannot prove who it is; "
                 "set the same JODL_SECRET on the agent"
@@ -232,6 +248,7 @@ def split_address(address: str) -> tuple[str, int]:
 
 def connect(address: str, settings: Settings, timeout: float | None = None) -> rpyc.Connection:
     """Open an authenticated rpyc connection to the agent at ``address`` (HOST:PORT)."""
+    require_auth(settings, f"refusing to connect to {address}")
     host, port = split_address(address)
     sock = socket.create_connection((host, port), timeout=timeout or settings.call_timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -246,7 +263,7 @@ def connect(address: str, settings: Settings, timeout: float | None = None) -> r
 
 
 def is_loopback(host: str) -> bool:
-    """True when ``host`` only binds loopback (where an agent may run without auth)."""
+    """True when ``host`` only binds loopback."""
     if host in ("localhost",):
         return True
     try:

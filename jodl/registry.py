@@ -19,7 +19,7 @@ from rpyc.utils.server import ThreadedServer
 
 from .config import Settings
 from .exceptions import AgentUnavailable, AuthError, JodlError
-from .protocol import STRICT_CONFIG, connect, is_loopback, server_authenticator, split_address
+from .protocol import STRICT_CONFIG, connect, require_auth, server_authenticator, split_address
 from .store import Store
 
 log = logging.getLogger("jodl.registry")
@@ -46,8 +46,7 @@ class HelloService(rpyc.Service):
 def serve_hello(settings: Settings, store: Store, listen: str) -> ThreadedServer:
     """Start the hello service in a daemon thread; return the server (``close()`` stops it)."""
     host, port = split_address(listen)
-    if not is_loopback(host) and not (settings.secret or settings.tls):
-        raise AuthError(f"refusing to accept hellos on {listen} without JODL_SECRET or TLS")
+    require_auth(settings, f"refusing to accept hellos on {listen}")
     server = ThreadedServer(
         HelloService(store),
         hostname=host,

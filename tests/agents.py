@@ -3,12 +3,14 @@
 Every agent is a subprocess listening on a free loopback port; :func:`start_agent`
 returns once the port answers. The environment of every child is the test's own
 minus any ``JODL_*`` variable (so a developer's shell cannot leak settings into a
-test), plus the overrides given.
+test), plus :data:`TEST_SECRET` as ``JODL_SECRET`` (agents refuse to start without
+authentication), plus the overrides given.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -23,6 +25,8 @@ from pathlib import Path
 START_TIMEOUT = 20.0
 #: Seconds a one-shot command may take.
 COMMAND_TIMEOUT = 120.0
+#: The shared secret of this test session's agents and masters (fresh for every session).
+TEST_SECRET = secrets.token_urlsafe(32)
 
 
 def jodl_command() -> list[str]:
@@ -35,9 +39,13 @@ def jodl_command() -> list[str]:
 
 
 def child_env(overrides: Mapping[str, str | None] | None = None) -> dict[str, str]:
-    """The environment for a child: no inherited ``JODL_*``, then ``overrides`` (None unsets)."""
+    """The environment for a child: no inherited ``JODL_*``, the test secret, then ``overrides``.
+
+    An override of None unsets the variable (``{"JODL_SECRET": None}``: no secret).
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("JODL_")}
     env.setdefault("JODL_LOG_LEVEL", "WARNING")
+    env["JODL_SECRET"] = TEST_SECRET
     env["PYTHONUNBUFFERED"] = "1"
     for key, value in (overrides or {}).items():
         if value is None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import rpyc
-from agents import AgentProcess, free_port, run_jodl, start_agent, wait_for
+from agents import TEST_SECRET, AgentProcess, free_port, run_jodl, start_agent, wait_for
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -32,7 +32,8 @@ from jodl.models import NodeState
 from jodl.protocol import _MAGIC as MAGIC
 from jodl.protocol import connect
 
-SECRET = "correct horse battery staple"
+SECRET = "correct horse battery staple"  # long enough (22+ characters)
+WRONG = "incorrect horse battery staple"
 
 # -- a private CA in a temporary directory -------------------------------------------------
 
@@ -205,8 +206,8 @@ def test_only_a_peer_with_the_secret_gets_through(spawn_agent: Callable[..., Age
     conn.close()
 
     with pytest.raises(AuthError, match="JODL_SECRET"):
-        connect(agent.address, Settings(secret="wrong", call_timeout=10.0))
-    with pytest.raises(AuthError, match="requires the shared secret"):
+        connect(agent.address, Settings(secret=WRONG, call_timeout=10.0))
+    with pytest.raises(AuthError, match="without authentication"):
         connect(agent.address, Settings(call_timeout=10.0))
     raw_rpyc_gets_nothing(agent)
     # A peer that answers the banner with bytes that are not the protocol's is dropped
@@ -223,17 +224,18 @@ def test_only_a_peer_with_the_secret_gets_through(spawn_agent: Callable[..., Age
 
 
 def test_a_master_with_a_secret_refuses_an_agent_without_one(
-    spawn_agent: Callable[..., AgentProcess],
+    tmp_path: Path, spawn_agent: Callable[..., AgentProcess],
 ):
-    agent = spawn_agent()
+    ca = CA(tmp_path, "jodl-ca")
+    agent = spawn_agent(env={**tls_env(ca, ca.issue("agent")), "JODL_SECRET": None})
     with pytest.raises(AuthError, match="no shared secret"):
-        connect(agent.address, Settings(secret=SECRET, call_timeout=10.0))
+        connect(agent.address, tls_settings(ca, ca.issue("master"), secret=SECRET))
 
 
 def test_a_master_with_the_wrong_secret_marks_the_node_unreachable(store, spawn_agent, settings):
     agent = spawn_agent(env={"JODL_SECRET": SECRET})
     node = store.add_node(agent.address, slots=2)
-    master = Master(settings.replace(secret="wrong"), store=store)
+    master = Master(settings.replace(secret=WRONG), store=store)
     try:
         master.start()
     finally:
@@ -251,7 +253,7 @@ def test_mutual_tls_admits_only_certificates_of_the_private_ca(
 ):
     ca = CA(tmp_path, "jodl-ca")
     rogue = CA(tmp_path, "rogue-ca")
-    agent = spawn_agent(env=tls_env(ca, ca.issue("agent")))
+    agent = spawn_agent(env={**tls_env(ca, ca.issue("agent")), "JODL_SECRET": None})
     master = tls_settings(ca, ca.issue("master"))
 
     conn = connect(agent.address, master)
@@ -278,7 +280,7 @@ def test_a_master_refuses_an_agent_certified_by_another_ca(
 ):
     ca = CA(tmp_path, "jodl-ca")
     rogue = CA(tmp_path, "rogue-ca")
-    impostor = spawn_agent(env=tls_env(rogue, rogue.issue("impostor")))
+    impostor = spawn_agent(env={**tls_env(rogue, rogue.issue("impostor")), "JODL_SECRET": None})
     with pytest.raises(AuthError, match="TLS"):
         connect(impostor.address, tls_settings(ca, ca.issue("master")))
 
@@ -290,7 +292,7 @@ def test_a_master_refuses_an_agent_certified_by_another_ca(
 def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The root object of one agent shared by this module's probes (none of them runs a job)."""
     agent = start_agent(tmp_path_factory.mktemp("probed-agent"))
-    conn = connect(agent.address, Settings(call_timeout=10.0))
+    conn = connect(agent.address, Settings(call_timeout=10.0, secret=TEST_SECRET))
     yield conn.root
     conn.close()
     agent.kill()
@@ -375,12 +377,14 @@ def test_the_agent_never_calls_back_into_a_netref(root, call):
     assert root.remaining(1) == (0, 0, 0, 0)
 
 
-# -- listening beyond loopback ---------------------------------------------------------------------
+# -- no agent without authentication, loopback included ------------------------------------------
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "[::]"])
-def test_an_agent_beyond_loopback_without_auth_refuses_to_start(host: str):
-    result = run_jodl("agent", "--listen", f"{host}:{free_port()}", timeout=60)
+@pytest.mark.parametrize("host", ["0.0.0.0", "[::]", "127.0.0.1", "localhost"])
+def test_an_agent_without_auth_refuses_to_start_on_any_address(host: str):
+    result = run_jodl(
+        "agent", "--listen", f"{host}:{free_port()}", env={"JODL_SECRET": None}, timeout=60
+    )
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -388,10 +392,41 @@ def test_an_agent_beyond_loopback_without_auth_refuses_to_start(host: str):
     assert "Traceback" not in result.stderr
 
 
+def test_an_agent_with_a_short_secret_refuses_to_start():
+    result = run_jodl("agent", "--listen", f"127.0.0.1:{free_port()}",
+                      env={"JODL_SECRET": "hunter2"}, timeout=60)  # fmt: skip
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "JODL_SECRET is too short" in lines[0], result.stderr
+
+
+def test_a_master_without_auth_refuses_to_connect(spawn_agent):
+    agent = spawn_agent()
+    with pytest.raises(AuthError, match="refusing to connect.*JODL_SECRET"):
+        connect(agent.address, Settings(call_timeout=10.0))
+    with pytest.raises(AuthError, match="JODL_SECRET is too short"):
+        connect(agent.address, Settings(call_timeout=10.0, secret="hunter2"))
+
+
+def test_a_local_user_without_the_secret_cannot_command_a_loopback_agent(spawn_agent, settings):
+    """The attack on an open loopback agent: forge a job, read results, fence the master."""
+    agent = spawn_agent()  # the fixtures' agents carry the test secret, like `jodl up`'s
+    raw_rpyc_gets_nothing(agent)
+    with pytest.raises(AuthError):
+        connect(agent.address, settings.replace(secret="a-guess-of-the-local-user-0000"))
+    # Nothing of the attempts reached the agent: epoch 0, nothing queued.
+    conn = connect(agent.address, settings)
+    try:
+        assert conn.root.ping()[1] == 0, "no init with a huge epoch got through"
+        assert conn.root.remaining(0) == (0, 0, 0, 0)
+    finally:
+        conn.close()
+
+
 def test_an_agent_on_loopback_answers_health_pings(spawn_agent):
     agent = spawn_agent()
     wait_for(agent.alive, what="agent alive")
-    conn = connect(agent.address, Settings(call_timeout=10.0))
+    conn = connect(agent.address, Settings(call_timeout=10.0, secret=TEST_SECRET))
     try:
         assert conn.root.ping()[1] == 0
     finally:

@@ -50,7 +50,8 @@ def alive(pid: int) -> bool:
 
 
 def start_up(cwd: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = child_env({**AGENT_ENV, "JODL_LOG_LEVEL": "WARNING"})
+    # No JODL_SECRET: `jodl up` generates one for its master and agents.
+    env = child_env({**AGENT_ENV, "JODL_LOG_LEVEL": "WARNING", "JODL_SECRET": None})
     with open(log, "wb") as out:
         return subprocess.Popen(
             [*jodl_command(), "up", "--listen", "127.0.0.1:0"],

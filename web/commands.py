@@ -166,9 +166,17 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int) -> None:
     obj = ctx.ensure_object(dict)
     database = obj.get("database_url") or UP_DATABASE
     lib = Settings.from_env(database_url=database)
+    if not lib.secret:
+        # Agents authenticate every peer, on loopback too: a fresh secret for this run
+        # (unless JODL_SECRET is set; with TLS alone the agents inherit JODL_TLS_*).
+        import secrets
+
+        lib = lib.replace(secret=secrets.token_urlsafe(32))
     _logging(lib.log_level)
     web_settings = WebSettings.from_env(database_url=database, web_secure_cookies=False)
-    cluster = LocalCluster(database, agents=agents, settings=lib)
+    cluster = LocalCluster(
+        database, agents=agents, settings=lib, agent_env={"JODL_SECRET": lib.secret or ""}
+    )
     started = False
     # SIGTERM stops like Ctrl-C from here on, also while starting or before serving.
     sigterm_as_interrupt()
