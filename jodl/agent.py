@@ -28,12 +28,12 @@ from .exceptions import JodlError, UnknownFamily
 from .family import Family, Permanent
 from .protocol import (
     STRICT_CONFIG,
+    GuardedServer,
     decode_ids,
     decode_jobs,
     encode_done,
     encode_failed,
     require_auth,
-    server_authenticator,
     split_address,
 )
 
@@ -506,13 +506,13 @@ def make_server(
     )
     service = AgentService(core)
     try:
-        server = ThreadedServer(
+        server = GuardedServer(
             service,
+            settings,
             hostname=host,
             ipv6=":" in host,  # e.g. [::1]:PORT
             port=port,
             reuse_addr=True,
-            authenticator=server_authenticator(settings),
             protocol_config=dict(STRICT_CONFIG),
             logger=logging.getLogger("jodl.agent.rpyc"),
         )

@@ -36,6 +36,10 @@ DEFAULT_NODE_BACKOFF_MAX = 60.0
 #: Shortest accepted JODL_SECRET (characters): 128 bits as URL-safe base64, e.g.
 #: ``python -c "import secrets; print(secrets.token_urlsafe(32))"`` (43 characters).
 MIN_SECRET_LENGTH = 22
+#: Seconds a peer has for the whole handshake (TLS, banner, HMAC challenge).
+DEFAULT_HANDSHAKE_TIMEOUT = 5.0
+#: Connections an agent lets sit in the handshake at once; more are closed at once.
+DEFAULT_HANDSHAKE_LIMIT = 16
 
 
 def _bool(text: str) -> bool:
@@ -164,6 +168,20 @@ OPTIONS: tuple[Option, ...] = (
         "Shared secret of masters and agents (mutual HMAC handshake), at least "
         f"{MIN_SECRET_LENGTH} random characters; an agent needs it or TLS, on loopback too",
         "master, agent",
+    ),
+    Option(
+        "JODL_HANDSHAKE_TIMEOUT",
+        str(DEFAULT_HANDSHAKE_TIMEOUT),
+        "float+",
+        "Seconds a peer has for the whole authentication handshake (one deadline)",
+        "master, agent",
+    ),
+    Option(
+        "JODL_HANDSHAKE_LIMIT",
+        str(DEFAULT_HANDSHAKE_LIMIT),
+        "int+",
+        "Connections an agent lets sit in the handshake at once; more are closed at once",
+        "agent",
     ),
     Option(
         "JODL_TLS_CERT", "", "str?", "PEM certificate of this process (mutual TLS)", "master, agent"
@@ -312,6 +330,8 @@ class Settings:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
+    handshake_limit: int = DEFAULT_HANDSHAKE_LIMIT
     agent_listen: str = DEFAULT_AGENT_LISTEN
     agent_slots: int = DEFAULT_SLOTS
     agent_async_slots: int = 200

@@ -37,12 +37,16 @@ import json
 import os
 import socket
 import ssl
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import rpyc
 from rpyc.core.stream import SocketStream
+from rpyc.lib import spawn  # type: ignore[import-untyped]
 from rpyc.utils.authenticators import AuthenticationError
+from rpyc.utils.server import ThreadedServer  # type: ignore[import-untyped]
 
 from .config import Settings, check_secret
 from .exceptions import AuthError, BadPayload, ConfigError
@@ -53,8 +57,6 @@ _MAGIC = b"JODL%d" % PROTOCOL_VERSION
 _NONCE_BYTES = 32
 #: Banner flags: the agent requires the shared secret, or it relies on TLS alone.
 _SECRET, _TLS_ONLY = b"S", b"T"
-#: Seconds a peer has to finish the handshake (a silent client cannot hold a thread).
-HANDSHAKE_TIMEOUT = 5.0
 
 #: rpyc protocol configuration shared by both sides: nothing but exposed_ methods.
 STRICT_CONFIG: dict[str, Any] = {
@@ -109,14 +111,37 @@ def loads_object(text: str, what: str = "payload") -> dict[str, Any]:
 # --- authentication ----------------------------------------------------------------
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
+class _Deadline:
+    """One deadline for a whole handshake: every socket operation gets what is left of it.
+
+    A per-operation timeout alone lets a peer that drips a byte now and then hold a
+    thread for as long as it likes.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def arm(self, sock: socket.socket) -> None:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the handshake took too long")
+        sock.settimeout(left)
+
+
+def _recv_exact(sock: socket.socket, size: int, deadline: _Deadline) -> bytes:
     data = b""
     while len(data) < size:
+        deadline.arm(sock)
         chunk = sock.recv(size - len(data))
         if not chunk:
             raise AuthenticationError("peer closed the connection during the handshake")
         data += chunk
     return data
+
+
+def _send_all(sock: socket.socket, data: bytes, deadline: _Deadline) -> None:
+    deadline.arm(sock)
+    sock.sendall(data)
 
 
 def _mac(secret: str, nonce: bytes, role: bytes) -> bytes:
@@ -143,6 +168,15 @@ def _client_tls(settings: Settings) -> ssl.SSLContext:
     return ctx
 
 
+def _tls_handshake(
+    ctx: ssl.SSLContext, sock: socket.socket, deadline: _Deadline, **kwargs: Any
+) -> ssl.SSLSocket:
+    tls = ctx.wrap_socket(sock, do_handshake_on_connect=False, **kwargs)
+    deadline.arm(tls)
+    tls.do_handshake()  # bounded as a whole by the socket's timeout
+    return tls
+
+
 def require_auth(settings: Settings, what: str) -> None:
     """:class:`AuthError` (one line) unless ``settings`` authenticate peers: secret or TLS."""
     if not (settings.secret or settings.tls):
@@ -163,31 +197,33 @@ def server_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[
     Every connection starts with the agent's banner (magic, whether a secret is
     required, a nonce), so a master learns at once and for sure what the agent
     expects: a master without the secret, or with a secret the agent lacks, fails
-    with a clear :class:`AuthError` instead of a timeout.
+    with a clear :class:`AuthError` instead of a timeout. The whole handshake has
+    one deadline (``JODL_HANDSHAKE_TIMEOUT``).
     """
     require_auth(settings, "refusing to serve")
     tls = _server_tls(settings) if settings.tls else None
     secret = settings.secret
+    timeout = settings.handshake_timeout
 
     def authenticate(sock: socket.socket) -> tuple[Any, Any]:
-        sock.settimeout(HANDSHAKE_TIMEOUT)
+        deadline = _Deadline(timeout)
         credentials: dict[str, Any] = {}
         try:
             if tls is not None:
-                sock = tls.wrap_socket(sock, server_side=True)
+                sock = _tls_handshake(tls, sock, deadline, server_side=True)
                 credentials["cert"] = sock.getpeercert()  # type: ignore[attr-defined]
             nonce = os.urandom(_NONCE_BYTES)
-            sock.sendall(_MAGIC + (_SECRET if secret else _TLS_ONLY) + nonce)
+            _send_all(sock, _MAGIC + (_SECRET if secret else _TLS_ONLY) + nonce, deadline)
             if secret:
                 # The magic first: a peer that does not speak JODL is dropped at once
-                # instead of holding this thread until the handshake timeout.
-                if _recv_exact(sock, len(_MAGIC)) != _MAGIC:
+                # instead of holding this thread until the handshake's deadline.
+                if _recv_exact(sock, len(_MAGIC), deadline) != _MAGIC:
                     raise AuthenticationError("protocol mismatch")
-                answer = _recv_exact(sock, 32 + _NONCE_BYTES)
+                answer = _recv_exact(sock, 32 + _NONCE_BYTES, deadline)
                 proof, client_nonce = answer[:32], answer[32:]
                 if not hmac.compare_digest(proof, _mac(secret, nonce, b"master")):
                     raise AuthenticationError("bad secret")
-                sock.sendall(_mac(secret, client_nonce, b"agent"))
+                _send_all(sock, _mac(secret, client_nonce, b"agent"), deadline)
                 credentials["secret"] = True
         except (OSError, ssl.SSLError) as exc:
             raise AuthenticationError(f"handshake failed: {exc}") from None
@@ -197,16 +233,61 @@ def server_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[
     return authenticate
 
 
+class GuardedServer(ThreadedServer):
+    """rpyc's ThreadedServer with authentication on and a cap on unfinished handshakes.
+
+    At most ``JODL_HANDSHAKE_LIMIT`` connections may sit in the handshake at once
+    (each has ``JODL_HANDSHAKE_TIMEOUT`` for all of it); a connection beyond that is
+    closed as soon as it is accepted, without a thread: slow or silent peers cannot
+    pile up threads on the agent.
+    """
+
+    def __init__(self, service: Any, settings: Settings, **kwargs: Any) -> None:
+        authenticate = server_authenticator(settings)
+        super().__init__(service, authenticator=authenticate, **kwargs)
+        self._handshake_limit = settings.handshake_limit
+        self._in_handshake = threading.BoundedSemaphore(settings.handshake_limit)
+        self._turned_away = 0
+
+        def bounded(sock: socket.socket) -> tuple[Any, Any]:
+            try:
+                return authenticate(sock)
+            finally:
+                self._in_handshake.release()
+
+        self.authenticator = bounded
+
+    def _accept_method(self, sock: socket.socket) -> None:
+        if not self._in_handshake.acquire(blocking=False):
+            self._turned_away += 1
+            if self._turned_away in (1, 10, 100) or self._turned_away % 1000 == 0:
+                self.logger.warning(
+                    "%d connection(s) closed at once: %s peers already in the handshake "
+                    "(JODL_HANDSHAKE_LIMIT)", self._turned_away, self._handshake_limit
+                )
+            self.clients.discard(sock)
+            try:
+                sock.close()
+            except OSError:
+                pass
+            return
+        try:
+            spawn(self._authenticate_and_serve_client, sock)
+        except BaseException:
+            self._in_handshake.release()
+            raise
+
+
 def client_handshake(sock: socket.socket, settings: Settings, host: str) -> socket.socket:
     """Run the master's side of the handshake on a connected socket; return the socket to use."""
     # A hung agent accepts connections (the kernel does) but never greets: it must not
     # hold the master's single thread longer than any other call would.
-    sock.settimeout(min(HANDSHAKE_TIMEOUT, settings.call_timeout))
+    deadline = _Deadline(min(settings.handshake_timeout, settings.call_timeout))
     try:
         if settings.tls:
-            sock = _client_tls(settings).wrap_socket(sock, server_hostname=host)
+            sock = _tls_handshake(_client_tls(settings), sock, deadline, server_hostname=host)
         # With TLS 1.3 a refused client certificate only shows on this first read.
-        banner = _recv_exact(sock, len(_MAGIC) + 1 + _NONCE_BYTES)
+        banner = _recv_exact(sock, len(_MAGIC) + 1 + _NONCE_BYTES, deadline)
         if banner[: len(_MAGIC)] != _MAGIC:
             raise AuthError(f"{host}: not a JODL agent of protocol {PROTOCOL_VERSION}")
         mode, nonce = banner[len(_MAGIC) : len(_MAGIC) + 1], banner[len(_MAGIC) + 1 :]
@@ -219,8 +300,8 @@ def client_handshake(sock: socket.socket, settings: Settings, host: str) -> sock
             )
         if settings.secret:
             my_nonce = os.urandom(_NONCE_BYTES)
-            sock.sendall(_MAGIC + _mac(settings.secret, nonce, b"master") + my_nonce)
-            proof = _recv_exact(sock, 32)
+            _send_all(sock, _MAGIC + _mac(settings.secret, nonce, b"master") + my_nonce, deadline)
+            proof = _recv_exact(sock, 32, deadline)
             if not hmac.compare_digest(proof, _mac(settings.secret, my_nonce, b"agent")):
                 raise AuthError(f"{host}: the agent does not know the shared secret")
     except AuthenticationError as exc:

@@ -19,7 +19,7 @@ from rpyc.utils.server import ThreadedServer
 
 from .config import Settings
 from .exceptions import AgentUnavailable, AuthError, JodlError
-from .protocol import STRICT_CONFIG, connect, require_auth, server_authenticator, split_address
+from .protocol import STRICT_CONFIG, GuardedServer, connect, require_auth, split_address
 from .store import Store
 
 log = logging.getLogger("jodl.registry")
@@ -47,12 +47,12 @@ def serve_hello(settings: Settings, store: Store, listen: str) -> ThreadedServer
     """Start the hello service in a daemon thread; return the server (``close()`` stops it)."""
     host, port = split_address(listen)
     require_auth(settings, f"refusing to accept hellos on {listen}")
-    server = ThreadedServer(
+    server = GuardedServer(
         HelloService(store),
+        settings,
         hostname=host,
         port=port,
         reuse_addr=True,
-        authenticator=server_authenticator(settings),
         protocol_config=dict(STRICT_CONFIG),
         logger=logging.getLogger("jodl.registry.rpyc"),
     )

@@ -9,10 +9,13 @@ ever calling back into them.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import ipaddress
+import os
 import socket
 import ssl
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -431,3 +434,67 @@ def test_an_agent_on_loopback_answers_health_pings(spawn_agent):
         assert conn.root.ping()[1] == 0
     finally:
         conn.close()
+
+
+# -- slow handshakes -------------------------------------------------------------------------------
+
+
+def threads_of(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """True once the peer closed ``sock`` (whatever it sent before is read and dropped)."""
+    try:
+        while True:
+            data = sock.recv(4096, socket.MSG_DONTWAIT)
+            if not data:
+                return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def test_slow_handshakes_neither_pile_up_threads_nor_last(spawn_agent):
+    """40 peers drip the handshake a byte at a time: a bounded number of threads, each briefly."""
+    settings = Settings(call_timeout=10.0, secret=TEST_SECRET)
+    agent = spawn_agent(env={"JODL_HANDSHAKE_LIMIT": "8", "JODL_HANDSHAKE_TIMEOUT": "3"})
+    conn = connect(agent.address, settings)
+    assert conn.root.ping()[0]
+    conn.close()
+    wait_for(lambda: threads_of(agent.pid) <= 12, what="the agent to settle")
+    idle_threads = threads_of(agent.pid)
+    # Each peer sends what a master would, one byte every 0.2 s: a timeout per recv
+    # alone never fires, only a deadline for the whole handshake does.
+    drip = (MAGIC + b"\0" * 64) * 4
+    peers = [socket.create_connection(("127.0.0.1", agent.port), timeout=10) for _ in range(40)]
+    try:
+        closed: set[int] = set()
+        peak = 0
+        position = 0
+
+        def all_closed() -> bool:
+            nonlocal peak, position
+            peak = max(peak, threads_of(agent.pid))
+            for i, peer in enumerate(peers):
+                if i not in closed and closed_by_peer(peer):
+                    closed.add(i)
+            for i, peer in enumerate(peers):
+                if i not in closed:
+                    with contextlib.suppress(OSError):
+                        peer.send(drip[position : position + 1])
+            position += 1
+            time.sleep(0.2)
+            return len(closed) == len(peers)
+
+        wait_for(all_closed, timeout=60, what="the agent to close every slow handshake")
+        # At most the limit in the handshake (one thread each) beyond the idle agent's
+        # threads; the rest were closed at accept, without a thread.
+        assert peak <= idle_threads + 8 + 1, (peak, idle_threads)
+    finally:
+        for peer in peers:
+            peer.close()
+    conn = connect(agent.address, settings)  # the agent still serves masters
+    assert conn.root.ping()[0]
+    conn.close()
