@@ -165,8 +165,9 @@ OPTIONS: tuple[Option, ...] = (
         "JODL_SECRET",
         "",
         "str?",
-        "Shared secret of masters and agents (mutual HMAC handshake), at least "
-        f"{MIN_SECRET_LENGTH} random characters; an agent needs it or TLS, on loopback too",
+        "Shared secret of masters and agents (mutual HMAC handshake, every frame "
+        f"authenticated), at least {MIN_SECRET_LENGTH} random characters; "
+        "an agent needs it or TLS, on loopback too",
         "master, agent",
     ),
     Option(

@@ -12,6 +12,13 @@ challenge. Every agent requires the shared secret or TLS (it refuses to start wi
 neither), and a master refuses to connect without one of them. The agent proves
 the secret to the master too, so a master never sends jobs to an impostor.
 
+The session is bound to its handshake: both sides derive one key per direction
+from the secret and both nonces, and every rpyc frame after the handshake carries
+an HMAC-SHA256 of (direction key; frame number, header, body) (:class:`FramedChannel`).
+A peer that relayed the handshake without knowing the secret can neither inject,
+alter, reorder nor replay a frame: the receiver closes the connection at the first
+bad tag. With TLS alone, TLS itself binds the session.
+
 Calls of the protocol (agent side names without the ``exposed_`` prefix):
 
 =============  ==================================================================
@@ -37,12 +44,15 @@ import json
 import os
 import socket
 import ssl
+import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
 import rpyc
+from rpyc.core.channel import Channel  # type: ignore[import-untyped]
 from rpyc.core.stream import SocketStream
 from rpyc.lib import spawn  # type: ignore[import-untyped]
 from rpyc.utils.authenticators import AuthenticationError
@@ -52,9 +62,11 @@ from .config import Settings, check_secret
 from .exceptions import AuthError, BadPayload, ConfigError
 
 #: Bumped on any incompatible change of the calls above.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 _MAGIC = b"JODL%d" % PROTOCOL_VERSION
 _NONCE_BYTES = 32
+#: Where the authenticator hands the session's frame keys to the server (never logged).
+_KEYS = "_frame_keys"
 #: Banner flags: the agent requires the shared secret, or it relies on TLS alone.
 _SECRET, _TLS_ONLY = b"S", b"T"
 
@@ -144,8 +156,80 @@ def _send_all(sock: socket.socket, data: bytes, deadline: _Deadline) -> None:
     sock.sendall(data)
 
 
-def _mac(secret: str, nonce: bytes, role: bytes) -> bytes:
-    return hmac.new(secret.encode(), _MAGIC + role + nonce, hashlib.sha256).digest()
+def _mac(secret: str, label: bytes, agent_nonce: bytes, master_nonce: bytes) -> bytes:
+    """HMAC-SHA256 under the secret of the label (a role or a key's name) and both nonces."""
+    message = _MAGIC + label + b"\0" + agent_nonce + master_nonce
+    return hmac.new(secret.encode(), message, hashlib.sha256).digest()
+
+
+#: (master-to-agent, agent-to-master) frame keys of one session.
+SessionKeys = tuple[bytes, bytes]
+
+
+def _session_keys(secret: str, agent_nonce: bytes, master_nonce: bytes) -> SessionKeys:
+    return (
+        _mac(secret, b"frames master->agent", agent_nonce, master_nonce),
+        _mac(secret, b"frames agent->master", agent_nonce, master_nonce),
+    )
+
+
+class FrameAuthError(EOFError):
+    """A frame's tag is wrong: rpyc closes the connection (it treats EOFError so)."""
+
+
+#: Longest frame body accepted (compressed bytes): bounds what an unauthenticated
+#: header can make the receiver buffer before its tag is checked.
+MAX_FRAME = 256 * 1024 * 1024
+_TAG = 32
+_FRAME_HEADER = Channel.FRAME_HEADER  # (!LB) body length, compressed flag
+_SEQ = struct.Struct("!Q")
+
+
+class FramedChannel(Channel):
+    """An rpyc :class:`~rpyc.core.channel.Channel` whose every frame is authenticated.
+
+    On the wire: rpyc's header (length, compressed flag), the body, then a 32-byte
+    HMAC-SHA256 tag over the frame's number in its direction (counted by both sides,
+    never sent), the header and the body. A wrong tag raises :class:`FrameAuthError`
+    (an EOFError) and rpyc closes the connection. rpyc sends and receives under its
+    own locks, so the counters need none. Cost: one HMAC over each frame (a
+    microsecond or two for a small call, about 2 µs per KB of batch).
+    """
+
+    __slots__ = ("_send_mac", "_recv_mac", "_send_seq", "_recv_seq")
+
+    def __init__(self, stream: Any, send_key: bytes, recv_key: bytes) -> None:
+        super().__init__(stream)
+        self._send_mac = hmac.new(send_key, digestmod=hashlib.sha256)
+        self._recv_mac = hmac.new(recv_key, digestmod=hashlib.sha256)
+        self._send_seq = 0
+        self._recv_seq = 0
+
+    def send(self, data: bytes) -> None:
+        flag = 0
+        if self.compress and len(data) > self.COMPRESSION_THRESHOLD:
+            data, flag = zlib.compress(data, self.COMPRESSION_LEVEL), 1
+        header = _FRAME_HEADER.pack(len(data), flag)
+        mac = self._send_mac.copy()
+        mac.update(_SEQ.pack(self._send_seq) + header)
+        mac.update(data)
+        self._send_seq += 1
+        self.stream.write(header + data + mac.digest())
+
+    def recv(self) -> bytes:
+        header = self.stream.read(_FRAME_HEADER.size)
+        length, flag = _FRAME_HEADER.unpack(header)
+        if length > MAX_FRAME:
+            raise FrameAuthError(f"frame of {length} bytes refused (at most {MAX_FRAME})")
+        body = self.stream.read(length + _TAG)
+        data, tag = body[:length], body[length:]
+        mac = self._recv_mac.copy()
+        mac.update(_SEQ.pack(self._recv_seq) + header)
+        mac.update(data)
+        if not hmac.compare_digest(mac.digest(), tag):
+            raise FrameAuthError("frame authentication failed: not from the authenticated peer")
+        self._recv_seq += 1
+        return zlib.decompress(data) if flag else data
 
 
 def _server_tls(settings: Settings) -> ssl.SSLContext:
@@ -220,11 +304,13 @@ def server_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[
                 if _recv_exact(sock, len(_MAGIC), deadline) != _MAGIC:
                     raise AuthenticationError("protocol mismatch")
                 answer = _recv_exact(sock, 32 + _NONCE_BYTES, deadline)
-                proof, client_nonce = answer[:32], answer[32:]
-                if not hmac.compare_digest(proof, _mac(secret, nonce, b"master")):
+                proof, master_nonce = answer[:32], answer[32:]
+                if not hmac.compare_digest(proof, _mac(secret, b"master", nonce, master_nonce)):
                     raise AuthenticationError("bad secret")
-                _send_all(sock, _mac(secret, client_nonce, b"agent"), deadline)
+                _send_all(sock, _mac(secret, b"agent", nonce, master_nonce), deadline)
                 credentials["secret"] = True
+                to_agent, to_master = _session_keys(secret, nonce, master_nonce)
+                credentials[_KEYS] = (to_master, to_agent)  # (send, receive) of the agent
         except (OSError, ssl.SSLError) as exc:
             raise AuthenticationError(f"handshake failed: {exc}") from None
         sock.settimeout(None)
@@ -257,6 +343,23 @@ class GuardedServer(ThreadedServer):
 
         self.authenticator = bounded
 
+    def _serve_client(self, sock: socket.socket, credentials: dict[str, Any] | None) -> None:
+        # rpyc's own version logs the credentials and builds a plain channel.
+        keys = credentials.pop(_KEYS, None) if credentials else None
+        addrinfo = sock.getpeername()
+        self.logger.info("welcome %s", addrinfo)
+        try:
+            config = dict(
+                self.protocol_config,
+                credentials=credentials,
+                endpoints=(sock.getsockname(), addrinfo),
+                logger=self.logger,
+            )
+            conn = self.service._connect(open_channel(sock, keys), config)
+            self._handle_connection(conn)
+        finally:
+            self.logger.info("goodbye %s", addrinfo)
+
     def _accept_method(self, sock: socket.socket) -> None:
         if not self._in_handshake.acquire(blocking=False):
             self._turned_away += 1
@@ -278,8 +381,14 @@ class GuardedServer(ThreadedServer):
             raise
 
 
-def client_handshake(sock: socket.socket, settings: Settings, host: str) -> socket.socket:
-    """Run the master's side of the handshake on a connected socket; return the socket to use."""
+def client_handshake(
+    sock: socket.socket, settings: Settings, host: str
+) -> tuple[socket.socket, SessionKeys | None]:
+    """Run the master's side of the handshake on a connected socket.
+
+    Returns the socket to use (TLS-wrapped or not) and the session's frame keys
+    (master-to-agent, agent-to-master), None with TLS alone.
+    """
     # A hung agent accepts connections (the kernel does) but never greets: it must not
     # hold the master's single thread longer than any other call would.
     deadline = _Deadline(min(settings.handshake_timeout, settings.call_timeout))
@@ -298,12 +407,15 @@ def client_handshake(sock: socket.socket, settings: Settings, host: str) -> sock
                 f"{host}: the agent has no shared secret and cannot prove who it is; "
                 "set the same JODL_SECRET on the agent"
             )
+        keys: SessionKeys | None = None
         if settings.secret:
-            my_nonce = os.urandom(_NONCE_BYTES)
-            _send_all(sock, _MAGIC + _mac(settings.secret, nonce, b"master") + my_nonce, deadline)
-            proof = _recv_exact(sock, 32, deadline)
-            if not hmac.compare_digest(proof, _mac(settings.secret, my_nonce, b"agent")):
+            secret, my_nonce = settings.secret, os.urandom(_NONCE_BYTES)
+            proof = _mac(secret, b"master", nonce, my_nonce)
+            _send_all(sock, _MAGIC + proof + my_nonce, deadline)
+            answer = _recv_exact(sock, 32, deadline)
+            if not hmac.compare_digest(answer, _mac(secret, b"agent", nonce, my_nonce)):
                 raise AuthError(f"{host}: the agent does not know the shared secret")
+            keys = _session_keys(secret, nonce, my_nonce)  # (send, receive) of the master
     except AuthenticationError as exc:
         raise AuthError(f"{host}: authentication failed ({exc}); check JODL_SECRET") from None
     except ssl.SSLError as exc:
@@ -316,7 +428,13 @@ def client_handshake(sock: socket.socket, settings: Settings, host: str) -> sock
             "check JODL_SECRET and JODL_TLS_*"
         ) from None
     sock.settimeout(None)
-    return sock
+    return sock, keys
+
+
+def open_channel(sock: socket.socket, keys: SessionKeys | None) -> Channel:
+    """rpyc's channel over ``sock``: frame-authenticated when the handshake gave ``keys``."""
+    stream = SocketStream(sock)
+    return FramedChannel(stream, *keys) if keys else Channel(stream)
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -335,12 +453,12 @@ def connect(address: str, settings: Settings, timeout: float | None = None) -> r
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     try:
-        sock = client_handshake(sock, settings, host)
+        sock, keys = client_handshake(sock, settings, host)
     except BaseException:
         sock.close()
         raise
     config = dict(STRICT_CONFIG, sync_request_timeout=settings.call_timeout)
-    return rpyc.connect_stream(SocketStream(sock), rpyc.VoidService, config=config)
+    return rpyc.connect_channel(open_channel(sock, keys), rpyc.VoidService, config=config)
 
 
 def is_loopback(host: str) -> bool:

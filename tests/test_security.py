@@ -13,8 +13,10 @@ import contextlib
 import datetime as dt
 import ipaddress
 import os
+import select
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,13 +29,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from rpyc.core.stream import SocketStream
 
 from jodl.config import Settings
 from jodl.exceptions import AuthError
 from jodl.master import Master
 from jodl.models import NodeState
 from jodl.protocol import _MAGIC as MAGIC
-from jodl.protocol import connect
+from jodl.protocol import STRICT_CONFIG, FramedChannel, client_handshake, connect
 
 SECRET = "correct horse battery staple"  # long enough (22+ characters)
 WRONG = "incorrect horse battery staple"
@@ -498,3 +501,109 @@ def test_slow_handshakes_neither_pile_up_threads_nor_last(spawn_agent):
     conn = connect(agent.address, settings)  # the agent still serves masters
     assert conn.root.ping()[0]
     conn.close()
+
+
+# -- a handshake relayed by a man in the middle -------------------------------------------------
+
+
+class Relay:
+    """A man in the middle without the secret: it forwards bytes both ways between a
+    master and the real agent (so both complete their handshake), then stops
+    forwarding and keeps the agent's side of the authenticated connection for itself."""
+
+    def __init__(self, agent_port: int) -> None:
+        self.agent_port = agent_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.forwarding = True
+        self.done = threading.Event()
+        self.agent_side: socket.socket | None = None
+        self.master_side: socket.socket | None = None
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self.master_side, _ = self.listener.accept()
+            self.agent_side = socket.create_connection(("127.0.0.1", self.agent_port))
+            pair = {self.master_side: self.agent_side, self.agent_side: self.master_side}
+            while self.forwarding:
+                readable, _, _ = select.select(list(pair), [], [], 0.05)
+                for sock in readable:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    pair[sock].sendall(data)
+        finally:
+            self.done.set()
+
+    def hijack(self) -> socket.socket:
+        """Stop forwarding; the agent's side of the connection, now the relay's own."""
+        self.forwarding = False
+        assert self.done.wait(10), "the relay stopped"
+        assert self.agent_side is not None
+        return self.agent_side
+
+    def close(self) -> None:
+        for sock in (self.listener, self.master_side, self.agent_side):
+            if sock is not None:
+                sock.close()
+
+
+def test_a_relayed_handshake_gives_the_relay_no_session(spawn_agent):
+    """The relay attack: a node without the secret passes the agent's nonce to a
+    master and the master's proof back; it must not get a session it can use."""
+    agent = spawn_agent()
+    settings = Settings(call_timeout=10.0, secret=TEST_SECRET)
+    relay = Relay(agent.port)
+    try:
+        master = connect(f"127.0.0.1:{relay.port}", settings)  # authenticates through the relay
+        stolen = relay.hijack()
+        config = dict(STRICT_CONFIG, sync_request_timeout=3)
+        hijacked = rpyc.connect_stream(SocketStream(stolen), rpyc.VoidService, config=config)
+        # The relay's own call (the lock-out of finding 1: init with a huge epoch) is
+        # refused: the agent drops the connection at the first unauthenticated frame.
+        with pytest.raises((EOFError, OSError, TimeoutError)):
+            hijacked.root.init("relay", 2**62, "{}")
+        master.close()
+    finally:
+        relay.close()
+    conn = connect(agent.address, settings)
+    try:
+        assert conn.root.ping()[1] == 0, "the relay's init never ran"
+    finally:
+        conn.close()
+
+
+class BitFlipper(SocketStream):
+    """A socket stream that flips one bit of every frame's body once told to."""
+
+    flip = False
+
+    def write(self, data: bytes) -> None:
+        if self.flip:
+            data = data[:-40] + bytes([data[-40] ^ 1]) + data[-39:]
+        super().write(data)
+
+
+def test_a_tampered_frame_closes_the_session(spawn_agent):
+    """One bit flipped in a frame of an authenticated session: the agent closes it."""
+    agent = spawn_agent()
+    settings = Settings(call_timeout=5.0, secret=TEST_SECRET)
+    sock = socket.create_connection(("127.0.0.1", agent.port), timeout=10)
+    sock, keys = client_handshake(sock, settings, "127.0.0.1")
+    assert keys is not None
+    stream = BitFlipper(sock)
+    config = dict(STRICT_CONFIG, sync_request_timeout=5)
+    conn = rpyc.connect_channel(FramedChannel(stream, *keys), rpyc.VoidService, config=config)
+    try:
+        assert conn.root.ping()[0], "untampered frames pass"
+        stream.flip = True
+        with pytest.raises((EOFError, OSError, TimeoutError)):
+            conn.root.init("tampered", 2**62, "{}")
+    finally:
+        conn.close()
+    conn = connect(agent.address, settings)
+    try:
+        assert conn.root.ping()[1] == 0, "the tampered init never ran"
+    finally:
+        conn.close()
