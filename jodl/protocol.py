@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import os
 import socket
 import ssl
@@ -563,3 +564,174 @@ def encode_ids(ids: Any) -> str:
 
 def decode_ids(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",")) if text else ()
+
+
+# --- replies: every value an agent returns is checked before the master uses it ----------
+#
+# A faulty or compromised agent must not crash the master nor slip a netref, a NaN
+# or a non-JSON result into the log: a reply of the wrong type or shape raises
+# :class:`BadReply`, and the master treats the node as faulty (unreachable).
+
+
+class BadReply(ValueError):
+    """An agent's reply is not of the type and shape its call defines."""
+
+
+def _finite(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def _int_tuple(value: Any) -> tuple[int, ...]:
+    if type(value) is not tuple or any(type(v) is not int for v in value):
+        raise BadReply(f"a plain tuple of ints expected, got {_kind(value)}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__ if type(value) in (*VALUE_TYPES, tuple) else "a netref/object"
+
+
+def check_done(value: Any) -> list[tuple[int, float, float, str]]:
+    """Decode and check a ``done`` reply (framed str or tuple): ids, finite times, JSON results."""
+    if type(value) is str:
+        try:
+            rows: Any = decode_done(value)
+        except ValueError as exc:
+            raise BadReply(f"malformed done batch ({exc})") from None
+    elif type(value) is tuple:
+        rows = value
+    else:
+        raise BadReply(f"done: a str or tuple expected, got {_kind(value)}")
+    for row in rows:
+        if (
+            type(row) is not tuple
+            or len(row) != 4
+            or type(row[0]) is not int
+            or not (_finite(row[1]) and _finite(row[2]) and row[1] >= 0)
+            or type(row[3]) is not str
+        ):
+            raise BadReply("done: rows of (int, duration, finish time, result JSON) expected")
+        try:
+            json.loads(row[3])
+        except ValueError:
+            raise BadReply(f"done: the result of execution {row[0]} is not JSON") from None
+    return list(rows)
+
+
+def check_failed(value: Any) -> list[tuple[int, float, float, str, bool]]:
+    """Decode and check a ``failed`` reply (framed str or tuple)."""
+    if type(value) is str:
+        try:
+            rows: Any = decode_failed(value)
+        except ValueError as exc:
+            raise BadReply(f"malformed failed batch ({exc})") from None
+    elif type(value) is tuple:
+        rows = value
+    else:
+        raise BadReply(f"failed: a str or tuple expected, got {_kind(value)}")
+    for row in rows:
+        if (
+            type(row) is not tuple
+            or len(row) != 5
+            or type(row[0]) is not int
+            or not (_finite(row[1]) and _finite(row[2]) and row[1] >= 0)
+            or type(row[3]) is not str
+            or type(row[4]) is not bool
+        ):
+            raise BadReply("failed: rows of (int, duration, time, error, retryable) expected")
+    return list(rows)
+
+
+def _check_refused(value: Any) -> Any:
+    if type(value) is not tuple or any(
+        type(r) is not tuple or len(r) != 2 or type(r[0]) is not int or type(r[1]) is not str
+        for r in value
+    ):
+        raise BadReply(f"send: a tuple of (int, str) expected, got {_kind(value)}")
+    return value
+
+
+def _check_remaining(value: Any) -> Any:
+    if len(_int_tuple(value)) != 4 or any(v < 0 for v in value):
+        raise BadReply("remaining: four counts expected")
+    return value
+
+
+def _check_ping(value: Any) -> Any:
+    if (
+        type(value) is not tuple
+        or len(value) != 3
+        or type(value[0]) is not str
+        or type(value[1]) is not int
+        or not _finite(value[2])
+    ):
+        raise BadReply("ping: (name, epoch, time) expected")
+    return value
+
+
+def _check_families(value: Any) -> Any:
+    if type(value) is not tuple or any(
+        type(f) is not tuple
+        or len(f) != 3
+        or type(f[0]) is not str
+        or type(f[1]) is not str
+        or type(f[2]) is not bool
+        for f in value
+    ):
+        raise BadReply("families: a tuple of (name, version, is_async) expected")
+    return value
+
+
+def _check_count(value: Any) -> Any:
+    if type(value) is not int or value < 0:
+        raise BadReply(f"a count expected, got {_kind(value)}")
+    return value
+
+
+def check_info(value: Any) -> dict[str, Any]:
+    """Decode and check the agent info ``init`` returns (a JSON object; known keys typed)."""
+    if type(value) is not str:
+        raise BadReply(f"init: a JSON str expected, got {_kind(value)}")
+    try:
+        info = loads_object(value, "agent info")
+    except BadPayload as exc:
+        raise BadReply(f"init: {exc}") from None
+    expected: dict[str, tuple[type, ...]] = {
+        "name": (str,),
+        "slots": (int,),
+        "async_slots": (int,),
+        "speed": (int, float),
+        "epoch": (int,),
+        "event_loop": (str,),
+        "families": (dict,),
+    }
+    for key, types in expected.items():
+        if key in info and (type(info[key]) not in types):
+            raise BadReply(f"init: {key!r} of the agent info has the wrong type")
+    if info.get("slots", 1) < 1 or info.get("async_slots", 0) < 0:
+        raise BadReply("init: slot counts out of range")
+    if "speed" in info and not (math.isfinite(info["speed"]) and info["speed"] > 0):
+        raise BadReply("init: speed out of range")
+    for name, fam in info.get("families", {}).items():
+        if (
+            type(fam) is not dict
+            or type(fam.get("version", "")) is not str
+            or type(fam.get("async", False)) is not bool
+        ):
+            raise BadReply(f"init: family {name!r} of the agent info is malformed")
+    return info
+
+
+#: Checks of the calls' replies (``done`` and ``failed`` decode too: see :func:`check_done`).
+REPLY_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "send": _check_refused,
+    "done": check_done,
+    "failed": check_failed,
+    "remaining": _check_remaining,
+    "take_back": _int_tuple,
+    "ack": _check_count,
+    "cancel": _int_tuple,
+    "held": _int_tuple,
+    "ping": _check_ping,
+    "families": _check_families,
+}

@@ -134,20 +134,24 @@ def start_agent(
     port: int | None = None,
     args: tuple[str, ...] = (),
     wait: bool = True,
+    command: Callable[[str], list[str]] | None = None,
 ) -> AgentProcess:
     """Start ``jodl agent --listen 127.0.0.1:PORT`` and wait until the port answers.
 
     ``env`` adds settings such as ``JODL_SECRET``, ``JODL_AGENT_SLOTS`` or
     ``JODL_AGENT_SPEED``. A port taken meanwhile by another process is retried
-    with a new one (unless ``port`` was given).
+    with a new one (unless ``port`` was given). ``command`` builds another argv
+    from the address (e.g. :func:`faulty_agent`).
     """
     for _ in range(5):
         chosen = port or free_port()
         log_path = Path(log_dir) / f"agent-{chosen}.log"
         full_env = child_env(env)
+        address = f"127.0.0.1:{chosen}"
+        argv = command(address) if command else [*jodl_command(), "agent", "--listen", address]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [*jodl_command(), "agent", "--listen", f"127.0.0.1:{chosen}", *args],
+                [*argv, *args],
                 env=full_env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -166,6 +170,15 @@ def start_agent(
             continue  # lost a race for the port: try another one
         raise RuntimeError(f"agent on port {chosen} did not start:\n{agent.log()}")
     raise RuntimeError("no free port found for an agent")
+
+
+def faulty_agent(fault: str) -> Callable[[str], list[str]]:
+    """``command`` for :func:`start_agent`: a real agent whose ``fault`` answers wrong.
+
+    See ``tests/faulty_agent.py`` for the faults (e.g. ``done-netref``).
+    """
+    script = Path(__file__).with_name("faulty_agent.py")
+    return lambda address: [sys.executable, str(script), address, fault]
 
 
 def start_agents(

@@ -24,7 +24,16 @@ from typing import Any
 
 import pytest
 import rpyc
-from agents import TEST_SECRET, AgentProcess, free_port, run_jodl, start_agent, wait_for
+import sqlalchemy as sa
+from agents import (
+    TEST_SECRET,
+    AgentProcess,
+    faulty_agent,
+    free_port,
+    run_jodl,
+    start_agent,
+    wait_for,
+)
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -34,9 +43,11 @@ from rpyc.core.stream import SocketStream
 from jodl.config import Settings
 from jodl.exceptions import AuthError
 from jodl.master import Master
-from jodl.models import NodeState
+from jodl.migrate import upgrade
+from jodl.models import ExecState, Execution, NodeState
 from jodl.protocol import _MAGIC as MAGIC
 from jodl.protocol import STRICT_CONFIG, FramedChannel, client_handshake, connect
+from jodl.store import Store, make_engine
 
 SECRET = "correct horse battery staple"  # long enough (22+ characters)
 WRONG = "incorrect horse battery staple"
@@ -607,3 +618,48 @@ def test_a_tampered_frame_closes_the_session(spawn_agent):
         assert conn.root.ping()[1] == 0, "the tampered init never ran"
     finally:
         conn.close()
+
+
+# -- replies of a faulty agent ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "done-netref",
+        "done-malformed",
+        "done-not-json",
+        "done-nan",
+        "init-slots-as-text",
+        "send-netref",
+    ],
+)
+def test_a_faulty_agents_bad_replies_are_refused_and_the_cycle_completes(
+    fault: str, sqlite_database: str, spawn_agent
+):
+    """Every reply is checked: a bad one marks that node faulty, the master carries on."""
+    engine = make_engine(sqlite_database)
+    upgrade(engine)
+    store = Store(engine)
+    good = spawn_agent()
+    bad = spawn_agent(command=faulty_agent(fault))
+    store.add_node(bad.address, slots=4)
+    store.add_node(good.address, slots=4)
+    family = store.ensure_family("noop")
+    store.add_jobs(family, ((f"job-{i}", "{}") for i in range(200)))
+    settings = Settings(database_url=sqlite_database, call_timeout=5.0, secret=TEST_SECRET)
+    master = Master(settings, store=store)
+    try:
+        summary = master.run_cycle("noop")
+    finally:
+        master.close()
+    assert (summary.total, summary.done, summary.dead) == (200, 200, 0)
+    (row,) = [n for n in store.nodes() if n.address == bad.address]
+    call = fault.split("-")[0]
+    assert f"bad reply to {call}" in (row.last_error or ""), row.last_error
+    with store.session() as s:
+        results = s.scalars(
+            sa.select(Execution.result).where(Execution.state == ExecState.DONE)
+        ).all()
+    assert len(results) == 200 and all(r == "null" for r in results), "no bad result logged"
+    engine.dispose()
