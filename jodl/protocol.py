@@ -6,11 +6,14 @@ that costs a round trip per access and opens the peer's object graph.  Rich
 values (payloads, results, agent info) travel as JSON strings.
 
 Authentication happens on the raw socket before rpyc speaks, on every address
-(loopback included): optional mutual TLS with a private CA, the agent's banner
-(whether it requires a secret), then (when a secret is set) a mutual HMAC-SHA256
-challenge. Every agent requires the shared secret or TLS (it refuses to start with
-neither), and a master refuses to connect without one of them. The agent proves
-the secret to the master too, so a master never sends jobs to an impostor.
+(loopback included): optional mutual TLS with a private CA (certificates carry
+their role as extended key usage, serverAuth for agents and clientAuth for
+masters, and the master checks the agent's name against the node's address),
+the agent's banner (whether it requires a secret), then (when a secret is set) a
+mutual HMAC-SHA256 challenge. Every agent requires the shared secret or TLS (it
+refuses to start with neither), and a master refuses to connect without one of
+them. The agent proves the secret to the master too, so a master never sends
+jobs to an impostor.
 
 The session is bound to its handshake: both sides derive one key per direction
 from the secret and both nonces, and every rpyc frame after the handshake carries
@@ -233,6 +236,67 @@ class FramedChannel(Channel):
         return zlib.decompress(data) if flag else data
 
 
+# --- certificate roles -------------------------------------------------------------------
+#
+# A certificate says which role it may play through its extended key usage: serverAuth
+# for agents (they serve), clientAuth for masters (they connect). OpenSSL refuses a
+# certificate whose extended key usage names only the other role; one without any
+# would pass for both, so it is refused here.
+
+_EKU_EXTENSION = b"\x06\x03\x55\x1d\x25"  # OID 2.5.29.37, extKeyUsage
+SERVER_AUTH = b"\x2b\x06\x01\x05\x05\x07\x03\x01"  # 1.3.6.1.5.5.7.3.1
+CLIENT_AUTH = b"\x2b\x06\x01\x05\x05\x07\x03\x02"  # 1.3.6.1.5.5.7.3.2
+
+
+def _der_item(der: bytes, at: int) -> tuple[int, int, int]:
+    """(tag, start of the value, end of the value) of the DER item at ``at``."""
+    tag, size = der[at], der[at + 1]
+    at += 2
+    if size & 0x80:
+        count = size & 0x7F
+        size = int.from_bytes(der[at : at + count], "big")
+        at += count
+    if at + size > len(der):
+        raise ValueError("truncated DER")
+    return tag, at, at + size
+
+
+def extended_key_usages(der: bytes) -> set[bytes] | None:
+    """The extended key usage OIDs (DER values) of a DER certificate; None without any."""
+    at = der.find(_EKU_EXTENSION)
+    while at >= 0:
+        try:
+            pos = at + len(_EKU_EXTENSION)
+            tag, start, end = _der_item(der, pos)
+            if tag == 0x01:  # critical flag
+                tag, start, end = _der_item(der, end)
+            if tag == 0x04:  # OCTET STRING holding SEQUENCE OF OID
+                tag, start, end = _der_item(der, start)
+                if tag == 0x30:
+                    usages, pos = set(), start
+                    while pos < end:
+                        tag, value, pos = _der_item(der, pos)
+                        if tag != 0x06:
+                            raise ValueError("not an OID")
+                        usages.add(der[value:pos])
+                    return usages
+        except (IndexError, ValueError):
+            pass
+        at = der.find(_EKU_EXTENSION, at + 1)
+    return None
+
+
+def _check_role(der: bytes | None, usage: bytes, peer: str) -> None:
+    """AuthenticationError unless the peer's certificate names its role ``usage``."""
+    usages = extended_key_usages(der or b"")
+    role = "serverAuth" if usage == SERVER_AUTH else "clientAuth"
+    if usages is None or usage not in usages:
+        raise AuthenticationError(
+            f"the {peer}'s certificate does not carry the {role} extended key usage "
+            "(agents need serverAuth, masters clientAuth)"
+        )
+
+
 def _server_tls(settings: Settings) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -247,8 +311,10 @@ def _client_tls(settings: Settings) -> ssl.SSLContext:
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(settings.tls_cert or "", settings.tls_key)
     ctx.load_verify_locations(settings.tls_ca)
-    # Nodes are addressed by IP as often as by name; the private CA is the trust anchor.
-    ctx.check_hostname = False
+    # The agent's certificate must name the node's address (a DNS name or an IP
+    # address in its subject alternative names): a certificate of the CA issued
+    # to another node does not pass for this one.
+    ctx.check_hostname = True
     ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
 
@@ -296,6 +362,8 @@ def server_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[
         try:
             if tls is not None:
                 sock = _tls_handshake(tls, sock, deadline, server_side=True)
+                der = sock.getpeercert(binary_form=True)  # type: ignore[attr-defined]
+                _check_role(der, CLIENT_AUTH, "master")
                 credentials["cert"] = sock.getpeercert()  # type: ignore[attr-defined]
             nonce = os.urandom(_NONCE_BYTES)
             _send_all(sock, _MAGIC + (_SECRET if secret else _TLS_ONLY) + nonce, deadline)
@@ -396,6 +464,11 @@ def client_handshake(
     try:
         if settings.tls:
             sock = _tls_handshake(_client_tls(settings), sock, deadline, server_hostname=host)
+            der = sock.getpeercert(binary_form=True)  # type: ignore[attr-defined]
+            try:
+                _check_role(der, SERVER_AUTH, "agent")
+            except AuthenticationError as exc:
+                raise AuthError(f"{host}: {exc}; check JODL_TLS_*") from None
         # With TLS 1.3 a refused client certificate only shows on this first read.
         banner = _recv_exact(sock, len(_MAGIC) + 1 + _NONCE_BYTES, deadline)
         if banner[: len(_MAGIC)] != _MAGIC:
@@ -418,11 +491,13 @@ def client_handshake(
                 raise AuthError(f"{host}: the agent does not know the shared secret")
             keys = _session_keys(secret, nonce, my_nonce)  # (send, receive) of the master
     except AuthenticationError as exc:
-        raise AuthError(f"{host}: authentication failed ({exc}); check JODL_SECRET") from None
+        hint = "JODL_SECRET and JODL_TLS_* (certificate role and name)" if settings.tls else (
+            "JODL_SECRET"
+        )
+        raise AuthError(f"{host}: authentication failed ({exc}); check {hint}") from None
     except ssl.SSLError as exc:
-        raise AuthError(
-            f"{host}: TLS handshake failed ({exc.reason or exc}); check JODL_TLS_*"
-        ) from None
+        detail = getattr(exc, "verify_message", None) or exc.reason or exc
+        raise AuthError(f"{host}: TLS handshake failed ({detail}); check JODL_TLS_*") from None
     except (ConnectionResetError, BrokenPipeError) as exc:
         raise AuthError(
             f"{host}: the agent closed the connection during the handshake ({exc}); "

@@ -107,11 +107,28 @@ class CA:
         self.pem = directory / f"{name}.pem"
         self.pem.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, name: str) -> tuple[Path, Path]:
-        """(certificate, key) files for ``name``, good for server and client use."""
+    def issue(
+        self, name: str, role: str, names: tuple[str, ...] = ("localhost", "127.0.0.1")
+    ) -> tuple[Path, Path]:
+        """(certificate, key) files for ``name`` in ``role``: agent, master, both or none.
+
+        ``names`` go into the subject alternative names (DNS names or IP addresses).
+        """
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
-        cert = (
+        sans: list[x509.GeneralName] = []
+        for entry in names:
+            try:
+                sans.append(x509.IPAddress(ipaddress.ip_address(entry)))
+            except ValueError:
+                sans.append(x509.DNSName(entry))
+        usages = {
+            "agent": [ExtendedKeyUsageOID.SERVER_AUTH],
+            "master": [ExtendedKeyUsageOID.CLIENT_AUTH],
+            "both": [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
+            "none": [],
+        }[role]
+        builder = (
             x509.CertificateBuilder()
             .subject_name(_name(name))
             .issuer_name(self.cert.subject)
@@ -120,19 +137,12 @@ class CA:
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + dt.timedelta(days=1))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.SubjectAlternativeName(
-                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-                ),
-                critical=False,
-            )
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
-            .add_extension(
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        )
+        if usages:
+            builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        cert = (
+            builder.add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
                 critical=False,
             )
@@ -151,8 +161,14 @@ def tls_settings(ca: CA, cert: tuple[Path, Path], **kwargs: object) -> Settings:
     ).replace(**kwargs)
 
 
-def tls_env(ca: CA, cert: tuple[Path, Path]) -> dict[str, str]:
-    return {"JODL_TLS_CERT": str(cert[0]), "JODL_TLS_KEY": str(cert[1]), "JODL_TLS_CA": str(ca.pem)}
+def tls_env(ca: CA, cert: tuple[Path, Path]) -> dict[str, str | None]:
+    """An agent's environment for TLS alone (no shared secret)."""
+    return {
+        "JODL_TLS_CERT": str(cert[0]),
+        "JODL_TLS_KEY": str(cert[1]),
+        "JODL_TLS_CA": str(ca.pem),
+        "JODL_SECRET": None,
+    }
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -244,9 +260,9 @@ def test_a_master_with_a_secret_refuses_an_agent_without_one(
     tmp_path: Path, spawn_agent: Callable[..., AgentProcess],
 ):
     ca = CA(tmp_path, "jodl-ca")
-    agent = spawn_agent(env={**tls_env(ca, ca.issue("agent")), "JODL_SECRET": None})
+    agent = spawn_agent(env=tls_env(ca, ca.issue("agent", "agent")))
     with pytest.raises(AuthError, match="no shared secret"):
-        connect(agent.address, tls_settings(ca, ca.issue("master"), secret=SECRET))
+        connect(agent.address, tls_settings(ca, ca.issue("master", "master"), secret=SECRET))
 
 
 def test_a_master_with_the_wrong_secret_marks_the_node_unreachable(store, spawn_agent, settings):
@@ -270,8 +286,8 @@ def test_mutual_tls_admits_only_certificates_of_the_private_ca(
 ):
     ca = CA(tmp_path, "jodl-ca")
     rogue = CA(tmp_path, "rogue-ca")
-    agent = spawn_agent(env={**tls_env(ca, ca.issue("agent")), "JODL_SECRET": None})
-    master = tls_settings(ca, ca.issue("master"))
+    agent = spawn_agent(env=tls_env(ca, ca.issue("agent", "agent")))
+    master = tls_settings(ca, ca.issue("master", "master"))
 
     conn = connect(agent.address, master)
     assert conn.root.ping()[0]
@@ -279,7 +295,7 @@ def test_mutual_tls_admits_only_certificates_of_the_private_ca(
 
     # A client certificate signed by another CA (the client trusts the right CA).
     with pytest.raises(AuthError, match="TLS"):
-        connect(agent.address, tls_settings(ca, rogue.issue("intruder")))
+        connect(agent.address, tls_settings(ca, rogue.issue("intruder", "master")))
     # No client certificate at all.
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False
@@ -297,9 +313,44 @@ def test_a_master_refuses_an_agent_certified_by_another_ca(
 ):
     ca = CA(tmp_path, "jodl-ca")
     rogue = CA(tmp_path, "rogue-ca")
-    impostor = spawn_agent(env={**tls_env(rogue, rogue.issue("impostor")), "JODL_SECRET": None})
+    impostor = spawn_agent(env=tls_env(rogue, rogue.issue("impostor", "agent")))
     with pytest.raises(AuthError, match="TLS"):
-        connect(impostor.address, tls_settings(ca, ca.issue("master")))
+        connect(impostor.address, tls_settings(ca, ca.issue("master", "master")))
+
+
+def test_certificates_carry_their_role(tmp_path: Path, spawn_agent: Callable[..., AgentProcess]):
+    """serverAuth makes an agent, clientAuth a master; a certificate without a role is neither."""
+    ca = CA(tmp_path, "jodl-ca")
+    agent = spawn_agent(env=tls_env(ca, ca.issue("agent", "agent")))
+    master = tls_settings(ca, ca.issue("master", "master"))
+    # An agent's certificate (say, taken from another agent) does not make a master.
+    with pytest.raises(AuthError):
+        connect(agent.address, tls_settings(ca, ca.issue("agent-2", "agent")))
+    with pytest.raises(AuthError, match="JODL_TLS"):
+        connect(agent.address, tls_settings(ca, ca.issue("no-role", "none")))
+    nothing_ran(agent, master)
+    # A master's certificate, or one without a role, does not make an agent.
+    for role in ("master", "none"):
+        impostor = spawn_agent(env=tls_env(ca, ca.issue(f"impostor-{role}", role)))
+        with pytest.raises(AuthError, match="serverAuth|TLS"):
+            connect(impostor.address, master)
+
+
+def test_the_master_checks_the_agents_name_against_the_node_address(
+    tmp_path: Path, spawn_agent: Callable[..., AgentProcess]
+):
+    ca = CA(tmp_path, "jodl-ca")
+    master = tls_settings(ca, ca.issue("master", "master"))
+    names = ("node-7.example", "10.9.8.7")
+    elsewhere = spawn_agent(env=tls_env(ca, ca.issue("node-7", "agent", names=names)))
+    with pytest.raises(AuthError, match="mismatch|match"):
+        connect(elsewhere.address, master)  # a valid agent certificate, for another node
+    here = spawn_agent(env=tls_env(ca, ca.issue("node-1", "agent", names=("127.0.0.1",))))
+    conn = connect(here.address, master)
+    try:
+        assert conn.root.ping()[0]
+    finally:
+        conn.close()
 
 
 # -- what an authenticated peer can reach --------------------------------------------
