@@ -402,15 +402,33 @@ class GuardedServer(ThreadedServer):
         super().__init__(service, authenticator=authenticate, **kwargs)
         self._handshake_limit = settings.handshake_limit
         self._in_handshake = threading.BoundedSemaphore(settings.handshake_limit)
+        #: Sockets holding a handshake slot (set.remove is atomic: one release each).
+        self._holding: set[socket.socket] = set()
         self._turned_away = 0
 
         def bounded(sock: socket.socket) -> tuple[Any, Any]:
             try:
                 return authenticate(sock)
             finally:
-                self._in_handshake.release()
+                self._end_handshake(sock)
 
         self.authenticator = bounded
+
+    def _end_handshake(self, sock: socket.socket) -> None:
+        try:
+            self._holding.remove(sock)
+        except KeyError:
+            return  # released already
+        self._in_handshake.release()
+
+    def _serve(self, sock: socket.socket) -> None:
+        # The slot is released after the handshake, or here if the connection ended
+        # before the authenticator ran (rpyc asks for the peer's name first, which
+        # fails on a connection already reset).
+        try:
+            self._authenticate_and_serve_client(sock)
+        finally:
+            self._end_handshake(sock)
 
     def _serve_client(self, sock: socket.socket, credentials: dict[str, Any] | None) -> None:
         # rpyc's own version logs the credentials and builds a plain channel.
@@ -443,10 +461,11 @@ class GuardedServer(ThreadedServer):
             except OSError:
                 pass
             return
+        self._holding.add(sock)
         try:
-            spawn(self._authenticate_and_serve_client, sock)
+            spawn(self._serve, sock)
         except BaseException:
-            self._in_handshake.release()
+            self._end_handshake(sock)
             raise
 
 

@@ -16,6 +16,7 @@ import os
 import select
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -563,6 +564,24 @@ def test_slow_handshakes_neither_pile_up_threads_nor_last(spawn_agent):
     conn = connect(agent.address, settings)  # the agent still serves masters
     assert conn.root.ping()[0]
     conn.close()
+    # Connections reset at once (before the agent even asks who they are) give their
+    # handshake slot back too: the agent still serves masters afterwards.
+    for _ in range(30):
+        peer = socket.create_connection(("127.0.0.1", agent.port), timeout=10)
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        peer.close()  # RST
+
+    def serves() -> bool:
+        try:
+            conn = connect(agent.address, settings)
+        except AuthError:
+            return False  # turned away while the resets still held their slots
+        try:
+            return bool(conn.root.ping()[0])
+        finally:
+            conn.close()
+
+    wait_for(serves, timeout=20, what="the agent to serve a master after the resets")
 
 
 # -- a handshake relayed by a man in the middle -------------------------------------------------
