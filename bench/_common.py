@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -14,6 +15,8 @@ from collections.abc import Iterator
 from sqlalchemy import create_engine, make_url, text
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+#: Shared secret of this run's master and agents (agents refuse to start without one).
+SECRET = secrets.token_urlsafe(32)
 
 
 def free_port() -> int:
@@ -67,8 +70,8 @@ def agents(count: int, slots: int = 2, speeds: list[float] | None = None,
             speed = (speeds or [1.0] * count)[i]
             cmd = [sys.executable, "-m", "jodl", "agent", "--listen", f"127.0.0.1:{port}",
                    "--slots", str(slots), "--speed", str(speed)]
-            procs.append(subprocess.Popen(cmd, env={**os.environ, "JODL_LOG_LEVEL": "WARNING",
-                                                    **(env or {})},
+            child_env = {**os.environ, "JODL_LOG_LEVEL": "WARNING", "JODL_SECRET": SECRET}
+            procs.append(subprocess.Popen(cmd, env={**child_env, **(env or {})},
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             addresses.append(f"127.0.0.1:{port}")
         for address in addresses:

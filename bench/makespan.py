@@ -50,7 +50,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import agents, fresh_database  # noqa: E402
+from _common import SECRET, agents, fresh_database  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
 from jodl import Master, Settings, Store, make_engine  # noqa: E402
@@ -110,7 +110,7 @@ def run_master(
         store.add_jobs(
             family, ((f"job-{i}", json.dumps({"seconds": w})) for i, w in enumerate(work))
         )
-        settings = Settings.from_env(env={}, database_url=url, log_level="WARNING")
+        settings = Settings.from_env(env={}, database_url=url, log_level="WARNING", secret=SECRET)
         for _ in range(cycles):
             master = Master(settings, store=store)
             try:
@@ -174,7 +174,7 @@ def run_pull(work: list[float], speeds: list[float], cycles: int) -> list[dict[s
     """
     out: list[dict[str, float]] = []
     true_lb = lower_bound(work, speeds)
-    settings = Settings.from_env(env={}, log_level="WARNING")
+    settings = Settings.from_env(env={}, log_level="WARNING", secret=SECRET)
     with agent_set(speeds) as addresses:
         links = [AgentLink(i, address, settings) for i, address in enumerate(addresses)]
         for link in links:

@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import DEFAULT_PG, agents, fresh_database  # noqa: E402
+from _common import DEFAULT_PG, SECRET, agents, fresh_database  # noqa: E402
 
 #: Jobs per enqueue call.
 ENQUEUE_BATCH = 5000
@@ -56,7 +56,8 @@ def run_jodl(url: str, jobs: int, agent_count: int, slots: int) -> dict[str, flo
             store.add_node(address, slots=slots)
         queue = Queue(store)
         queue.family_id("noop", create=True)
-        master = Master(Settings(database_url=db_url, log_level="WARNING"), store=store)
+        settings = Settings(database_url=db_url, log_level="WARNING", secret=SECRET)
+        master = Master(settings, store=store)
         master.feeders.append(QueueFeeder(Queue(store)))
         stop = threading.Event()
         thread = threading.Thread(target=master.serve, args=(stop,), daemon=True)

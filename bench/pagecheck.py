@@ -39,7 +39,7 @@ from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import free_port, fresh_database, wait_port  # noqa: E402
+from _common import SECRET, free_port, fresh_database, wait_port  # noqa: E402
 
 PAGE = (
     "<!DOCTYPE html><html><head><title>Page {n}</title>"
@@ -149,6 +149,7 @@ def start_agent(concurrency: int, loop: str) -> tuple[subprocess.Popen[bytes], s
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("JODL_")},
         "JODL_LOG_LEVEL": "WARNING",
+        "JODL_SECRET": SECRET,
         "JODL_AGENT_ASYNC_SLOTS": str(concurrency),
         "JODL_AGENT_LOOP": loop,
         "JODL_FETCH_ALLOW": "127.0.0.0/8",
@@ -247,7 +248,7 @@ def run_page_checker(
     agent, address = start_agent(concurrency, loop)
     try:
         store.add_node(address)
-        settings = Settings(database_url=db_url, log_level="WARNING")
+        settings = Settings(database_url=db_url, log_level="WARNING", secret=SECRET)
         app = AppSettings.from_env(env={}, check_spread=0.0)
         figures = []
         for _ in range(2):

@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import DEFAULT_PG, agents, free_port, fresh_database, wait_port  # noqa: E402
+from _common import DEFAULT_PG, SECRET, agents, free_port, fresh_database, wait_port  # noqa: E402
 
 AGENT_ENV = {
     "JODL_FETCH_ALLOW": "127.0.0.0/8",
@@ -171,7 +171,8 @@ def main() -> None:
         store = Store(engine)
         for address in addresses:
             store.add_node(address, slots=args.slots)
-        master = Master(Settings(database_url=db_url, log_level="WARNING"), store=store)
+        settings = Settings(database_url=db_url, log_level="WARNING", secret=SECRET)
+        master = Master(settings, store=store)
         queue = Queue(store)
         master.feeders.append(QueueFeeder(queue))
         stopping = threading.Event()
@@ -182,6 +183,7 @@ def main() -> None:
             **os.environ,
             "JODL_DATABASE_URL": db_url,
             "JODL_LOG_LEVEL": "WARNING",
+            "JODL_SECRET": SECRET,
             "JODL_WEB_SECURE_COOKIES": "false",
             "JODL_WEB_SUBMIT_BURST": "10000",
             "JODL_WEB_STREAM_POLL": "0.05",

@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import DEFAULT_PG, agents, fresh_database  # noqa: E402
+from _common import DEFAULT_PG, SECRET, agents, fresh_database  # noqa: E402
 
 
 def run_jodl(url: str, jobs: int, agent_count: int, slots: int, cycles: int) -> dict[str, Any]:
@@ -44,7 +44,8 @@ def run_jodl(url: str, jobs: int, agent_count: int, slots: int, cycles: int) -> 
         started = time.perf_counter()
         store.add_jobs(family, ((f"job-{i}", "{}") for i in range(jobs)))
         add_seconds = time.perf_counter() - started
-        master = Master(Settings(database_url=db_url, log_level="WARNING"), store=store)
+        settings = Settings(database_url=db_url, log_level="WARNING", secret=SECRET)
+        master = Master(settings, store=store)
         master.start()  # connecting the agents is not part of a cycle
         seconds = []
         for _ in range(cycles):

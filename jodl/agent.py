@@ -44,12 +44,12 @@ from .family import Family, Permanent
 from .metrics import AGENT_JOBS_FINISHED
 from .protocol import (
     STRICT_CONFIG,
+    GuardedServer,
     decode_ids,
     decode_jobs,
     encode_done,
     encode_failed,
-    is_loopback,
-    server_authenticator,
+    require_auth,
     split_address,
 )
 
@@ -659,14 +659,14 @@ class AgentService(rpyc.Service):
 def make_server(
     settings: Settings, listen: str | None = None, name: str | None = None
 ) -> ThreadedServer:
-    """Build (not start) the agent's server; refuses an unauthenticated non-loopback address."""
+    """Build (not start) the agent's server; refuses to start without a secret or TLS.
+
+    Loopback is no exception: any local user could otherwise command the agent, and
+    one who binds its port first would receive the master's jobs.
+    """
     address = listen or settings.agent_listen
     host, port = split_address(address)
-    if not is_loopback(host) and not (settings.secret or settings.tls):
-        raise AuthError(
-            f"refusing to listen on {address} without authentication: set JODL_SECRET "
-            "or JODL_TLS_CERT/JODL_TLS_KEY/JODL_TLS_CA (only loopback may go without)"
-        )
+    require_auth(settings, f"refusing to listen on {address}")
     core = AgentCore(
         name or f"{socket.gethostname()}:{port}",
         slots=settings.agent_slots,
@@ -677,13 +677,13 @@ def make_server(
     )
     service = AgentService(core)
     try:
-        server = ThreadedServer(
+        server = GuardedServer(
             service,
+            settings,
             hostname=host,
             ipv6=":" in host,  # e.g. [::1]:PORT
             port=port,
             reuse_addr=True,
-            authenticator=server_authenticator(settings),
             protocol_config=dict(STRICT_CONFIG),
             logger=logging.getLogger("jodl.agent.rpyc"),
         )

@@ -19,7 +19,7 @@ from .exceptions import ConfigError
 
 #: Default database: a SQLite file in the working directory.
 DEFAULT_DATABASE_URL = "sqlite:///jodl.db"
-#: Default address an agent listens on (loopback: no auth needed there).
+#: Default address an agent listens on (authenticated like any other address).
 DEFAULT_AGENT_LISTEN = "127.0.0.1:18861"
 #: Default number of job slots (threads) on an agent.
 DEFAULT_SLOTS = 4
@@ -45,6 +45,13 @@ DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 DEFAULT_AGENT_METRICS_LISTEN = "127.0.0.1:9465"
 #: Longest backoff between two tries to reach an unreachable node (seconds).
 DEFAULT_NODE_BACKOFF_MAX = 60.0
+#: Shortest accepted JODL_SECRET (characters): 128 bits as URL-safe base64, e.g.
+#: ``python -c "import secrets; print(secrets.token_urlsafe(32))"`` (43 characters).
+MIN_SECRET_LENGTH = 22
+#: Seconds a peer has for the whole handshake (TLS, banner, HMAC challenge).
+DEFAULT_HANDSHAKE_TIMEOUT = 5.0
+#: Connections an agent lets sit in the handshake at once; more are closed at once.
+DEFAULT_HANDSHAKE_LIMIT = 16
 
 
 def _bool(text: str) -> bool:
@@ -189,9 +196,24 @@ OPTIONS: tuple[Option, ...] = (
         "JODL_SECRET",
         "",
         "str?",
-        "Shared secret for master-agent HMAC authentication; "
-        "required for agents listening beyond loopback unless TLS is set",
+        "Shared secret of masters and agents (mutual HMAC handshake, every frame "
+        f"authenticated), at least {MIN_SECRET_LENGTH} random characters; "
+        "an agent needs it or TLS, on loopback too",
         "master, agent",
+    ),
+    Option(
+        "JODL_HANDSHAKE_TIMEOUT",
+        str(DEFAULT_HANDSHAKE_TIMEOUT),
+        "float+",
+        "Seconds a peer has for the whole authentication handshake (one deadline)",
+        "master, agent",
+    ),
+    Option(
+        "JODL_HANDSHAKE_LIMIT",
+        str(DEFAULT_HANDSHAKE_LIMIT),
+        "int+",
+        "Connections an agent lets sit in the handshake at once; more are closed at once",
+        "agent",
     ),
     Option(
         "JODL_TLS_CERT", "", "str?", "PEM certificate of this process (mutual TLS)", "master, agent"
@@ -376,6 +398,8 @@ class Settings:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
+    handshake_limit: int = DEFAULT_HANDSHAKE_LIMIT
     agent_listen: str = DEFAULT_AGENT_LISTEN
     agent_slots: int = DEFAULT_SLOTS
     agent_async_slots: int = 200
@@ -415,6 +439,7 @@ class Settings:
                 f"JODL_CALL_TIMEOUT ({self.call_timeout:g}s): an agent must stop starting "
                 "jobs before the master gives them up and runs them elsewhere"
             )
+        check_secret(self.secret)
         for name, address in (
             ("JODL_REGISTER_LISTEN", self.register_listen),
             ("JODL_AGENT_LISTEN", self.agent_listen),
@@ -430,6 +455,16 @@ class Settings:
     @property
     def tls(self) -> bool:
         return bool(self.tls_cert)
+
+
+def check_secret(secret: str | None) -> None:
+    """:class:`ConfigError` when ``secret`` is set but shorter than :data:`MIN_SECRET_LENGTH`."""
+    if secret and len(secret) < MIN_SECRET_LENGTH:
+        raise ConfigError(
+            f"JODL_SECRET is too short ({len(secret)} characters): use at least "
+            f"{MIN_SECRET_LENGTH} random ones (128 bits), e.g. the output of "
+            "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
 
 
 _EXTRA: list[Option] = []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -11,7 +10,7 @@ from typing import Any
 
 from .config import Settings
 from .exceptions import AgentUnavailable, AuthError
-from .protocol import connect
+from .protocol import REPLY_CHECKS, BadReply, check_info, connect
 
 log = logging.getLogger("jodl.connection")
 
@@ -80,10 +79,12 @@ class AgentLink:
             }
             started = time.perf_counter()
             self.last_call = time.monotonic()
-            self.info = json.loads(self._calls["init"](master_id, epoch, settings_json))
+            self.info = check_info(self._calls["init"](master_id, epoch, settings_json))
             self.rtt = time.perf_counter() - started
             session = self.info.get("session")
             self.session = session if type(session) is int else None
+        except BadReply as exc:
+            raise self._bad_reply("init", exc) from None
         except AuthError as exc:
             self._fail(str(exc))
             raise AgentUnavailable(str(exc)) from None
@@ -95,7 +96,12 @@ class AgentLink:
         return self.info
 
     def call(self, name: str, *args: Any) -> Any:
-        """Call ``name`` on the agent; :class:`AgentUnavailable` on any failure."""
+        """Call ``name`` on the agent; :class:`AgentUnavailable` on any failure.
+
+        The reply is checked to be of the call's type and shape (``done`` and
+        ``failed`` come back decoded as lists of rows): a bad one makes the node
+        count as faulty, exactly like an unreachable one.
+        """
         if self.conn is None:
             raise AgentUnavailable(f"{self.address}: not connected")
         now = time.monotonic()
@@ -103,12 +109,24 @@ class AgentLink:
             args = ((args[0], self.session, now - self.last_call), *args[1:])
         self.last_call = now
         try:
-            out = self._calls[name](*args)
+            reply = self._calls[name](*args)
         except CALL_ERRORS as exc:
             self._fail(_describe(exc))
             raise AgentUnavailable(f"{self.address}: {_describe(exc)}") from None
         self.call_time += 0.2 * (time.monotonic() - now - self.call_time)
-        return out
+        check = REPLY_CHECKS.get(name)
+        if check is None:
+            return reply
+        try:
+            return check(reply)
+        except BadReply as exc:
+            raise self._bad_reply(name, exc) from None
+
+    def _bad_reply(self, name: str, exc: BadReply) -> AgentUnavailable:
+        error = f"bad reply to {name} ({exc}): the agent is faulty"
+        log.warning("node %s: %s", self.address, error)
+        self._fail(error)
+        return AgentUnavailable(f"{self.address}: {error}")
 
     def _fail(self, error: str) -> None:
         self.last_error = error

@@ -46,7 +46,7 @@ from .exceptions import AgentUnavailable, Fenced, JodlError, UnknownFamily
 from .metrics import LOOP_STEP, MasterGauges, count_outcomes, count_sent
 from .models import ExecState, Family, NodeState, Run, utcnow
 from .placement import JobInfo, Knowledge, NodeLoad, Placement, strategy
-from .protocol import decode_done, decode_failed, encode_ids, encode_jobs
+from .protocol import encode_ids, encode_jobs
 from .rebalancer import Rebalancer, job_info
 from .store import LEASE_RENEW, PendingJob, Store, make_engine, retry_delay
 from .writer import LogWriter
@@ -816,9 +816,10 @@ class Master(Rebalancer):
                 continue
             try:
                 acks = encode_ids(slot.take_acks())
-                done = decode_done(slot.link.call("done", self.epoch, acks, COLLECT_LIMIT, True))
+                # Decoded and checked by the link (a bad reply: AgentUnavailable).
+                done = slot.link.call("done", self.epoch, acks, COLLECT_LIMIT, True)
                 failed = (
-                    decode_failed(slot.link.call("failed", self.epoch, "", COLLECT_LIMIT, True))
+                    slot.link.call("failed", self.epoch, "", COLLECT_LIMIT, True)
                     if slot.inflight
                     else ()
                 )

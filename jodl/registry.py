@@ -19,7 +19,7 @@ from rpyc.utils.server import ThreadedServer
 
 from .config import Settings
 from .exceptions import AgentUnavailable, AuthError, JodlError
-from .protocol import STRICT_CONFIG, connect, is_loopback, server_authenticator, split_address
+from .protocol import STRICT_CONFIG, GuardedServer, connect, require_auth, split_address
 from .store import Store
 
 log = logging.getLogger("jodl.registry")
@@ -33,12 +33,21 @@ class HelloService(rpyc.Service):
         self._store = store
 
     def exposed_hello(self, address: str, slots: int, labels_json: str) -> int:
-        address = str(address)
+        # Exact types, never str()/int() of what the peer sent: those would call back
+        # into a netref (the peer's own object).
+        if type(address) is not str or len(address) > 300:
+            raise TypeError("address must be a plain str HOST:PORT")
         split_address(address)  # refuse anything but HOST:PORT
-        labels = json.loads(str(labels_json) or "{}")
-        if not isinstance(labels, dict):
-            raise ValueError("labels must be a JSON object")
-        node = self._store.add_node(address, slots=max(1, int(slots)), labels=labels)
+        if type(slots) is not int or not 1 <= slots <= 100_000:
+            raise TypeError("slots must be a plain int from 1 to 100000")
+        if type(labels_json) is not str or len(labels_json) > 10_000:
+            raise TypeError("labels must be a plain str of JSON")
+        labels = json.loads(labels_json or "{}")
+        if not isinstance(labels, dict) or not all(
+            type(k) is str and type(v) is str for k, v in labels.items()
+        ):
+            raise ValueError("labels must be a JSON object of strings")
+        node = self._store.add_node(address, slots=slots, labels=labels)
         log.info("node %s said hello (%d slots)", address, slots)
         return int(node.id)
 
@@ -46,14 +55,13 @@ class HelloService(rpyc.Service):
 def serve_hello(settings: Settings, store: Store, listen: str) -> ThreadedServer:
     """Start the hello service in a daemon thread; return the server (``close()`` stops it)."""
     host, port = split_address(listen)
-    if not is_loopback(host) and not (settings.secret or settings.tls):
-        raise AuthError(f"refusing to accept hellos on {listen} without JODL_SECRET or TLS")
-    server = ThreadedServer(
+    require_auth(settings, f"refusing to accept hellos on {listen}")
+    server = GuardedServer(
         HelloService(store),
+        settings,
         hostname=host,
         port=port,
         reuse_addr=True,
-        authenticator=server_authenticator(settings),
         protocol_config=dict(STRICT_CONFIG),
         logger=logging.getLogger("jodl.registry.rpyc"),
     )
@@ -72,7 +80,12 @@ def hello(master: str, address: str, slots: int, settings: Settings,
     except (OSError, AuthError) as exc:
         raise AgentUnavailable(f"cannot say hello to the master at {master}: {exc}") from None
     try:
-        return int(conn.root.hello(address, slots, json.dumps(labels or {})))
+        node_id = conn.root.hello(address, slots, json.dumps(labels or {}))
+        if type(node_id) is not int:
+            raise JodlError(f"the master at {master} answered the hello with a non-int")
+        return node_id
+    except JodlError:
+        raise
     except Exception as exc:  # noqa: BLE001 - remote errors arrive as generic exceptions
         raise JodlError(f"the master at {master} refused the hello: {exc}") from None
     finally:

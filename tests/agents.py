@@ -3,12 +3,14 @@
 Every agent is a subprocess listening on a free loopback port; :func:`start_agent`
 returns once the port answers. The environment of every child is the test's own
 minus any ``JODL_*`` variable (so a developer's shell cannot leak settings into a
-test), plus the overrides given.
+test), plus :data:`TEST_SECRET` as ``JODL_SECRET`` (agents refuse to start without
+authentication), plus the overrides given.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -23,6 +25,8 @@ from pathlib import Path
 START_TIMEOUT = 20.0
 #: Seconds a one-shot command may take.
 COMMAND_TIMEOUT = 120.0
+#: The shared secret of this test session's agents and masters (fresh for every session).
+TEST_SECRET = secrets.token_urlsafe(32)
 
 
 def jodl_command() -> list[str]:
@@ -35,9 +39,13 @@ def jodl_command() -> list[str]:
 
 
 def child_env(overrides: Mapping[str, str | None] | None = None) -> dict[str, str]:
-    """The environment for a child: no inherited ``JODL_*``, then ``overrides`` (None unsets)."""
+    """The environment for a child: no inherited ``JODL_*``, the test secret, then ``overrides``.
+
+    An override of None unsets the variable (``{"JODL_SECRET": None}``: no secret).
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("JODL_")}
     env.setdefault("JODL_LOG_LEVEL", "WARNING")
+    env["JODL_SECRET"] = TEST_SECRET
     env["PYTHONUNBUFFERED"] = "1"
     for key, value in (overrides or {}).items():
         if value is None:
@@ -126,20 +134,24 @@ def start_agent(
     port: int | None = None,
     args: tuple[str, ...] = (),
     wait: bool = True,
+    command: Callable[[str], list[str]] | None = None,
 ) -> AgentProcess:
     """Start ``jodl agent --listen 127.0.0.1:PORT`` and wait until the port answers.
 
     ``env`` adds settings such as ``JODL_SECRET``, ``JODL_AGENT_SLOTS`` or
     ``JODL_AGENT_SPEED``. A port taken meanwhile by another process is retried
-    with a new one (unless ``port`` was given).
+    with a new one (unless ``port`` was given). ``command`` builds another argv
+    from the address (e.g. :func:`faulty_agent`).
     """
     for _ in range(5):
         chosen = port or free_port()
         log_path = Path(log_dir) / f"agent-{chosen}.log"
         full_env = child_env(env)
+        address = f"127.0.0.1:{chosen}"
+        argv = command(address) if command else [*jodl_command(), "agent", "--listen", address]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [*jodl_command(), "agent", "--listen", f"127.0.0.1:{chosen}", *args],
+                [*argv, *args],
                 env=full_env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -158,6 +170,15 @@ def start_agent(
             continue  # lost a race for the port: try another one
         raise RuntimeError(f"agent on port {chosen} did not start:\n{agent.log()}")
     raise RuntimeError("no free port found for an agent")
+
+
+def faulty_agent(fault: str) -> Callable[[str], list[str]]:
+    """``command`` for :func:`start_agent`: a real agent whose ``fault`` answers wrong.
+
+    See ``tests/faulty_agent.py`` for the faults (e.g. ``done-netref``).
+    """
+    script = Path(__file__).with_name("faulty_agent.py")
+    return lambda address: [sys.executable, str(script), address, fault]
 
 
 def start_agents(

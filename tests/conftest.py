@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agents import AgentProcess, start_agent, start_agents
+from agents import TEST_SECRET, AgentProcess, start_agent, start_agents
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -77,8 +77,11 @@ def store(db_url: str) -> Iterator[Store]:
 
 @pytest.fixture
 def settings(db_url: str) -> Settings:
-    """Library settings for ``db_url``, independent of the developer's ``JODL_*`` variables."""
-    return Settings.from_env(env={}, database_url=db_url, call_timeout=5.0)
+    """Library settings for ``db_url``, independent of the developer's ``JODL_*`` variables.
+
+    They carry the test session's secret, the one every agent fixture starts with.
+    """
+    return Settings.from_env(env={}, database_url=db_url, call_timeout=5.0, secret=TEST_SECRET)
 
 
 # -- agents ---------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from agents import AgentProcess, port_answers, spawn_jodl, wait_for
+from agents import TEST_SECRET, AgentProcess, port_answers, spawn_jodl, wait_for
 
 from jodl.config import Settings
 from jodl.protocol import connect, decode_done, decode_failed, encode_ids, encode_jobs
@@ -25,7 +25,7 @@ class Client:
     """The master's side of one agent connection, as the tests drive it."""
 
     def __init__(self, agent: AgentProcess) -> None:
-        self.conn = connect(agent.address, Settings(call_timeout=10.0))
+        self.conn = connect(agent.address, Settings(call_timeout=10.0, secret=TEST_SECRET))
         self.root = self.conn.root
         self.epoch = EPOCH
         info = json.loads(self.root.init("test-master", self.epoch, "{}"))
@@ -184,7 +184,7 @@ def test_remaining_counts_queued_running_and_held(client):
 def test_an_older_epoch_is_fenced_after_a_newer_init(agent, client):
     client.send((80, "noop", {}))
     newer = Client.__new__(Client)
-    newer.conn = connect(agent.address, Settings(call_timeout=10.0))
+    newer.conn = connect(agent.address, Settings(call_timeout=10.0, secret=TEST_SECRET))
     newer.root, newer.epoch = newer.conn.root, EPOCH + 1
     try:
         newer.root.init("newer-master", newer.epoch, "{}")
@@ -245,7 +245,7 @@ def test_an_agent_listens_on_ipv6_loopback_and_stops_on_sigterm(tmp_path):
     agent = spawn_jodl("agent", "--listen", f"[::1]:{port}", log_path=tmp_path / "agent6.log")
     try:
         wait_for(lambda: port_answers(port, "::1"), timeout=30, what="the IPv6 agent")
-        conn = connect(f"[::1]:{port}", Settings(call_timeout=10.0))
+        conn = connect(f"[::1]:{port}", Settings(call_timeout=10.0, secret=TEST_SECRET))
         assert conn.root.ping()[0]
         conn.close()
         agent.send_signal(signal.SIGTERM)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agents import AgentProcess, port_answers, run_jodl, wait_for  # noqa: I001 - tests/ is on sys.path
+from agents import TEST_SECRET, AgentProcess, port_answers, run_jodl, wait_for  # noqa: I001 - tests/ is on sys.path
 from sqlalchemy import select, update
 
 from jodl.config import Settings
@@ -72,7 +72,8 @@ def add_sleep_jobs(store: Store, seconds: list[float], **family: Any) -> None:
 
 def cycle(db: tuple[Store, str], family: str = "sleep") -> RunSummary:
     store, url = db
-    master = Master(Settings.from_env(env={}, database_url=url, call_timeout=5.0), store=store)
+    settings = Settings.from_env(env={}, database_url=url, call_timeout=5.0, secret=TEST_SECRET)
+    master = Master(settings, store=store)
     try:
         return master.run_cycle(family)
     finally:
@@ -281,7 +282,7 @@ def test_jobs_of_a_node_that_dies_mid_cycle_run_elsewhere(db: Any, spawn_agent: 
     add_sleep_jobs(store, [0.1] * 12, strategy_params={"explore": 0})
     some_done = threading.Event()
     master = Master(
-        Settings.from_env(env={}, database_url=url, call_timeout=5.0),
+        Settings.from_env(env={}, database_url=url, call_timeout=5.0, secret=TEST_SECRET),
         store=store,
         progress=lambda done, _total: some_done.set() if done >= 2 else None,
     )

@@ -64,26 +64,32 @@ def test_values_are_parsed_to_their_types():
         env={
             "JODL_AGENT_SLOTS": "8",
             "JODL_AGENT_SPEED": "2.5",
-            "JODL_SECRET": "s3cret",
+            "JODL_SECRET": "s3cret-s3cret-s3cret-s3cret",
             "JODL_LOG_LEVEL": "debug",
             "JODL_AGENT_LISTEN": "[::1]:9000",
         }
     )
     assert settings.agent_slots == 8 and settings.agent_speed == 2.5
-    assert settings.secret == "s3cret" and settings.log_level == "DEBUG"
+    assert settings.secret == "s3cret-s3cret-s3cret-s3cret" and settings.log_level == "DEBUG"
     assert settings.agent_listen == "[::1]:9000"
     assert Settings.from_env(env={"JODL_SECRET": ""}).secret is None
+
+
+def test_a_short_secret_is_refused_naming_the_variable():
+    with pytest.raises(ConfigError, match="JODL_SECRET is too short"):
+        Settings.from_env(env={"JODL_SECRET": "correct horse"})
 
 
 def test_the_toml_file_sets_values(tmp_path: Path):
     path = write_toml(
         tmp_path,
-        'agent_slots = 7\nJODL_CALL_TIMEOUT = 2.5\nSecret = "from-file"\nlog_level = "warning"\n',
+        'agent_slots = 7\nJODL_CALL_TIMEOUT = 2.5\nSecret = "from-file-from-file-from-file"\n'
+        'log_level = "warning"\n',
     )
     settings = Settings.from_env(env={"JODL_CONFIG": path})
     assert settings.agent_slots == 7
     assert settings.call_timeout == 2.5
-    assert settings.secret == "from-file"
+    assert settings.secret == "from-file-from-file-from-file"
     assert settings.log_level == "WARNING"
     assert settings.config == path
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agents import AgentProcess, run_jodl, spawn_jodl, wait_for
+from agents import TEST_SECRET, AgentProcess, run_jodl, spawn_jodl, wait_for
 from sqlalchemy import func, select
 
 from jodl.config import Settings
@@ -147,7 +147,7 @@ def agents_idle(store: Store, nodes: list[AgentProcess]) -> None:
     with store.engine.connect() as conn:
         epoch = int(conn.scalar(select(MasterLease.epoch)) or 0)
     for agent in nodes:
-        conn = connect(agent.address, Settings(call_timeout=10.0))
+        conn = connect(agent.address, Settings(call_timeout=10.0, secret=TEST_SECRET))
         try:
             queued, running, _done, _failed = conn.root.remaining(epoch)
         finally:

@@ -11,7 +11,7 @@ from jodl.exceptions import AgentUnavailable
 from jodl.registry import hello
 from tests.agents import AgentProcess, free_port, wait_for
 
-SECRET = "registry-test-secret"
+SECRET = "registry-test-secret-of-enough-length"
 
 
 def test_agent_registers_once_and_runs_jobs(

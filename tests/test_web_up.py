@@ -53,7 +53,10 @@ def alive(pid: int) -> bool:
 def start_up(
     cwd: Path, log: Path, extra: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    env = child_env({**AGENT_ENV, "JODL_LOG_LEVEL": "WARNING", **(extra or {})})
+    # No JODL_SECRET: `jodl up` generates one for its master and agents.
+    env = child_env(
+        {**AGENT_ENV, "JODL_LOG_LEVEL": "WARNING", "JODL_SECRET": None, **(extra or {})}
+    )
     with open(log, "wb") as out:
         return subprocess.Popen(
             [*jodl_command(), "up", "--listen", "127.0.0.1:0"],

@@ -177,9 +177,17 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int, print_login: boo
     obj = ctx.ensure_object(dict)
     lib = Settings.from_env(database_url=obj.get("database_url"))
     database = lib.database_url
+    if not lib.secret:
+        # Agents authenticate every peer, on loopback too: a fresh secret for this run
+        # (unless JODL_SECRET is set; with TLS alone the agents inherit JODL_TLS_*).
+        import secrets
+
+        lib = lib.replace(secret=secrets.token_urlsafe(32))
     configure_logging(lib.log_level, lib.log_format, "web")
     web_settings = WebSettings.for_up(database_url=database, web_listen=listen)
-    cluster = LocalCluster(database, agents=agents, settings=lib)
+    cluster = LocalCluster(
+        database, agents=agents, settings=lib, agent_env={"JODL_SECRET": lib.secret or ""}
+    )
     started = False
     sink = None
     # SIGTERM stops like Ctrl-C from here on, also while starting or before serving.
