@@ -39,7 +39,7 @@ from rpyc.utils.server import ThreadedServer
 
 from . import family as family_registry
 from .config import DETACH_SHARE, Settings
-from .exceptions import AuthError, JodlError, UnknownFamily
+from .exceptions import JodlError, UnknownFamily
 from .family import Family, Permanent
 from .metrics import AGENT_JOBS_FINISHED
 from .protocol import (
