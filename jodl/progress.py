@@ -44,9 +44,13 @@ class _ConsoleHandler(logging.Handler):
 
 @contextmanager
 def _quiet(names: tuple[str, ...]) -> Iterator[None]:
+    from .logs import JsonFormatter
+
     root = logging.getLogger()
-    if root.getEffectiveLevel() <= logging.DEBUG:
-        yield  # asked for everything: keep it
+    if root.getEffectiveLevel() <= logging.DEBUG or any(
+        isinstance(h.formatter, JsonFormatter) for h in root.handlers
+    ):
+        yield  # asked for everything, or logs for machines: keep every record
         return
     saved = {name: logging.getLogger(name).level for name in names}
     for name in names:

@@ -132,8 +132,16 @@ def test_config_shows_values_in_effect_and_their_source(tmp_path):
 
 
 def test_config_hides_secrets():
+    secret = "hunter2-but-long-enough-for-128-bits"
+    out = jodl("config", env={"JODL_SECRET": secret})
+    assert out.code == 0, out.stderr
+    assert secret not in out.stdout and "JODL_SECRET" in out.stdout
+
+
+def test_config_refuses_a_short_secret_without_echoing_it():
     out = jodl("config", env={"JODL_SECRET": "hunter2"})
-    assert "hunter2" not in out.stdout and "JODL_SECRET" in out.stdout
+    assert out.code != 0 and "JODL_SECRET is too short" in out.stderr
+    assert "hunter2" not in out.stderr + out.stdout
 
 
 def test_config_checks_every_setting():
