@@ -52,9 +52,9 @@ def test_a_run_goes_through_the_in_process_agent(
     assert sorted(lines) == sorted(f"local:1 m{i}" for i in range(JOBS))
     with store.session() as s:
         done = s.execute(
-            select(Job.key, Execution.result, Execution.node_id).join(
-                Job, Job.id == Execution.job_id
-            ).where(Execution.run_id == summary.run_id, Execution.state == ExecState.DONE)
+            select(Job.key, Execution.result, Execution.node_id)
+            .join(Job, Job.id == Execution.job_id)
+            .where(Execution.run_id == summary.run_id, Execution.state == ExecState.DONE)
         ).all()
         node_row = s.get(Node, node.id)
         assert node_row is not None
