@@ -24,6 +24,7 @@ from webserver import AGENT_ENV
 
 from jodl.models import Node, NodeState
 from jodl.store import Store, make_engine
+from web.standalone import forget_in_process_nodes
 
 if TYPE_CHECKING:
     from tests.site import TestSite
@@ -132,3 +133,10 @@ def test_standalone_refuses_agents(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "--standalone runs none" in done.stderr
     assert not (tmp_path / "jodl.db").exists(), "nothing started"
+
+
+def test_cluster_mode_forgets_nodes_of_a_killed_standalone_run(store: Store) -> None:
+    store.add_node("local:1", slots=4)  # left active: that run never stopped cleanly
+    store.add_node("127.0.0.1:7001", slots=4)
+    assert forget_in_process_nodes(store) == ["local:1"]
+    assert [n.address for n in store.nodes()] == ["127.0.0.1:7001"]

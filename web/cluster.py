@@ -44,7 +44,7 @@ from jodl.queue import Queue, QueueFeeder
 from jodl.run_requests import RunRequests
 from jodl.store import Store, make_engine
 
-from .standalone import start_in_process
+from .standalone import forget_in_process_nodes, start_in_process
 
 log = logging.getLogger("web.cluster")
 
@@ -229,6 +229,7 @@ class LocalCluster:
                 self.store, self.settings, self.database_url, self.agent_env
             )
             return
+        forget_in_process_nodes(self.store)
         env = dict(os.environ)
         env.update(self.agent_env)
         env.setdefault("JODL_LOG_LEVEL", "WARNING")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from jodl.config import Settings
-from jodl.local import DEFAULT_ADDRESS, InProcessAgent, start_agent
+from jodl.local import DEFAULT_ADDRESS, InProcessAgent, is_local, start_agent
 from jodl.store import Store
 
 
@@ -30,6 +30,18 @@ def start_in_process(
     agent = start_agent(settings, DEFAULT_ADDRESS)
     store.add_node(agent.address, slots=settings.agent_slots)
     return agent
+
+
+def forget_in_process_nodes(store: Store) -> list[str]:
+    """Mark removed the ``local:`` nodes a standalone run left (it was killed, say).
+
+    For ``jodl up`` in cluster mode: no process serves them any more, and its
+    master would otherwise retry them for ever. Returns their addresses.
+    """
+    gone = [n.address for n in store.nodes() if is_local(n.address)]
+    for address in gone:
+        store.remove_node(address)
+    return gone
 
 
 def describe(agent: InProcessAgent) -> str:
