@@ -59,7 +59,7 @@ class AgentLink:
     def open(self, master_id: str, epoch: int, settings_json: str = "{}") -> dict[str, Any]:
         """Connect, authenticate and init the agent (protocol a); return its info."""
         try:
-            self.conn = connect(self.address, self.settings)
+            self.conn = self._dial()
             root = self.conn.root
             self._calls = {
                 name: getattr(root, name)
@@ -94,6 +94,10 @@ class AgentLink:
         self.failures = 0
         self.last_error = None
         return self.info
+
+    def _dial(self) -> Any:
+        """The connection whose ``root`` makes the calls (an in-process link overrides it)."""
+        return connect(self.address, self.settings)
 
     def call(self, name: str, *args: Any) -> Any:
         """Call ``name`` on the agent; :class:`AgentUnavailable` on any failure.

@@ -43,6 +43,7 @@ from .agent import KNOWN_ID
 from .config import Settings
 from .connection import AgentLink
 from .exceptions import AgentUnavailable, Fenced, JodlError, UnknownFamily
+from .local import make_link
 from .metrics import LOOP_STEP, MasterGauges, count_outcomes, count_sent
 from .models import ExecState, Family, NodeState, Run, utcnow
 from .placement import JobInfo, Knowledge, NodeLoad, Placement, strategy
@@ -523,7 +524,7 @@ class Master(Rebalancer):
                         self.node_gone(node.id)
                     continue
                 if slot is None or slot.removed:
-                    link = AgentLink(node.id, node.address, self.settings)
+                    link = make_link(node.id, node.address, self.settings)
                     load = NodeLoad(
                         node.id,
                         node.address,

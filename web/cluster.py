@@ -6,6 +6,8 @@ registers them as nodes, and runs a serving master (with the on-demand queue
 feeder and the page checker's cycle scheduler, which also serves operators'
 requests for a cycle now) in a thread of this process.
 The web server runs in the main thread (see :mod:`web.commands`).
+With ``standalone`` (``jodl up --standalone``) there are no agent processes: one
+in-process agent serves the node ``local:1`` (:mod:`web.standalone`).
 
 Agents are watched: one that dies is started again on its port, so the system
 keeps its workers (the seed's "spawn workers when too few are alive"). Agents
@@ -34,12 +36,15 @@ from sqlalchemy import Engine, select
 from crawler_app.models import User
 from crawler_app.pages import add_user
 from jodl.config import Settings
+from jodl.local import InProcessAgent
 from jodl.master import Master
 from jodl.migrate import upgrade
 from jodl.models import NodeState
 from jodl.queue import Queue, QueueFeeder
 from jodl.run_requests import RunRequests
 from jodl.store import Store, make_engine
+
+from .standalone import forget_in_process_nodes, start_in_process
 
 log = logging.getLogger("web.cluster")
 
@@ -167,6 +172,9 @@ class LocalCluster:
     settings: Settings | None = None
     log_dir: str | None = None
     agent_env: dict[str, str] = field(default_factory=dict)
+    #: One process (``jodl up --standalone``): an in-process agent, no agent processes.
+    standalone: bool = False
+    in_process: InProcessAgent | None = None
     engine: Engine | None = None
     store: Store | None = None
     master: Master | None = None
@@ -215,7 +223,13 @@ class LocalCluster:
 
     def start_agents(self) -> None:
         """Start the agents and register them as nodes."""
-        assert self.store is not None
+        assert self.store is not None and self.settings is not None
+        if self.standalone:
+            self.in_process = start_in_process(
+                self.store, self.settings, self.database_url, self.agent_env
+            )
+            return
+        forget_in_process_nodes(self.store)
         env = dict(os.environ)
         env.update(self.agent_env)
         env.setdefault("JODL_LOG_LEVEL", "WARNING")
@@ -337,8 +351,10 @@ class LocalCluster:
                 agent.proc.terminate()
         for agent in self.children:
             agent.stop()
+        if self.in_process is not None:
+            self.in_process.close()
         if self.store is not None:
-            for agent in self.children:
+            for agent in [*self.children, *([self.in_process] if self.in_process else [])]:
                 try:
                     self.store.remove_node(agent.address)
                 except Exception:  # noqa: BLE001 - the database may be gone

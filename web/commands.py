@@ -149,26 +149,37 @@ def web_cmd(ctx: click.Context, listen: str | None, threads: int | None) -> None
     default=None,
     help="HOST:PORT of the web UI (default 127.0.0.1:8080, or any free port if taken).",
 )
-@click.option("--agents", type=click.IntRange(min=1, max=32), default=2, help="Local agents.")
+@click.option(
+    "--agents", type=click.IntRange(min=1, max=32), default=None, help="Local agents (2)."
+)
+@click.option(
+    "--standalone",
+    is_flag=True,
+    help="One process: master, web UI and an in-process agent (no agent processes).",
+)
 @click.option(
     "--print-login",
     is_flag=True,
     help="Print the URL and operator login of the jodl up running in this folder, and exit.",
 )
 @click.pass_context
-def up_cmd(ctx: click.Context, listen: str | None, agents: int, print_login: bool) -> None:
+def up_cmd(
+    ctx: click.Context, listen: str | None, agents: int | None, standalone: bool, print_login: bool
+) -> None:
     """Run the whole system here: database, master, agents, scheduler and web UI.
 
     The same database as every other command (JODL_DATABASE_URL, default the
     SQLite file jodl.db in this directory), so `jodl status` beside it sees its
     data. Prints the URL and the operator login last; Ctrl-C stops everything.
+    With --standalone the jobs run in this process too (the node local:1).
     """
     from jodl.cli import configure_logging, sigterm_as_interrupt
     from jodl.config import Settings
 
     from . import instance
     from .app import create_app
-    from .cluster import LocalCluster
+    from .cluster import DEFAULT_AGENTS, LocalCluster
+    from .standalone import describe
     from .trial import login_line, public_warning, read_login
 
     if print_login:
@@ -177,7 +188,9 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int, print_login: boo
     obj = ctx.ensure_object(dict)
     lib = Settings.from_env(database_url=obj.get("database_url"))
     database = lib.database_url
-    if not lib.secret:
+    if standalone and agents is not None:
+        raise JodlError("--agents starts agent processes; --standalone runs none (choose one)")
+    if not lib.secret and not standalone:
         # Agents authenticate every peer, on loopback too: a fresh secret for this run
         # (unless JODL_SECRET is set; with TLS alone the agents inherit JODL_TLS_*).
         import secrets
@@ -186,7 +199,12 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int, print_login: boo
     configure_logging(lib.log_level, lib.log_format, "web")
     web_settings = WebSettings.for_up(database_url=database, web_listen=listen)
     cluster = LocalCluster(
-        database, agents=agents, settings=lib, agent_env={"JODL_SECRET": lib.secret or ""}
+        database,
+        agents=agents or DEFAULT_AGENTS,
+        settings=lib,
+        # In one process nothing listens on a network: the agent needs no secret.
+        agent_env={} if standalone else {"JODL_SECRET": lib.secret or ""},
+        standalone=standalone,
     )
     started = False
     sink = None
@@ -208,7 +226,10 @@ def up_cmd(ctx: click.Context, listen: str | None, agents: int, print_login: boo
         warning = public_warning(server.effective_host)
         if warning:
             click.echo(warning, err=True)
-        click.echo(f"  agents: {', '.join(a.address for a in cluster.children)}")
+        if cluster.in_process is not None:
+            click.echo(describe(cluster.in_process))
+        else:
+            click.echo(f"  agents: {', '.join(a.address for a in cluster.children)}")
         if sink is not None:
             click.echo(
                 f"  mail: caught by a local sink, shown at {me.url}admin/mail "
