@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from aiosmtpd.controller import Controller
 from app_support import Inbox, add_users_tracking, agent_env, app_settings
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
-from test_app_cycle import KILL_CHAIN, html
+from test_app_cycle import KILL_CHAIN, digest_payload, html
 
 from crawler_app.cycle import CycleResult, PageCycle
 from crawler_app.families import Notify, SmtpRefused
@@ -206,6 +207,37 @@ def test_the_sending_agent_killed(store, agents, settings, site, slow_inbox, whe
             note = s.scalar(select(Notification).join(User).where(User.email == SLOW))
             assert note.state == NotificationState.FAILED
             assert "may already have been delivered" in note.error
+
+
+def test_no_claim_before_the_server_greets(store, db_url, slow_inbox, monkeypatch) -> None:
+    # A server that takes the connection and has not greeted yet (a slow greeting).
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(30)
+    monkeypatch.setenv("JODL_DATABASE_URL", db_url)
+    monkeypatch.setenv("JODL_SMTP_HOST", "127.0.0.1")
+    monkeypatch.setenv("JODL_SMTP_PORT", str(listener.getsockname()[1]))
+    notify = Notify()
+    payload = digest_payload("digest-9-1")
+    outcome: Future[Any] = Future()
+
+    def run() -> None:
+        try:
+            outcome.set_result(notify.run(payload))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    with listener, listener.accept()[0]:
+        # Connected, waiting for the greeting: nothing is handed over yet, so an agent
+        # killed now must leave no claim that would stop a retry from sending it.
+        assert notify.journal.state("digest-9-1") is None
+    with pytest.raises(RuntimeError, match="SMTP error"):
+        outcome.result(timeout=30)
+    assert notify.journal.state("digest-9-1") is None
+    notify.settings = dataclasses.replace(notify.settings, smtp_port=slow_inbox.port)
+    assert notify.run(payload)["sent"] is True
+    assert notify.journal.state("digest-9-1") == DigestClaimState.SENT
+    assert slow_inbox.per_recipient() == {"ann@example.org": 1}
 
 
 def test_smtp_credentials_go_only_over_tls(store, db_url, slow_inbox, monkeypatch) -> None:
