@@ -7,10 +7,11 @@ trackers asked for (whole page, CSS selectors). A view's text travels back only
 when its fingerprint is not one the master already knows, so an unchanged page
 costs a few hundred bytes.
 
-``notify`` sends one digest e-mail over SMTP. It claims the digest's
-idempotency key in the shared database *before* talking to the SMTP server and
-marks it sent right after, so a digest run twice, on any agents (a master
-restart, a retry elsewhere after a lost answer), goes out at most once.
+``notify`` sends one digest e-mail over SMTP. Once connected and greeted, it
+claims the digest's idempotency key in the shared database *before* handing the
+message to the server and marks it sent as soon as the server accepted it, so a
+digest run twice, on any agents (a master restart, a retry elsewhere after a lost
+answer), goes out at most once.
 """
 
 from __future__ import annotations
@@ -159,12 +160,13 @@ def count_fetch(out: dict[str, Any]) -> None:
 class Journal:
     """The digests' claims, by idempotency key, in the shared database (:class:`DigestClaim`).
 
-    A claim is one row, inserted before the SMTP conversation: the primary key makes
+    A claim is one row, inserted once the SMTP server greeted us and right before the
+    message is handed over (MAIL, RCPT, DATA): the primary key makes
     the first inserter the only sender, whichever agent it runs on, across agent
     restarts and ``jodl up``. The row says ``sent`` once the server accepted the mail;
     it is deleted when the server accepted nothing, so a retry may send it.
 
-    A crash between the claim and the end of the conversation leaves ``sending``:
+    A crash between the claim and the server's answer to DATA leaves ``sending``:
     the digest is then **not** sent again (at most once). The server may or may not
     have it, and a second copy is the fault users see and report; a missing digest
     shows as failed in the UI and the next digest lists the later changes.
@@ -272,31 +274,47 @@ class Notify(Family):
         message_id = str(payload["message_id"])
         check_smtp_tls(self.settings)
         msg = build_message(payload)
-        found = self.journal.claim(key, message_id, str(self.context.get("node", "")))
-        if found == DigestClaimState.SENT:
-            NOTIFICATIONS.labels("duplicate").inc()
-            return {"sent": False, "duplicate": True, "message_id": message_id}
-        if found is not None:
-            # Claimed and never confirmed: an attempt stopped mid-conversation (the
-            # server may have the mail), or another copy is sending it right now.
-            raise Permanent(
-                f"digest {key} may already have been delivered (an earlier attempt was "
-                "interrupted); not sent again"
-            )
         try:
-            refused = self._send(msg)
-        except smtplib.SMTPRecipientsRefused as exc:
-            self.journal.release(key)
-            raise Permanent(f"the SMTP server refused {payload['to']}: {exc}") from None
+            smtp = self._connect()
         except (smtplib.SMTPException, OSError) as exc:
-            # Nothing was accepted: free the key so a retry may send it.
-            self.journal.release(key)
+            # Nothing claimed yet: a retry may send it.
             raise RuntimeError(f"SMTP error: {type(exc).__name__}: {exc}") from None
-        self.journal.sent(key)
+        with smtp:
+            # Claimed only now, connected and greeted: an attempt stopped before this
+            # point (connecting, a slow greeting, TLS, login) leaves no claim behind, so
+            # its retry sends the digest instead of dropping one that never went out.
+            found = self.journal.claim(key, message_id, str(self.context.get("node", "")))
+            if found == DigestClaimState.SENT:
+                NOTIFICATIONS.labels("duplicate").inc()
+                return {"sent": False, "duplicate": True, "message_id": message_id}
+            if found is not None:
+                # Claimed and never confirmed: an attempt stopped mid-conversation (the
+                # server may have the mail), or another copy is sending it right now.
+                raise Permanent(
+                    f"digest {key} may already have been delivered (an earlier attempt was "
+                    "interrupted during the SMTP conversation); not sent again"
+                )
+            try:
+                refused = smtp.send_message(msg)
+            except smtplib.SMTPRecipientsRefused as exc:
+                self.journal.release(key)
+                raise Permanent(f"the SMTP server refused {payload['to']}: {exc}") from None
+            except (smtplib.SMTPException, OSError) as exc:
+                # Nothing was accepted: free the key so a retry may send it.
+                self.journal.release(key)
+                raise RuntimeError(f"SMTP error: {type(exc).__name__}: {exc}") from None
+            # Recorded before QUIT: a failed QUIT must not free the key of an accepted mail.
+            self.journal.sent(key)
         NOTIFICATIONS.labels("sent").inc()
-        return {"sent": True, "message_id": message_id, "to": payload["to"], "refused": refused}
+        return {
+            "sent": True,
+            "message_id": message_id,
+            "to": payload["to"],
+            "refused": {str(k): str(v) for k, v in refused.items()},
+        }
 
-    def _send(self, msg: EmailMessage) -> dict[str, Any]:
+    def _connect(self) -> smtplib.SMTP:
+        """A connection to the SMTP server, greeted, over TLS as configured, logged in."""
         s = self.settings
         context = ssl.create_default_context()  # smtplib's own does not check certificates
         smtp: smtplib.SMTP
@@ -306,10 +324,14 @@ class Notify(Family):
             )
         else:
             smtp = smtplib.SMTP(s.smtp_host, s.smtp_port, timeout=s.smtp_timeout)
-        with smtp:
+        try:
+            smtp.ehlo_or_helo_if_needed()
             if s.smtp_starttls and not s.smtp_ssl:
                 smtp.starttls(context=context)
+                smtp.ehlo()
             if s.smtp_user:
                 smtp.login(s.smtp_user, s.smtp_password or "")
-            refused = smtp.send_message(msg)
-        return {str(k): str(v) for k, v in refused.items()}
+        except BaseException:
+            smtp.close()
+            raise
+        return smtp

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -467,18 +468,39 @@ def check_secret(secret: str | None) -> None:
         )
 
 
-_EXTRA: list[Option] = []
+#: The order of the packages' options in the table (others follow, by module name):
+#: the table must not depend on which module a process happened to import first.
+PACKAGE_ORDER = ("jodl", "crawler_app", "web")
+
+#: Options added by modules other than this one: declaring module -> its options.
+_EXTRA: dict[str, list[Option]] = {}
 
 
-def register_options(options: Iterable[Option]) -> None:
-    """Let an application add its own options to the one configuration table."""
+def register_options(options: Iterable[Option], module: str | None = None) -> None:
+    """Let an application add its own options to the one configuration table.
+
+    ``module`` is the declaring module's name (None: the caller's); the table lists
+    the options by :data:`PACKAGE_ORDER`, then module name, then declaration order.
+    """
+    if module is None:
+        module = str(sys._getframe(1).f_globals.get("__name__", ""))
+    known = {o.name for o in all_options()}
     for opt in options:
-        if all(o.name != opt.name for o in _EXTRA):
-            _EXTRA.append(opt)
+        if opt.name not in known:
+            _EXTRA.setdefault(module, []).append(opt)
+            known.add(opt.name)
+
+
+def _module_rank(module: str) -> tuple[int, str]:
+    package = module.partition(".")[0]
+    rank = PACKAGE_ORDER.index(package) if package in PACKAGE_ORDER else len(PACKAGE_ORDER)
+    return rank, module
 
 
 def all_options() -> tuple[Option, ...]:
-    return OPTIONS + tuple(_EXTRA)
+    """The library's options, then every registered one, in a fixed order."""
+    extra = [opt for module in sorted(_EXTRA, key=_module_rank) for opt in _EXTRA[module]]
+    return OPTIONS + tuple(extra)
 
 
 #: Words in a variable's name that mark its value as secret: shown as "(set)".

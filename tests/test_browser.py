@@ -5,8 +5,9 @@ on the batch page while the slow page is still being fetched; hostile text from
 a page shows as text; the page's scripts run under the strict CSP without a
 violation; an operator sees the live status, in the reader's local time. A tracked
 page's "Check now" shows a fresh result. On a phone-sized screen no page scrolls
-sideways. When the server goes away, the live indicator says so. Screenshots go
-to ``artifacts/``.
+sideways. When the server goes away, the live indicator says so. A tracked page
+that changes reaches its tracker as a digest, seen on the operator's mail sink
+page. Screenshots go to ``artifacts/``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from agents import wait_for
+from sqlalchemy import func, select
 from test_web_up import LOGIN_LINE, UP_LINE, start_up, wait_up
+
+from crawler_app.models import AppCycle
+from jodl.store import make_engine
 
 if TYPE_CHECKING:
     from tests.site import TestSite
@@ -44,6 +50,8 @@ READER_ZONE = "Asia/Kolkata"
 #: A phone's screen (CSS pixels).
 PHONE = {"width": 360, "height": 740}
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d")
+#: Seconds one application cycle of a single page may take here, however loaded.
+CYCLE_DEADLINE = 90.0
 
 pytestmark = [
     pytest.mark.browser,
@@ -178,3 +186,84 @@ def test_results_appear_live_in_the_browser(tmp_path: Path, site: TestSite) -> N
         proc.wait(timeout=60)
     assert problems == []
     assert (ARTIFACTS / "browser-batch.png").stat().st_size > 0
+
+
+def cycles_finished(database: Path) -> int:
+    """Application cycles of ``jodl up``'s database that ran to their end."""
+    engine = make_engine(f"sqlite:///{database}")
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.scalar(
+                    select(func.count())
+                    .select_from(AppCycle)
+                    .where(AppCycle.finished_at.is_not(None))
+                )
+                or 0
+            )
+    finally:
+        engine.dispose()
+
+
+def test_a_changed_page_reaches_the_mail_sink(tmp_path: Path, site: TestSite) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    site.set_page("/watched", "<title>Watched page</title><p>the first text</p>")
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = tmp_path / "up.log"
+    # Only the operator's requests start cycles, and each checks every page at once.
+    proc = start_up(tmp_path, log, {"JODL_SCHEDULE": "off", "JODL_CHECK_SPREAD": "0"})
+    database = tmp_path / "jodl.db"
+    try:
+        out = wait_up(proc, log)
+        url = UP_LINE.search(out).group(1)  # type: ignore[union-attr]
+        email, login_file = LOGIN_LINE.search(out).groups()  # type: ignore[union-attr]
+        password = Path(login_file).read_text().split()[1]
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page()
+            page.goto(url + "login")
+            page.fill("#email", email)
+            page.fill("#password", password)
+            page.click("form button[type=submit]")
+            page.wait_for_url(url)
+            # The operator tracks the page (the digest goes to the operator's address).
+            page.goto(url + "pages")
+            page.fill("input[name=url]", site.url("/watched"))
+            page.click("form.row button[type=submit]")
+            expect(page.locator("#tracked tbody tr")).to_have_count(1)
+
+            def cycle_now() -> None:
+                """Start a cycle on the admin page; return once it has run to its end."""
+                before = cycles_finished(database)
+                page.goto(url + "admin/")
+                page.click("form[action$='/admin/cycle'] button[type=submit]")
+                wait_for(
+                    lambda: cycles_finished(database) > before,
+                    CYCLE_DEADLINE,
+                    "the requested cycle to finish",
+                )
+
+            def mail_page_text() -> str:
+                page.goto(url + "admin/mail")
+                return page.locator("main").inner_text()
+
+            cycle_now()  # the page as first seen: nothing to tell
+            assert len(site.requests("/watched")) >= 1
+            site.set_page("/watched", "<title>Watched page</title><p>the second text</p>")
+            cycle_now()  # the change seen once: a candidate, not yet confirmed
+            assert "No mail yet" in mail_page_text()
+            cycle_now()  # seen again: confirmed, and the digest goes out
+            page.goto(url + "admin/mail")
+            digest = page.locator(".mail")
+            expect(digest).to_have_count(1)
+            expect(digest.locator("h2")).to_have_text("JODL: 1 tracked page changed")
+            expect(digest.locator(".meta")).to_contain_text(f"to {email}")
+            expect(digest.locator("pre")).to_contain_text(site.url("/watched"))
+            expect(digest.locator("pre")).to_contain_text("the second text")
+            page.screenshot(path=str(ARTIFACTS / "browser-mail-digest.png"), full_page=True)
+            browser.close()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from jodl import config
 from jodl.config import OPTIONS, Option, Settings, markdown_table, read_values
 from jodl.exceptions import ConfigError
 
@@ -155,3 +156,24 @@ def test_the_configuration_table_lists_every_library_option():
     table = markdown_table(OPTIONS)
     for opt in OPTIONS:
         assert f"| `{opt.name}` |" in table
+
+
+def test_the_table_order_does_not_depend_on_the_import_order(monkeypatch):
+    def option(name: str) -> Option:
+        return Option(name, "", "str", "a test option", "test")
+
+    def table_after(registrations: list[tuple[str, list[str]]]) -> list[str]:
+        monkeypatch.setattr(config, "_EXTRA", {})
+        for module, names in registrations:
+            config.register_options([option(n) for n in names], module)
+        return [o.name for o in config.all_options()[len(OPTIONS) :]]
+
+    web = ("web.settings", ["JODL_TEST_W2", "JODL_TEST_W1"])
+    app = ("crawler_app.settings", ["JODL_TEST_C"])
+    lib = ("jodl.queue", ["JODL_TEST_Q"])
+    expected = ["JODL_TEST_Q", "JODL_TEST_C", "JODL_TEST_W2", "JODL_TEST_W1"]
+    assert table_after([web, app, lib]) == expected
+    assert table_after([lib, app, web]) == expected
+    assert table_after([app, web, lib]) == expected
+    # A name already declared keeps its first place.
+    assert table_after([lib, app, web, ("web.other", ["JODL_TEST_Q"])]) == expected

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import stat
 import zlib
 from collections.abc import Iterator
@@ -112,6 +113,26 @@ def test_anonymous_visitors_have_smaller_limits(db_url: str) -> None:
     # A signed-in user from the same address is not held by the anonymous bucket.
     assert client.post("/api/batches", json=many, headers=USER).status_code == 201
     assert client.post("/api/batches", json=one, headers=USER).status_code == 201
+    app.extensions["jodl"].engine.dispose()
+
+
+def test_the_homepage_states_the_visitors_own_batch_limit(db_url: str) -> None:
+    app = make_app(db_url, web_anonymous_submit=True, web_batch_max=40, web_anonymous_batch_max=3)
+    client = app.test_client()
+
+    def stated(page: str) -> str:
+        found = re.search(r"Paste up to (\d+) addresses", page)
+        assert found, page
+        return found.group(1)
+
+    assert stated(client.get("/").get_data(as_text=True)) == "3"
+    # A refused batch shows the form again, with the same limit.
+    csrf = client.get("/api/session").get_json()["csrf_token"]
+    many = "\n".join(f"http://a.example/{i}" for i in range(4))
+    r = client.post("/batches", data={"urls": many, "csrf_token": csrf})
+    assert r.status_code == 400 and stated(r.get_data(as_text=True)) == "3"
+    login(client)
+    assert stated(client.get("/").get_data(as_text=True)) == "40"
     app.extensions["jodl"].engine.dispose()
 
 

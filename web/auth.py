@@ -251,6 +251,15 @@ def limit(kind: str) -> None:
         raise _too_many(wait, "too many requests")
 
 
+def batch_limit() -> int:
+    """How many URLs this client may submit at once: the anonymous limit for a visitor
+    who is not signed in (while anonymous submissions are on), else the users' one."""
+    settings = services().settings
+    if current_user() is None and settings.web_anonymous_submit:
+        return min(settings.web_batch_max, settings.web_anonymous_batch_max)
+    return settings.web_batch_max
+
+
 def submission_rules() -> tuple[int, Callable[[str], None] | None]:
     """How many URLs this client may submit at once, and what else refuses a URL.
 
@@ -259,10 +268,10 @@ def submission_rules() -> tuple[int, Callable[[str], None] | None]:
     networks serve signed-in users only)."""
     settings = services().settings
     if current_user() is not None:
-        return settings.web_batch_max, None
+        return batch_limit(), None
     if not settings.web_anonymous_submit:
         raise Unauthorized("log in to submit URLs")
-    return min(settings.web_batch_max, settings.web_anonymous_batch_max), public_only
+    return batch_limit(), public_only
 
 
 def public_only(url: str) -> None:

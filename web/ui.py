@@ -8,7 +8,7 @@ from flask import Blueprint, flash, redirect, render_template, request, url_for
 from werkzeug.exceptions import NotFound
 
 from .app import services
-from .auth import current_user, limit, login_required, submission_rules
+from .auth import batch_limit, current_user, limit, login_required, submission_rules
 from .batch import SubmissionError, split_urls
 
 bp = Blueprint("ui", __name__)
@@ -21,7 +21,7 @@ def urls_from_form(field: str = "urls") -> list[str]:
 
 @bp.route("/")
 def index() -> Any:
-    return render_template("index.html", batch_max=services().settings.web_batch_max)
+    return render_template("index.html", batch_max=batch_limit())
 
 
 @bp.route("/batches", methods=["POST"])
@@ -41,9 +41,7 @@ def submit() -> Any:
     except SubmissionError as exc:
         flash(str(exc), "error")
         return (
-            render_template(
-                "index.html", batch_max=svc.settings.web_batch_max, urls=text[:200_000]
-            ),
+            render_template("index.html", batch_max=most, urls=text[:200_000]),
             400,
         )
     svc.metrics.inc("jodl_web_batches_total")
