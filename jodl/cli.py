@@ -290,7 +290,7 @@ def node_list(ctx: click.Context) -> None:
 
 @main.group()
 def jobs() -> None:
-    """Add jobs to families."""
+    """Add and list jobs of families."""
 
 
 @jobs.command("add")
@@ -671,4 +671,8 @@ def _load_apps() -> None:
 from .cli_ops import register as _register_ops  # noqa: E402 - profile
 
 _register_ops(main)
+
+from .cli_family import register as _register_family  # noqa: E402 - family, jobs list
+
+_register_family(main, _store)
 _load_apps()
