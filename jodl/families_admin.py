@@ -22,7 +22,7 @@ import datetime as dt
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped]
 from sqlalchemy import delete, func, select, update
 
 from .exceptions import JodlError, UnknownFamily
@@ -270,10 +270,10 @@ def clean_settings(changes: dict[str, Any]) -> dict[str, Any]:
 
 def check_labels(labels: Any) -> dict[str, str]:
     """KEY=VALUE pairs (a dict, or a list of ``"k=v"`` texts) as a dict of texts."""
+    pairs: list[tuple[Any, Any]] = []
     if isinstance(labels, dict):
-        pairs = labels.items()
+        pairs = list(labels.items())
     else:
-        pairs = []
         for item in labels or ():
             if not isinstance(item, str) or "=" not in item or item.startswith("="):
                 raise BadSetting(f"label {item!r}: write KEY=VALUE")
