@@ -510,6 +510,9 @@ def master_cmd(ctx: click.Context, takeover: bool) -> None:
 
         master.feeders.append(QueueFeeder(Queue(master.store)))  # on-demand jobs
         master.feeders.append(RunRequests(master.store))  # `jodl run` beside this master
+        from .family_schedule import start_family_schedules
+
+        stops.append(start_family_schedules(master))  # families' cron schedules
         master.serve()
     except KeyboardInterrupt:
         pass
