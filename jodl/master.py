@@ -55,6 +55,9 @@ log = logging.getLogger("jodl.master")
 
 #: Seconds between two reloads of the node table (nodes added or removed meanwhile).
 NODE_REFRESH = 1.0
+#: Seconds between two reloads, in a serving master, of the settings and node rules of
+#: the families it knows (a cycle's opening reloads its own family at once anyway).
+FAMILY_REFRESH = 5.0
 #: Seconds of expected work kept queued on an agent beyond its running slots.
 QUEUE_AHEAD = 0.5
 #: Jobs of a node's backlog looked at per send to pass over those of families at their
@@ -237,6 +240,7 @@ class Master(Rebalancer):
         self._requests: queue.SimpleQueue[tuple[str, Future[RunSummary]]] = queue.SimpleQueue()
         self._waiting: dict[int, Future[RunSummary]] = {}
         self._last_refresh = 0.0
+        self._families_read = time.monotonic()
         self._started = False
         self._gc: tuple[int, ...] | None = None
         self._hello: Any = None
@@ -317,6 +321,7 @@ class Master(Rebalancer):
         stop = stop or threading.Event()
         while not stop.is_set():
             self._take_requests()
+            self.refresh_families()
             for feeder in self.feeders:
                 for job in feeder.claim(self, self._feed_room()):
                     if job.id not in self.pending:
@@ -339,6 +344,18 @@ class Master(Rebalancer):
                 future = self._waiting.pop(active.run.id, None)
                 if future is not None:
                     future.set_result(summary)
+
+    def refresh_families(self, force: bool = False) -> None:
+        """Every FAMILY_REFRESH seconds, read the known families' settings and node rules
+        again: an operator's ``jodl family set|allow|deny`` holds for on-demand jobs too."""
+        now = time.monotonic()
+        if not force and now - self._families_read < FAMILY_REFRESH:
+            return
+        self._families_read = now
+        for name in list(self.strategies):
+            family = self.store.family(name)
+            if family is not None:
+                self._family_setup(family, reload=True)
 
     def _feed_room(self) -> int:
         return max(0, 4 * self.settings.batch_size - len(self.pending))

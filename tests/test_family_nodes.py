@@ -91,3 +91,24 @@ def test_deny_keeps_a_family_off_a_node(store, agents, settings, tmp_path):
     assert summary.done == 12
     ports = {line.split(" ")[0].rpartition(":")[2] for line in path.read_text().splitlines()}
     assert ports == {kept.address.rpartition(":")[2]}
+
+
+def test_a_serving_master_reads_rule_changes(store, settings):
+    store.ensure_family("mark")
+    node = store.add_node("127.0.0.1:7001", slots=4)
+    master = Master(settings, store=store)
+    try:
+        master._family_setup(store.family("mark"))  # as when its first job came
+        assert master.caps == {}
+        admin = FamilyAdmin(store)
+        admin.set_nodes("mark", ["127.0.0.1:7001"], True, max_slots=2)
+        master.refresh_families(force=True)
+        assert master.caps == {node.id: {"mark": 2}}
+        admin.set_nodes("mark", ["127.0.0.1:7001"], False)
+        admin.update("mark", {"max_attempts": 7})
+        master.refresh_families(force=True)
+        assert master.caps == {node.id: {}}
+        assert master.rules["mark"][node.id].allowed is False
+        assert master.max_attempts["mark"] == 7
+    finally:
+        master.close()
