@@ -52,6 +52,8 @@ FAMILY_FIELDS = (
 )
 JOB_FIELDS = ("every_n_cycles", "min_interval", "priority")
 SETTABLE = FAMILY_FIELDS + JOB_FIELDS
+#: A new job's values of JOB_FIELDS when its family sets none.
+JOB_DEFAULTS: dict[str, Any] = {"every_n_cycles": 1, "min_interval": None, "priority": 0}
 
 
 class BadSetting(JodlError):
@@ -311,7 +313,11 @@ class FamilyAdmin:
             values = list(
                 s.scalars(select(column).where(Job.family_id == family.id).distinct().limit(2))
             )
-            shared[name] = values[0] if len(values) == 1 else (None if not values else "mixed")
+            if not values:  # no jobs yet: what new ones will get
+                default = ((family.settings or {}).get("job_defaults") or {}).get(name)
+                shared[name] = default if default is not None else JOB_DEFAULTS[name]
+            else:
+                shared[name] = values[0] if len(values) == 1 else "mixed"
         rules: list[NodeRule] = []
         if with_nodes:
             rows = s.execute(
@@ -369,6 +375,10 @@ class FamilyAdmin:
             job_values = {k: clean[k] for k in JOB_FIELDS if k in clean}
             if job_values:
                 s.execute(update(Job).where(Job.family_id == family.id).values(**job_values))
+                # ... and the jobs added later (Store.add_jobs reads them).
+                settings = dict(family.settings or {})
+                settings["job_defaults"] = {**settings.get("job_defaults", {}), **job_values}
+                family.settings = settings
             s.flush()
             return self._info(s, family)
 

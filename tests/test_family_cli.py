@@ -99,6 +99,13 @@ def test_list_show_set(family_db: Store) -> None:
     assert (shown["every_n_cycles"], shown["min_interval"], shown["priority"]) == (3, 60.0, 7)
     with store.session() as s:
         assert set(s.scalars(select(Job.every_n_cycles))) == {3}
+    # Jobs added later take the family's job settings too.
+    assert jodl(store, "jobs", "add", "noop", "--count", "2", "--key-prefix", "new-").exit_code == 0
+    later = json.loads(jodl(store, "jobs", "list", "noop", "--json").stdout)[-2:]
+    assert [(j["every_n_cycles"], j["min_interval"], j["priority"]) for j in later] == [
+        (3, 60.0, 7)
+    ] * 2
+    assert json.loads(jodl(store, "family", "show", "sleep", "--json").stdout)["priority"] == 0
     # A schedule with seconds (six fields), and one turned off again.
     assert jodl(store, "family", "set", "noop", "--schedule", "*/2 * * * * *").exit_code == 0
     assert store.family("noop").schedule == "*/2 * * * * *"  # type: ignore[union-attr]
