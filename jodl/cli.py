@@ -290,7 +290,7 @@ def node_list(ctx: click.Context) -> None:
 
 @main.group()
 def jobs() -> None:
-    """Add jobs to families."""
+    """Add and list jobs of families."""
 
 
 @jobs.command("add")
@@ -510,6 +510,9 @@ def master_cmd(ctx: click.Context, takeover: bool) -> None:
 
         master.feeders.append(QueueFeeder(Queue(master.store)))  # on-demand jobs
         master.feeders.append(RunRequests(master.store))  # `jodl run` beside this master
+        from .family_schedule import start_family_schedules
+
+        stops.append(start_family_schedules(master))  # families' cron schedules
         master.serve()
     except KeyboardInterrupt:
         pass
@@ -671,4 +674,8 @@ def _load_apps() -> None:
 from .cli_ops import register as _register_ops  # noqa: E402 - profile
 
 _register_ops(main)
+
+from .cli_family import register as _register_family  # noqa: E402 - family, jobs list
+
+_register_family(main, _store)
 _load_apps()

@@ -33,9 +33,11 @@ def add_jobs(
     family: str,
     jobs: Mapping[str, Any] | Iterable[tuple[str, Any]],
     database_url: str | None = None,
-    priority: int = 0,
+    priority: int | None = None,
 ) -> int:
     """Add jobs (key -> payload dict) to ``family``, all or none; the number added.
+
+    ``priority`` None: the family's (``jodl family set --priority``), else 0.
 
     Keys the family already has are kept as they are. The next cycle
     (``jodl run FAMILY``, or a serving master) runs them.

@@ -82,17 +82,24 @@ class Mark(Family):
 
     The line is written (O_APPEND, one write) when the job starts, then the job sleeps
     ``payload["seconds"]``: the file tells which jobs really ran where and how often,
-    whatever the log says. Not idempotent: a second run leaves a second mark.
+    whatever the log says. Not idempotent: a second run leaves a second mark. With
+    ``payload["end"]`` true it appends ``"<node> <key> end\n"`` when the sleep is over,
+    so the file also tells which jobs ran at the same time.
     """
 
     name = "mark"
 
     def run(self, payload: dict[str, Any]) -> Any:
-        line = f"{self.context.get('node', '')} {payload['key']}\n".encode()
+        self._write(payload, f"{self.context.get('node', '')} {payload['key']}\n")
+        time.sleep(max(0.0, float(payload.get("seconds", 0.0))))
+        if payload.get("end"):
+            self._write(payload, f"{self.context.get('node', '')} {payload['key']} end\n")
+        return {"marked": payload["key"]}
+
+    @staticmethod
+    def _write(payload: dict[str, Any], line: str) -> None:
         fd = os.open(str(payload["path"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line)
+            os.write(fd, line.encode())
         finally:
             os.close(fd)
-        time.sleep(max(0.0, float(payload.get("seconds", 0.0))))
-        return {"marked": payload["key"]}

@@ -56,8 +56,15 @@ log = logging.getLogger("jodl.master")
 
 #: Seconds between two reloads of the node table (nodes added or removed meanwhile).
 NODE_REFRESH = 1.0
+#: Seconds between two reloads, in a serving master, of the settings and node rules of
+#: the families it knows (a cycle's opening reloads its own family at once anyway).
+FAMILY_REFRESH = 5.0
 #: Seconds of expected work kept queued on an agent beyond its running slots.
 QUEUE_AHEAD = 0.5
+#: Jobs of a node's backlog looked at per send to pass over those of families at their
+#: FamilyOnNode cap there: a cap holds back few jobs, and the window bounds the scan of
+#: a long backlog that mostly waits for the capped family.
+CAP_SCAN = 1024
 #: Results fetched from one agent per call at most.
 COLLECT_LIMIT = 10_000
 #: The cyclic garbage collector's first threshold while a master runs (Python's
@@ -222,6 +229,10 @@ class Master(Rebalancer):
         self.runs: dict[int, ActiveRun] = {}
         self.strategies: dict[str, Placement] = {}
         self.max_attempts: dict[str, int] = {}
+        #: node_id -> {family: most of its jobs in flight there} (FamilyOnNode.max_slots).
+        self.caps: dict[int, dict[str, int]] = {}
+        #: family -> (strategy, parameters) its placement instance was built from.
+        self._built: dict[str, tuple[str, str]] = {}
         self.feeders: list[Feeder] = []
         #: Open dispatches: executions without an outcome, by dispatch id.
         self.dispatch_left: dict[int, int] = {}
@@ -230,6 +241,7 @@ class Master(Rebalancer):
         self._requests: queue.SimpleQueue[tuple[str, Future[RunSummary]]] = queue.SimpleQueue()
         self._waiting: dict[int, Future[RunSummary]] = {}
         self._last_refresh = 0.0
+        self._families_read = time.monotonic()
         self._started = False
         self._gc: tuple[int, ...] | None = None
         self._hello: Any = None
@@ -310,6 +322,7 @@ class Master(Rebalancer):
         stop = stop or threading.Event()
         while not stop.is_set():
             self._take_requests()
+            self.refresh_families()
             for feeder in self.feeders:
                 for job in feeder.claim(self, self._feed_room()):
                     if job.id not in self.pending:
@@ -332,6 +345,18 @@ class Master(Rebalancer):
                 future = self._waiting.pop(active.run.id, None)
                 if future is not None:
                     future.set_result(summary)
+
+    def refresh_families(self, force: bool = False) -> None:
+        """Every FAMILY_REFRESH seconds, read the known families' settings and node rules
+        again: an operator's ``jodl family set|allow|deny`` holds for on-demand jobs too."""
+        now = time.monotonic()
+        if not force and now - self._families_read < FAMILY_REFRESH:
+            return
+        self._families_read = now
+        for name in list(self.strategies):
+            family = self.store.family(name)
+            if family is not None:
+                self._family_setup(family, reload=True)
 
     def _feed_room(self) -> int:
         return max(0, 4 * self.settings.batch_size - len(self.pending))
@@ -358,8 +383,12 @@ class Master(Rebalancer):
                 future.set_exception(exc)
 
     def open_run(self, run: Run, family: Family, resumed: bool) -> ActiveRun:
-        """Load a run's jobs without a committed result and re-attach logged executions."""
-        self._family_setup(family)
+        """Load a run's jobs without a committed result and re-attach logged executions.
+
+        The family's settings and node rules are read again: a change an operator made
+        (``jodl family set|allow|deny``) holds from the next cycle on.
+        """
+        self._family_setup(family, reload=True)
         jobs = self.store.run_jobs(run, family.name)
         done_before = 0
         if resumed:
@@ -389,11 +418,19 @@ class Master(Rebalancer):
         )
         return active
 
-    def _family_setup(self, family: Family) -> None:
-        if family.name not in self.strategies:
+    def _family_setup(self, family: Family, reload: bool = False) -> None:
+        if reload or family.name not in self.strategies:
             params = self.family_tuning(family)  # balancing knobs out, the strategy's own left
-            self.strategies[family.name] = strategy(family.strategy, params)
+            built = (family.strategy, json.dumps(params, sort_keys=True, default=str))
+            if self._built.get(family.name) != built:  # a strategy keeps what it learned
+                self.strategies[family.name] = strategy(family.strategy, params)
+                self._built[family.name] = built
             self.max_attempts[family.name] = family.max_attempts or self.settings.max_attempts
+            for caps in self.caps.values():
+                caps.pop(family.name, None)
+            for node_id, rule in self.rules[family.name].items():
+                if rule.allowed and rule.max_slots:
+                    self.caps.setdefault(node_id, {})[family.name] = rule.max_slots
 
     def _reattach(self, run_id: int | None) -> set[int]:
         """After a restart: keep executions agents still hold, close the others as lost."""
@@ -725,8 +762,15 @@ class Master(Rebalancer):
             take = min(self._room(slot), len(slot.backlog), self.settings.batch_size)
             if take <= 0:
                 continue
-            batches[node_id] = [slot.backlog.popleft() for _ in range(take)]
-            total += take
+            caps = self.caps.get(node_id)
+            if caps:
+                batch = self._take_capped(slot, take, caps)
+            else:
+                batch = [slot.backlog.popleft() for _ in range(take)]
+            if not batch:
+                continue
+            batches[node_id] = batch
+            total += len(batch)
         if not total:
             return 0
         ids = iter(self.store.next_exec_ids(total))
@@ -780,6 +824,37 @@ class Master(Rebalancer):
                 self._refused(slot, refused)
         failpoint.hit("after_send")
         return total
+
+    def _take_capped(self, slot: NodeSlot, take: int, caps: dict[str, int]) -> list[int]:
+        """Up to ``take`` jobs from the backlog, none of a family beyond its cap on the node.
+
+        A job in flight (sent, no outcome) may be running: counting those keeps the
+        agent from ever running more than the cap at once. The counts are derived here
+        from ``slot.inflight``, its one owner, rather than kept beside it: executions
+        leave it by eight transitions (results, losses, steals, timeouts, cancels...).
+        """
+        busy = dict.fromkeys(caps, 0)
+        for flight in slot.inflight.values():
+            job = self.pending.get(flight.job_id)
+            if job is not None and job.family in busy:
+                busy[job.family] += 1
+        taken: list[int] = []
+        held: deque[int] = deque()
+        backlog = slot.backlog
+        while backlog and len(taken) < take and len(held) < CAP_SCAN:
+            job_id = backlog.popleft()
+            job = self.pending.get(job_id)
+            family = job.family if job is not None else ""
+            if family in busy:
+                if busy[family] >= caps[family]:
+                    held.append(job_id)
+                    continue
+                busy[family] += 1
+            taken.append(job_id)
+        if held:
+            held.extend(backlog)
+            slot.backlog = held
+        return taken
 
     def _room(self, slot: NodeSlot) -> int:
         """How many more jobs to send now: enough to keep the slots busy for QUEUE_AHEAD.

@@ -820,16 +820,18 @@ class Store(LearningLog):
         self,
         family: Family | str,
         jobs: Iterable[tuple[str, Any]] | Mapping[str, Any],
-        priority: int = 0,
+        priority: int | None = None,
     ) -> int:
         """Add jobs to a family (created if it is new, given by name); the number added.
 
         ``jobs`` maps each job's key to its payload, as a mapping or (key, payload)
         pairs; a payload is a dict (encoded to JSON here) or JSON text. One
         transaction: all are added or none; keys the family already has are kept.
+        New jobs take the family's job defaults (``jodl family set``) where set.
         """
         if isinstance(family, str):
             family = self.ensure_family(family)
+        defaults = (family.settings or {}).get("job_defaults") or {}
         pairs = jobs.items() if isinstance(jobs, Mapping) else jobs
         jobs = ((k, p if isinstance(p, str) else json.dumps(p)) for k, p in pairs)
         rows = [
@@ -837,7 +839,9 @@ class Store(LearningLog):
                 "family_id": family.id,
                 "key": k,
                 "payload": p,
-                "priority": priority,
+                "priority": defaults.get("priority", 0) if priority is None else priority,
+                "every_n_cycles": defaults.get("every_n_cycles", 1),
+                "min_interval": defaults.get("min_interval"),
                 "state": JobState.IDLE,
             }
             for k, p in jobs

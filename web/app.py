@@ -160,6 +160,10 @@ def create_app(
 
     for module in (ui, auth, tracking, admin, stream, api, ops, mailsink):
         app.register_blueprint(module.bp)
+    from . import families
+
+    app.register_blueprint(families.bp)
+    app.register_blueprint(families.api_bp)
 
     app.before_request(_check_csrf)
     app.before_request(auth.load_user)

@@ -101,6 +101,151 @@ def _query_int(name: str) -> dict[str, Any]:
 BATCH_ID = {"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}
 
 
+FAMILY_NAME = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 100},
+}
+_FAMILY = {"$ref": "#/components/schemas/Family"}
+_NODE_RULES = {
+    "type": "object",
+    "required": ["nodes"],
+    "properties": {"nodes": {"type": "array", "items": {"$ref": "#/components/schemas/NodeRule"}}},
+}
+_NUMBER_OR_NULL = {"type": ["number", "null"], "minimum": 0}
+FAMILY_SCHEMAS = {
+    "Family": {
+        "type": "object",
+        "required": ["name", "strategy", "jobs", "nodes"],
+        "properties": {
+            "name": {"type": "string"},
+            "strategy": {"type": "string"},
+            "strategy_params": {"type": "object"},
+            "schedule": {"type": ["string", "null"]},
+            "timeout": _NUMBER_OR_NULL,
+            "max_attempts": {"type": ["integer", "null"]},
+            "idempotent": {"type": "boolean"},
+            "jobs": {"type": "integer"},
+            "every_n_cycles": {"type": ["integer", "string", "null"]},
+            "min_interval": {"type": ["number", "string", "null"]},
+            "priority": {"type": ["integer", "string", "null"]},
+            "nodes": {"type": "array", "items": {"$ref": "#/components/schemas/NodeRule"}},
+        },
+    },
+    "NodeRule": {
+        "type": "object",
+        "required": ["node", "allowed"],
+        "properties": {
+            "node": {"type": "string"},
+            "allowed": {"type": "boolean"},
+            "max_slots": {"type": ["integer", "null"]},
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
+    },
+}
+
+
+def _family_paths() -> dict[str, Any]:
+    """Operators' family settings, node rules and jobs (``web/families.py``)."""
+    name = [FAMILY_NAME]
+    return {
+        "/api/admin/families": {
+            "get": _op(
+                "Every family with its settings and node rules (operators)",
+                _responses(
+                    200,
+                    "Families",
+                    {"type": "object", "properties": {"families": {"type": "array"}}},
+                    401,
+                    403,
+                ),
+                auth=True,
+            )
+        },
+        "/api/admin/families/{name}": {
+            "get": _op(
+                "One family (operators)",
+                _responses(200, "The family", _FAMILY, 401, 403, 404),
+                auth=True,
+                params=name,
+            ),
+            "patch": _op(
+                "Change a family's settings: all given ones at once, or none (operators)",
+                _responses(200, "The family as changed", _FAMILY, 404, *WITH_BODY),
+                {
+                    "type": "object",
+                    "properties": {
+                        "timeout": {"type": ["number", "null"], "exclusiveMinimum": 0},
+                        "max_attempts": {"type": ["integer", "null"], "minimum": 1},
+                        "idempotent": {"type": "boolean"},
+                        "strategy": _text(100),
+                        "strategy_params": {"type": "object"},
+                        "schedule": {
+                            "type": ["string", "null"],
+                            "description": "cron: [SEC] MIN HOUR DAY MONTH WEEKDAY, or off",
+                        },
+                        "every_n_cycles": {"type": "integer", "minimum": 1},
+                        "min_interval": _NUMBER_OR_NULL,
+                        "priority": {"type": "integer"},
+                    },
+                },
+                auth=True,
+                params=name,
+            ),
+        },
+        "/api/admin/families/{name}/nodes": {
+            "get": _op(
+                "The nodes a family may (not) run on (operators)",
+                _responses(200, "Node rules", _NODE_RULES, 401, 403, 404),
+                auth=True,
+                params=name,
+            ),
+            "post": _op(
+                "Allow (with a cap and labels) or deny a family on nodes (operators)",
+                _responses(200, "Node rules", _NODE_RULES, 404, *WITH_BODY),
+                {
+                    "type": "object",
+                    "required": ["nodes"],
+                    "properties": {
+                        "nodes": {"type": "array", "items": _text(300), "minItems": 1},
+                        "allowed": {"type": "boolean"},
+                        "max_slots": {"type": ["integer", "null"], "minimum": 1},
+                        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                    },
+                },
+                auth=True,
+                params=name,
+            ),
+        },
+        "/api/admin/families/{name}/jobs": {
+            "get": _op(
+                "A family's jobs, oldest first (operators)",
+                _responses(
+                    200,
+                    "Jobs",
+                    {"type": "object", "properties": {"jobs": {"type": "array"}}},
+                    400,
+                    401,
+                    403,
+                    404,
+                ),
+                auth=True,
+                params=[
+                    FAMILY_NAME,
+                    {
+                        "name": "state",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string"},
+                    },
+                    _query_int("limit"),
+                ],
+            )
+        },
+    }
+
+
 def document(settings: WebSettings) -> dict[str, Any]:
     """The API's description, with this server's limits filled in."""
     urls = {
@@ -312,6 +457,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 auth=True,
             )
         },
+        **_family_paths(),
         "/healthz": {
             "get": _op(
                 "Health: the database answers",
@@ -350,6 +496,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "basic": {"type": "http", "scheme": "basic"},
             },
             "schemas": {
+                **FAMILY_SCHEMAS,
                 "Error": {
                     "type": "object",
                     "properties": {"error": {"type": "string"}, "message": {"type": "string"}},

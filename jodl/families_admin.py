@@ -1,0 +1,473 @@
+"""Families configured without code: settings, which nodes may run them, their jobs.
+
+:class:`FamilyAdmin` is the one gateway of ``jodl family …``, ``jodl jobs list``
+and the web's family pages: every statement they need is one named method here,
+every change is validated in full before one transaction writes it (a bad value
+changes nothing).
+
+Settings of the family row: ``timeout``, ``max_attempts``, ``idempotent``,
+``strategy`` with ``strategy_params`` (checked against the registered placement
+strategies and the balancing knobs), ``schedule`` (a cron line that ``jodl
+master`` honours, see :mod:`jodl.family_schedule`). Settings of its jobs,
+applied to every job the family has: ``every_n_cycles``, ``min_interval``,
+``priority``.
+
+A serving master reads a family's settings and node rules when a cycle of it
+opens (and a fresh ``jodl run`` reads them at start).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped]
+from sqlalchemy import delete, func, select, update
+
+from .exceptions import JodlError, UnknownFamily
+from .models import Family, FamilyOnNode, Job, JobState, Node
+
+#: Written as a family's schedule to turn it off.
+SCHEDULE_OFF = "off"
+#: Most jobs ``jobs list`` returns at once.
+MAX_JOBS_LISTED = 10_000
+#: Job states ``jobs list --state`` accepts.
+JOB_STATES = (
+    JobState.IDLE,
+    JobState.QUEUED,
+    JobState.CLAIMED,
+    JobState.DONE,
+    JobState.DEAD,
+    JobState.DELETED,
+)
+#: Settings kept on the family row, and those applied to each of its jobs.
+FAMILY_FIELDS = (
+    "timeout",
+    "max_attempts",
+    "idempotent",
+    "strategy",
+    "strategy_params",
+    "schedule",
+)
+JOB_FIELDS = ("every_n_cycles", "min_interval", "priority")
+SETTABLE = FAMILY_FIELDS + JOB_FIELDS
+#: A new job's values of JOB_FIELDS when its family sets none.
+JOB_DEFAULTS: dict[str, Any] = {"every_n_cycles": 1, "min_interval": None, "priority": 0}
+
+
+class BadSetting(JodlError):
+    """A family setting, node rule or listing option that cannot be accepted."""
+
+
+def cron_trigger(expression: str, timezone: Any = None) -> CronTrigger:
+    """A trigger for a crontab line (``MIN HOUR DAY MONTH WEEKDAY``, or ``SEC`` first)."""
+    fields = expression.split()
+    if len(fields) == 6:
+        second, minute, hour, day, month, dow = fields
+        return CronTrigger(
+            second=second,
+            minute=minute,
+            hour=hour,
+            day=day,
+            month=month,
+            day_of_week=dow,
+            timezone=timezone,
+        )
+    return CronTrigger.from_crontab(expression, timezone=timezone)
+
+
+@dataclass(frozen=True)
+class NodeRule:
+    """Whether a node may run a family (FamilyOnNode), as shown to operators."""
+
+    address: str
+    allowed: bool
+    max_slots: int | None
+    labels: dict[str, str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.address,
+            "allowed": self.allowed,
+            "max_slots": self.max_slots,
+            "labels": dict(self.labels),
+        }
+
+
+@dataclass(frozen=True)
+class FamilyInfo:
+    """A family's settings, its job counts and its node rules."""
+
+    name: str
+    strategy: str
+    strategy_params: dict[str, Any]
+    schedule: str | None
+    timeout: float | None
+    max_attempts: int | None
+    idempotent: bool
+    jobs: int
+    #: every_n_cycles, min_interval, priority: the value all its jobs share, or "mixed".
+    job_settings: dict[str, Any] = field(default_factory=dict)
+    nodes: tuple[NodeRule, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "strategy": self.strategy,
+            "strategy_params": dict(self.strategy_params),
+            "schedule": self.schedule,
+            "timeout": self.timeout,
+            "max_attempts": self.max_attempts,
+            "idempotent": self.idempotent,
+            "jobs": self.jobs,
+            **self.job_settings,
+            "nodes": [r.as_dict() for r in self.nodes],
+        }
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One job of a family, as ``jobs list`` shows it."""
+
+    id: int
+    key: str
+    state: str
+    priority: int
+    every_n_cycles: int
+    min_interval: float | None
+    attempts: int
+    failures: int
+    due_at: dt.datetime | None
+    last_done_at: dt.datetime | None
+    last_error: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        def iso(value: dt.datetime | None) -> str | None:
+            return value.isoformat(timespec="seconds") + "Z" if value else None
+
+        return {
+            "id": self.id,
+            "key": self.key,
+            "state": self.state,
+            "priority": self.priority,
+            "every_n_cycles": self.every_n_cycles,
+            "min_interval": self.min_interval,
+            "attempts": self.attempts,
+            "failures": self.failures,
+            "due_at": iso(self.due_at),
+            "last_done_at": iso(self.last_done_at),
+            "last_error": self.last_error,
+        }
+
+
+# -- validation (pure: nothing is read or written) ------------------------------------------------
+
+
+def _number(name: str, value: Any, *, whole: bool, least: float, none: bool) -> Any:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        if none:
+            return None
+        raise BadSetting(f"{name}: a value is required")
+    if isinstance(value, bool):
+        raise BadSetting(f"{name}: a number, not {value!r}")
+    try:
+        number = int(value) if whole else float(value)
+        if whole and isinstance(value, float) and value != number:
+            raise ValueError
+    except (TypeError, ValueError):
+        kind = "a whole number" if whole else "a number"
+        raise BadSetting(f"{name}: {kind}, not {value!r}") from None
+    if number != number or number < least or number in (float("inf"), float("-inf")):
+        raise BadSetting(f"{name}: at least {least:g}, not {value!r}")
+    return number
+
+
+def _flag(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    raise BadSetting(f"{name}: true or false, not {value!r}")
+
+
+def check_schedule(value: Any) -> str | None:
+    """A valid cron line (5 fields, or 6 with seconds first), or None for no schedule."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise BadSetting("schedule: a cron line ([SEC] MIN HOUR DAY MONTH WEEKDAY) or 'off'")
+    text = " ".join(value.split())
+    if text.lower() in (SCHEDULE_OFF, "", "none"):
+        return None
+    try:
+        cron_trigger(text)
+    except (ValueError, TypeError) as exc:
+        raise BadSetting(
+            f"schedule: {text!r} is not a cron line ([SEC] MIN HOUR DAY MONTH WEEKDAY) "
+            f"nor 'off' ({exc})"
+        ) from None
+    return text
+
+
+def check_strategy(name: str, params: dict[str, Any], family: Family) -> None:
+    """Refuse a strategy not registered, or parameters it (or balancing) does not take."""
+    from .balance import Tuning
+    from .placement import known, strategy
+
+    try:
+        tuning, own = Tuning.split(params, timeout=family.timeout, idempotent=family.idempotent)
+        for knob in fields(tuning):
+            value, default = getattr(tuning, knob.name), knob.default
+            if isinstance(default, bool) and not isinstance(value, bool):
+                raise ValueError(f"bad balancing parameter: {knob.name} is true or false")
+            if (
+                isinstance(default, (int, float))
+                and not isinstance(default, bool)
+                and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0)
+            ):
+                raise ValueError(f"bad balancing parameter: {knob.name} is a number >= 0")
+        strategy(name, own)
+    except ValueError as exc:
+        text = str(exc)
+        if "known:" not in text:
+            text += f" (known strategies: {', '.join(known())})"
+        raise BadSetting(f"strategy: {text}") from None
+
+
+def clean_settings(changes: dict[str, Any]) -> dict[str, Any]:
+    """The changes checked and converted; :class:`BadSetting` for the first bad one."""
+    unknown = sorted(set(changes) - set(SETTABLE))
+    if unknown:
+        raise BadSetting(f"cannot set {', '.join(unknown)} (settable: {', '.join(SETTABLE)})")
+    out: dict[str, Any] = {}
+    for name, value in changes.items():
+        if name == "timeout":
+            out[name] = _number(name, value, whole=False, least=0.001, none=True)
+        elif name == "max_attempts":
+            out[name] = _number(name, value, whole=True, least=1, none=True)
+        elif name == "idempotent":
+            out[name] = _flag(name, value)
+        elif name == "strategy":
+            if not isinstance(value, str) or not value.strip():
+                raise BadSetting("strategy: the name of a placement strategy")
+            out[name] = value.strip()
+        elif name == "strategy_params":
+            if not isinstance(value, dict):
+                raise BadSetting("strategy_params: a JSON object")
+            out[name] = dict(value)
+        elif name == "schedule":
+            out[name] = check_schedule(value)
+        elif name == "every_n_cycles":
+            out[name] = _number(name, value, whole=True, least=1, none=False)
+        elif name == "min_interval":
+            out[name] = _number(name, value, whole=False, least=0, none=True)
+        elif name == "priority":
+            out[name] = _number(name, value, whole=True, least=-(2**31), none=False)
+    return out
+
+
+def check_labels(labels: Any) -> dict[str, str]:
+    """KEY=VALUE pairs (a dict, or a list of ``"k=v"`` texts) as a dict of texts."""
+    pairs: list[tuple[Any, Any]] = []
+    if isinstance(labels, dict):
+        pairs = list(labels.items())
+    else:
+        for item in labels or ():
+            if not isinstance(item, str) or "=" not in item or item.startswith("="):
+                raise BadSetting(f"label {item!r}: write KEY=VALUE")
+            key, value = item.split("=", 1)
+            pairs.append((key, value))
+    out = {}
+    for key, value in pairs:
+        if not isinstance(key, str) or not key or not isinstance(value, (str, int, float)):
+            raise BadSetting(f"label {key!r}: a text key with a text value")
+        out[key] = str(value)
+    return out
+
+
+# -- the gateway ----------------------------------------------------------------------------------
+
+
+class FamilyAdmin:
+    """Reads and changes families' settings, node rules and jobs (one transaction each)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def _family(self, s: Any, name: str) -> Family:
+        family = s.scalar(select(Family).where(Family.name == name))
+        if family is None:
+            known = ", ".join(s.scalars(select(Family.name).order_by(Family.name))) or "none"
+            raise UnknownFamily(f"no family {name!r} in the database (families: {known})")
+        return family
+
+    def _info(self, s: Any, family: Family, with_nodes: bool = True) -> FamilyInfo:
+        jobs = s.scalar(select(func.count()).where(Job.family_id == family.id)) or 0
+        shared: dict[str, Any] = {}
+        for name in JOB_FIELDS:
+            column = getattr(Job, name)
+            values = list(
+                s.scalars(select(column).where(Job.family_id == family.id).distinct().limit(2))
+            )
+            if not values:  # no jobs yet: what new ones will get
+                default = ((family.settings or {}).get("job_defaults") or {}).get(name)
+                shared[name] = default if default is not None else JOB_DEFAULTS[name]
+            else:
+                shared[name] = values[0] if len(values) == 1 else "mixed"
+        rules: list[NodeRule] = []
+        if with_nodes:
+            rows = s.execute(
+                select(Node.address, FamilyOnNode)
+                .join(FamilyOnNode, FamilyOnNode.node_id == Node.id)
+                .where(FamilyOnNode.family_id == family.id)
+                .order_by(Node.address)
+            ).all()
+            for address, rule in rows:
+                labels = (rule.conditions or {}).get("labels") or {}
+                rules.append(NodeRule(address, bool(rule.allowed), rule.max_slots, dict(labels)))
+        return FamilyInfo(
+            name=family.name,
+            strategy=family.strategy,
+            strategy_params=dict(family.strategy_params or {}),
+            schedule=family.schedule,
+            timeout=family.timeout,
+            max_attempts=family.max_attempts,
+            idempotent=bool(family.idempotent),
+            jobs=int(jobs),
+            job_settings=shared,
+            nodes=tuple(rules),
+        )
+
+    def families(self) -> list[FamilyInfo]:
+        """Every family, by name."""
+        with self.store.session() as s:
+            return [self._info(s, f) for f in s.scalars(select(Family).order_by(Family.name))]
+
+    def family(self, name: str) -> FamilyInfo:
+        """One family; :class:`UnknownFamily` naming the known ones if there is none."""
+        with self.store.session() as s:
+            return self._info(s, self._family(s, name))
+
+    def schedules(self) -> dict[str, str]:
+        """Family name -> cron line, for the families that have a schedule."""
+        with self.store.session() as s:
+            rows = s.execute(
+                select(Family.name, Family.schedule).where(Family.schedule.is_not(None))
+            ).all()
+        return {name: cron for name, cron in rows if cron}
+
+    def update(self, name: str, changes: dict[str, Any]) -> FamilyInfo:
+        """Apply ``changes`` (names of :data:`SETTABLE`) all at once, or none of them."""
+        if not changes:
+            raise BadSetting(f"nothing to set (settable: {', '.join(SETTABLE)})")
+        clean = clean_settings(changes)
+        with self.store.session() as s, s.begin():
+            family = self._family(s, name)
+            for key in FAMILY_FIELDS:
+                if key in clean:
+                    setattr(family, key, clean[key])
+            if "strategy" in clean or "strategy_params" in clean or "timeout" in clean:
+                check_strategy(family.strategy, dict(family.strategy_params or {}), family)
+            job_values = {k: clean[k] for k in JOB_FIELDS if k in clean}
+            if job_values:
+                s.execute(update(Job).where(Job.family_id == family.id).values(**job_values))
+                # ... and the jobs added later (Store.add_jobs reads them).
+                settings = dict(family.settings or {})
+                settings["job_defaults"] = {**settings.get("job_defaults", {}), **job_values}
+                family.settings = settings
+            s.flush()
+            return self._info(s, family)
+
+    def set_nodes(
+        self,
+        name: str,
+        addresses: list[str],
+        allowed: bool,
+        max_slots: int | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> FamilyInfo:
+        """Allow (with an optional cap and required labels) or deny ``family`` on nodes."""
+        if not addresses:
+            raise BadSetting("name at least one node (--node HOST:PORT)")
+        if max_slots is not None:
+            max_slots = _number("max_slots", max_slots, whole=True, least=1, none=False)
+        if not allowed and (max_slots is not None or labels):
+            raise BadSetting("deny takes no --max-slots nor --label: the family never runs there")
+        with self.store.session() as s, s.begin():
+            family = self._family(s, name)
+            ids = {}
+            for address in addresses:
+                node_id = s.scalar(select(Node.id).where(Node.address == address))
+                if node_id is None:
+                    raise BadSetting(
+                        f"no node {address!r}: add it with `jodl node add {address}` first"
+                    )
+                ids[address] = node_id
+            s.execute(
+                delete(FamilyOnNode).where(
+                    FamilyOnNode.family_id == family.id,
+                    FamilyOnNode.node_id.in_(list(ids.values())),
+                )
+            )
+            conditions = {"labels": dict(labels)} if labels else {}
+            for node_id in ids.values():
+                s.add(
+                    FamilyOnNode(
+                        family_id=family.id,
+                        node_id=node_id,
+                        allowed=allowed,
+                        max_slots=max_slots,
+                        conditions=conditions,
+                    )
+                )
+            s.flush()
+            return self._info(s, family)
+
+    def jobs(self, name: str, state: str | None = None, limit: int = 50) -> list[JobRow]:
+        """Jobs of the family (in one state if given), oldest first, at most ``limit``."""
+        if state is not None and state not in JOB_STATES:
+            raise BadSetting(f"state: one of {', '.join(JOB_STATES)}, not {state!r}")
+        if (
+            isinstance(limit, bool)
+            or not isinstance(limit, int)
+            or not (1 <= limit <= MAX_JOBS_LISTED)
+        ):
+            raise BadSetting(f"limit: a whole number from 1 to {MAX_JOBS_LISTED}")
+        with self.store.session() as s:
+            family = self._family(s, name)
+            q = select(Job).where(Job.family_id == family.id).order_by(Job.id).limit(limit)
+            if state is not None:
+                q = q.where(Job.state == state)
+            return [
+                JobRow(
+                    j.id,
+                    j.key,
+                    j.state,
+                    j.priority,
+                    j.every_n_cycles,
+                    j.min_interval,
+                    j.attempts,
+                    j.failures,
+                    j.due_at,
+                    j.last_done_at,
+                    j.last_error,
+                )
+                for j in s.scalars(q)
+            ]
+
+
+__all__ = [
+    "SETTABLE",
+    "BadSetting",
+    "FamilyAdmin",
+    "FamilyInfo",
+    "JobRow",
+    "NodeRule",
+    "check_schedule",
+    "clean_settings",
+    "cron_trigger",
+]
