@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agents import AgentProcess, wait_for
+from agents import TEST_SECRET, AgentProcess, wait_for
 from sqlalchemy import select
 
 from jodl.agent import KNOWN_ID
@@ -84,7 +84,9 @@ def in_thread(master: Master, family: str) -> Future[RunSummary]:
 
 
 def settings(url: str) -> Settings:
-    return Settings.from_env(env={}, database_url=url, call_timeout=GIVE_UP)
+    return Settings.from_env(
+        env={}, database_url=url, call_timeout=GIVE_UP, secret=TEST_SECRET
+    )
 
 
 def test_detach_must_be_shorter_than_the_give_up_time() -> None:
@@ -175,7 +177,7 @@ def test_agents_reused_with_a_fresh_database_run_its_jobs(
 
 def test_an_agent_binds_ids_to_its_cluster_and_session(spawn_agent: Any) -> None:
     agent = spawn_agent()
-    first, second = (connect(agent.address, Settings(call_timeout=10.0)) for _ in range(2))
+    first, second = (connect(agent.address, Settings(call_timeout=10.0, secret=TEST_SECRET)) for _ in range(2))
     try:
         root = first.root
         hello = json.dumps({"cluster": "one", "give_up": 10.0})
