@@ -177,7 +177,8 @@ def test_agents_reused_with_a_fresh_database_run_its_jobs(
 
 def test_an_agent_binds_ids_to_its_cluster_and_session(spawn_agent: Any) -> None:
     agent = spawn_agent()
-    first, second = (connect(agent.address, Settings(call_timeout=10.0, secret=TEST_SECRET)) for _ in range(2))
+    own = Settings(call_timeout=10.0, secret=TEST_SECRET)
+    first, second = (connect(agent.address, own) for _ in range(2))
     try:
         root = first.root
         hello = json.dumps({"cluster": "one", "give_up": 10.0})
