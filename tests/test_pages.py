@@ -168,6 +168,7 @@ def test_cli_users_track_untrack(store, db_url):
 
 
 def test_cli_says_to_upgrade_an_empty_database(tmp_path):
+    (tmp_path / "empty.db").touch()  # there, but without tables (a missing file: test_first_hour)
     result = run_jodl(
         "users",
         "add",
