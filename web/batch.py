@@ -39,6 +39,7 @@ from jodl.models import ExecState, Execution, Job, JobState, utcnow
 from jodl.queue import Queue
 
 from .models import ITEM_URL_LENGTH, Batch, BatchItem, CacheReset
+from .quota import check_submission
 from .settings import WebSettings
 
 log = logging.getLogger("web.batch")
@@ -301,7 +302,8 @@ class Batches:
 
         ``refetch``: the cache answers nothing, every URL is fetched now ("Check now").
 
-        Raises :class:`SubmissionError` for an empty batch or one over the size limit.
+        Raises :class:`SubmissionError` for an empty batch or one over the size limit,
+        :class:`crawler_app.quota.QuotaExceeded` for one over the user's quotas.
         Each URL refused on its own (scheme, syntax, length) becomes an item with an
         error: the rest of the batch goes ahead. ``admit`` may refuse a normalised
         URL more (ValueError saying why); ``most`` lowers the size limit.
@@ -313,6 +315,8 @@ class Batches:
         most = min(most or self.settings.web_batch_max, self.settings.web_batch_max)
         if len(urls) > most:
             raise SubmissionError(f"{len(urls)} URLs given; at most {most} per submission")
+        if user_id is not None:  # QuotaExceeded before anything is queued or written
+            check_submission(self.sessions, user_id, len(urls), self.clock())
         self._cleanup()
         items: list[Item] = []
         seen: set[str] = set()
