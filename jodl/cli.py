@@ -668,7 +668,9 @@ def _load_apps() -> None:
         ep.load()(main)
 
 
+from .cli_budget import register as _register_budget  # noqa: E402 - budget
 from .cli_ops import register as _register_ops  # noqa: E402 - profile
 
 _register_ops(main)
+_register_budget(main)
 _load_apps()

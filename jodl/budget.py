@@ -1,0 +1,250 @@
+"""Per-family budgets: most jobs per cycle, most on-demand jobs per hour, most bytes per cycle.
+
+A family's budgets are ``JODL_FAMILY_*`` defaults unless the family has its own
+(``jodl budget set NAME ...``, a :class:`jodl.models.FamilyBudget` row; 0 is no
+limit). What each one does, and why it is cheap:
+
+* **jobs per cycle** (N): a run opens with at most N of its due jobs, oldest-due
+  first (order: the run they last ran in, never-run first, then id); the rest wait
+  for the next run, and the run records how many (``Run.deferred``). The run does
+  not list its members: it keeps the last member's (run number, id) as a cut, and
+  the membership rule (``Store._member_filter``) adds ``(last run, id) <= cut``, so
+  a resumed run has exactly the same jobs. One ordered query when the run opens.
+* **on-demand jobs per hour** (N): the queue's claim takes at most N jobs of the
+  family per clock hour; the others stay queued, not lost, and are claimed in the
+  next hour. The count is one row per family, updated by the claim's own
+  transaction (its row lock orders concurrent claimers of budgeted families).
+* **bytes per cycle** (B): the master adds up the ``size`` that results of the
+  run report (a check_page result carries the bytes it fetched) and once they pass
+  B sends none of the run's jobs still unsent: they stay due, and the next run
+  has them first. Only runs of a family with a bytes budget look at their results.
+
+Every time a budget holds work back, ``jodl_budget_exhausted_total{family,budget}``
+counts it, and ``jodl_jobs_deferred_total`` counts the jobs a cycle put off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from sqlalchemy import Engine, func, select, tuple_, update
+from sqlalchemy.orm import Session
+
+from .config import Option, read_values, register_options
+from .exceptions import ConfigError, JodlError
+from .metrics import BUDGET_EXHAUSTED, JOBS_DEFERRED
+from .models import ExecState, Execution, Family, FamilyBudget, Job, Run
+
+# -- settings -----------------------------------------------------------------------------------
+
+
+def _whole(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"expected a whole number >= 0 (0: no limit), got {text!r}")
+    return value
+
+
+class BudgetOption(Option):
+    """An option whose value is a whole number >= 0 (0: no limit)."""
+
+    def parse(self, text: str) -> Any:
+        try:
+            return _whole(text)
+        except ValueError as exc:
+            raise ConfigError(f"{self.name}: {exc}") from None
+
+
+OPTIONS: tuple[Option, ...] = (
+    BudgetOption(
+        "JODL_FAMILY_JOBS_PER_CYCLE",
+        "0",
+        "int0",
+        "Jobs a cycle of a family runs at most (0: no limit); the rest wait for the next "
+        "cycle, oldest-due first. Per family: jodl budget set NAME --jobs-per-cycle N",
+        "master",
+    ),
+    BudgetOption(
+        "JODL_FAMILY_ONDEMAND_PER_HOUR",
+        "0",
+        "int0",
+        "On-demand jobs of a family claimed per clock hour at most (0: no limit); the others "
+        "stay queued. Per family: jodl budget set NAME --ondemand-per-hour N",
+        "master",
+    ),
+    BudgetOption(
+        "JODL_FAMILY_BYTES_PER_CYCLE",
+        "0",
+        "int0",
+        'Bytes a cycle of a family may fetch, as its results report them ("size", e.g. '
+        "check_page); once passed, the cycle sends no more jobs (0: no limit). Per family: "
+        "jodl budget set NAME --bytes-per-cycle N",
+        "master",
+    ),
+)
+register_options(OPTIONS)
+
+#: The budgets, as named in the CLI, errors and metrics.
+BUDGETS = ("jobs_per_cycle", "ondemand_per_hour", "bytes_per_cycle")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A family's budgets in effect (0: no limit)."""
+
+    jobs_per_cycle: int = 0
+    ondemand_per_hour: int = 0
+    bytes_per_cycle: int = 0
+
+    @classmethod
+    def defaults(cls, env: Mapping[str, str] | None = None) -> Limits:
+        """The ``JODL_FAMILY_*`` settings."""
+        values = read_values(OPTIONS, env)
+        return cls(**{f.name: values["family_" + f.name] for f in fields(cls)})
+
+    def over(self, row: Any) -> Limits:
+        """These defaults with a family's own budgets over them."""
+        if row is None:
+            return self
+        return Limits(
+            **{
+                f.name: getattr(self, f.name)
+                if getattr(row, f.name) is None
+                else getattr(row, f.name)
+                for f in fields(self)
+            }
+        )
+
+
+def limits_of(conn: Session | Any, family_id: int, defaults: Limits | None = None) -> Limits:
+    """The budgets in effect for a family, read on ``conn`` (a session or a connection)."""
+    defaults = defaults or Limits.defaults()
+    row = conn.execute(
+        select(*(getattr(FamilyBudget, name) for name in BUDGETS)).where(
+            FamilyBudget.family_id == family_id
+        )
+    ).first()
+    return defaults.over(row)
+
+
+# -- the gateway of the CLI ------------------------------------------------------------------
+
+
+class Budgets:
+    """Reading and setting families' budgets."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def _family(self, s: Session, name: str) -> Family:
+        family = s.scalar(select(Family).where(Family.name == name))
+        if family is None:
+            known = ", ".join(s.scalars(select(Family.name).order_by(Family.name))) or "none"
+            raise JodlError(f"no family {name!r} (families: {known})")
+        return family
+
+    def show(self, names: Iterable[str] | None = None) -> list[tuple[str, Limits, Limits]]:
+        """(family, its budgets in effect, the defaults) for these families (all: None)."""
+        defaults = Limits.defaults()
+        with Session(self.engine) as s:
+            wanted = (
+                list(names) if names else list(s.scalars(select(Family.name).order_by(Family.name)))
+            )
+            out = []
+            for name in wanted:
+                family = self._family(s, name)
+                out.append((name, limits_of(s, family.id, defaults), defaults))
+        return out
+
+    def set(self, name: str, **changes: int | None) -> Limits:
+        """Set some budgets of family ``name`` (None: back to the default; 0: no limit)."""
+        for key, value in changes.items():
+            if key not in BUDGETS:
+                raise JodlError(f"no budget {key!r}; budgets: {', '.join(BUDGETS)}")
+            if value is not None and (isinstance(value, bool) or value < 0):
+                raise JodlError(f"{key}: a whole number >= 0 (0: no limit), got {value!r}")
+        with Session(self.engine) as s, s.begin():
+            family = self._family(s, name)
+            row = s.get(FamilyBudget, family.id)
+            if row is None:
+                row = FamilyBudget(family_id=family.id, hour_used=0)
+                s.add(row)
+            for key, value in changes.items():
+                setattr(row, key, value)
+            s.flush()
+            return Limits.defaults().over(row)
+
+
+# -- jobs per cycle -----------------------------------------------------------------------------
+
+
+def _order() -> tuple[Any, Any]:
+    """Oldest-due first: never run, then by the run they last ran in; then by id."""
+    return func.coalesce(Job.last_run_number, 0), Job.id
+
+
+def member_cut(run: Run) -> tuple[Any, ...]:
+    """The extra membership condition of a run cut by a jobs-per-cycle budget."""
+    if run.cut_job_id is None:
+        return ()
+    return (tuple_(*_order()) <= tuple_(run.cut_number or 0, run.cut_job_id),)
+
+
+def cut_run(
+    s: Session, run: Run, family: Family, members: tuple[Any, ...], recent: set[int]
+) -> None:
+    """Apply the family's jobs-per-cycle budget to a run being opened.
+
+    ``members`` is the run's membership rule and ``recent`` the due jobs it excludes
+    (not more often than T); ``run.jobs_total`` holds how many jobs are due.
+    """
+    most = limits_of(s, family.id).jobs_per_cycle
+    if not most or run.jobs_total <= most:
+        return
+    keys = s.execute(
+        select(*_order()).where(*members).order_by(*_order()).limit(most + len(recent))
+    ).all()
+    kept = [k for k in keys if k[1] not in recent][:most]
+    run.cut_number, run.cut_job_id = int(kept[-1][0]), int(kept[-1][1])
+    run.deferred = run.jobs_total - most
+    run.jobs_total = most
+    BUDGET_EXHAUSTED.labels(family.name, "jobs_per_cycle").inc()
+    JOBS_DEFERRED.labels(family.name, "jobs_per_cycle").inc(run.deferred)
+
+
+def after_run(s: Session, run: Run) -> None:
+    """A run that put jobs off: those it ran go after them in the next run's order.
+
+    Jobs of a family without every-N-cycles or "not more often than T" do not keep
+    their last run otherwise; one statement, only for runs a budget cut short.
+    """
+    if not run.deferred:
+        return
+    done_here = (
+        select(Execution.id)
+        .where(
+            Execution.run_id == run.id,
+            Execution.job_id == Job.id,
+            Execution.state == ExecState.DONE,
+        )
+        .exists()
+    )
+    s.execute(
+        update(Job)
+        .where(Job.family_id == run.family_id, done_here)
+        .values(last_run_number=run.number)
+        .execution_options(synchronize_session=False)
+    )
+
+
+__all__ = [
+    "BUDGETS",
+    "Budgets",
+    "Limits",
+    "after_run",
+    "cut_run",
+    "limits_of",
+    "member_cut",
+]

@@ -1,0 +1,147 @@
+"""Per-family budgets on real agents: jobs per cycle, on-demand jobs per hour, bytes per cycle.
+
+Each budget holds back the first job over it, and nothing is lost: the jobs it put
+off run in the next cycle (or the next hour), the run records how many, and the
+metrics count it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from prometheus_client import REGISTRY
+from sqlalchemy import func, select
+
+from jodl.budget import Budgets, Limits
+from jodl.cli import main
+from jodl.master import Master
+from jodl.models import ExecState, Execution, Job, Run
+from jodl.store import Store
+
+
+def add_jobs(store: Store, family: str, count: int, payload: str = "{}") -> None:
+    fam = store.ensure_family(family)
+    store.add_jobs(fam, ((f"{family}-{i:03d}", payload) for i in range(count)))
+
+
+def done_keys(store: Store, run_id: int) -> list[str]:
+    with store.engine.connect() as conn:
+        return sorted(
+            conn.scalars(
+                select(Job.key)
+                .join(Execution, Execution.job_id == Job.id)
+                .where(Execution.run_id == run_id, Execution.state == ExecState.DONE)
+            )
+        )
+
+
+def metric(name: str, family: str, budget: str) -> float:
+    return REGISTRY.get_sample_value(name, {"family": family, "budget": budget}) or 0.0
+
+
+def jodl(store: Store, *args: str) -> Any:
+    url = store.engine.url.render_as_string(hide_password=False)
+    return CliRunner().invoke(main, ["--database-url", url, *args])
+
+
+@pytest.fixture(autouse=True)
+def no_default_budgets(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (
+        "JODL_FAMILY_JOBS_PER_CYCLE",
+        "JODL_FAMILY_ONDEMAND_PER_HOUR",
+        "JODL_FAMILY_BYTES_PER_CYCLE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+
+
+# -- jobs per cycle ---------------------------------------------------------------------------
+
+
+def test_jobs_per_cycle_defers_the_rest_oldest_due_first(store, agents, settings) -> None:
+    add_jobs(store, "noop", 10)
+    r = jodl(store, "budget", "set", "noop", "--jobs-per-cycle", "4")
+    assert r.exit_code == 0, r.output
+    assert r.output.strip() == (
+        "noop: jobs per cycle 4, on-demand per hour no limit, bytes per cycle no limit"
+    )
+    agents(1, slots=2)
+    deferred_before = metric("jodl_jobs_deferred_total", "noop", "jobs_per_cycle")
+    master = Master(settings, store=store)
+    try:
+        runs = [master.run_cycle("noop") for _ in range(3)]
+    finally:
+        master.close()
+    assert [(s.total, s.done) for s in runs] == [(4, 4)] * 3
+    keys = [done_keys(store, s.run_id) for s in runs]
+    every = [f"noop-{i:03d}" for i in range(10)]
+    # The first cycle runs the first four; the next one the four that waited longest
+    # (never run); the third the last two never run, then the two oldest of the first.
+    assert keys[0] == every[:4]
+    assert keys[1] == every[4:8]
+    assert keys[2] == sorted(every[8:] + every[:2])
+    with store.session() as s:
+        deferred = [s.get(Run, x.run_id).deferred for x in runs]  # type: ignore[union-attr]
+    assert deferred == [6, 6, 6]
+    assert metric("jodl_jobs_deferred_total", "noop", "jobs_per_cycle") == deferred_before + 18
+    # Without a budget the next cycle runs every job again.
+    assert jodl(store, "budget", "set", "noop", "--jobs-per-cycle", "default").exit_code == 0
+    master = Master(settings, store=store)
+    try:
+        assert master.run_cycle("noop").done == 10
+    finally:
+        master.close()
+
+
+def test_a_cut_run_has_the_same_members_when_resumed(store) -> None:
+    add_jobs(store, "noop", 7)
+    Budgets(store.engine).set("noop", jobs_per_cycle=3)
+    family = store.family("noop")
+    run, resumed = store.open_run(family, 1)
+    assert not resumed and (run.jobs_total, run.deferred) == (3, 4)
+    first = sorted(j.key for j in store.run_jobs(run, "noop"))
+    # Jobs added after the run opened wait for the next run, as always.
+    add_jobs(store, "noop", 9)
+    again, resumed = store.open_run(family, 2)
+    assert resumed and again.id == run.id
+    assert (
+        sorted(j.key for j in store.run_jobs(again, "noop"))
+        == first
+        == [
+            "noop-000",
+            "noop-001",
+            "noop-002",
+        ]
+    )
+
+
+def test_budget_command_refuses_bad_input_and_changes_nothing(store) -> None:
+    add_jobs(store, "noop", 1)
+    for args, said in (
+        (["--jobs-per-cycle", "-1"], "negative"),
+        (["--bytes-per-cycle", "lots"], "not a whole number"),
+        ([], "give at least one of"),
+    ):
+        r = jodl(store, "budget", "set", "noop", *args)
+        assert r.exit_code == 2 and said in r.output, r.output
+    r = jodl(store, "budget", "set", "nosuch", "--jobs-per-cycle", "3")
+    assert r.exit_code == 1
+    assert r.output.strip() == "error: no family 'nosuch' (families: noop)"
+    r = jodl(store, "budget", "show")
+    assert r.exit_code == 0
+    assert r.output.strip() == (
+        "noop: jobs per cycle no limit, on-demand per hour no limit, bytes per cycle no limit"
+    )
+
+
+def test_defaults_come_from_the_settings(store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JODL_FAMILY_JOBS_PER_CYCLE", "2")
+    assert Limits.defaults().jobs_per_cycle == 2
+    add_jobs(store, "noop", 5)
+    run, _ = store.open_run(store.family("noop"), 1)
+    assert (run.jobs_total, run.deferred) == (2, 3)
+    # A family's own budget wins; 0 is no limit.
+    Budgets(store.engine).set("noop", jobs_per_cycle=0)
+    with store.engine.connect() as conn:
+        assert conn.scalar(select(func.count()).select_from(Job)) == 5
