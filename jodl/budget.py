@@ -25,11 +25,15 @@ counts it, and ``jodl_jobs_deferred_total`` counts the jobs a cycle put off.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import datetime as dt
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from sqlalchemy import Engine, func, select, tuple_, update
+from sqlalchemy import Engine, case, func, insert, or_, select, tuple_, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from .config import Option, read_values, register_options
@@ -239,9 +243,114 @@ def after_run(s: Session, run: Run) -> None:
     )
 
 
+# -- on-demand jobs per hour ----------------------------------------------------------------
+
+#: Seconds a queue keeps its list of families with an hourly budget before reading it
+#: again: a budget set by an operator applies within this long, and a claim costs no
+#: extra query in between when no family has one.
+HOURLY_REFRESH = 5.0
+
+#: One claim statement: extra conditions on the due jobs, how many to take; its rows
+#: (id, family_id, ...).
+ClaimStatement = Callable[[tuple[Any, ...], int], list[Any]]
+
+
+class HourlyBudgets:
+    """The on-demand queue's side of the per-hour budgets (one per :class:`Queue`)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._per_hour: dict[int, int] = {}
+        self._read_at = -HOURLY_REFRESH
+        #: (family id, hour) whose exhaustion was counted already (once per hour).
+        self._counted: set[tuple[int, dt.datetime]] = set()
+
+    def per_hour(self) -> dict[int, int]:
+        """family id -> on-demand jobs it may have claimed per hour (only those with one)."""
+        if time.monotonic() - self._read_at < HOURLY_REFRESH:
+            return self._per_hour
+        defaults = Limits.defaults()
+        with self.engine.connect() as conn:
+            own = dict(
+                conn.execute(select(FamilyBudget.family_id, FamilyBudget.ondemand_per_hour)).all()
+            )
+            fids = list(conn.scalars(select(Family.id)))
+            missing = [f for f in fids if f not in own]
+        per_hour = {}
+        for fid in fids:
+            most = own.get(fid)
+            most = defaults.ondemand_per_hour if most is None else most
+            if most:
+                per_hour[fid] = most
+        # A family under a default budget needs its row to count claims in.
+        for fid in (f for f in missing if f in per_hour):
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(insert(FamilyBudget).values(family_id=fid, hour_used=0))
+            except IntegrityError:
+                pass  # added meanwhile by another process
+        self._per_hour, self._read_at = per_hour, time.monotonic()
+        return per_hour
+
+    def claim(
+        self,
+        conn: Any,
+        per_hour: dict[int, int],
+        now: dt.datetime,
+        limit: int,
+        statement: ClaimStatement,
+    ) -> list[Any]:
+        """Claim up to ``limit`` jobs in ``conn``'s transaction within the hourly budgets.
+
+        Families with room for the whole claim are claimed together, in the queue's
+        order; a family with less room gets only that, after them; a family with no
+        room left none (its jobs stay queued until the next hour).
+        """
+        hour = now.replace(minute=0, second=0, microsecond=0)
+        fids = list(per_hour)
+        stale = or_(FamilyBudget.hour_start.is_(None), FamilyBudget.hour_start < hour)
+        # Every budgeted family's row is written first: it is locked (PostgreSQL) or the
+        # database is (SQLite) until commit, so concurrent claimers count in turn.
+        conn.execute(
+            update(FamilyBudget)
+            .where(FamilyBudget.family_id.in_(fids))
+            .values(hour_used=case((stale, 0), else_=FamilyBudget.hour_used), hour_start=hour)
+        )
+        used = dict(
+            conn.execute(
+                select(FamilyBudget.family_id, FamilyBudget.hour_used).where(
+                    FamilyBudget.family_id.in_(fids)
+                )
+            ).all()
+        )
+        room = {f: max(0, per_hour[f] - used.get(f, 0)) for f in fids}
+        tight = [f for f in fids if room[f] < limit]
+        rows = list(statement((Job.family_id.not_in(tight),) if tight else (), limit))
+        for fid in tight:
+            if room[fid] and len(rows) < limit:
+                rows += statement((Job.family_id == fid,), min(room[fid], limit - len(rows)))
+        taken = Tally(r[1] for r in rows if r[1] in room)
+        for fid, count in taken.items():
+            conn.execute(
+                update(FamilyBudget)
+                .where(FamilyBudget.family_id == fid)
+                .values(hour_used=FamilyBudget.hour_used + count)
+            )
+        for fid in fids:
+            if room[fid] - taken.get(fid, 0) <= 0 and (fid, hour) not in self._counted:
+                self._counted.add((fid, hour))
+                BUDGET_EXHAUSTED.labels(self._name(conn, fid), "ondemand_per_hour").inc()
+        return rows
+
+    @staticmethod
+    def _name(conn: Any, fid: int) -> str:
+        return str(conn.scalar(select(Family.name).where(Family.id == fid)))
+
+
 __all__ = [
     "BUDGETS",
     "Budgets",
+    "HourlyBudgets",
     "Limits",
     "after_run",
     "cut_run",

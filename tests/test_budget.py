@@ -7,6 +7,7 @@ metrics count it.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from jodl.budget import Budgets, Limits
 from jodl.cli import main
 from jodl.master import Master
 from jodl.models import ExecState, Execution, Job, Run
+from jodl.queue import Queue
 from jodl.store import Store
 
 
@@ -145,3 +147,50 @@ def test_defaults_come_from_the_settings(store, monkeypatch: pytest.MonkeyPatch)
     Budgets(store.engine).set("noop", jobs_per_cycle=0)
     with store.engine.connect() as conn:
         assert conn.scalar(select(func.count()).select_from(Job)) == 5
+
+
+# -- on-demand jobs per hour ------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = dt.datetime(2026, 11, 22, 15, 10)
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+
+def test_ondemand_per_hour_keeps_the_rest_queued_until_the_next_hour(store) -> None:
+    clock = Clock()
+    queue = Queue(store, clock=clock)
+    queue.enqueue_many("noop", [(f"n{i}", {}) for i in range(5)])
+    queue.enqueue_many("mark", [(f"m{i}", {}) for i in range(4)])
+    r = jodl(store, "budget", "set", "noop", "--ondemand-per-hour", "3")
+    assert r.exit_code == 0, r.output
+    exhausted = metric("jodl_budget_exhausted_total", "noop", "ondemand_per_hour")
+    # The first claim takes 3 of noop and every job of a family without a budget.
+    first = queue.claim(20)
+    assert sorted(c.key for c in first if c.family == "noop") == ["n0", "n1", "n2"]
+    assert sorted(c.key for c in first if c.family == "mark") == ["m0", "m1", "m2", "m3"]
+    assert metric("jodl_budget_exhausted_total", "noop", "ondemand_per_hour") == exhausted + 1
+    # Within the hour: nothing more of noop, however the claim asks; not lost, queued.
+    clock.now += dt.timedelta(minutes=49)
+    assert queue.claim(20) == []
+    assert queue.claim(1, families=["noop"]) == []
+    assert queue.counts("noop")["noop"]["queued"] == 2
+    # The next hour: the rest.
+    clock.now += dt.timedelta(minutes=2)
+    assert sorted(c.key for c in queue.claim(20)) == ["n3", "n4"]
+    assert queue.counts("noop")["noop"].get("queued", 0) == 0
+
+
+def test_ondemand_budget_counts_claims_one_at_a_time(store) -> None:
+    clock = Clock()
+    queue = Queue(store, clock=clock)
+    queue.enqueue_many("noop", [(f"n{i}", {}) for i in range(6)])
+    Budgets(store.engine).set("noop", ondemand_per_hour=4)
+    got = [len(queue.claim(3)) for _ in range(3)]
+    assert got == [3, 1, 0]
+    # Another queue object (another master) shares the count in the database.
+    other = Queue(store, clock=clock)
+    assert other.claim(5) == []
