@@ -28,11 +28,11 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from sqlalchemy import Engine, case, func, insert, or_, select, tuple_, update
+from sqlalchemy import Engine, case, func, insert, literal, or_, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -184,7 +184,7 @@ class Budgets:
 # -- jobs per cycle -----------------------------------------------------------------------------
 
 
-def _order() -> tuple[Any, Any]:
+def oldest_due() -> tuple[Any, Any]:
     """Oldest-due first: never run, then by the run they last ran in; then by id."""
     return func.coalesce(Job.last_run_number, 0), Job.id
 
@@ -193,7 +193,8 @@ def member_cut(run: Run) -> tuple[Any, ...]:
     """The extra membership condition of a run cut by a jobs-per-cycle budget."""
     if run.cut_job_id is None:
         return ()
-    return (tuple_(*_order()) <= tuple_(run.cut_number or 0, run.cut_job_id),)
+    cut = tuple_(literal(run.cut_number or 0), literal(run.cut_job_id))
+    return (tuple_(*oldest_due()) <= cut,)
 
 
 def cut_run(
@@ -208,7 +209,7 @@ def cut_run(
     if not most or run.jobs_total <= most:
         return
     keys = s.execute(
-        select(*_order()).where(*members).order_by(*_order()).limit(most + len(recent))
+        select(*oldest_due()).where(*members).order_by(*oldest_due()).limit(most + len(recent))
     ).all()
     kept = [k for k in keys if k[1] not in recent][:most]
     run.cut_number, run.cut_job_id = int(kept[-1][0]), int(kept[-1][1])
@@ -252,7 +253,7 @@ HOURLY_REFRESH = 5.0
 
 #: One claim statement: extra conditions on the due jobs, how many to take; its rows
 #: (id, family_id, ...).
-ClaimStatement = Callable[[tuple[Any, ...], int], list[Any]]
+ClaimStatement = Callable[[tuple[Any, ...], int], Sequence[Any]]
 
 
 class HourlyBudgets:
@@ -271,9 +272,12 @@ class HourlyBudgets:
             return self._per_hour
         defaults = Limits.defaults()
         with self.engine.connect() as conn:
-            own = dict(
-                conn.execute(select(FamilyBudget.family_id, FamilyBudget.ondemand_per_hour)).all()
-            )
+            own: dict[int, int | None] = {
+                fid: most
+                for fid, most in conn.execute(
+                    select(FamilyBudget.family_id, FamilyBudget.ondemand_per_hour)
+                )
+            }
             fids = list(conn.scalars(select(Family.id)))
             missing = [f for f in fids if f not in own]
         per_hour = {}
@@ -356,4 +360,5 @@ __all__ = [
     "cut_run",
     "limits_of",
     "member_cut",
+    "oldest_due",
 ]

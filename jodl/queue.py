@@ -382,6 +382,7 @@ class Queue:
             )
 
         per_hour = self.hourly.per_hour()  # families with an on-demand budget (cached)
+        rows: Sequence[Any]
         with self.engine.begin() as conn:
             if per_hour:
                 rows = self.hourly.claim(
