@@ -26,6 +26,7 @@ counts it, and ``jodl_jobs_deferred_total`` counts the jobs a cycle put off.
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -351,14 +352,83 @@ class HourlyBudgets:
         return str(conn.scalar(select(Family.name).where(Family.id == fid)))
 
 
+# -- bytes per cycle ---------------------------------------------------------------------------
+
+#: The bytes a result reports: its top-level ``"size"`` (inside a JSON string a quote
+#: is escaped, so text of a page cannot fake it).
+_SIZE = re.compile(rb'"size"\s*:\s*(\d+)')
+
+
+def result_bytes(result: Any) -> int:
+    """The ``size`` a job's result (JSON text) reports; 0 when it reports none."""
+    if isinstance(result, str):
+        result = result.encode("utf-8", "replace")
+    if not isinstance(result, bytes | bytearray):
+        return 0
+    found = _SIZE.search(result)
+    return int(found.group(1)) if found else 0
+
+
+@dataclass
+class RunBytes:
+    """The bytes a run's results reported so far, against its family's budget."""
+
+    family: str
+    budget: int
+    spent: int = 0
+    #: Set once the budget is passed: the run sends nothing more.
+    stopped: bool = False
+
+    def add(self, result: Any) -> bool:
+        """Count one result; True when this one passed the budget."""
+        self.spent += result_bytes(result)
+        if not self.stopped and self.spent >= self.budget:
+            self.stopped = True
+            BUDGET_EXHAUSTED.labels(self.family, "bytes_per_cycle").inc()
+            return True
+        return False
+
+
+def run_bytes(engine: Engine, family: Family, run_id: int, resumed: bool) -> RunBytes | None:
+    """The byte count of a run opening (or resumed: from its logged results), or None
+    when the family has no bytes budget."""
+    with engine.connect() as conn:
+        most = limits_of(conn, family.id).bytes_per_cycle
+        if not most:
+            return None
+        counter = RunBytes(family.name, most)
+        if resumed:
+            for (result,) in conn.execute(
+                select(Execution.result).where(
+                    Execution.run_id == run_id, Execution.state == ExecState.DONE
+                )
+            ):
+                counter.spent += result_bytes(result)
+            counter.stopped = counter.spent >= most
+    return counter
+
+
+def record_deferred(engine: Engine, run_id: int, family: str, count: int) -> None:
+    """A bytes budget kept ``count`` due jobs of a run unsent: the run records them."""
+    if count <= 0:
+        return
+    with engine.begin() as conn:
+        conn.execute(update(Run).where(Run.id == run_id).values(deferred=Run.deferred + count))
+    JOBS_DEFERRED.labels(family, "bytes_per_cycle").inc(count)
+
+
 __all__ = [
     "BUDGETS",
     "Budgets",
     "HourlyBudgets",
     "Limits",
+    "RunBytes",
     "after_run",
     "cut_run",
     "limits_of",
     "member_cut",
     "oldest_due",
+    "record_deferred",
+    "result_bytes",
+    "run_bytes",
 ]

@@ -597,7 +597,9 @@ class Store(LearningLog):
                     Job.priority,
                     Job.permanent_node_id,
                     Job.trial_node_id,
-                ).where(*self._member_filter(run), ~done)
+                )
+                .where(*self._member_filter(run), ~done)
+                .order_by(*budget.oldest_due())  # those a budget put off last time first
             ).all()  # one fetch: iterating the result fetches row by row
             return [
                 PendingJob(

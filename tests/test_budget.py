@@ -11,6 +11,7 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from app_support import add_users_tracking, agent_env, run_app_cycle
 from click.testing import CliRunner
 from prometheus_client import REGISTRY
 from sqlalchemy import func, select
@@ -21,6 +22,8 @@ from jodl.master import Master
 from jodl.models import ExecState, Execution, Job, Run
 from jodl.queue import Queue
 from jodl.store import Store
+
+pytest_plugins = ("tests.site",)
 
 
 def add_jobs(store: Store, family: str, count: int, payload: str = "{}") -> None:
@@ -194,3 +197,55 @@ def test_ondemand_budget_counts_claims_one_at_a_time(store) -> None:
     # Another queue object (another master) shares the count in the database.
     other = Queue(store, clock=clock)
     assert other.claim(5) == []
+
+
+# -- bytes per cycle -----------------------------------------------------------------------------
+
+PAGE_BYTES = 1000
+
+
+def page_of(size: int, n: int) -> str:
+    head = f"<html><head><title>page {n}</title></head><body><p>"
+    tail = "</p></body></html>"
+    return head + "x" * (size - len(head) - len(tail)) + tail
+
+
+def test_bytes_budget_stops_a_check_cycle_and_the_rest_go_first_next_cycle(
+    store, agents, settings, site
+) -> None:
+    paths = [f"/p{i}" for i in range(10)]
+    for n, path in enumerate(paths):
+        # Slow enough that the agent (one async slot) is sent two checks at a time.
+        site.set_page(path, page_of(PAGE_BYTES, n), delay=0.2)
+    users = ["ann@example.org"]
+    for path in paths:
+        add_users_tracking(store, site.url(path), users)
+    env = {**agent_env(), "JODL_AGENT_ASYNC_SLOTS": "1"}
+    agents(1, slots=1, env=env)
+    fam = store.ensure_family("check_page")
+    assert fam is not None
+    r = jodl(store, "budget", "set", "check_page", "--bytes-per-cycle", str(3 * PAGE_BYTES))
+    assert r.exit_code == 0, r.output
+    exhausted = metric("jodl_budget_exhausted_total", "check_page", "bytes_per_cycle")
+    deferred = metric("jodl_jobs_deferred_total", "check_page", "bytes_per_cycle")
+
+    first = run_app_cycle(store, settings)
+    fetched = {p for p in paths if site.requests(p)}
+    # Three results reach the budget; what was in flight then (two at most) finishes.
+    assert 3 <= first.checked <= 5 and len(fetched) == first.checked
+    with store.session() as s:
+        run = s.scalar(select(Run).where(Run.family_id == fam.id).order_by(Run.id.desc()))
+        assert run is not None and run.deferred == 10 - first.checked
+    assert metric("jodl_budget_exhausted_total", "check_page", "bytes_per_cycle") == exhausted + 1
+    assert metric("jodl_jobs_deferred_total", "check_page", "bytes_per_cycle") == (
+        deferred + 10 - first.checked
+    )
+
+    # The next cycle checks pages the first one did not, first.
+    second = run_app_cycle(store, settings)
+    again = {p for p in paths if site.requests(p)} - fetched
+    assert 3 <= second.checked <= 5 and len(again) == second.checked
+    assert all(len(site.requests(p)) == 1 for p in fetched)
+    # Without the budget every page is checked.
+    assert jodl(store, "budget", "set", "check_page", "--bytes-per-cycle", "0").exit_code == 0
+    assert run_app_cycle(store, settings).checked == 10
