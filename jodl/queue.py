@@ -332,7 +332,11 @@ class Queue:
     def claim(
         self, limit: int = 1, lease: float = DEFAULT_LEASE, families: Iterable[str] | None = None
     ) -> list[Claimed]:
-        """Take up to ``limit`` due jobs (highest priority, then earliest due) for ``lease`` s."""
+        """Take up to ``limit`` due jobs (highest priority, then earliest due) for ``lease`` s.
+
+        A family with an on-demand budget (:mod:`jodl.budget`) gives at most its
+        budget's jobs per clock hour; its other jobs stay queued.
+        """
         if limit <= 0:
             return []
         now = self.clock()
