@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import re
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ from sqlalchemy.orm import sessionmaker
 
 from crawler_app.models import Tracking, User
 from crawler_app.pages import add_user
+from crawler_app.quota import QuotaExceeded, set_quota
 from jodl.cli import main
 from jodl.migrate import upgrade
 from jodl.models import Job
@@ -241,3 +243,28 @@ def login(client: FlaskClient, email: str) -> None:
         "/login", data={"email": email, "password": PASSWORD, "csrf_token": token(client, "/login")}
     )
     assert r.status_code == 303, r.get_data(as_text=True)
+
+
+def test_submissions_at_once_cannot_both_pass_the_daily_count(app: Flask) -> None:
+    svc = app.extensions["jodl"]
+    with sessionmaker(svc.engine).begin() as s:
+        user = s.scalar(select(User).where(User.email == USER))
+        assert user is not None
+        user_id = user.id
+        set_quota(s, user, urls_per_day=5)
+    outcomes: list[str] = []
+
+    def submit(n: int) -> None:
+        try:
+            svc.batches.submit(urls(2, 10 * n), user_id)
+            outcomes.append("ok")
+        except QuotaExceeded:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=submit, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["ok", "ok"] + ["refused"] * 4
+    assert counts(app)[1] == 2

@@ -39,7 +39,7 @@ from jodl.models import ExecState, Execution, Job, JobState, utcnow
 from jodl.queue import Queue
 
 from .models import ITEM_URL_LENGTH, Batch, BatchItem, CacheReset
-from .quota import check_submission
+from .quota import check_submission, one_at_a_time
 from .settings import WebSettings
 
 log = logging.getLogger("web.batch")
@@ -290,6 +290,22 @@ class Batches:
     # -- submit ---------------------------------------------------------------------------------
 
     def submit(
+        self,
+        urls: Sequence[str],
+        user_id: int | None = None,
+        admit: Callable[[str], None] | None = None,
+        most: int | None = None,
+        *,
+        refetch: bool = False,
+    ) -> Submitted:
+        """:meth:`_submit`; one user's submissions one at a time in this process, so two
+        at once cannot both pass the daily quota's count."""
+        if user_id is None:
+            return self._submit(urls, user_id, admit, most, refetch=refetch)
+        with one_at_a_time(user_id):
+            return self._submit(urls, user_id, admit, most, refetch=refetch)
+
+    def _submit(
         self,
         urls: Sequence[str],
         user_id: int | None = None,

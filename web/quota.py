@@ -10,6 +10,9 @@ the HTML views, and ``jodl_web_quota_refused_total{quota=...}`` counts it.
 from __future__ import annotations
 
 import datetime as dt
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import func, select
@@ -33,6 +36,22 @@ class QuotaRefused(Forbidden):
     """A request over a user quota, as an HTTP answer (403, ``quota_exceeded``)."""
 
     name = "Quota exceeded"
+
+
+_LOCKS: dict[int, threading.Lock] = {}
+_LOCKS_LOCK = threading.Lock()
+
+
+@contextmanager
+def one_at_a_time(user_id: int) -> Iterator[None]:
+    """Hold one user's submissions in this process one at a time: the count of the
+    last 24 hours and the batch it admits are then never interleaved with another
+    of the user's submissions. (Web processes of one site do not share it: with
+    several, two submissions at the same instant can still both pass the count.)"""
+    with _LOCKS_LOCK:
+        lock = _LOCKS.setdefault(user_id, threading.Lock())
+    with lock:
+        yield
 
 
 def urls_since(sessions: sessionmaker[Any], user_id: int, since: dt.datetime) -> int:
@@ -122,6 +141,7 @@ def set_user_quota(sessions: sessionmaker[Any], data: dict[str, Any]) -> dict[st
 __all__ = [
     "QuotaRefused",
     "check_submission",
+    "one_at_a_time",
     "refused",
     "set_user_quota",
     "urls_since",
