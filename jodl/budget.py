@@ -13,7 +13,8 @@ limit). What each one does, and why it is cheap:
 * **on-demand jobs per hour** (N): the queue's claim takes at most N jobs of the
   family per clock hour; the others stay queued, not lost, and are claimed in the
   next hour. The count is one row per family, updated by the claim's own
-  transaction (its row lock orders concurrent claimers of budgeted families).
+  transaction; while any family has an hourly budget every claim locks those rows
+  first, so concurrent claimers count in turn (claims then wait on each other).
 * **bytes per cycle** (B): the master adds up the ``size`` that results of the
   run report (a check_page result carries the bytes it fetched) and once they pass
   B sends none of the run's jobs still unsent: they stay due, and the next run
