@@ -294,7 +294,10 @@ def _cycle_by(holder: str, store: Any) -> Any:
 
 def register(group: click.Group) -> None:
     """Add the page checker's commands to the ``jodl`` group (entry point ``jodl.commands``)."""
-    from . import settings  # noqa: F401 - registers the JODL_* options for `jodl config`
+    from . import quota, settings  # noqa: F401 - registers the JODL_* options for `jodl config`
+    from .quota_commands import quota as quota_command
+
+    users.add_command(quota_command)
 
     for command in (users, track, untrack, tracked, check, cycle):
         group.add_command(command)

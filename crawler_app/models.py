@@ -68,6 +68,18 @@ class User(Base):
     session_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
+class UserQuota(Base):
+    """An operator's quotas for one user (:mod:`crawler_app.quota`); NULL keeps the default."""
+
+    __tablename__ = "app_user_quota"
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("app_user.id", ondelete="CASCADE"), primary_key=True, autoincrement=False
+    )
+    trackings: Mapped[int | None] = mapped_column(Integer)
+    urls_per_day: Mapped[int | None] = mapped_column(Integer)
+    batch: Mapped[int | None] = mapped_column(Integer)
+
+
 class Page(Base):
     """A URL checked once per cycle for all its trackers."""
 

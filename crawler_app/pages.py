@@ -23,6 +23,7 @@ from jodl.models import Family, Job, JobState, utcnow
 
 from .guard import FetchRefused, parse_url
 from .models import SELECTOR_LENGTH, URL_LENGTH, WHOLE_PAGE, Page, PageView, Tracking, User
+from .quota import check_tracking
 from .text import SelectorError, compile_selector
 
 #: Family of the jobs that fetch pages.
@@ -153,6 +154,7 @@ def track(
     if period is not None and period < 1:
         raise PageError("the period is a whole number of cycles, at least 1")
     page = session.scalar(select(Page).where(Page.url == normal))
+    check_tracking(session, user, page.id if page is not None else None)
     if page is None:
         page = Page(url=normal, period=period or 1, created_at=utcnow())
         session.add(page)

@@ -671,11 +671,11 @@ def _load_apps() -> None:
         ep.load()(main)
 
 
+from .cli_budget import register as _register_budget  # noqa: E402 - budget
+from .cli_family import register as _register_family  # noqa: E402 - family, jobs list
 from .cli_ops import register as _register_ops  # noqa: E402 - profile
 
 _register_ops(main)
-
-from .cli_family import register as _register_family  # noqa: E402 - family, jobs list
-
+_register_budget(main)
 _register_family(main, _store)
 _load_apps()

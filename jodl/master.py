@@ -38,8 +38,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import failpoint
+from . import budget, failpoint
 from .agent import KNOWN_ID
+from .budget import RunBytes
 from .config import Settings
 from .connection import AgentLink
 from .exceptions import AgentUnavailable, Fenced, JodlError, UnknownFamily
@@ -247,6 +248,8 @@ class Master(Rebalancer):
         self._hello: Any = None
         self.cluster = ""
         self.gauges = MasterGauges()
+        #: Runs of families with a bytes budget: what their results fetched so far.
+        self.run_bytes: dict[int, RunBytes] = {}
         self._balancing_init()
 
     # -- start ------------------------------------------------------------------------------
@@ -406,8 +409,13 @@ class Master(Rebalancer):
         for job in jobs:
             self.pending[job.id] = job
         attached = self._reattach(run.id) if resumed else set()
+        counter = budget.run_bytes(self.store.engine, family, run.id, resumed)
+        if counter is not None:
+            self.run_bytes[run.id] = counter
         self.make_trial_moves(active, jobs)
         self.unassigned.extend(job.id for job in jobs if job.id not in attached)
+        if counter is not None and counter.stopped:
+            self.hold_back(run.id)
         log.info(
             "run %s#%d %s: %d jobs to do",
             family.name,
@@ -482,6 +490,7 @@ class Master(Rebalancer):
         self._write_homes()
         self.writer.flush()  # every outcome and home of the run committed before it closes
         self._flush_acks()
+        self.run_bytes.pop(active.run.id, None)
         run = self.store.finish_run(active.run, makespan, lower_bound)
         self.gauges.run_finished(active)
         del self.runs[active.run.id]
@@ -928,6 +937,8 @@ class Master(Rebalancer):
         acks: list[int] = []
         record = self.knowledge.record
         settle = False  # a job of a run with no home yet: the log gives it one
+        spent = self.run_bytes
+        over: list[int] = []  # runs whose bytes budget these results passed
         for exec_id, duration, finished_at, result in done:
             flight = slot.inflight.pop(exec_id, None)
             job = self.pending.get(flight.job_id) if flight is not None else None
@@ -955,6 +966,8 @@ class Master(Rebalancer):
             finished.append(job)
             record(job.id, node_id, job.family, duration)
             self.note_done(slot, job, exec_id, duration, rows)
+            if spent and job.run_id in spent and spent[job.run_id].add(result):
+                over.append(job.run_id)
         n_done = len(finished)
         for exec_id, duration, finished_at, error, retryable in failed:
             flight = slot.inflight.pop(exec_id, None)
@@ -1015,6 +1028,8 @@ class Master(Rebalancer):
                 active.last_result = now
                 touched.add(active.run.id)
         self.unassigned.extend(retry)
+        for run_id in over:
+            self.hold_back(run_id)
         for run_id in touched:
             active = self.runs[run_id]
             if self.progress is not None:
@@ -1049,6 +1064,37 @@ class Master(Rebalancer):
             if active is not None:
                 active.remaining -= 1
         self._commit(rows)
+        return len(ids)
+
+    def hold_back(self, run_id: int) -> int:
+        """A run's bytes budget is spent: its jobs not sent yet are not sent in this run.
+
+        They stay due (idle, no result in this run), so the next run has them; the
+        run records how many. Jobs in flight finish. Returns how many were held back.
+        """
+        active = self.runs.get(run_id)
+        flying = {f.job_id for slot in self.nodes.values() for f in slot.inflight.values()}
+        ids = {j for j, job in self.pending.items() if job.run_id == run_id and j not in flying}
+        if active is None or not ids:
+            return 0
+        for slot in self.nodes.values():
+            if any(job_id in ids for job_id in slot.backlog):
+                slot.backlog = deque(j for j in slot.backlog if j not in ids)
+        self.unassigned = deque(j for j in self.unassigned if j not in ids)
+        for job_id in ids:
+            self._unplace(job_id)
+            self.copies.pop(job_id, None)
+            del self.pending[job_id]
+        active.remaining -= len(ids)
+        active.total -= len(ids)
+        budget.record_deferred(self.store.engine, run_id, active.family.name, len(ids))
+        log.info(
+            "run %s#%d: bytes budget spent, %d jobs wait for the next run",
+            active.family.name,
+            active.run.number,
+            len(ids),
+            extra={"run_id": run_id, "family": active.family.name},
+        )
         return len(ids)
 
     def _flush_acks(self) -> None:

@@ -54,6 +54,19 @@ JOBS_DEAD = Counter(
     "jodl_jobs_dead", "Jobs declared dead (no attempts left), by family", ["family"]
 )
 
+# -- budgets (jodl/budget.py) ---------------------------------------------------------------
+
+BUDGET_EXHAUSTED = Counter(
+    "jodl_budget_exhausted",
+    "Times a family budget held work back (a cycle cut short, an hour's claims used up)",
+    ["family", "budget"],
+)
+JOBS_DEFERRED = Counter(
+    "jodl_jobs_deferred",
+    "Due jobs a family budget put off to the next cycle, by family and budget",
+    ["family", "budget"],
+)
+
 #: Loop steps take from ~100 µs (nothing to do) to seconds (a large commit on a slow disk).
 LOOP_STEP = Histogram(
     "jodl_master_loop_step_seconds",

@@ -89,6 +89,24 @@ class Family(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
+class FamilyBudget(Base):
+    """A family's budgets (:mod:`jodl.budget`); NULL keeps the ``JODL_FAMILY_*`` default.
+
+    ``hour_start``/``hour_used`` count the on-demand jobs claimed in the current
+    clock hour; the queue's claims update them in their own transaction.
+    """
+
+    __tablename__ = "jodl_family_budget"
+    family_id: Mapped[int] = mapped_column(
+        ForeignKey("jodl_family.id", ondelete="CASCADE"), primary_key=True, autoincrement=False
+    )
+    jobs_per_cycle: Mapped[int | None] = mapped_column(Integer)
+    ondemand_per_hour: Mapped[int | None] = mapped_column(Integer)
+    bytes_per_cycle: Mapped[int | None] = mapped_column(BigInteger)
+    hour_start: Mapped[dt.datetime | None]
+    hour_used: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+
 class FamilyOnNode(Base):
     """Whether, and under which conditions, a node may run a family."""
 
@@ -226,6 +244,11 @@ class Run(Base):
     #: max(total work / total speed, longest job / fastest node), from learned figures.
     lower_bound: Mapped[float | None] = mapped_column(Float)
     ratio: Mapped[float | None] = mapped_column(Float)
+    #: Due jobs a budget put off to the next run (jobs per cycle, bytes per cycle).
+    deferred: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: With a jobs-per-cycle budget: the last member in the order (last run, id).
+    cut_number: Mapped[int | None] = mapped_column(Integer)
+    cut_job_id: Mapped[int | None] = mapped_column(BigId)
 
 
 class ExecState:

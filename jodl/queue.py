@@ -65,6 +65,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, NoResultFound
 
 from . import bulk
+from .budget import HourlyBudgets
 from .config import DEFAULT_MAX_ATTEMPTS, Option, read_values, register_options
 from .exceptions import BadPayload, JodlError
 from .models import ExecState, Execution, Family, Job, JobState, MasterLease, utcnow
@@ -199,6 +200,8 @@ class Queue:
         self._lock = threading.Lock()
         self._listener: _Listener | None = None
         self._ids: Store | None = None
+        #: Per-hour budgets of families' on-demand jobs (jodl/budget.py).
+        self.hourly = HourlyBudgets(self.engine)
 
     # -- families --------------------------------------------------------------------------
 
@@ -329,7 +332,11 @@ class Queue:
     def claim(
         self, limit: int = 1, lease: float = DEFAULT_LEASE, families: Iterable[str] | None = None
     ) -> list[Claimed]:
-        """Take up to ``limit`` due jobs (highest priority, then earliest due) for ``lease`` s."""
+        """Take up to ``limit`` due jobs (highest priority, then earliest due) for ``lease`` s.
+
+        A family with an on-demand budget (:mod:`jodl.budget`) gives at most its
+        budget's jobs per clock hour; its other jobs stay queued.
+        """
         if limit <= 0:
             return []
         now = self.clock()
@@ -343,37 +350,50 @@ class Queue:
             if not fids:
                 return []
             due = due.where(Job.family_id.in_(fids))
-        due = due.order_by(Job.priority.desc(), Job.due_at).limit(limit)
-        if self.postgres:
-            # Materialised once, locked rows skipped: concurrent claimers never wait.
-            cte = due.with_for_update(skip_locked=True).cte("due").prefix_with("MATERIALIZED")
-            chosen: Any = select(cte.c.id)
-        else:
-            chosen = due  # one statement holds SQLite's write lock: atomic
-        stmt = (
-            update(Job)
-            .where(Job.id.in_(chosen))
-            .values(
-                state=JobState.CLAIMED,
-                attempts=Job.attempts + 1,
-                lease_until=until,
-                due_at=None,
-                updated_at=now,
+        due = due.order_by(Job.priority.desc(), Job.due_at)
+
+        def statement(extra: tuple[Any, ...], most: int) -> Any:
+            picked = due.where(*extra).limit(most)
+            if self.postgres:
+                # Materialised once, locked rows skipped: concurrent claimers never wait.
+                cte = (
+                    picked.with_for_update(skip_locked=True).cte("due").prefix_with("MATERIALIZED")
+                )
+                chosen: Any = select(cte.c.id)
+            else:
+                chosen = picked  # one statement holds SQLite's write lock: atomic
+            return (
+                update(Job)
+                .where(Job.id.in_(chosen))
+                .values(
+                    state=JobState.CLAIMED,
+                    attempts=Job.attempts + 1,
+                    lease_until=until,
+                    due_at=None,
+                    updated_at=now,
+                )
+                .returning(
+                    Job.id,
+                    Job.family_id,
+                    Job.key,
+                    Job.payload,
+                    Job.priority,
+                    Job.attempts,
+                    Job.failures,
+                    Job.permanent_node_id,
+                    Job.trial_node_id,
+                )
             )
-            .returning(
-                Job.id,
-                Job.family_id,
-                Job.key,
-                Job.payload,
-                Job.priority,
-                Job.attempts,
-                Job.failures,
-                Job.permanent_node_id,
-                Job.trial_node_id,
-            )
-        )
+
+        per_hour = self.hourly.per_hour()  # families with an on-demand budget (cached)
+        rows: Sequence[Any]
         with self.engine.begin() as conn:
-            rows = conn.execute(stmt).all()
+            if per_hour:
+                rows = self.hourly.claim(
+                    conn, per_hour, now, limit, lambda x, n: conn.execute(statement(x, n)).all()
+                )
+            else:
+                rows = conn.execute(statement((), limit)).all()
         out = [
             Claimed(r[0], self._family_name(r[1]), r[2], r[3], r[4], r[5], r[6], until, r[7], r[8])
             for r in rows

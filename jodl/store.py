@@ -40,7 +40,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from . import bulk
+from . import budget, bulk
 from .exceptions import JodlError, LeaseHeld, StoreUnavailable
 from .learning import LearningLog, learn_from_executions, settle_homes
 from .models import (
@@ -538,9 +538,10 @@ class Store(LearningLog):
             )
             s.add(run)
             s.flush()
-            run.jobs_total = (
-                s.scalar(select(func.count()).where(*self._member_filter(run))) or 0
-            ) - len(self._too_recent(s, run))
+            recent = self._too_recent(s, run)
+            members = self._member_filter(run)
+            run.jobs_total = (s.scalar(select(func.count()).where(*members)) or 0) - len(recent)
+            budget.cut_run(s, run, family, members, recent)  # at most N jobs per cycle
             return run, False
 
     @staticmethod
@@ -554,6 +555,7 @@ class Store(LearningLog):
                 Job.last_run_number.is_(None),
                 run.number - Job.last_run_number >= Job.every_n_cycles,
             ),
+            *budget.member_cut(run),
         )
 
     @staticmethod
@@ -595,7 +597,9 @@ class Store(LearningLog):
                     Job.priority,
                     Job.permanent_node_id,
                     Job.trial_node_id,
-                ).where(*self._member_filter(run), ~done)
+                )
+                .where(*self._member_filter(run), ~done)
+                .order_by(*budget.oldest_due())  # those a budget put off last time first
             ).all()  # one fetch: iterating the result fetches row by row
             return [
                 PendingJob(
@@ -716,6 +720,7 @@ class Store(LearningLog):
             )
             db_run = s.get(Run, run.id)
             assert db_run is not None
+            budget.after_run(s, db_run)
             db_run.jobs_done = counts.get(ExecState.DONE, 0)
             db_run.jobs_failed = counts.get(ExecState.FAILED, 0)
             db_run.jobs_dead = (

@@ -17,6 +17,7 @@ from flask import Blueprint, jsonify, request, url_for
 from werkzeug.exceptions import BadRequest, Forbidden, NotFound, UnsupportedMediaType
 
 from crawler_app.pages import PageError
+from crawler_app.quota import QuotaExceeded
 
 from . import admin, tracking
 from .app import services
@@ -36,6 +37,7 @@ from .auth import (
 )
 from .batch import SubmissionError
 from .openapi import document
+from .quota import refused, set_user_quota, usage
 from .security import CSRF_HEADER, csrf_token, csrf_valid
 
 bp = Blueprint("api", __name__, url_prefix="/api")
@@ -139,6 +141,8 @@ def batches_create() -> Any:
         submitted = svc.batches.submit(urls, user.id if user else None, admit=admit, most=most)
     except SubmissionError as exc:
         raise BadRequest(str(exc)) from None
+    except QuotaExceeded as exc:
+        raise refused(svc.metrics, exc) from None
     svc.metrics.inc("jodl_web_batches_total")
     for how in ("cached", "queued", "refused"):
         svc.metrics.inc("jodl_web_urls_total", getattr(submitted, how), answer=how)
@@ -310,7 +314,19 @@ def pages_diff(page_id: int) -> Any:
     return jsonify(tracking.diff_data(services(), _me(), page_id, args.get("a"), args.get("b")))
 
 
+@bp.route("/quota")
+@login_required
+def quota_get() -> Any:
+    return jsonify(usage(services().batches.sessions, _me().id))
+
+
 # -- operators ----------------------------------------------------------------------------------
+
+
+@bp.route("/admin/quota", methods=["POST"])
+@admin_required
+def admin_quota() -> Any:
+    return jsonify(set_user_quota(services().batches.sessions, body()))
 
 
 @bp.route("/admin/status")

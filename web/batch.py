@@ -39,6 +39,7 @@ from jodl.models import ExecState, Execution, Job, JobState, utcnow
 from jodl.queue import Queue
 
 from .models import ITEM_URL_LENGTH, Batch, BatchItem, CacheReset
+from .quota import check_submission, one_at_a_time
 from .settings import WebSettings
 
 log = logging.getLogger("web.batch")
@@ -297,11 +298,28 @@ class Batches:
         *,
         refetch: bool = False,
     ) -> Submitted:
+        """:meth:`_submit`; one user's submissions one at a time in this process, so two
+        at once cannot both pass the daily quota's count."""
+        if user_id is None:
+            return self._submit(urls, user_id, admit, most, refetch=refetch)
+        with one_at_a_time(user_id):
+            return self._submit(urls, user_id, admit, most, refetch=refetch)
+
+    def _submit(
+        self,
+        urls: Sequence[str],
+        user_id: int | None = None,
+        admit: Callable[[str], None] | None = None,
+        most: int | None = None,
+        *,
+        refetch: bool = False,
+    ) -> Submitted:
         """Record a batch of URLs, answer what the cache can, queue the rest.
 
         ``refetch``: the cache answers nothing, every URL is fetched now ("Check now").
 
-        Raises :class:`SubmissionError` for an empty batch or one over the size limit.
+        Raises :class:`SubmissionError` for an empty batch or one over the size limit,
+        :class:`crawler_app.quota.QuotaExceeded` for one over the user's quotas.
         Each URL refused on its own (scheme, syntax, length) becomes an item with an
         error: the rest of the batch goes ahead. ``admit`` may refuse a normalised
         URL more (ValueError saying why); ``most`` lowers the size limit.
@@ -313,6 +331,8 @@ class Batches:
         most = min(most or self.settings.web_batch_max, self.settings.web_batch_max)
         if len(urls) > most:
             raise SubmissionError(f"{len(urls)} URLs given; at most {most} per submission")
+        if user_id is not None:  # QuotaExceeded before anything is queued or written
+            check_submission(self.sessions, user_id, len(urls), self.clock())
         self._cleanup()
         items: list[Item] = []
         seen: set[str] = set()

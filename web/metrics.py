@@ -31,6 +31,7 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "jodl_web_events": ("Result events sent on event streams", ()),
     "jodl_web_rate_limited": ("Requests refused by the rate limit", ()),
     "jodl_web_cache_resets": ("URLs whose cached results were forgotten", ()),
+    "jodl_web_quota_refused": ("Requests refused by a user quota, by quota", ("quota",)),
 }
 GAUGES = {
     "jodl_web_streams_open": "Event streams open now in this process",

@@ -24,7 +24,11 @@ class Batch(Base):
     """One submission of URLs."""
 
     __tablename__ = "web_batch"
-    __table_args__ = (Index("ix_web_batch_created", "created_at"),)
+    __table_args__ = (
+        Index("ix_web_batch_created", "created_at"),
+        # the URLs a user submitted in the last 24 hours (web/quota.py)
+        Index("ix_web_batch_user_created", "user_id", "created_at"),
+    )
     #: Random, unguessable: knowing the id is what lets someone watch the batch.
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     user_id: Mapped[int | None] = mapped_column(ForeignKey("app_user.id", ondelete="SET NULL"))

@@ -28,7 +28,8 @@ WITH_BODY = (400, 401, 403, 415, 429)
 REASONS = {
     400: "Malformed or refused input",
     401: "Not logged in, or wrong credentials (session, bearer token or HTTP Basic)",
-    403: "Missing CSRF token, operators only, or closed",
+    403: "Missing CSRF token, operators only, closed, or over a user quota (error "
+    "`quota_exceeded`: the whole request was refused, nothing done)",
     404: "No such thing",
     415: "The body must be JSON",
     429: "Rate limit: retry after the Retry-After header's seconds",
@@ -402,6 +403,39 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 params=[_path_int("page_id"), _query_int("a"), _query_int("b")],
             )
         },
+        "/api/quota": {
+            "get": _op(
+                "Your quotas (0: no limit) and what you used of them",
+                _responses(200, "Limits and usage", {"$ref": "#/components/schemas/Quota"}, 401),
+                auth=True,
+            )
+        },
+        "/api/admin/quota": {
+            "post": _op(
+                "Set a user's quotas (operators): null puts one back to its default, 0 is "
+                "no limit; fields left out are unchanged",
+                _responses(
+                    200,
+                    "The user's limits and usage",
+                    {"$ref": "#/components/schemas/Quota"},
+                    404,
+                    *WITH_BODY,
+                ),
+                {
+                    "type": "object",
+                    "required": ["email"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "email": _text(320),
+                        **{
+                            name: {"type": ["integer", "null"], "minimum": 0, "maximum": 2**31 - 1}
+                            for name in ("trackings", "urls_per_day", "batch")
+                        },
+                    },
+                },
+                auth=True,
+            )
+        },
         "/api/admin/status": {
             "get": _op(
                 "Nodes, queue counts, runs with progress (operators)",
@@ -508,6 +542,28 @@ def document(settings: WebSettings) -> dict[str, Any]:
                         "size": {"type": "integer"},
                         "items": {"type": "array", "items": obj},
                         "events": {"type": "string"},
+                    },
+                },
+                "Quota": {
+                    "type": "object",
+                    "description": "A user's quotas in effect (0: no limit) and their use",
+                    "required": ["limits", "used"],
+                    "properties": {
+                        "email": {"type": "string"},
+                        "limits": {
+                            "type": "object",
+                            "properties": {
+                                name: {"type": "integer", "minimum": 0}
+                                for name in ("trackings", "urls_per_day", "batch")
+                            },
+                        },
+                        "used": {
+                            "type": "object",
+                            "properties": {
+                                "trackings": {"type": "integer"},
+                                "urls_per_day": {"type": "integer"},
+                            },
+                        },
                     },
                 },
                 "Complete": {

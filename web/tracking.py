@@ -16,6 +16,7 @@ from werkzeug.exceptions import BadRequest, NotFound
 
 from crawler_app.models import WHOLE_PAGE, Page, Snapshot, Tracking
 from crawler_app.pages import PageError, track, trackings_of, untrack
+from crawler_app.quota import QuotaExceeded
 from crawler_app.schedule import next_checks
 from crawler_app.settings import AppSettings
 from jodl.exceptions import JodlError
@@ -23,6 +24,7 @@ from jodl.exceptions import JodlError
 from .app import Services, services
 from .auth import CurrentUser, current_user, limit, login_required
 from .diff import inline, side_by_side
+from .quota import QuotaRefused, refused
 
 bp = Blueprint("tracking", __name__)
 
@@ -84,6 +86,8 @@ def add_page(svc: Services, user: CurrentUser, url: Any, selector: Any) -> dict[
             page = s.get(Page, page_id)
             assert page is not None
             return {"id": page_id, "url": page.url, "selector": tracking.selector}
+    except QuotaExceeded as exc:
+        raise refused(svc.metrics, exc) from None
     except PageError as exc:
         raise BadRequest(str(exc)) from None
 
@@ -113,7 +117,10 @@ def check_now(svc: Services, user: CurrentUser, page_id: int) -> str:
             raise NotFound("no such page")
     else:
         page, _ = _tracking(svc, user, page_id)
-    return svc.batches.submit([page.url], user.id, refetch=True).id
+    try:
+        return svc.batches.submit([page.url], user.id, refetch=True).id
+    except QuotaExceeded as exc:
+        raise refused(svc.metrics, exc) from None
 
 
 def remove_page(svc: Services, user: CurrentUser, page_id: int) -> str:
@@ -237,7 +244,7 @@ def pages_add() -> Any:
     svc = services()
     try:
         added = add_page(svc, _user(), request.form.get("url", ""), request.form.get("selector"))
-    except BadRequest as exc:
+    except (BadRequest, QuotaRefused) as exc:
         flash(str(exc.description), "error")
         return (
             render_template(
@@ -246,7 +253,7 @@ def pages_add() -> Any:
                 url=request.form.get("url", "")[:2100],
                 selector=request.form.get("selector", "")[:600],
             ),
-            400,
+            exc.code,
         )
     flash(f"Now tracking {added['url']}.", "ok")
     return redirect(url_for("tracking.pages"), 303)

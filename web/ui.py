@@ -7,9 +7,12 @@ from typing import Any
 from flask import Blueprint, flash, redirect, render_template, request, url_for
 from werkzeug.exceptions import NotFound
 
+from crawler_app.quota import QuotaExceeded
+
 from .app import services
 from .auth import batch_limit, current_user, limit, login_required, submission_rules
 from .batch import SubmissionError, split_urls
+from .quota import refused
 
 bp = Blueprint("ui", __name__)
 
@@ -38,11 +41,14 @@ def submit() -> Any:
         submitted = svc.batches.submit(
             split_urls(text), user.id if user else None, admit=admit, most=most
         )
-    except SubmissionError as exc:
+    except (SubmissionError, QuotaExceeded) as exc:
         flash(str(exc), "error")
+        code = 400
+        if isinstance(exc, QuotaExceeded):
+            code = refused(svc.metrics, exc).code or 403
         return (
             render_template("index.html", batch_max=most, urls=text[:200_000]),
-            400,
+            code,
         )
     svc.metrics.inc("jodl_web_batches_total")
     for how in ("cached", "queued", "refused"):

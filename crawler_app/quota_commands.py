@@ -1,0 +1,72 @@
+"""``jodl users quota EMAIL``: show or set one user's quotas (:mod:`crawler_app.quota`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+#: The word that puts a quota back to its default (``JODL_USER_*``).
+DEFAULT_WORD = "default"
+
+
+class QuotaValue(click.ParamType):
+    """A whole number >= 0 (0: no limit), or ``default``."""
+
+    name = "N|default"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int | None:
+        if value is None or isinstance(value, int) and not isinstance(value, bool):
+            return value  # type: ignore[no-any-return]
+        text = str(value).strip().lower()
+        if text == DEFAULT_WORD:
+            return None
+        try:
+            number = int(text)
+        except ValueError:
+            self.fail(f"{value!r} is not a whole number >= 0 nor {DEFAULT_WORD!r}", param, ctx)
+        if number < 0:
+            self.fail(f"{number} is negative: give a whole number >= 0 (0: no limit)", param, ctx)
+        return number
+
+
+_HELP = "(0: no limit; 'default': the JODL_USER_* setting)"
+
+
+@click.command("quota")
+@click.argument("email")
+@click.option("--trackings", type=QuotaValue(), help=f"Pages the user may track {_HELP}.")
+@click.option(
+    "--urls-per-day", type=QuotaValue(), help=f"URLs the user may submit in 24 hours {_HELP}."
+)
+@click.option("--batch", type=QuotaValue(), help=f"URLs the user may submit at once {_HELP}.")
+@click.pass_context
+def quota(ctx: click.Context, email: str, **given: Any) -> None:
+    """Show the quotas of user EMAIL, or set some of them."""
+    from sqlalchemy import func, select
+
+    from .commands import _session
+    from .models import Tracking
+    from .pages import get_user
+    from .quota import Limits, limits_of, set_quota
+
+    source = click.get_current_context().get_parameter_source
+    chosen = {k: v for k, v in given.items() if source(k) == click.core.ParameterSource.COMMANDLINE}
+    with _session(ctx) as s:
+        user = get_user(s, email)
+        if chosen:
+            set_quota(s, user, **chosen)
+        limits = limits_of(s, user.id, Limits.from_env())
+        tracked = s.scalar(select(func.count()).where(Tracking.user_id == user.id)) or 0
+
+    def shown(value: int) -> str:
+        return str(value) if value else "no limit"
+
+    verb = "now has" if chosen else "has"
+    click.echo(
+        f"{user.email} {verb} quotas: trackings {shown(limits.trackings)} ({tracked} used), "
+        f"urls per day {shown(limits.urls_per_day)}, batch {shown(limits.batch)}"
+    )
+
+
+__all__ = ["quota"]
