@@ -12,10 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from apscheduler.triggers.cron import CronTrigger
-
 from jodl.config import Option, read_values, register_options
 from jodl.exceptions import ConfigError
+from jodl.families_admin import cron_trigger  # one crontab reading for every schedule
 
 from . import change, fetcher, politeness
 from .guard import parse_allowlist
@@ -46,23 +45,6 @@ def _non_negative_float(text: str) -> float:
 
 #: ``JODL_SCHEDULE`` value that turns the scheduled cycles off.
 SCHEDULE_OFF = "off"
-
-
-def cron_trigger(expression: str, timezone: Any = None) -> CronTrigger:
-    """A trigger for a crontab line (``MIN HOUR DAY MONTH WEEKDAY``, or ``SEC`` first)."""
-    fields = expression.split()
-    if len(fields) == 6:
-        second, minute, hour, day, month, dow = fields
-        return CronTrigger(
-            second=second,
-            minute=minute,
-            hour=hour,
-            day=day,
-            month=month,
-            day_of_week=dow,
-            timezone=timezone,
-        )
-    return CronTrigger.from_crontab(expression, timezone=timezone)
 
 
 def _cron(text: str) -> str:
