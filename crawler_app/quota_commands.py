@@ -6,28 +6,10 @@ from typing import Any
 
 import click
 
-#: The word that puts a quota back to its default (``JODL_USER_*``).
-DEFAULT_WORD = "default"
+from jodl.cli_budget import BudgetValue
 
-
-class QuotaValue(click.ParamType):
-    """A whole number >= 0 (0: no limit), or ``default``."""
-
-    name = "N|default"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> int | None:
-        if value is None or isinstance(value, int) and not isinstance(value, bool):
-            return value  # type: ignore[no-any-return]
-        text = str(value).strip().lower()
-        if text == DEFAULT_WORD:
-            return None
-        try:
-            number = int(text)
-        except ValueError:
-            self.fail(f"{value!r} is not a whole number >= 0 nor {DEFAULT_WORD!r}", param, ctx)
-        if number < 0:
-            self.fail(f"{number} is negative: give a whole number >= 0 (0: no limit)", param, ctx)
-        return number
+# The same N|default value as family budgets: one parser for both.
+QuotaValue = BudgetValue
 
 
 _HELP = "(0: no limit; 'default': the JODL_USER_* setting)"
