@@ -23,7 +23,7 @@ from jodl.migrate import upgrade
 from jodl.models import ExecState, Execution, Job, JobState, Node, Run
 from jodl.placement import BalanceView, JobInfo, Move, NodeLoad, register
 from jodl.store import Store, make_engine
-from jodl.strategies import EarliestFinish
+from jodl.placement.strategies import EarliestFinish
 
 Spawn = Callable[..., AgentProcess]
 
