@@ -22,8 +22,8 @@ from jodl.master import Master, RunSummary
 from jodl.migrate import upgrade
 from jodl.models import ExecState, Execution, Job, JobState, Node, Run
 from jodl.placement import BalanceView, JobInfo, Move, NodeLoad, register
+from jodl.placement.strategies import EarliestFinish
 from jodl.store import Store, make_engine
-from jodl.strategies import EarliestFinish
 
 Spawn = Callable[..., AgentProcess]
 

@@ -20,7 +20,7 @@ from jodl.placement import (
     per_cycle,
     strategy,
 )
-from jodl.strategies import EarliestFinish, affinity_key, rendezvous_score
+from jodl.placement.strategies import EarliestFinish, affinity_key, rendezvous_score
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "placement.md"
 

@@ -17,13 +17,14 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from .config import read_values
-from .master import Feeder
-from .queue import CHECK_INTERVAL, CLAIM_BATCH, OPTIONS, WAKE_MAX, Claimed, Queue
-from .store import PendingJob
+from ..config import read_values
+from ..log.queue_records import Claimed
+from ..master import Feeder
+from ..store import PendingJob
+from .queue import CHECK_INTERVAL, CLAIM_BATCH, OPTIONS, WAKE_MAX, Queue
 
 if TYPE_CHECKING:
-    from .master import Master
+    from ..master import Master
 
 log = logging.getLogger("jodl.feeder")
 

@@ -1,81 +1,30 @@
-"""Placement: which node runs a job (DESIGN §7) — the interface and what it may see.
+"""What the master has learned: durations per (job, node) and node speeds (:class:`Knowledge`).
 
-A strategy is a small class: :meth:`Placement.choose` picks one node for one job
-among the nodes its family may use (FamilyOnNode), from a read-only view of what
-the master knows: per node the expected work already queued there, its slots,
-its learned speed and the expected work per cycle of the jobs whose home it is
-(:class:`NodeLoad`), and per job and node the learned durations
-(:class:`Knowledge`). The master calls :meth:`Placement.place` once per loop step
-with every job that needs a node, so a strategy sees the whole batch. While
-balancing, the master also asks :meth:`Placement.moves` for moves of its own.
-
-Strategies are selected per family by name (``Family.strategy``) with parameters
-(``Family.strategy_params``); register your own with :func:`register` or the
-entry-point group ``jodl.placements``. The built-in ones live in
-:mod:`jodl.strategies`; ``docs/placement.md`` shows how to write one.
+Every strategy asks :meth:`Knowledge.expected` how long a job would take on a
+node; the answer falls back from what was measured to :data:`DEFAULT_DURATION`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from importlib.metadata import entry_points
-from typing import Any, ClassVar, NamedTuple
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .view import JobInfo, NodeLoad
 
 #: Duration assumed for a job nothing is known about (seconds, at speed 1.0).
+#: Only a family's first jobs meet it: after one result the family's mean replaces it
+#: (see :meth:`Knowledge.expected`), and among jobs equally unknown only the order
+#: matters. Half a second is long against what a move costs (a round trip of about a
+#: millisecond on a LAN plus the balancing's 5 ms steal margin), so an idle node may
+#: steal a job nothing is known about instead of waiting; and short enough that a
+#: first job stuck for a second (twice its guess: the balancing's straggler factor)
+#: of an idempotent family gets a backup copy early.
 DEFAULT_DURATION = 0.5
 #: Weight of the newest duration in the recent (exponentially weighted) mean.
 RECENT_WEIGHT = 0.3
-#: Strategy of a family that names none.
-DEFAULT_STRATEGY = "earliest_finish"
 #: Jobs seen on several nodes used to fit node speeds at most (a spread sample).
 SPEED_SAMPLE = 3000
-
-
-class JobInfo(NamedTuple):
-    """What a strategy may know of a job (a named tuple: cheap to make per job and step)."""
-
-    id: int
-    key: str
-    family: str
-    priority: int = 0
-    #: The job's home: the node it returns to (thesis: its assignment).
-    permanent_node_id: int | None = None
-    #: Set while a trial move is in force: the node the job is being tried on.
-    trial_node_id: int | None = None
-    #: Nodes that failed this job too often in this run (avoid them).
-    failed_on: frozenset[int] = frozenset()
-    attempts: int = 0
-    #: Expected runs per cycle (1.0 = every cycle; 0.25 = every fourth cycle).
-    per_cycle: float = 1.0
-
-    @property
-    def home(self) -> int | None:
-        """Where the job belongs now: its trial node while a trial is in force, else home."""
-        return self.trial_node_id if self.trial_node_id is not None else self.permanent_node_id
-
-
-@dataclass
-class NodeLoad:
-    """A node as placement sees it; the master keeps ``queued_*`` current."""
-
-    id: int
-    address: str
-    slots: int = 1
-    speed: float = 1.0
-    labels: dict[str, Any] = field(default_factory=dict)
-    #: Jobs placed on the node in this cycle and not finished.
-    queued_jobs: int = 0
-    #: Expected seconds of work those jobs represent.
-    queued_work: float = 0.0
-    #: Expected seconds per cycle of the jobs whose home this node is, each weighted
-    #: by how often it is due (a job run every fourth cycle counts a quarter).
-    home_work: float = 0.0
-
-    def expected_finish(self, extra: float = 0.0) -> float:
-        """Seconds until a job of ``extra`` seconds added now would end (queue per slot + it)."""
-        return self.queued_work / max(1, self.slots) + extra
 
 
 @dataclass
@@ -111,7 +60,7 @@ class Learned:
 
 
 class Knowledge:
-    """Learned durations per (job, node) and node speeds, with the fallbacks of DESIGN §7."""
+    """Learned durations per (job, node) and node speeds, with the fallbacks of :meth:`expected`."""
 
     def __init__(self, default_duration: float = DEFAULT_DURATION) -> None:
         self.default_duration = default_duration
@@ -294,165 +243,3 @@ class Knowledge:
         """Set nodes' speeds (e.g. loaded from the log)."""
         self.node_speed.update(speeds)
         self._work.clear()
-
-
-@dataclass(frozen=True)
-class Move:
-    """A move a strategy proposes while balancing: run ``job_id`` on ``node_id`` instead."""
-
-    job_id: int
-    node_id: int
-    reason: str = "strategy"
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """A job placed on a node and not started yet (``sent``: it already is on the agent)."""
-
-    job: JobInfo
-    node_id: int
-    expected: float
-    sent: bool
-
-
-@dataclass(frozen=True)
-class BalanceView:
-    """What :meth:`Placement.moves` sees: nodes, the jobs waiting on them, the learning."""
-
-    nodes: Sequence[NodeLoad]
-    waiting: Sequence[Waiting]
-    knowledge: Knowledge
-    #: Nodes with a free slot and nothing waiting.
-    idle: frozenset[int]
-    #: Measured round trip to each node (seconds).
-    rtt: Mapping[int, float]
-
-
-class Placement:
-    """Base class of placement strategies.
-
-    Subclasses set :attr:`name` and override :meth:`choose` (one job) and, if
-    they like, :meth:`order` (which jobs go first), :meth:`place` (a batch) or
-    :meth:`moves` (moves while balancing). Parameters come from the family's
-    ``strategy_params`` as keyword arguments and are kept in :attr:`params`.
-    A strategy must not change the view it is given, except through
-    :meth:`place`, which accounts each placed job on its node.
-    """
-
-    name: ClassVar[str] = ""
-    #: True: a job stays on the node :meth:`choose` gave it. Idle nodes do not steal
-    #: it and it gets no backup copy elsewhere; only a node that goes away (or fails
-    #: it) sends it back to :meth:`choose`. For jobs that must share a node, such as
-    #: all pages of one host under that host's politeness limits.
-    keeps_nodes: bool = False
-
-    def __init__(self, **params: Any) -> None:
-        self.params = params
-
-    def order(self, jobs: list[JobInfo], knowledge: Knowledge) -> list[JobInfo]:
-        """The order in which jobs get nodes (and are sent): highest priority first."""
-        return sorted(jobs, key=lambda job: -job.priority)
-
-    def choose(
-        self, job: JobInfo, candidates: Sequence[NodeLoad], knowledge: Knowledge
-    ) -> NodeLoad | None:
-        """Pick one of ``candidates`` (never empty) for ``job``; None leaves it unplaced."""
-        raise NotImplementedError
-
-    def place(
-        self,
-        jobs: list[JobInfo],
-        candidates: Callable[[JobInfo], Sequence[NodeLoad]],
-        knowledge: Knowledge,
-    ) -> list[tuple[JobInfo, NodeLoad]]:
-        """Place a batch: each job (in :meth:`order`) on the node :meth:`choose` returns.
-
-        The chosen node's ``queued_*`` figures grow as jobs land on it, so later
-        choices in the same batch see them.
-        """
-        out: list[tuple[JobInfo, NodeLoad]] = []
-        for job in self.order(jobs, knowledge):
-            nodes = candidates(job)
-            if not nodes:
-                continue
-            node = self.choose(job, nodes, knowledge)
-            if node is None:
-                continue
-            node.queued_jobs += 1
-            node.queued_work += knowledge.expected(job, node)
-            out.append((job, node))
-        return out
-
-    def moves(self, view: BalanceView) -> list[Move]:
-        """Moves of waiting jobs this strategy wants while balancing (default: none).
-
-        Called when some node is idle; the master performs a move only to a node
-        the job's family may use, and only for a job that has not started.
-        """
-        return []
-
-
-def usable(job: JobInfo, candidates: Sequence[NodeLoad]) -> list[NodeLoad]:
-    """``candidates`` without the nodes that failed ``job`` too often (all if that is all)."""
-    nodes = [n for n in candidates if n.id not in job.failed_on]
-    return nodes or list(candidates)
-
-
-def per_cycle(
-    every_n_cycles: int = 1, min_interval: float | None = None, period: float | None = None
-) -> float:
-    """Expected runs per cycle of a job due every ``every_n_cycles`` cycles and not more
-    often than every ``min_interval`` seconds, when cycles start every ``period`` seconds."""
-    rate = 1.0 / max(1, every_n_cycles)
-    if min_interval and period and period > 0:
-        rate = min(rate, period / min_interval)
-    return rate
-
-
-def account_homes(jobs: Iterable[JobInfo], nodes: Sequence[NodeLoad], knowledge: Knowledge) -> None:
-    """Set each node's ``home_work``: the expected seconds per cycle of the jobs at home there."""
-    by_id = {n.id: n for n in nodes}
-    for each in nodes:
-        each.home_work = 0.0
-    for job in jobs:
-        home = by_id.get(job.home) if job.home is not None else None
-        if home is not None:
-            home.home_work += job.per_cycle * knowledge.expected(job, home)
-
-
-STRATEGIES: dict[str, type[Placement]] = {}
-
-
-def register(cls: type[Placement]) -> type[Placement]:
-    """Make a strategy selectable by its ``name`` (usable as a class decorator)."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    STRATEGIES[cls.name] = cls
-    return cls
-
-
-def strategy(name: str | None, params: dict[str, Any] | None = None) -> Placement:
-    """An instance of the strategy registered as ``name``, built with ``params``."""
-    from . import strategies as _builtin  # noqa: F401 - registers the built-in strategies
-
-    name = name or DEFAULT_STRATEGY
-    if name not in STRATEGIES:
-        for ep in entry_points(group="jodl.placements"):
-            if ep.name == name:
-                register(ep.load())
-    try:
-        cls = STRATEGIES[name]
-    except KeyError:
-        known_names = ", ".join(sorted(STRATEGIES))
-        raise ValueError(f"unknown placement strategy {name!r} (known: {known_names})") from None
-    try:
-        return cls(**(params or {}))
-    except TypeError as exc:
-        raise ValueError(f"bad parameters for placement strategy {name!r}: {exc}") from None
-
-
-def known() -> Iterable[str]:
-    """Names of the registered strategies."""
-    from . import strategies as _builtin  # noqa: F401
-
-    return sorted(STRATEGIES)

@@ -1,4 +1,4 @@
-"""The built-in placement strategies (see :mod:`jodl.placement` for the interface).
+"""The built-in placement strategies (see :mod:`jodl.placement.interface` for the interface).
 
 ``earliest_finish`` (the default)
     Longest known jobs first (LPT); each on the node where it is expected to
@@ -29,7 +29,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from .placement import JobInfo, Knowledge, NodeLoad, Placement, register, usable
+from .interface import Placement, usable
+from .knowledge import Knowledge
+from .registry import register
+from .view import JobInfo, NodeLoad
 
 #: How much longer (in units of the job's own expected duration) a job may be
 #: expected to take on its home node than on the best node and still stay home.

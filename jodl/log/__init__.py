@@ -1,0 +1,1 @@
+"""The reconstruction log: every statement on the library's tables."""

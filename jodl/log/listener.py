@@ -1,0 +1,61 @@
+"""PostgreSQL's wake-up call for the on-demand queue: the channel and its LISTEN connection.
+
+An enqueue ``NOTIFY``s :data:`CHANNEL` in its transaction
+(:meth:`jodl.log.queue_sql.QueueSQL.notify`); a consumer waiting for due jobs
+holds one :class:`Listener` and is woken when a notification arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import Engine
+
+log = logging.getLogger("jodl.queue")
+
+#: The PostgreSQL channel enqueues notify (payload: the family name).
+CHANNEL = "jodl_queue"
+
+
+class Listener:
+    """A dedicated autocommit connection LISTENing on :data:`CHANNEL`."""
+
+    def __init__(self, engine: Engine) -> None:
+        raw = engine.raw_connection()
+        # Taken before detach(): a detached pool proxy no longer names its driver connection.
+        conn = raw.driver_connection
+        assert conn is not None
+        self.conn: Any = conn
+        raw.detach()  # never returned to the pool with a LISTEN on it
+        self._raw = raw
+        try:
+            self.conn.autocommit = True
+            self.conn.execute(f"LISTEN {CHANNEL}")
+        except Exception:
+            raw.close()
+            raise
+        self.broken = False
+
+    def wait(self, timeout: float) -> bool:
+        """True when at least one notification arrived within ``timeout`` s (drains them)."""
+        try:
+            got = False
+            for _ in self.conn.notifies(timeout=timeout, stop_after=1):
+                got = True
+            if got:
+                for _ in self.conn.notifies(timeout=0):
+                    pass
+            return got
+        except Exception as exc:  # noqa: BLE001 - a dropped connection: reconnect later
+            log.warning("queue LISTEN connection failed: %s", exc)
+            self.close()
+            return True  # look once, then poll until a new listener is up
+
+    def close(self) -> None:
+        """Close the connection; the listener is broken from then on."""
+        self.broken = True
+        try:
+            self._raw.close()
+        except Exception:  # noqa: BLE001
+            pass

@@ -1,0 +1,474 @@
+"""Every statement of the on-demand queue, one named method each (:class:`QueueSQL`).
+
+The queue lives in the job table (``jodl_job``): a job of the queue is a row in
+state queued, claimed, done or dead, its claim an attempt number and a lease.
+:class:`jodl.queue.Queue` decides (due times, retries, waiting); this gateway
+holds the SQL, opens the transactions and builds the records it returns
+(:class:`Claimed`, :class:`QueuedJob`). The claim is the hot path: one statement
+per claim (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, one ``UPDATE ... RETURNING``
+on SQLite), enqueues of any size are one statement too.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    case,
+    func,
+    insert,
+    literal_column,
+    select,
+    text,
+    tuple_,
+    update,
+)
+from sqlalchemy.exc import IntegrityError, NoResultFound
+
+from .. import bulk
+from ..budget import HourlyBudgets
+from ..exceptions import JodlError
+from ..models import ExecState, Execution, Family, Job, JobState, MasterLease, utcnow
+from ..store import EXEC_COLUMNS, Store, close_claims
+from .listener import CHANNEL
+from .queue_records import QUEUE_STATES, Claimed, QueuedJob
+from .queue_upsert import UPSERT_SQLITE, UPSERT_UNNEST
+
+#: Rows per statement when a batch is split (bind-parameter limits).
+CHUNK = 1000
+
+
+class QueueSQL:
+    """The on-demand queue's statements over one engine (and its family-name cache)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.postgres = engine.dialect.name == "postgresql"
+        self._family_ids: dict[str, int] = {}
+        self._family_names: dict[int, str] = {}
+        self._ids_lock = threading.Lock()
+        self._ids: Store | None = None
+        #: Per-hour budgets of families' on-demand jobs (jodl/budget.py).
+        self.hourly = HourlyBudgets(engine)
+
+    # -- families ------------------------------------------------------------------------------
+
+    def _load_families(self) -> None:
+        with self.engine.connect() as conn:
+            for fid, name in conn.execute(select(Family.id, Family.name)):
+                self._family_ids[name] = fid
+                self._family_names[fid] = name
+
+    def family_id(self, name: str, create: bool = False) -> int | None:
+        """The id of family ``name`` (created when ``create``), None if there is none."""
+        fid = self._family_ids.get(name)
+        if fid is not None:
+            return fid
+        self._load_families()
+        if name not in self._family_ids and create:
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(insert(Family).values(name=name))
+            except IntegrityError:
+                pass  # created meanwhile by another process
+            self._load_families()
+        return self._family_ids.get(name)
+
+    def family_name(self, fid: int) -> str:
+        """The name of family ``fid``."""
+        if fid not in self._family_names:
+            self._load_families()
+        return self._family_names[fid]
+
+    # -- enqueue -------------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        fid: int,
+        family: str,
+        payloads: dict[str, str],
+        priority: int,
+        due: dt.datetime,
+        now: dt.datetime,
+    ) -> dict[str, int]:
+        """Upsert jobs (key -> payload text) of family ``fid`` and notify; key -> job id."""
+        ids: dict[str, int] = {}
+        with self.engine.begin() as conn:
+            if self.postgres:
+                # The batch travels as two arrays: one statement, one plan, any size.
+                result = conn.execute(
+                    UPSERT_UNNEST,
+                    {
+                        "fid": fid,
+                        "prio": priority,
+                        "due": due,
+                        "now": now,
+                        "keys": list(payloads),
+                        "payloads": list(payloads.values()),
+                    },
+                )
+            else:
+                rows = [
+                    {
+                        "family_id": fid,
+                        "key": key,
+                        "payload": text_,
+                        "priority": priority,
+                        "state": JobState.QUEUED,
+                        "due_at": due,
+                        "every_n_cycles": 1,
+                        "attempts": 0,
+                        "failures": 0,
+                        "created_at": now,
+                        "updated_at": now,
+                    }
+                    for key, text_ in payloads.items()
+                ]
+                # executemany with RETURNING: multi-row INSERTs compiled once and cached.
+                result = conn.execute(UPSERT_SQLITE, rows)
+            for job_id, key in result:
+                ids[key] = job_id
+            self._notify(conn, family)
+        return ids
+
+    def _notify(self, conn: Connection, family: str) -> None:
+        if self.postgres:
+            # Delivered at commit, so a woken consumer sees the rows.
+            conn.execute(
+                text("SELECT pg_notify(:channel, :family)"), {"channel": CHANNEL, "family": family}
+            )
+
+    # -- claims --------------------------------------------------------------------------------
+
+    def claim(
+        self, limit: int, now: dt.datetime, until: dt.datetime, fids: Sequence[int] | None
+    ) -> list[Claimed]:
+        """Claim up to ``limit`` due jobs (of families ``fids``) until ``until``.
+
+        Highest priority first, then earliest due; within the families' hourly
+        budgets. The claims come back in that order (ties by id).
+        """
+        # The state as a literal, not a parameter: a prepared (generic) plan can then
+        # still use the partial index of queued jobs (ix_jodl_job_queue).
+        queued = Job.state == literal_column(f"'{JobState.QUEUED}'")
+        due = select(Job.id).where(queued, Job.due_at <= now)
+        if fids is not None:
+            due = due.where(Job.family_id.in_(fids))
+        due = due.order_by(Job.priority.desc(), Job.due_at)
+
+        def statement(extra: tuple[Any, ...], most: int) -> Any:
+            picked = due.where(*extra).limit(most)
+            if self.postgres:
+                # Materialised once, locked rows skipped: concurrent claimers never wait.
+                cte = (
+                    picked.with_for_update(skip_locked=True).cte("due").prefix_with("MATERIALIZED")
+                )
+                chosen: Any = select(cte.c.id)
+            else:
+                chosen = picked  # one statement holds SQLite's write lock: atomic
+            return (
+                update(Job)
+                .where(Job.id.in_(chosen))
+                .values(
+                    state=JobState.CLAIMED,
+                    attempts=Job.attempts + 1,
+                    lease_until=until,
+                    due_at=None,
+                    updated_at=now,
+                )
+                .returning(
+                    Job.id,
+                    Job.family_id,
+                    Job.key,
+                    Job.payload,
+                    Job.priority,
+                    Job.attempts,
+                    Job.failures,
+                    Job.permanent_node_id,
+                    Job.trial_node_id,
+                )
+            )
+
+        per_hour = self.hourly.per_hour()  # families with an on-demand budget (cached)
+        rows: Sequence[Any]
+        with self.engine.begin() as conn:
+            if per_hour:
+                rows = self.hourly.claim(
+                    conn, per_hour, now, limit, lambda x, n: conn.execute(statement(x, n)).all()
+                )
+            else:
+                rows = conn.execute(statement((), limit)).all()
+        name = self.family_name
+        out = [
+            Claimed(r[0], name(r[1]), r[2], r[3], r[4], r[5], r[6], until, r[7], r[8]) for r in rows
+        ]
+        out.sort(key=lambda c: (-c.priority, c.id))
+        return out
+
+    def extend(self, pairs: Sequence[tuple[int, int]], until: dt.datetime) -> set[int]:
+        """Move the leases of (job_id, attempt) claims to ``until``; the ids still claimed."""
+        held: set[int] = set()
+        with self.engine.begin() as conn:
+            for start in range(0, len(pairs), CHUNK):
+                held.update(
+                    conn.scalars(
+                        update(Job)
+                        .where(
+                            tuple_(Job.id, Job.attempts).in_(pairs[start : start + CHUNK]),
+                            Job.state == JobState.CLAIMED,
+                        )
+                        .values(lease_until=until)
+                        .returning(Job.id)
+                    )
+                )
+        return held
+
+    def still_claimed(self, pairs: Sequence[tuple[int, int]]) -> set[int]:
+        """Which (job_id, attempt) claims still hold their job (read only)."""
+        held: set[int] = set()
+        with self.engine.connect() as conn:
+            for start in range(0, len(pairs), CHUNK):
+                held.update(
+                    conn.scalars(
+                        select(Job.id).where(
+                            tuple_(Job.id, Job.attempts).in_(pairs[start : start + CHUNK]),
+                            Job.state == JobState.CLAIMED,
+                        )
+                    )
+                )
+        return held
+
+    # -- outcomes ------------------------------------------------------------------------------
+
+    def complete(self, job_id: int, attempt: int, exec_id: int | None, result: str) -> bool:
+        """End the claim ``attempt`` as done; with ``exec_id``, log ``result`` (JSON) as its
+        execution row in the same transaction. False (and no change) if not held."""
+        with self.engine.begin() as conn:
+            failures = conn.scalar(
+                select(Job.failures).where(
+                    Job.id == job_id, Job.state == JobState.CLAIMED, Job.attempts == attempt
+                )
+            )
+            if failures is None or not close_claims(conn, done=[(job_id, attempt)]):
+                return False
+            if exec_id is not None:
+                now = utcnow()
+                row: tuple[Any, ...] = (exec_id, None, job_id, None, failures + 1, ExecState.DONE)
+                row += (False, 0, now, now, now, 0.0, result, None)
+                table: Any = Execution.__table__
+                bulk.copy_rows(conn, table, EXEC_COLUMNS, [row])
+        return True
+
+    def complete_many(self, claims: Sequence[tuple[int, int]]) -> int:
+        """End many (job_id, attempt) claims as done in one transaction; how many were held."""
+        with self.engine.begin() as conn:
+            return close_claims(conn, done=list(claims))
+
+    def fail(
+        self,
+        job_id: int,
+        attempt: int,
+        error: str,
+        due_for: Callable[[int, int | None], dt.datetime | None],
+    ) -> str | None:
+        """End the claim ``attempt`` as failed: the job's new state, or None if not held.
+
+        ``due_for(failures, family's max_attempts)`` gives when the job is due
+        again, None making it dead.
+        """
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                select(Job.failures, Family.max_attempts)
+                .join(Family, Family.id == Job.family_id)
+                .where(Job.id == job_id, Job.state == JobState.CLAIMED, Job.attempts == attempt)
+            ).first()
+            if row is None:
+                return None
+            due = due_for(row[0] + 1, row[1])
+            if not close_claims(conn, failed=[(job_id, attempt, error, due)]):
+                return None
+        return JobState.DEAD if due is None else JobState.QUEUED
+
+    def release(self, pairs: Sequence[tuple[int, int]], now: dt.datetime) -> int:
+        """Queue (job_id, attempt) claims again with no failure counted; how many held."""
+        count = 0
+        with self.engine.begin() as conn:
+            for start in range(0, len(pairs), CHUNK):
+                count += conn.execute(
+                    update(Job)
+                    .where(
+                        tuple_(Job.id, Job.attempts).in_(pairs[start : start + CHUNK]),
+                        Job.state == JobState.CLAIMED,
+                    )
+                    .values(
+                        state=JobState.QUEUED,
+                        due_at=func.coalesce(Job.due_at, now),
+                        lease_until=None,
+                        updated_at=now,
+                    )
+                ).rowcount
+            if count:
+                self._notify(conn, "")
+        return int(count)
+
+    def release_expired(self, now: dt.datetime, max_attempts: int) -> int:
+        """Queue again (or kill) claimed jobs whose lease ended before ``now``, counting a
+        failure each (``max_attempts`` for families that set none); how many."""
+        limit = func.coalesce(
+            select(Family.max_attempts).where(Family.id == Job.family_id).scalar_subquery(),
+            max_attempts,
+        )
+        stmt = (
+            update(Job)
+            .where(Job.state == JobState.CLAIMED, Job.lease_until < now)
+            .values(
+                state=case((Job.failures + 1 >= limit, JobState.DEAD), else_=JobState.QUEUED),
+                # An enqueue made while it ran keeps its due time; else due at once.
+                due_at=func.coalesce(Job.due_at, now),
+                failures=Job.failures + 1,
+                lease_until=None,
+                last_error="lease ended before the result was committed",
+                updated_at=now,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        with self.engine.begin() as conn:
+            count = conn.execute(stmt).rowcount
+            if count:
+                self._notify(conn, "")
+        return int(count)
+
+    # -- management ----------------------------------------------------------------------------
+
+    def delete(self, fid: int, key: str, now: dt.datetime) -> bool:
+        """Mark job ``key`` of family ``fid`` deleted; False if there is none (or it was)."""
+        with self.engine.begin() as conn:
+            res = conn.execute(
+                update(Job)
+                .where(Job.family_id == fid, Job.key == key, Job.state != JobState.DELETED)
+                .values(state=JobState.DELETED, due_at=None, lease_until=None, updated_at=now)
+            )
+        return bool(res.rowcount)
+
+    def requeue_dead(
+        self, fid: int, family: str, keys: Sequence[str] | None, now: dt.datetime
+    ) -> int:
+        """Queue dead jobs of family ``fid`` (all, or those ``keys``) due ``now``; how many."""
+        stmt = update(Job).where(Job.family_id == fid, Job.state == JobState.DEAD)
+        if keys is not None:
+            stmt = stmt.where(Job.key.in_(keys))
+        with self.engine.begin() as conn:
+            count = conn.execute(
+                stmt.values(state=JobState.QUEUED, due_at=now, failures=0, updated_at=now)
+            ).rowcount
+            if count:
+                self._notify(conn, family)
+        return int(count)
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def counts(self, now: dt.datetime, family: str | None) -> list[tuple[str, str, int, int]]:
+        """(family, state, jobs, jobs due by ``now``) of the queue's states, per family."""
+        stmt = (
+            select(
+                Family.name,
+                Job.state,
+                func.count(),
+                func.sum(case((Job.due_at <= now, 1), else_=0)),
+            )
+            .join(Family, Family.id == Job.family_id)
+            .where(Job.state.in_(QUEUE_STATES))
+            .group_by(Family.name, Job.state)
+        )
+        if family is not None:
+            stmt = stmt.where(Family.name == family)
+        with self.engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+        return [(name, state, int(n), int(due or 0)) for name, state, n, due in rows]
+
+    def jobs(
+        self, family: str | None, state: str | None, limit: int, key: str | None
+    ) -> list[QueuedJob]:
+        """Jobs of the queue (of ``state``, else any queue state), most urgent first."""
+        stmt = _listing()
+        stmt = stmt.where(Job.state == state if state else Job.state.in_(QUEUE_STATES))
+        if family is not None:
+            stmt = stmt.where(Family.name == family)
+        if key is not None:
+            stmt = stmt.where(Job.key == key)
+        stmt = stmt.order_by(Job.state, Job.priority.desc(), Job.due_at, Job.id).limit(limit)
+        with self.engine.connect() as conn:
+            return [QueuedJob(*r) for r in conn.execute(stmt)]
+
+    def get(self, fid: int, key: str) -> QueuedJob | None:
+        """Job ``key`` of family ``fid`` in any state, or None."""
+        stmt = _listing().where(Job.family_id == fid, Job.key == key)
+        with self.engine.connect() as conn:
+            row = conn.execute(stmt).first()
+        return QueuedJob(*row) if row is not None else None
+
+    def result(self, fid: int, key: str) -> str | None:
+        """The result (JSON text) of the job's latest successful execution, or None."""
+        with self.engine.connect() as conn:
+            return conn.scalar(
+                select(Execution.result)
+                .join(Job, Job.id == Execution.job_id)
+                .where(Job.family_id == fid, Job.key == key, Execution.state == ExecState.DONE)
+                .order_by(Execution.id.desc())
+                .limit(1)
+            )
+
+    def next_due(self, fids: Sequence[int] | None) -> dt.datetime | None:
+        """The earliest due time among queued jobs (of families ``fids``), or None."""
+        stmt = select(func.min(Job.due_at)).where(Job.state == JobState.QUEUED)
+        if fids is not None:
+            stmt = stmt.where(Job.family_id.in_(fids))
+        with self.engine.connect() as conn:
+            value = conn.scalar(stmt)
+        if isinstance(value, str):  # SQLite's min() of a DateTime column is plain text
+            value = dt.datetime.fromisoformat(value)
+        return value
+
+    # -- execution ids for results recorded without a master -----------------------------------
+
+    def next_exec_id(self) -> int:
+        """A fresh execution id (creating the id counter if no master ever ran here)."""
+        with self._ids_lock:
+            if self._ids is None:
+                self._ids = Store(self.engine)
+            for _ in range(2):
+                try:
+                    return self._ids.next_exec_ids(1)[0]
+                except NoResultFound:
+                    # No master ever ran here: create the id counter it will use.
+                    try:
+                        with self.engine.begin() as conn:
+                            conn.execute(
+                                insert(MasterLease).values(
+                                    name="master", holder="", epoch=0, expires_at=utcnow()
+                                )
+                            )
+                    except IntegrityError:
+                        pass
+            raise JodlError("cannot allocate an execution id")
+
+
+def _listing() -> Any:
+    return select(
+        Job.id,
+        Family.name,
+        Job.key,
+        Job.state,
+        Job.due_at,
+        Job.priority,
+        Job.attempts,
+        Job.failures,
+        Job.lease_until,
+        Job.last_error,
+        Job.updated_at,
+    ).join(Family, Family.id == Job.family_id)
