@@ -65,11 +65,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, NoResultFound
 
 from . import bulk
+from .agent.codec import loads_object
 from .budget import HourlyBudgets
 from .config import DEFAULT_MAX_ATTEMPTS, Option, read_values, register_options
 from .exceptions import BadPayload, JodlError
 from .models import ExecState, Execution, Family, Job, JobState, MasterLease, utcnow
-from .protocol import loads_object
 from .store import EXEC_COLUMNS, Store, close_claims, make_engine, retry_delay
 
 log = logging.getLogger("jodl.queue")

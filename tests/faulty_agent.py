@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from jodl.agent import AgentService, make_server
+from jodl.agent.server import AgentService, make_server
 from jodl.config import Settings
 
 

@@ -41,13 +41,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from rpyc.core.stream import SocketStream
 
+from jodl.agent.auth import _MAGIC as MAGIC
+from jodl.agent.auth import client_handshake
+from jodl.agent.wire import STRICT_CONFIG, FramedChannel, connect
 from jodl.config import Settings
 from jodl.exceptions import AuthError
 from jodl.master import Master
 from jodl.migrate import upgrade
 from jodl.models import ExecState, Execution, NodeState
-from jodl.protocol import _MAGIC as MAGIC
-from jodl.protocol import STRICT_CONFIG, FramedChannel, client_handshake, connect
 from jodl.store import Store, make_engine
 
 SECRET = "correct horse battery staple"  # long enough (22+ characters)
