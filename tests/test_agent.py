@@ -1,4 +1,4 @@
-"""The agent's protocol (DESIGN §5), call by call, against a real agent subprocess.
+"""The agent's protocol (see jodl/agent/__init__.py), call by call, against a real agent subprocess.
 
 The ``flaky`` example family with ``times: 0`` never fails and returns how many
 times its key ran on this agent: a run counter the tests read back.

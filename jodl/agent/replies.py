@@ -7,8 +7,8 @@ call has its check here (the client applies it); values are tested by exact type
 netref (whose type is rpyc's proxy class) never passes.
 
 Rows are :class:`~typing.NamedTuple` records: callers unpack them as tuples or
-read them by field name, and a framed batch is built straight into records
-(``map(DoneRow, *columns)``), without a tuple per row before them.
+read them by field name, and a framed batch's columns are built straight into
+records at C speed (see :func:`check_done`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from ..exceptions import BadPayload
@@ -169,7 +170,10 @@ def check_done(value: Any) -> list[DoneRow]:
             ):
                 raise BadReply("done: durations and finish times must be finite, durations >= 0")
             _check_json(results, ids)
-        return list(map(DoneRow, ids, durations, finished, results))
+        # tuple.__new__ builds each record in C from zip's row: DoneRow(...) per row
+        # would run the record's Python-level __new__ (measured: twice as slow).
+        rows = zip(ids, durations, finished, results, strict=True)
+        return list(map(tuple.__new__, repeat(DoneRow), rows))
     if type(value) is not tuple:
         raise BadReply(f"done: a str or tuple expected, got {_kind(value)}")
     for row in value:
@@ -206,7 +210,7 @@ def check_failed(value: Any) -> list[FailedRow]:
             or type(row[4]) is not bool
         ):
             raise BadReply("failed: rows of (int, duration, time, error, retryable) expected")
-    return list(map(FailedRow._make, rows))
+    return list(map(tuple.__new__, repeat(FailedRow), rows))
 
 
 def check_refused(value: Any) -> tuple[Refused, ...]:
