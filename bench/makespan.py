@@ -54,7 +54,7 @@ from _common import SECRET, agents, fresh_database  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
 from jodl import Master, Settings, Store, make_engine  # noqa: E402
-from jodl.connection import AgentLink  # noqa: E402
+from jodl.agent.client import AgentLink  # noqa: E402
 from jodl.migrate import upgrade  # noqa: E402
 from jodl.models import ExecState, Execution, Node  # noqa: E402
 
@@ -152,17 +152,17 @@ def pull_worker(
             exec_id, payload = queue.popleft()  # atomic: the shared queue
         except IndexError:
             break
-        link.call("send", 1, ((exec_id, "sleep", payload),))
+        link.send(1, ((exec_id, "sleep", payload),))
         while True:
-            results = link.call("done", 1, acks, 10)
+            results = link.done(1, acks, 10)
             acks = ()
             if results:
-                acks = tuple(r[0] for r in results)
-                measured.extend((r[1], speed) for r in results)
+                acks = tuple(r.exec_id for r in results)
+                measured.extend((r.duration, speed) for r in results)
                 ends.append(time.perf_counter())
                 break
     if acks:
-        link.call("ack", 1, acks)
+        link.ack(1, acks)
 
 
 def run_pull(work: list[float], speeds: list[float], cycles: int) -> list[dict[str, float]]:

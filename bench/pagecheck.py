@@ -334,7 +334,7 @@ def main() -> None:
         asyncio.run(serve_site(args.serve_site, args.latency))
         return
 
-    from jodl.agent import loop_name, new_event_loop
+    from jodl.agent.eventloop import loop_name, new_event_loop
 
     agent_loop = loop_name(new_event_loop(args.agent_loop))
     site, port = start_site(args.latency)

@@ -11,10 +11,10 @@ from typing import Any
 
 import click
 
+from .agent.codec import loads_object
 from .config import Settings, markdown_table
 from .exceptions import BadPayload, ConfigError, JodlError
 from .progress import progress_reporters
-from .protocol import loads_object
 
 
 def configure_logging(level: str, fmt: str = "text", role: str = "cli") -> None:
@@ -209,7 +209,7 @@ def agent(
     advertise: str | None,
 ) -> None:
     """Serve jobs to the master (rpyc)."""
-    from .agent import make_server
+    from .agent.server import make_server
 
     settings = _settings(ctx).replace(
         **{k: v for k, v in {"agent_slots": slots, "agent_speed": speed}.items() if v}
@@ -251,7 +251,7 @@ def node() -> None:
 @click.pass_context
 def node_add(ctx: click.Context, address: str, slots: int, labels: tuple[str, ...]) -> None:
     """Add the agent at HOST:PORT (or bring a removed one back)."""
-    from .protocol import split_address
+    from .agent.wire import split_address
 
     try:
         split_address(address)

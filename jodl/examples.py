@@ -40,7 +40,7 @@ class AsyncSleep(Family):
     idempotent = True
 
     async def run(self, payload: dict[str, Any]) -> Any:
-        from .agent import loop_name
+        from .agent.eventloop import loop_name
 
         await asyncio.sleep(max(0.0, float(payload.get("seconds", 0.0))))
         return {"loop": loop_name(asyncio.get_running_loop())}

@@ -43,5 +43,10 @@ class LeaseHeld(JodlError):
         self.seconds_left = seconds_left
 
 
-class Fenced(JodlError):
-    """A master with a newer epoch has taken over; this master must stop."""
+class Fenced(AgentUnavailable):
+    """A master with a newer epoch has taken over; this master must stop.
+
+    Raised when the lease was taken, and by the agent client when an agent refuses
+    this master's older epoch (for that agent it is also unavailable: code that only
+    gives up on the node keeps working; the master's loop stops on it).
+    """

@@ -39,16 +39,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import budget, failpoint
-from .agent import KNOWN_ID
+from .agent.client import AgentLink
+from .agent.local import make_link
+from .agent.replies import Refused
 from .budget import RunBytes
 from .config import Settings
-from .connection import AgentLink
 from .exceptions import AgentUnavailable, Fenced, JodlError, UnknownFamily
-from .local import make_link
 from .metrics import LOOP_STEP, MasterGauges, count_outcomes, count_sent
 from .models import ExecState, Family, NodeState, Run, utcnow
 from .placement import JobInfo, Knowledge, NodeLoad, Placement, strategy
-from .protocol import encode_ids, encode_jobs
 from .rebalancer import Rebalancer, job_info
 from .store import LEASE_RENEW, PendingJob, Store, make_engine, retry_delay
 from .writer import LogWriter
@@ -288,7 +287,7 @@ class Master(Rebalancer):
             for slot in self.nodes.values():
                 if slot.acks and slot.usable:
                     try:
-                        slot.link.call("ack", self.epoch, tuple(slot.take_acks()))
+                        slot.link.ack(self.epoch, slot.take_acks())
                     except AgentUnavailable:
                         pass
                 slot.link.close()
@@ -452,7 +451,7 @@ class Master(Rebalancer):
             held: set[int] = set()
             if slot is not None and slot.usable:
                 try:
-                    held = set(slot.link.call("held", self.epoch, tuple(x.exec_id for x in sents)))
+                    held = set(slot.link.held(self.epoch, [x.exec_id for x in sents]))
                 except AgentUnavailable:
                     self._node_down(slot)
             for sent in sents:
@@ -586,9 +585,10 @@ class Master(Rebalancer):
     def _connect(self, slot: NodeSlot) -> None:
         try:
             info = slot.link.open(self.name, self.epoch, self._init_settings())
-            self._reconcile(slot, info.get("queued") or [])
+            self._reconcile(slot, info.queued)
+        except Fenced:
+            raise  # refused for our old epoch: stop, the node is fine
         except AgentUnavailable as exc:
-            self._check_fenced(slot)  # refused for our old epoch: stop, the node is fine
             log.warning(
                 "node %s unreachable: %s", slot.link.address, exc, extra={"node": slot.link.address}
             )
@@ -599,12 +599,12 @@ class Master(Rebalancer):
                 failures=slot.link.failures,
             )
             return
-        families = info.get("families", {})
-        slot.families = set(families)
-        slot.idempotent = {name for name, fam in families.items() if fam.get("idempotent")}
-        slot.async_families = {name for name, fam in families.items() if fam.get("async")}
-        slot.async_slots = int(info.get("async_slots", 0))
-        slot.load.slots = int(info.get("slots", slot.load.slots))
+        families = info.families.values()
+        slot.families = {fam.name for fam in families}
+        slot.idempotent = {fam.name for fam in families if fam.idempotent}
+        slot.async_families = {fam.name for fam in families if fam.is_async}
+        slot.async_slots = info.async_slots
+        slot.load.slots = info.slots
         self.store.update_node(
             slot.load.id,
             state=NodeState.ACTIVE,
@@ -612,7 +612,7 @@ class Master(Rebalancer):
             last_error=None,
             failures=0,
             slots=slot.load.slots,
-            families=info.get("families", {}),
+            families=info.family_table(),
         )
         log.info(
             "node %s connected (%d slots)",
@@ -627,15 +627,15 @@ class Master(Rebalancer):
             {"master": self.name, "cluster": self.cluster, "give_up": self.settings.call_timeout}
         )
 
-    def _reconcile(self, slot: NodeSlot, queued: list[int]) -> None:
+    def _reconcile(self, slot: NodeSlot, queued: tuple[int, ...]) -> None:
         """Cancel on a (re)connected agent what it queues but the log has settled.
 
         Those are executions given up on (lost with the node, timed out, taken back)
         and maybe run elsewhere since; the agent starts nothing until this call.
         """
         self.writer.flush()  # outcomes decided in memory are in the log before we ask
-        given_up = sorted(self.store.settled([i for i in queued if type(i) is int]))
-        slot.link.call("cancel", self.epoch, tuple(given_up))
+        given_up = sorted(self.store.settled(list(queued)))
+        slot.link.cancel(self.epoch, given_up)
         if given_up:
             log.warning(
                 "node %s still queued %d executions given up on: cancelled there",
@@ -821,9 +821,11 @@ class Master(Rebalancer):
             slot = self.nodes[node_id]
             slot.inflight.update(flights[node_id])
             try:
-                refused = slot.link.call("send", self.epoch, encode_jobs(wire))
+                refused = slot.link.send(self.epoch, wire)
+            except Fenced:
+                raise  # a newer master took over: stop
             except AgentUnavailable:
-                self._unreachable(slot)
+                self._node_down(slot)
                 continue
             for _, flight in flights[node_id]:
                 active = self.runs.get(flight.run_id) if flight.run_id is not None else None
@@ -883,14 +885,11 @@ class Master(Rebalancer):
             want = max(2 * slots, int(slots * QUEUE_AHEAD / max(1e-6, slot.recent_duration)))
         return min(want, self.settings.batch_size) - len(slot.inflight)
 
-    def _refused(self, slot: NodeSlot, refused: tuple[tuple[int, str], ...]) -> None:
+    def _refused(self, slot: NodeSlot, refused: tuple[Refused, ...]) -> None:
         """Jobs the agent would not take (e.g. unknown family there): permanent failures."""
         for exec_id, error in refused:
             log.warning("node %s refused execution %s: %s", slot.link.address, exec_id, error)
-        failed = [
-            (exec_id, 0.0, time.time(), str(error), str(error).startswith(KNOWN_ID))
-            for exec_id, error in refused
-        ]
+        failed = [(r.exec_id, 0.0, time.time(), r.reason, r.known_id) for r in refused]
         self._outcomes(slot, (), tuple(failed))
 
     def collect(self) -> int:
@@ -900,23 +899,16 @@ class Master(Rebalancer):
             if not slot.usable or not (slot.inflight or slot.acks):
                 continue
             try:
-                acks = encode_ids(slot.take_acks())
                 # Decoded and checked by the link (a bad reply: AgentUnavailable).
-                done = slot.link.call("done", self.epoch, acks, COLLECT_LIMIT, True)
-                failed = (
-                    slot.link.call("failed", self.epoch, "", COLLECT_LIMIT, True)
-                    if slot.inflight
-                    else ()
-                )
+                done = slot.link.done(self.epoch, slot.take_acks(), COLLECT_LIMIT)
+                failed = slot.link.failed(self.epoch, (), COLLECT_LIMIT) if slot.inflight else []
+            except Fenced:
+                raise  # a newer master took over: stop
             except AgentUnavailable:
-                self._unreachable(slot)
+                self._node_down(slot)
                 continue
             got += self._outcomes(slot, done, failed)
         return got
-
-    def _unreachable(self, slot: NodeSlot) -> None:
-        self._check_fenced(slot)
-        self._node_down(slot)
 
     # The two collect steps share one commit: one transaction per node per step.
     collect_done = collect
@@ -1101,13 +1093,9 @@ class Master(Rebalancer):
         for slot in self.nodes.values():
             if slot.acks and slot.usable:
                 try:
-                    slot.link.call("ack", self.epoch, tuple(slot.take_acks()))
+                    slot.link.ack(self.epoch, slot.take_acks())
                 except AgentUnavailable:
                     self._node_down(slot)
-
-    def _check_fenced(self, slot: NodeSlot) -> None:
-        if slot.link.last_error and "fenced" in slot.link.last_error:
-            raise Fenced(f"a newer master has taken over ({slot.link.last_error})")
 
 
 def _ts(unix: float) -> dt.datetime:

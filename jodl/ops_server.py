@@ -31,7 +31,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import REGISTRY, make_wsgi_app
 
-from .protocol import split_address
+from .agent.wire import split_address
 
 log = logging.getLogger("jodl.ops")
 

@@ -428,7 +428,7 @@ class Rebalancer:
         """Ask the agent for unstarted executions back (f); log the ones it returns."""
         started = time.perf_counter()
         try:
-            given = slot.link.call("take_back", self.epoch, 0, tuple(exec_ids))
+            given = slot.link.take_back(self.epoch, 0, exec_ids)
         except AgentUnavailable:
             self._node_down(slot)  # type: ignore[attr-defined]
             return []
@@ -541,7 +541,7 @@ class Rebalancer:
             if slot is None or not slot.usable:
                 continue
             try:
-                queued, running, _done, _failed = slot.link.call("remaining", self.epoch)
+                queued, running, _done, _failed = slot.link.remaining(self.epoch)
             except AgentUnavailable:
                 self._node_down(slot)  # type: ignore[attr-defined]
                 continue
@@ -552,7 +552,7 @@ class Rebalancer:
         if not exec_ids:
             return
         try:
-            slot.link.call("cancel", self.epoch, tuple(exec_ids))
+            slot.link.cancel(self.epoch, exec_ids)
         except AgentUnavailable:
             self._node_down(slot)  # type: ignore[attr-defined]
 
@@ -674,7 +674,7 @@ class Rebalancer:
         slot.inflight[exec_id] = flight
         self.copies[job.id] = {straggler.exec_id: straggler.node_id, exec_id: slot.load.id}
         try:
-            slot.link.call("send", self.epoch, ((exec_id, job.family, job.payload),))
+            slot.link.send(self.epoch, ((exec_id, job.family, job.payload),))
         except AgentUnavailable:
             self._node_down(slot)  # type: ignore[attr-defined]
             return False

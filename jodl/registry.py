@@ -17,9 +17,10 @@ import time
 import rpyc
 from rpyc.utils.server import ThreadedServer
 
+from .agent.auth import require_auth
+from .agent.wire import STRICT_CONFIG, GuardedServer, connect, split_address
 from .config import Settings
 from .exceptions import AgentUnavailable, AuthError, JodlError
-from .protocol import STRICT_CONFIG, GuardedServer, connect, require_auth, split_address
 from .store import Store
 
 log = logging.getLogger("jodl.registry")

@@ -1,7 +1,7 @@
 """A faulty agent for tests: the real server, handshake and jobs, but one call answers wrong.
 
-``python faulty_agent.py HOST:PORT FAULT`` (settings from ``JODL_*`` as for
-``jodl agent``). FAULT names a call and what it returns instead of its reply.
+``python faulty_agent.py HOST:PORT FAULT[,FAULT...]`` (settings from ``JODL_*`` as
+for ``jodl agent``). A FAULT names a call and what it returns instead of its reply.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from jodl.agent import AgentService, make_server
+from jodl.agent.server import AgentService, make_server
 from jodl.config import Settings
 
 
@@ -28,22 +28,39 @@ FAULTS: dict[str, tuple[str, Any]] = {
     "done-nan": ("done", lambda real: "1\nnan\n1700000000.0\nnull"),
     "init-slots-as-text": ("init", lambda real: real.replace('"slots":', '"slots":"4","x":')),
     "send-netref": ("send", lambda real: Exhibit()),
+    # A reply of the wrong shape for each call (values only: no netref involved).
+    "init-shape": ("init", lambda real: '{"name": "half an info"}'),
+    "send-shape": ("send", lambda real: ((1,),)),
+    "done-shape": ("done", lambda real: ((1, 0.1, 1700000000.0),)),
+    "failed-shape": ("failed", lambda real: ((1, 0.1, 1700000000.0, "error", "yes"),)),
+    "remaining-shape": ("remaining", lambda real: (0, 0, 0)),
+    "take_back-shape": ("take_back", lambda real: ("1",)),
+    "ack-shape": ("ack", lambda real: -1),
+    "cancel-shape": ("cancel", lambda real: (1.5,)),
+    "held-shape": ("held", lambda real: "1,2"),
+    "ping-shape": ("ping", lambda real: ("agent", "1", 0.0)),
+    "families-shape": ("families", lambda real: (("noop", 1, False, True),)),
 }
 
 
 def main() -> None:
-    listen, fault = sys.argv[1], sys.argv[2]
-    call, wrong = FAULTS[fault]
-    real = getattr(AgentService, f"exposed_{call}")
+    listen, faults = sys.argv[1], sys.argv[2].split(",")
+    methods = {}
+    for fault in faults:
+        call, wrong = FAULTS[fault]
+        methods[f"exposed_{call}"] = _faulty(getattr(AgentService, f"exposed_{call}"), wrong)
+    service_class = type("FaultyService", (AgentService,), methods)
+    server = make_server(Settings.from_env(), listen=listen)
+    server.service.__class__ = service_class
+    print(f"faulty agent ({','.join(faults)}) listening on {listen}", file=sys.stderr, flush=True)
+    server.start()
 
+
+def _faulty(real: Any, wrong: Any) -> Any:
     def faulty(self: AgentService, *args: Any) -> Any:
         return wrong(real(self, *args))
 
-    service_class = type("FaultyService", (AgentService,), {f"exposed_{call}": faulty})
-    server = make_server(Settings.from_env(), listen=listen)
-    server.service.__class__ = service_class
-    print(f"faulty agent ({fault}) listening on {listen}", file=sys.stderr, flush=True)
-    server.start()
+    return faulty
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The agent's protocol (DESIGN §5), call by call, against a real agent subprocess.
+"""The agent's protocol (see jodl/agent/__init__.py), call by call, against a real agent subprocess.
 
 The ``flaky`` example family with ``times: 0`` never fails and returns how many
 times its key ran on this agent: a run counter the tests read back.
@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 from agents import TEST_SECRET, AgentProcess, port_answers, spawn_jodl, wait_for
 
+from jodl.agent.codec import decode_done, decode_failed, encode_ids, encode_jobs
+from jodl.agent.replies import check_families
+from jodl.agent.wire import connect
 from jodl.config import Settings
-from jodl.protocol import connect, decode_done, decode_failed, encode_ids, encode_jobs
 
 EPOCH = 1
 
@@ -80,8 +82,12 @@ def client(agent: AgentProcess) -> Iterator[Client]:
 def test_ping_and_families(client):
     name, epoch, now = client.root.ping()
     assert epoch == EPOCH and now > 0 and name
-    families = {name: (version, is_async) for name, version, is_async in client.root.families()}
+    families = {f.name: f for f in check_families(client.root.families())}
     assert {"noop", "sleep", "fail", "flaky"} <= set(families)
+    # Each family carries its version and flags (the master compares versions).
+    assert families["noop"].version == "1" and families["noop"].idempotent
+    assert not families["mark"].idempotent and not families["mark"].is_async
+    assert families["asleep"].is_async
 
 
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])

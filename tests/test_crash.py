@@ -20,6 +20,7 @@ import pytest
 from agents import TEST_SECRET, AgentProcess, run_jodl, spawn_jodl, wait_for
 from sqlalchemy import func, select
 
+from jodl.agent.wire import connect
 from jodl.config import Settings
 from jodl.models import (
     Dispatch,
@@ -32,7 +33,6 @@ from jodl.models import (
     Run,
     RunState,
 )
-from jodl.protocol import connect
 from jodl.store import Store
 
 JOBS = 60

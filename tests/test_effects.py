@@ -22,13 +22,13 @@ import pytest
 from agents import TEST_SECRET, AgentProcess, wait_for
 from sqlalchemy import select
 
-from jodl.agent import KNOWN_ID
+from jodl.agent.replies import KNOWN_ID
+from jodl.agent.wire import connect
 from jodl.config import Settings
 from jodl.exceptions import ConfigError
 from jodl.master import Master, RunSummary
 from jodl.migrate import upgrade
 from jodl.models import ExecState, Execution, Job, Node
-from jodl.protocol import connect
 from jodl.store import Store, make_engine
 
 #: The master's give-up time in these tests (seconds); agents detach after half of it.
@@ -131,7 +131,7 @@ def test_a_frozen_agent_runs_nothing_committed_elsewhere(
         slot = next(s for s in again.nodes.values() if s.link.address == frozen.address)
         wait_for(lambda: slot.usable or again.refresh_nodes(), 30, "the thawed agent to connect")
         wait_for(
-            lambda: slot.link.call("remaining", again.epoch)[:2] == (0, 0),
+            lambda: slot.link.remaining(again.epoch)[:2] == (0, 0),
             30,
             "the thawed agent to have nothing queued or running",
         )

@@ -9,10 +9,18 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from jodl.agent.client import AgentLink
+from jodl.agent.local import (
+    InProcessAgent,
+    LocalLink,
+    _Root,
+    make_link,
+    running_agent,
+    start_agent,
+)
+from jodl.agent.replies import Remaining
 from jodl.config import Settings
-from jodl.connection import AgentLink
-from jodl.exceptions import AgentUnavailable
-from jodl.local import InProcessAgent, LocalLink, make_link, running_agent, start_agent
+from jodl.exceptions import AgentUnavailable, Fenced
 from jodl.master import Master
 from jodl.models import ExecState, Execution, Job, Node, NodeState
 from jodl.store import Store
@@ -81,17 +89,18 @@ def test_only_wire_values_cross_the_local_link(
 ) -> None:
     link = make_link(1, "local:1", settings)
     info = link.open("m", 5, json.dumps({"cluster": "c1"}))
-    assert info["slots"] == 3 and "mark" in info["families"]
+    assert info.slots == 3 and "mark" in info.families
+    assert info.families["mark"].version == "1"
     assert link.session is not None  # later calls carry the stamp (epoch, session, since)
-    assert link.call("remaining", 5) == (0, 0, 0, 0)
-    # A list would be a netref over rpyc: refused here too, and the link counts it a failure.
-    with pytest.raises(AgentUnavailable, match="list may not cross the wire"):
-        link.call("cancel", 5, [1, 2])
-    assert not link.connected
-    # A master of an older epoch is fenced, as over rpyc.
-    link.open("m", 5, json.dumps({"cluster": "c1"}))
+    remaining = link.remaining(5)
+    assert remaining == (0, 0, 0, 0) and isinstance(remaining, Remaining)
+    # A list would be a netref over rpyc: the in-process connection refuses it too.
+    with pytest.raises(TypeError, match="list may not cross the wire"):
+        _Root(local_agent.service).cancel((5, link.session, 0.0), [1, 2])
+    # A master of an older epoch is fenced, as over rpyc: the link says so by its type.
     other = make_link(2, "local:1", settings)
     other.open("m2", 6, json.dumps({"cluster": "c1"}))
-    with pytest.raises(AgentUnavailable):
-        link.call("remaining", 5)
+    with pytest.raises(Fenced, match="newer master"):
+        link.remaining(5)
+    assert not link.connected
     assert link.last_error is not None and "fenced" in link.last_error

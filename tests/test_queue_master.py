@@ -18,10 +18,10 @@ from typing import Any
 from agents import spawn_jodl, wait_for
 from sqlalchemy import func, select
 
+from jodl.agent.wire import connect
 from jodl.config import Settings
 from jodl.master import Master
 from jodl.models import Dispatch, ExecState, Execution, JobState, utcnow
-from jodl.protocol import connect
 from jodl.queue import Queue, QueueFeeder
 from jodl.store import Store
 

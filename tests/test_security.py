@@ -41,13 +41,16 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from rpyc.core.stream import SocketStream
 
+from jodl.agent.auth import _MAGIC as MAGIC
+from jodl.agent.auth import client_handshake
+from jodl.agent.client import AgentLink
+from jodl.agent.replies import AgentFamily
+from jodl.agent.wire import STRICT_CONFIG, FramedChannel, connect
 from jodl.config import Settings
-from jodl.exceptions import AuthError
+from jodl.exceptions import AgentUnavailable, AuthError
 from jodl.master import Master
 from jodl.migrate import upgrade
 from jodl.models import ExecState, Execution, NodeState
-from jodl.protocol import _MAGIC as MAGIC
-from jodl.protocol import STRICT_CONFIG, FramedChannel, client_handshake, connect
 from jodl.store import Store, make_engine
 
 SECRET = "correct horse battery staple"  # long enough (22+ characters)
@@ -142,13 +145,10 @@ class CA:
         )
         if usages:
             builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        cert = (
-            builder.add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
-                critical=False,
-            )
-            .sign(self.key, hashes.SHA256())
-        )
+        cert = builder.add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
+            critical=False,
+        ).sign(self.key, hashes.SHA256())
         cert_path = self.directory / f"{name}.crt"
         key_path = self.directory / f"{name}.key"
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
@@ -258,7 +258,8 @@ def test_only_a_peer_with_the_secret_gets_through(spawn_agent: Callable[..., Age
 
 
 def test_a_master_with_a_secret_refuses_an_agent_without_one(
-    tmp_path: Path, spawn_agent: Callable[..., AgentProcess],
+    tmp_path: Path,
+    spawn_agent: Callable[..., AgentProcess],
 ):
     ca = CA(tmp_path, "jodl-ca")
     agent = spawn_agent(env=tls_env(ca, ca.issue("agent", "agent")))
@@ -702,6 +703,8 @@ def test_a_tampered_frame_closes_the_session(spawn_agent):
         "done-nan",
         "init-slots-as-text",
         "send-netref",
+        "cancel-shape",
+        "failed-shape",
     ],
 )
 def test_a_faulty_agents_bad_replies_are_refused_and_the_cycle_completes(
@@ -733,3 +736,63 @@ def test_a_faulty_agents_bad_replies_are_refused_and_the_cycle_completes(
         ).all()
     assert len(results) == 200 and all(r == "null" for r in results), "no bad result logged"
     engine.dispose()
+
+
+#: A call of the typed client per call of the protocol but init (a faulty agent answers
+#: each with a reply of the wrong shape: see ``tests/faulty_agent.py``).
+TYPED_CALLS: dict[str, Callable[[AgentLink], object]] = {
+    "send": lambda link: link.send(1, ((1, "noop", "{}"),)),
+    "done": lambda link: link.done(1, (), 10),
+    "failed": lambda link: link.failed(1, (), 10),
+    "remaining": lambda link: link.remaining(1),
+    "take_back": lambda link: link.take_back(1, 1),
+    "ack": lambda link: link.ack(1, (7,)),
+    "cancel": lambda link: link.cancel(1, (7,)),
+    "held": lambda link: link.held(1, (7,)),
+    "ping": lambda link: link.ping(),
+    "families": lambda link: link.families(),
+}
+
+
+def test_a_reply_of_the_wrong_shape_is_refused_for_every_call(spawn_agent):
+    """Every call's reply is checked before use: a wrong shape counts the agent faulty."""
+    settings = Settings(call_timeout=5.0, secret=TEST_SECRET)
+    bad = spawn_agent(command=faulty_agent(",".join(f"{c}-shape" for c in TYPED_CALLS)))
+    link = AgentLink(1, bad.address, settings)
+    for name, call in TYPED_CALLS.items():
+        link.open("typed-master", 1)
+        assert link.connected and link.failures == 0
+        with pytest.raises(AgentUnavailable, match=f"bad reply to {name} "):
+            call(link)
+        assert not link.connected and link.failures == 1, name
+        assert link.last_error is not None and "the agent is faulty" in link.last_error
+    bad_init = spawn_agent(command=faulty_agent("init-shape"))
+    link = AgentLink(2, bad_init.address, settings)
+    with pytest.raises(AgentUnavailable, match="bad reply to init"):
+        link.open("typed-master", 1)
+    assert not link.connected and link.failures == 1
+
+
+def test_the_typed_client_returns_named_records(spawn_agent):
+    """Replies come back as records that still unpack as the tuples they were."""
+    settings = Settings(call_timeout=5.0, secret=TEST_SECRET)
+    agent = spawn_agent()
+    link = AgentLink(1, agent.address, settings)
+    info = link.open("typed-master", 3)
+    assert info.epoch == 3 and info.session == link.session and info.slots >= 1
+    assert info.families["noop"] == AgentFamily("noop", "1", False, True)
+    assert link.ping().epoch == 3
+    assert {f.name for f in link.families()} >= {"noop", "fail", "mark"}
+    refused = link.send(
+        3, ((1, "noop", "{}"), (2, "fail", '{"permanent": true}'), (3, "no-such", "{}"))
+    )
+    assert [(r.exec_id, "unknown family" in r.reason) for r in refused] == [(3, True)]
+    wait_for(lambda: link.remaining(3).held_done + link.remaining(3).held_failed == 2)
+    (done,) = link.done(3, (), 10)
+    exec_id, duration, finished, result = done
+    assert (exec_id, result) == (done.exec_id, done.result) == (1, "null") and duration >= 0
+    (failed,) = link.failed(3, (), 10)
+    assert failed.exec_id == 2 and failed.retryable is False and "on purpose" in failed.error
+    assert link.ack(3, (1, 2)) == 2
+    assert link.held(3, (1, 2)) == () and link.remaining(3) == (0, 0, 0, 0)
+    link.close()

@@ -35,8 +35,8 @@ from sqlalchemy import Engine, select
 
 from crawler_app.models import User
 from crawler_app.pages import add_user
+from jodl.agent.local import InProcessAgent
 from jodl.config import Settings
-from jodl.local import InProcessAgent
 from jodl.master import Master
 from jodl.migrate import upgrade
 from jodl.models import NodeState

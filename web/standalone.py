@@ -1,7 +1,7 @@
 """One-process mode (``jodl up --standalone``): the agent runs inside this process.
 
 Instead of agent subprocesses, :class:`web.cluster.LocalCluster` starts one
-in-process agent (:mod:`jodl.local`: the agent core without rpyc, so no port and
+in-process agent (:mod:`jodl.agent.local`: the agent core without rpyc, so no port and
 no secret) and registers it as the node ``local:1``. The master, its scheduler,
 the web UI and every job of every family then run in this one process: for a
 laptop or a small site. Cluster mode is unchanged.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 
+from jodl.agent.local import DEFAULT_ADDRESS, InProcessAgent, is_local, start_agent
 from jodl.config import Settings
-from jodl.local import DEFAULT_ADDRESS, InProcessAgent, is_local, start_agent
 from jodl.store import Store
 
 

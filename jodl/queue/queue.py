@@ -23,7 +23,7 @@ from ..log.listener import Listener
 from ..log.queue_records import Claimed, QueuedJob
 from ..log.queue_sql import QueueSQL
 from ..models import JobState, utcnow
-from ..protocol import loads_object
+from ..agent.codec import loads_object
 from ..store import Store, make_engine, retry_delay
 
 log = logging.getLogger("jodl.queue")

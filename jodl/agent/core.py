@@ -1,9 +1,9 @@
-"""The agent: an rpyc server that runs jobs of installed families in bounded slots.
+"""The agent's core: the jobs it holds, its slots and whom it serves (no rpyc here).
 
-The master calls it (DESIGN §5); it never calls the master except for a one-shot
-hello. Results stay here until the master acknowledges them after its own commit,
-so a master killed at any moment finds them again. Every call is idempotent,
-keyed by execution ids: a call that timed out on the master may still arrive.
+The master calls it through :mod:`jodl.agent.server` (or :mod:`jodl.agent.local`).
+Results stay until the master acknowledges them after its own commit, so a master
+killed at any moment finds them again. Every call is idempotent, keyed by
+execution ids: a call that timed out on the master may still arrive.
 
 What the agent remembers is bound to the cluster (the database) and the
 connection of the master it serves (README, "Agents that are left alone"):
@@ -26,32 +26,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import threading
 import time
 import traceback
 from collections import OrderedDict, deque
 from collections.abc import Iterable
+from itertools import islice
 from typing import Any
 
-import rpyc
-from rpyc.utils.server import ThreadedServer
-
-from . import family as family_registry
-from .config import DETACH_SHARE, Settings
-from .exceptions import JodlError, UnknownFamily
-from .family import Family, Permanent
-from .metrics import AGENT_JOBS_FINISHED
-from .protocol import (
-    STRICT_CONFIG,
-    GuardedServer,
-    decode_ids,
-    decode_jobs,
-    encode_done,
-    encode_failed,
-    require_auth,
-    split_address,
-)
+from .. import family as family_registry
+from ..config import DETACH_SHARE
+from ..exceptions import JodlError, UnknownFamily
+from ..family import Family, Permanent
+from ..metrics import AGENT_JOBS_FINISHED
+from .eventloop import loop_name, new_event_loop
+from .replies import FENCED, KNOWN_ID
 
 log = logging.getLogger("jodl.agent")
 _FINISHED_DONE = AGENT_JOBS_FINISHED.labels("done")
@@ -67,34 +56,11 @@ QUICK_JOB = 0.001
 #: ... at most this many (and never more than its share of the queue).
 QUICK_CHUNK = 32
 _RESULT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-#: How a refusal of an execution id the agent already knows begins (the master
-#: retries such a job elsewhere instead of declaring it dead).
-KNOWN_ID = "execution id already known on agent"
 
 Done = tuple[int, float, float, str]  # exec_id, duration, finished (unix), result JSON
 Failed = tuple[int, float, float, str, bool]  # exec_id, duration, finished, error, retryable
-
-
-def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
-    """A new event loop: ``uvloop``, ``asyncio``, or ``auto`` (uvloop when installed).
-
-    uvloop runs its I/O and callbacks in C; ``bench/pagecheck.py --agent-loop
-    asyncio`` compares the two (measured: 0.26–0.30 ms of agent CPU per page on
-    uvloop, 0.28–0.30 ms on asyncio's own loop).
-    """
-    if kind != "asyncio":
-        try:
-            import uvloop
-        except ImportError:
-            if kind == "uvloop":
-                raise JodlError("JODL_AGENT_LOOP=uvloop, but uvloop is not installed") from None
-        else:
-            return uvloop.new_event_loop()
-    return asyncio.new_event_loop()
-
-
-def loop_name(loop: asyncio.AbstractEventLoop) -> str:
-    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+#: A family as the agent reports it: name, version, is_async, idempotent.
+FamilyRow = tuple[str, str, bool, bool]
 
 
 class AgentCore:
@@ -155,9 +121,10 @@ class AgentCore:
 
     # -- families -------------------------------------------------------------------
 
-    def family_list(self) -> tuple[tuple[str, str, bool], ...]:
+    def family_list(self) -> tuple[FamilyRow, ...]:
         return tuple(
-            (name, str(cls.version), cls.is_async()) for name, cls in sorted(self._classes.items())
+            (name, str(cls.version), cls.is_async(), bool(cls.idempotent))
+            for name, cls in sorted(self._classes.items())
         )
 
     def _family(self, name: str) -> Family:
@@ -177,7 +144,7 @@ class AgentCore:
 
     def check_epoch(self, epoch: int) -> None:
         if epoch < self.epoch:
-            raise JodlError(f"fenced: epoch {epoch} is older than {self.epoch}")
+            raise JodlError(f"{FENCED} {epoch} is older than {self.epoch}")
         self.epoch = epoch
 
     def init(self, master_id: str, epoch: int, settings_json: str) -> str:
@@ -223,8 +190,8 @@ class AgentCore:
                 "speed": self.speed,
                 "epoch": self.epoch,
                 "families": {
-                    n: {"version": v, "async": a, "idempotent": self._classes[n].idempotent}
-                    for n, v, a in self.family_list()
+                    n: {"version": v, "async": a, "idempotent": i}
+                    for n, v, a, i in self.family_list()
                 },
                 "session": session,
                 "detach": self.detach_after,
@@ -339,14 +306,7 @@ class AgentCore:
         with self._cond:
             self._ack_locked(ack)
             held = self._done if which == "done" else self._failed
-            if len(held) <= limit:
-                return tuple(held.values())
-            out = []
-            for value in held.values():
-                out.append(value)
-                if len(out) >= limit:
-                    break
-            return tuple(out)
+            return tuple(islice(held.values(), limit))
 
     def ack(self, ids: Iterable[int]) -> int:
         with self._cond:
@@ -538,157 +498,3 @@ class _Known:
         if self._queued is None:
             self._queued = {j[0] for j in core._queue} | {j[0] for j in core._aqueue}
         return exec_id in self._queued
-
-
-# Arguments are checked by exact type, never converted: int() or str() of a netref
-# would call back into the peer's objects, which is what the strict protocol forbids.
-
-
-def _int(value: Any, what: str = "value") -> int:
-    if type(value) is not int:
-        raise TypeError(f"{what} must be a plain int")
-    return value
-
-
-def _str(value: Any, what: str = "value") -> str:
-    if type(value) is not str:
-        raise TypeError(f"{what} must be a plain str")
-    return value
-
-
-def _ids(values: Any) -> tuple[int, ...]:
-    if type(values) is str:
-        return decode_ids(values)
-    if type(values) is not tuple or any(type(v) is not int for v in values):
-        raise TypeError("ids must be a plain tuple of ints")
-    return values
-
-
-def _jobs(values: Any) -> list[tuple[int, str, str]]:
-    if type(values) is str:
-        return decode_jobs(values)
-    if type(values) is not tuple:
-        raise TypeError("jobs must be a plain tuple of (exec_id, family, payload_json) tuples")
-    for job in values:
-        if (
-            type(job) is not tuple
-            or len(job) != 3
-            or type(job[0]) is not int
-            or type(job[1]) is not str
-            or type(job[2]) is not str
-        ):
-            raise TypeError("each job is a plain tuple (exec_id: int, family: str, payload: str)")
-    return list(values)
-
-
-class AgentService(rpyc.Service):
-    """The calls a master may make. Arguments are checked to be value types.
-
-    Every call but ``ping``, ``families`` and ``init`` starts with a *stamp*: the
-    master's epoch, or ``(epoch, session, since)`` (see the module docstring).
-    """
-
-    def __init__(self, core: AgentCore) -> None:
-        super().__init__()
-        self._core = core
-
-    def _heard(self, stamp: Any) -> bool:
-        if type(stamp) is int:
-            return self._core.hear(stamp, None, 0.0)
-        if (
-            type(stamp) is not tuple
-            or len(stamp) != 3
-            or type(stamp[0]) is not int
-            or type(stamp[1]) is not int
-            or type(stamp[2]) not in (int, float)
-        ):
-            raise TypeError("the stamp is an epoch or a plain tuple (epoch, session, since)")
-        return self._core.hear(stamp[0], stamp[1], max(0.0, float(stamp[2])))
-
-    def _call(self, stamp: Any, fn: Any, *args: Any) -> Any:
-        resume = self._heard(stamp)
-        try:
-            return fn(*args)
-        finally:
-            if resume:  # after the call: what it cancels must not start in between
-                self._core.resume()
-
-    def exposed_ping(self) -> tuple[str, int, float]:
-        return (self._core.name, self._core.epoch, time.time())
-
-    def exposed_families(self) -> tuple[tuple[str, str, bool], ...]:
-        return self._core.family_list()
-
-    def exposed_init(self, master_id: str, epoch: int, settings_json: str) -> str:
-        return self._core.init(
-            _str(master_id, "master id"), _int(epoch, "epoch"), _str(settings_json, "settings")
-        )
-
-    def exposed_send(self, epoch: Any, jobs: tuple) -> tuple[tuple[int, str], ...]:
-        return self._call(epoch, self._core.send, _jobs(jobs))
-
-    def exposed_done(
-        self, epoch: Any, ack: tuple | str, limit: int, framed: bool = False
-    ) -> tuple[Done, ...] | str:
-        """Held results (acknowledging ``ack`` first); one framed str when ``framed``."""
-        rows = self._call(epoch, self._core.take, "done", _ids(ack), _int(limit, "limit"))
-        return encode_done(rows) if framed is True else rows
-
-    def exposed_failed(
-        self, epoch: Any, ack: tuple | str, limit: int, framed: bool = False
-    ) -> tuple[Failed, ...] | str:
-        rows = self._call(epoch, self._core.take, "failed", _ids(ack), _int(limit, "limit"))
-        return encode_failed(rows) if framed is True else rows
-
-    def exposed_ack(self, epoch: Any, ids: tuple) -> int:
-        return self._call(epoch, self._core.ack, _ids(ids))
-
-    def exposed_remaining(self, epoch: Any) -> tuple[int, int, int, int]:
-        return self._call(epoch, self._core.remaining)
-
-    def exposed_take_back(self, epoch: Any, count: int, ids: tuple) -> tuple[int, ...]:
-        return self._call(epoch, self._core.take_back, _int(count, "count"), _ids(ids))
-
-    def exposed_cancel(self, epoch: Any, ids: tuple) -> tuple[int, ...]:
-        return self._call(epoch, self._core.cancel, _ids(ids))
-
-    def exposed_held(self, epoch: Any, ids: tuple) -> tuple[int, ...]:
-        return self._call(epoch, self._core.held, _ids(ids))
-
-
-def make_server(
-    settings: Settings, listen: str | None = None, name: str | None = None
-) -> ThreadedServer:
-    """Build (not start) the agent's server; refuses to start without a secret or TLS.
-
-    Loopback is no exception: any local user could otherwise command the agent, and
-    one who binds its port first would receive the master's jobs.
-    """
-    address = listen or settings.agent_listen
-    host, port = split_address(address)
-    require_auth(settings, f"refusing to listen on {address}")
-    core = AgentCore(
-        name or f"{socket.gethostname()}:{port}",
-        slots=settings.agent_slots,
-        async_slots=settings.agent_async_slots,
-        loop=settings.agent_loop,
-        speed=settings.agent_speed,
-        detach=settings.agent_detach,
-    )
-    service = AgentService(core)
-    try:
-        server = GuardedServer(
-            service,
-            settings,
-            hostname=host,
-            ipv6=":" in host,  # e.g. [::1]:PORT
-            port=port,
-            reuse_addr=True,
-            protocol_config=dict(STRICT_CONFIG),
-            logger=logging.getLogger("jodl.agent.rpyc"),
-        )
-    except OSError as exc:
-        core.close()
-        raise JodlError(f"cannot listen on {address}: {exc.strerror or exc}") from None
-    server.core = core  # type: ignore[attr-defined]
-    return server

@@ -4,11 +4,11 @@ A node whose address starts with ``local:`` (``local:1``) is an agent that lives
 the master's own process: :func:`start_agent` creates its :class:`AgentCore`
 (job slots, and the event loop thread for async families, as in ``jodl agent``),
 and the master's link to it is a :class:`LocalLink`. The link is an
-:class:`AgentLink` in every way the master sees (stamps, reply checks, failures,
-backoff); only the connection differs: its calls go to the same
+:class:`~jodl.agent.client.AgentLink` with the same typed calls, stamps, reply
+checks, failures and backoff; only the connection differs: its calls go to the same
 :class:`AgentService` methods an rpyc agent serves, so arguments and stamps are
 checked exactly as over the wire, and only wire values (scalars and plain tuples,
-:func:`jodl.protocol.check_value`) pass in either direction.
+:func:`jodl.agent.codec.check_value`) pass in either direction.
 
 No network is involved, hence no secret or TLS. A ``local:`` node is served only
 by the process that started its agent: any other master finds it unreachable.
@@ -20,21 +20,16 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .agent import AgentCore, AgentService
-from .config import Settings
-from .connection import AgentLink
-from .protocol import check_value
+from ..config import Settings
+from .client import CALLS, AgentLink
+from .codec import check_value
+from .core import AgentCore
+from .server import AgentService
 
 #: Address prefix of in-process agents' nodes.
 LOCAL_PREFIX = "local:"
 #: Address of the agent ``jodl up --standalone`` starts.
 DEFAULT_ADDRESS = "local:1"
-
-#: The calls an agent exposes (``AgentService.exposed_<name>``), as ``conn.root`` has them.
-_CALLS = frozenset(
-    ("init", "send", "done", "failed", "remaining", "take_back", "ack", "cancel", "held")
-    + ("ping", "families")
-)
 
 _lock = threading.Lock()
 #: address -> the in-process agent serving it in this process.
@@ -108,7 +103,7 @@ class _Root:
         self._service = service
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        if name not in _CALLS:
+        if name not in CALLS:
             raise AttributeError(name)
         return _wire(getattr(self._service, f"exposed_{name}"))
 

@@ -1,0 +1,71 @@
+"""The agent and the master's client of it: server, wire, codec, replies, client, in-process link.
+
+Modules, one concern each (the dependency runs down the list, never up):
+
+* :mod:`~jodl.agent.codec` - what may cross the wire (value types only) and the
+  framed batches of the hot calls;
+* :mod:`~jodl.agent.replies` - the replies as named records, and their checks;
+* :mod:`~jodl.agent.auth` - the handshake: shared-secret HMAC, mutual TLS;
+* :mod:`~jodl.agent.wire` - rpyc's strict configuration, authenticated frames,
+  the guarded server and :func:`~jodl.agent.wire.connect`;
+* :mod:`~jodl.agent.eventloop`, :mod:`~jodl.agent.core` - the agent's state and
+  job slots (no rpyc); :mod:`~jodl.agent.server` - the rpyc service over a core;
+* :mod:`~jodl.agent.client` - :class:`AgentLink`, a typed method per call;
+* :mod:`~jodl.agent.local` - in-process agents (``local:`` nodes) and their link.
+
+Calls of the protocol (the agent's ``exposed_<name>``; the client's method of the
+same name). "stamp" is the master's epoch, or ``(epoch, session, since)`` after
+``init``:
+
+=============  ==================================================================
+``init``       master id, epoch, settings JSON -> agent info JSON (:class:`AgentInfo`)
+``send``       stamp, jobs (exec_id, family, payload_json) -> refused (:class:`Refused`)
+``done``       stamp, ack ids, limit -> (exec_id, duration, finished, result_json) rows
+``failed``     stamp, ack ids, limit -> (exec_id, duration, finished, error, retryable)
+``remaining``  stamp -> (queued, running, held_done, held_failed)
+``take_back``  stamp, count, ids -> exec ids handed back unstarted
+``ack``        stamp, ids -> number forgotten (results the master committed)
+``cancel``     stamp, ids -> ids cancelled
+``held``       stamp, ids -> subset of ids the agent still knows (after a master restart)
+``ping``       -> (agent name, epoch, unix time)
+``families``   -> ((name, version, is_async, idempotent), ...)
+=============  ==================================================================
+
+The batches of ``send``, ``done``, ``failed`` and the id lists travel framed as
+one str each (:mod:`~jodl.agent.codec`); the agent accepts plain tuples too.
+"""
+
+from .client import AgentLink
+from .core import AgentCore
+from .local import InProcessAgent, LocalLink, make_link, start_agent
+from .replies import (
+    AgentFamily,
+    AgentInfo,
+    BadReply,
+    DoneRow,
+    FailedRow,
+    Ping,
+    Refused,
+    Remaining,
+)
+from .server import AgentServer, AgentService, make_server
+
+__all__ = [
+    "AgentCore",
+    "AgentFamily",
+    "AgentInfo",
+    "AgentLink",
+    "AgentServer",
+    "AgentService",
+    "BadReply",
+    "DoneRow",
+    "FailedRow",
+    "InProcessAgent",
+    "LocalLink",
+    "Ping",
+    "Refused",
+    "Remaining",
+    "make_link",
+    "make_server",
+    "start_agent",
+]

@@ -1,0 +1,183 @@
+"""The agent's rpyc server: the calls a master may make, checked, on an :class:`AgentCore`.
+
+Every argument is checked to be a value type of the call's shape before the core
+sees it; every reply is a value type (the hot calls' batches framed as one str,
+:mod:`jodl.agent.codec`). Custom exceptions do not survive the wire: a refusal
+arrives at the master as an error whose text says why (e.g.
+:data:`jodl.agent.replies.FENCED`).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from typing import Any
+
+import rpyc  # type: ignore[import-untyped]
+
+from ..config import Settings
+from ..exceptions import JodlError
+from .auth import require_auth
+from .codec import decode_ids, decode_jobs, encode_done, encode_failed
+from .core import AgentCore, Done, Failed, FamilyRow
+from .wire import STRICT_CONFIG, GuardedServer, split_address
+
+# Arguments are checked by exact type, never converted: int() or str() of a netref
+# would call back into the peer's objects, which is what the strict protocol forbids.
+
+
+def _int(value: Any, what: str = "value") -> int:
+    if type(value) is not int:
+        raise TypeError(f"{what} must be a plain int")
+    return value
+
+
+def _str(value: Any, what: str = "value") -> str:
+    if type(value) is not str:
+        raise TypeError(f"{what} must be a plain str")
+    return value
+
+
+def _ids(values: Any) -> tuple[int, ...]:
+    if type(values) is str:
+        return decode_ids(values)
+    if type(values) is not tuple or any(type(v) is not int for v in values):
+        raise TypeError("ids must be a plain tuple of ints")
+    return values
+
+
+def _jobs(values: Any) -> list[tuple[int, str, str]]:
+    if type(values) is str:
+        return decode_jobs(values)
+    if type(values) is not tuple:
+        raise TypeError("jobs must be a plain tuple of (exec_id, family, payload_json) tuples")
+    for job in values:
+        if (
+            type(job) is not tuple
+            or len(job) != 3
+            or type(job[0]) is not int
+            or type(job[1]) is not str
+            or type(job[2]) is not str
+        ):
+            raise TypeError("each job is a plain tuple (exec_id: int, family: str, payload: str)")
+    return list(values)
+
+
+class AgentService(rpyc.Service):
+    """The calls a master may make. Arguments are checked to be value types.
+
+    Every call but ``ping``, ``families`` and ``init`` starts with a *stamp*: the
+    master's epoch, or ``(epoch, session, since)`` (see the module docstring).
+    """
+
+    def __init__(self, core: AgentCore) -> None:
+        super().__init__()
+        self._core = core
+
+    def _heard(self, stamp: Any) -> bool:
+        if type(stamp) is int:
+            return self._core.hear(stamp, None, 0.0)
+        if (
+            type(stamp) is not tuple
+            or len(stamp) != 3
+            or type(stamp[0]) is not int
+            or type(stamp[1]) is not int
+            or type(stamp[2]) not in (int, float)
+        ):
+            raise TypeError("the stamp is an epoch or a plain tuple (epoch, session, since)")
+        return self._core.hear(stamp[0], stamp[1], max(0.0, float(stamp[2])))
+
+    def _call(self, stamp: Any, fn: Any, *args: Any) -> Any:
+        resume = self._heard(stamp)
+        try:
+            return fn(*args)
+        finally:
+            if resume:  # after the call: what it cancels must not start in between
+                self._core.resume()
+
+    def exposed_ping(self) -> tuple[str, int, float]:
+        return (self._core.name, self._core.epoch, time.time())
+
+    def exposed_families(self) -> tuple[FamilyRow, ...]:
+        return self._core.family_list()
+
+    def exposed_init(self, master_id: str, epoch: int, settings_json: str) -> str:
+        return self._core.init(
+            _str(master_id, "master id"), _int(epoch, "epoch"), _str(settings_json, "settings")
+        )
+
+    def exposed_send(self, epoch: Any, jobs: tuple) -> tuple[tuple[int, str], ...]:
+        return self._call(epoch, self._core.send, _jobs(jobs))
+
+    def exposed_done(
+        self, epoch: Any, ack: tuple | str, limit: int, framed: bool = False
+    ) -> tuple[Done, ...] | str:
+        """Held results (acknowledging ``ack`` first); one framed str when ``framed``."""
+        rows = self._call(epoch, self._core.take, "done", _ids(ack), _int(limit, "limit"))
+        return encode_done(rows) if framed is True else rows
+
+    def exposed_failed(
+        self, epoch: Any, ack: tuple | str, limit: int, framed: bool = False
+    ) -> tuple[Failed, ...] | str:
+        rows = self._call(epoch, self._core.take, "failed", _ids(ack), _int(limit, "limit"))
+        return encode_failed(rows) if framed is True else rows
+
+    def exposed_ack(self, epoch: Any, ids: tuple) -> int:
+        return self._call(epoch, self._core.ack, _ids(ids))
+
+    def exposed_remaining(self, epoch: Any) -> tuple[int, int, int, int]:
+        return self._call(epoch, self._core.remaining)
+
+    def exposed_take_back(self, epoch: Any, count: int, ids: tuple) -> tuple[int, ...]:
+        return self._call(epoch, self._core.take_back, _int(count, "count"), _ids(ids))
+
+    def exposed_cancel(self, epoch: Any, ids: tuple) -> tuple[int, ...]:
+        return self._call(epoch, self._core.cancel, _ids(ids))
+
+    def exposed_held(self, epoch: Any, ids: tuple) -> tuple[int, ...]:
+        return self._call(epoch, self._core.held, _ids(ids))
+
+
+class AgentServer(GuardedServer):
+    """The agent's rpyc server (authenticated, see :class:`GuardedServer`) and its core."""
+
+    def __init__(self, core: AgentCore, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(AgentService(core), settings, **kwargs)
+        self.core = core
+
+
+def make_server(
+    settings: Settings, listen: str | None = None, name: str | None = None
+) -> AgentServer:
+    """Build (not start) the agent's server; refuses to start without a secret or TLS.
+
+    Loopback is no exception: any local user could otherwise command the agent, and
+    one who binds its port first would receive the master's jobs.
+    """
+    address = listen or settings.agent_listen
+    host, port = split_address(address)
+    require_auth(settings, f"refusing to listen on {address}")
+    core = AgentCore(
+        name or f"{socket.gethostname()}:{port}",
+        slots=settings.agent_slots,
+        async_slots=settings.agent_async_slots,
+        loop=settings.agent_loop,
+        speed=settings.agent_speed,
+        detach=settings.agent_detach,
+    )
+    try:
+        server = AgentServer(
+            core,
+            settings,
+            hostname=host,
+            ipv6=":" in host,  # e.g. [::1]:PORT
+            port=port,
+            reuse_addr=True,
+            protocol_config=dict(STRICT_CONFIG),
+            logger=logging.getLogger("jodl.agent.rpyc"),
+        )
+    except OSError as exc:
+        core.close()
+        raise JodlError(f"cannot listen on {address}: {exc.strerror or exc}") from None
+    return server
