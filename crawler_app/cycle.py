@@ -37,8 +37,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
 from jodl import failpoint
-from jodl.models import ExecState, Execution, Job, JobState, Run, RunState, utcnow
-from jodl.store import Store
+from jodl.log import Store
+from jodl.log.models import ExecState, Execution, Job, JobState, Run, RunState, utcnow
 
 from . import digests
 from .analysis import apply_chunk

@@ -23,8 +23,8 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
 from jodl.exceptions import JodlError
-from jodl.models import Run, utcnow
-from jodl.store import Store
+from jodl.log import Store
+from jodl.log.models import Run, utcnow
 
 from .cycle import CycleResult, OnStep
 from .models import AppCycle, CycleRequest, User

@@ -13,7 +13,7 @@ import json
 from sqlalchemy import and_, func, select, update
 from sqlalchemy.orm import Session
 
-from jodl.models import ExecState, Execution, Job, JobState, utcnow
+from jodl.log.models import ExecState, Execution, Job, JobState, utcnow
 
 from . import change, mail
 from .models import (

@@ -14,12 +14,12 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, true, update
+from sqlalchemy import bindparam, insert, select, true, update
 from sqlalchemy.orm import Session
 from werkzeug.security import check_password_hash, generate_password_hash
 
 from jodl.exceptions import JodlError
-from jodl.models import Family, Job, JobState, utcnow
+from jodl.log.models import Family, Job, JobState, utcnow
 
 from .guard import FetchRefused, parse_url
 from .models import SELECTOR_LENGTH, URL_LENGTH, WHOLE_PAGE, Page, PageView, Tracking, User
@@ -344,15 +344,3 @@ def _jobs_by_key(session: Session, fid: int, keys: list[str]) -> dict[str, int]:
         )
     return found
 
-
-def page_counts(session: Session) -> dict[str, int]:
-    """Numbers of users, pages, tracked pages and trackings."""
-    return {
-        "users": session.scalar(select(func.count()).select_from(User)) or 0,
-        "pages": session.scalar(select(func.count()).select_from(Page)) or 0,
-        "tracked_pages": session.scalar(
-            select(func.count(func.distinct(Tracking.page_id))).select_from(Tracking)
-        )
-        or 0,
-        "trackings": session.scalar(select(func.count()).select_from(Tracking)) or 0,
-    }

@@ -40,8 +40,8 @@ from sqlalchemy import Engine, exists, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from jodl.exceptions import JodlError
-from jodl.models import Family as JodlFamily
-from jodl.models import Job, JobState, Run
+from jodl.log.models import Family as JodlFamily
+from jodl.log.models import Job, JobState, Run
 
 from . import cycle_requests
 from .cycle import (

@@ -1,7 +1,7 @@
 """Per-family budgets: most jobs per cycle, most on-demand jobs per hour, most bytes per cycle.
 
 A family's budgets are ``JODL_FAMILY_*`` defaults unless the family has its own
-(``jodl budget set NAME ...``, a :class:`jodl.models.FamilyBudget` row; 0 is no
+(``jodl budget set NAME ...``, a :class:`jodl.log.models.FamilyBudget` row; 0 is no
 limit). What each one does, and why it is cheap:
 
 * **jobs per cycle** (N): a run opens with at most N of its due jobs, oldest-due
@@ -40,8 +40,8 @@ from sqlalchemy.orm import Session
 
 from .config import Option, read_values, register_options
 from .exceptions import ConfigError, JodlError
+from .log.models import ExecState, Execution, Family, FamilyBudget, Job, Run
 from .metrics import BUDGET_EXHAUSTED, JOBS_DEFERRED
-from .models import ExecState, Execution, Family, FamilyBudget, Job, Run
 
 # -- settings -----------------------------------------------------------------------------------
 

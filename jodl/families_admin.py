@@ -26,7 +26,7 @@ from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped
 from sqlalchemy import delete, func, select, update
 
 from .exceptions import JodlError, UnknownFamily
-from .models import Family, FamilyOnNode, Job, JobState, Node
+from .log.models import Family, FamilyOnNode, Job, JobState, Node
 
 #: Written as a family's schedule to turn it off.
 SCHEDULE_OFF = "off"

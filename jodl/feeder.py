@@ -18,9 +18,9 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from .config import read_values
+from .log.records import PendingJob
 from .master import Feeder
 from .queue import CHECK_INTERVAL, CLAIM_BATCH, OPTIONS, WAKE_MAX, Claimed, Queue
-from .store import PendingJob
 
 if TYPE_CHECKING:
     from .master import Master

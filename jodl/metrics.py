@@ -35,8 +35,8 @@ from prometheus_client.registry import Collector
 disable_created_metrics()
 
 if TYPE_CHECKING:
+    from .log.store import Store
     from .master import Master
-    from .store import Store
 
 # -- master: jobs ---------------------------------------------------------------------------
 

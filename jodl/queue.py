@@ -26,7 +26,7 @@ that :meth:`Queue.wait` and :class:`QueueFeeder` ``LISTEN`` on. On SQLite one
 ``UPDATE ... RETURNING`` statement claims atomically and waiting is short polling.
 
 A failed attempt of a job run by the master goes back to the queue, due after
-:func:`jodl.store.retry_delay` (exponential backoff), rather than being retried
+:func:`jodl.log.store.retry_delay` (exponential backoff), rather than being retried
 at once inside the master: the failure count is then on disk, survives a
 restart of the master, and the job may go to whichever master claims it next.
 """
@@ -64,13 +64,16 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, NoResultFound
 
-from . import bulk
 from .budget import HourlyBudgets
 from .config import DEFAULT_MAX_ATTEMPTS, Option, read_values, register_options
 from .exceptions import BadPayload, JodlError
-from .models import ExecState, Execution, Family, Job, JobState, MasterLease, utcnow
+from .log import bulk
+from .log.engine import make_engine
+from .log.models import ExecState, Execution, Family, Job, JobState, MasterLease, utcnow
+from .log.outcomes import close_claims, retry_delay
+from .log.records import EXEC_COLUMNS
+from .log.store import Store
 from .protocol import loads_object
-from .store import EXEC_COLUMNS, Store, close_claims, make_engine, retry_delay
 
 log = logging.getLogger("jodl.queue")
 

@@ -19,8 +19,8 @@ from rpyc.utils.server import ThreadedServer
 
 from .config import Settings
 from .exceptions import AgentUnavailable, AuthError, JodlError
+from .log.store import Store
 from .protocol import STRICT_CONFIG, GuardedServer, connect, require_auth, split_address
-from .store import Store
 
 log = logging.getLogger("jodl.registry")
 

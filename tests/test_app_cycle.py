@@ -23,7 +23,7 @@ from crawler_app.models import (
     Snapshot,
 )
 from crawler_app.pages import normalise_url
-from jodl.models import ExecState, Execution, Family, Job, JobState, Run
+from jodl.log.models import ExecState, Execution, Family, Job, JobState, Run
 
 pytest_plugins = ("tests.site",)
 __all__ = ["inbox"]  # the fixture, imported for pytest

@@ -25,11 +25,11 @@ from sqlalchemy import select
 from jodl.agent import KNOWN_ID
 from jodl.config import Settings
 from jodl.exceptions import ConfigError
+from jodl.log import Store, make_engine
+from jodl.log.models import ExecState, Execution, Job, Node
 from jodl.master import Master, RunSummary
 from jodl.migrate import upgrade
-from jodl.models import ExecState, Execution, Job, Node
 from jodl.protocol import connect
-from jodl.store import Store, make_engine
 
 #: The master's give-up time in these tests (seconds); agents detach after half of it.
 GIVE_UP = 2.0

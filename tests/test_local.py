@@ -13,9 +13,9 @@ from jodl.config import Settings
 from jodl.connection import AgentLink
 from jodl.exceptions import AgentUnavailable
 from jodl.local import InProcessAgent, LocalLink, make_link, running_agent, start_agent
+from jodl.log import Store
+from jodl.log.models import ExecState, Execution, Job, Node, NodeState
 from jodl.master import Master
-from jodl.models import ExecState, Execution, Job, Node, NodeState
-from jodl.store import Store
 
 JOBS = 40
 

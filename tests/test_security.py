@@ -43,12 +43,12 @@ from rpyc.core.stream import SocketStream
 
 from jodl.config import Settings
 from jodl.exceptions import AuthError
+from jodl.log import Store, make_engine
+from jodl.log.models import ExecState, Execution, NodeState
 from jodl.master import Master
 from jodl.migrate import upgrade
-from jodl.models import ExecState, Execution, NodeState
 from jodl.protocol import _MAGIC as MAGIC
 from jodl.protocol import STRICT_CONFIG, FramedChannel, client_handshake, connect
-from jodl.store import Store, make_engine
 
 SECRET = "correct horse battery staple"  # long enough (22+ characters)
 WRONG = "incorrect horse battery staple"

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from werkzeug.exceptions import BadRequest, NotFound
 
 from crawler_app import cycle_requests
-from jodl.models import ExecState, Execution, Family, Job, Node, Run, RunState
+from jodl.log.models import ExecState, Execution, Family, Job, Node, Run, RunState
 from jodl.protocol import split_address
 from jodl.status import collect
 

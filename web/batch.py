@@ -35,7 +35,7 @@ from sqlalchemy.orm import sessionmaker
 
 from crawler_app.guard import FetchRefused, parse_url
 from crawler_app.pages import CHECK_FAMILY, family_id
-from jodl.models import ExecState, Execution, Job, JobState, utcnow
+from jodl.log.models import ExecState, Execution, Job, JobState, utcnow
 from jodl.queue import Queue
 
 from .models import ITEM_URL_LENGTH, Batch, BatchItem, CacheReset
