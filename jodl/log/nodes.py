@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, insert, select, update
+from sqlalchemy import Connection, Engine, bindparam, insert, select, update
 from sqlalchemy.orm import sessionmaker
 
-from .models import Family, FamilyOnNode, Job, JobState, Node, NodeState
+from .models import Family, FamilyOnNode, Job, JobState, Node, NodeState, table_of
 
 
 class NodeLog:
@@ -126,3 +126,18 @@ class Families:
             for start in range(0, len(new), 10000):
                 conn.execute(insert(Job), new[start : start + 10000])
             return len(new)
+
+    def set_payloads(self, rows: Sequence[Mapping[str, Any]], conn: Connection) -> None:
+        """New payloads and priorities of jobs: rows of ``id``, ``payload``, ``priority``."""
+        table = table_of(Job)
+        statement = (
+            update(table)
+            .where(table.c.id == bindparam("jid"))
+            .values(payload=bindparam("new_payload"), priority=bindparam("new_priority"))
+        )
+        params = [
+            {"jid": r["id"], "new_payload": r["payload"], "new_priority": r["priority"]}
+            for r in rows
+        ]
+        for start in range(0, len(params), 5000):
+            conn.execute(statement, params[start : start + 5000])

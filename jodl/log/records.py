@@ -114,6 +114,41 @@ class OutcomeBatch:
         )
 
 
+class DoneResult(NamedTuple):
+    """A committed result of a job, as applications read it."""
+
+    exec_id: int
+    job_id: int
+    result: str | None
+    finished_at: dt.datetime | None
+
+
+class JobError(NamedTuple):
+    """A job that was given up on (dead or deleted) and why."""
+
+    job_id: int
+    state: str
+    error: str | None
+
+
+class FailedAttempt(NamedTuple):
+    """An attempt of a run that ended with an error, as an operator's page lists it."""
+
+    key: str
+    attempt: int
+    address: str | None
+    state: str
+    error: str | None
+
+
+class JobTiming(NamedTuple):
+    """When a job runs again by its every-N-cycles, as a schedule preview reads it."""
+
+    job_id: int
+    every_n_cycles: int
+    last_run_number: int | None
+
+
 @dataclass(slots=True)
 class PendingJob:
     """A job of an open run (or a claimed on-demand job) with no committed result yet."""

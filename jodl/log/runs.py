@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .. import budget
 from ..exceptions import JodlError
+from . import budgets
 from .models import Dispatch, ExecState, Execution, Family, Job, JobState, Run, RunState, utcnow
 from .records import JobResult, PendingJob, RunResults, Sent
 
@@ -87,7 +88,7 @@ class Runs:
                     Job.trial_node_id,
                 )
                 .where(*_member_filter(run), ~done)
-                .order_by(*budget.oldest_due())  # those a budget put off last time first
+                .order_by(*budgets.oldest_due())  # those a budget put off last time first
             ).all()  # one fetch: iterating the result fetches row by row
             return [
                 PendingJob(
@@ -291,7 +292,7 @@ def _member_filter(run: Run) -> tuple[Any, ...]:
             Job.last_run_number.is_(None),
             run.number - Job.last_run_number >= Job.every_n_cycles,
         ),
-        *budget.member_cut(run),
+        *budgets.member_cut(run),
     )
 
 

@@ -56,6 +56,11 @@ class Store:
     def session(self) -> Session:
         return self.sessions()
 
+    def ping(self) -> None:
+        """One round trip to the database; raises when it does not answer."""
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+
     # -- master lease, epochs and execution ids ---------------------------------------
 
     def acquire_lease(self, holder: str, name: str = "master", force: bool = False) -> int:
