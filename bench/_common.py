@@ -59,8 +59,9 @@ def wait_port(port: int, timeout: float = 20.0) -> None:
 
 
 @contextlib.contextmanager
-def agents(count: int, slots: int = 2, speeds: list[float] | None = None,
-           env: dict[str, str] | None = None) -> Iterator[list[str]]:
+def agents(
+    count: int, slots: int = 2, speeds: list[float] | None = None, env: dict[str, str] | None = None
+) -> Iterator[list[str]]:
     """``count`` agent subprocesses on loopback; yields their addresses."""
     procs: list[subprocess.Popen[bytes]] = []
     addresses: list[str] = []
@@ -68,11 +69,27 @@ def agents(count: int, slots: int = 2, speeds: list[float] | None = None,
         for i in range(count):
             port = free_port()
             speed = (speeds or [1.0] * count)[i]
-            cmd = [sys.executable, "-m", "jodl", "agent", "--listen", f"127.0.0.1:{port}",
-                   "--slots", str(slots), "--speed", str(speed)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "jodl",
+                "agent",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--slots",
+                str(slots),
+                "--speed",
+                str(speed),
+            ]
             child_env = {**os.environ, "JODL_LOG_LEVEL": "WARNING", "JODL_SECRET": SECRET}
-            procs.append(subprocess.Popen(cmd, env={**child_env, **(env or {})},
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    env={**child_env, **(env or {})},
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
             addresses.append(f"127.0.0.1:{port}")
         for address in addresses:
             wait_port(int(address.rsplit(":", 1)[1]))

@@ -55,8 +55,8 @@ from sqlalchemy import select  # noqa: E402
 
 from jodl import Master, Settings, Store, make_engine  # noqa: E402
 from jodl.agent.client import AgentLink  # noqa: E402
+from jodl.log.models import ExecState, Execution, Node  # noqa: E402
 from jodl.migrate import upgrade  # noqa: E402
-from jodl.models import ExecState, Execution, Node  # noqa: E402
 
 
 def draw_work(seed: int, jobs: int, sigma: float, speeds: list[float], lb: float) -> list[float]:

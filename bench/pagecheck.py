@@ -219,7 +219,7 @@ def track_pages(engine: object, urls: list[str]) -> None:
 
     from crawler_app.models import Page, Tracking, User
     from crawler_app.pages import sync_jobs
-    from jodl.models import utcnow
+    from jodl.log.models import utcnow
 
     with sessionmaker(engine)() as s, s.begin():  # type: ignore[call-overload]
         user = User(email="bench@example.org", created_at=utcnow())

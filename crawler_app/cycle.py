@@ -32,13 +32,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, delete, func, select, update
+from sqlalchemy import Engine, delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
 from jodl import failpoint
-from jodl.models import ExecState, Execution, Job, JobState, Run, RunState, utcnow
-from jodl.store import Store
+from jodl.log import Store
+from jodl.log.models import Run, RunState, utcnow
 
 from . import digests
 from .analysis import apply_chunk
@@ -209,11 +209,16 @@ class PageCycle:
             family_id(s, NOTIFY_FAMILY)
             live = sync_jobs(s)
             fid = family_id(s, CHECK_FAMILY)
-            pages = s.execute(
-                select(Page.id, Page.url, Page.job_id, Page.etag, Page.last_modified)
-                .join(Job, Job.id == Page.job_id)
-                .where(Job.family_id == fid, Job.state == JobState.IDLE)
-            ).all()
+            idle = self.store.reads.idle_jobs(fid, s.connection())
+            pages = [
+                row
+                for row in s.execute(
+                    select(Page.id, Page.url, Page.job_id, Page.etag, Page.last_modified).where(
+                        Page.job_id.is_not(None)
+                    )
+                )
+                if row.job_id in idle
+            ]
             wanted: dict[int, set[str]] = {}
             for page_id, selector in s.execute(select(Tracking.page_id, Tracking.selector)):
                 wanted.setdefault(page_id, set()).add(selector or WHOLE_PAGE)
@@ -250,15 +255,8 @@ class PageCycle:
                     fraction = spread_fraction(url)
                     payload["start_at"] = round(start + fraction * cycle.spread, 3)
                     priority = -int(fraction * 1_000_000)  # earliest start sent first
-                rows.append({"jid": job_id, "payload": json.dumps(payload), "prio": priority})
-            table = Job.__table__
-            for i in range(0, len(rows), 5000):
-                s.connection().execute(
-                    update(table)
-                    .where(table.c.id == bindparam("jid"))
-                    .values(payload=bindparam("payload"), priority=bindparam("prio")),
-                    rows[i : i + 5000],
-                )
+                rows.append({"id": job_id, "payload": json.dumps(payload), "priority": priority})
+            self.store.families.set_payloads(rows, s.connection())
             s.get(AppCycle, cycle.id).pages = live  # type: ignore[union-attr]
             cycle.pages = live
 
@@ -278,14 +276,12 @@ class PageCycle:
             setattr(cycle, field, run.id)
             run_id = run.id
             failpoint.hit(f"app_{family}_opened")
-        with self.sessions() as s:
-            run = s.get(Run, run_id)
-            assert run is not None
+        run = self.store.reads.run(run_id)
+        assert run is not None
         if run.state == RunState.RUNNING:
             self.run_family(family)
-            with self.sessions() as s:
-                run = s.get(Run, run_id)
-                assert run is not None
+            run = self.store.reads.run(run_id)
+            assert run is not None
         return run
 
     def check(self, cycle: AppCycle) -> None:
@@ -306,27 +302,21 @@ class PageCycle:
         last = 0
         while True:
             with self.sessions() as s, s.begin():
-                rows = s.execute(
-                    select(Execution.id, Execution.job_id, Execution.result, Execution.finished_at)
-                    .where(
-                        Execution.run_id == run_id,
-                        Execution.state == ExecState.DONE,
-                        Execution.id > last,
-                    )
-                    .order_by(Execution.id)
-                    .limit(ANALYSE_CHUNK)
-                ).all()
+                rows = self.store.reads.results_since(run_id, last, ANALYSE_CHUNK, s.connection())
                 if not rows:
                     break
-                last = rows[-1][0]
+                last = rows[-1].exec_id
                 apply_chunk(s, cycle.id, rows, self.settings.flip_window)
         with self.sessions() as s, s.begin():
             # Jobs that failed every attempt: the page records why (never a change).
-            dead = s.execute(
-                select(Page, Job.last_error)
-                .join(Job, Job.id == Page.job_id)
-                .where(Job.run_id == run_id, Job.state == JobState.DEAD)
-            ).all()
+            errors = self.store.reads.dead_in_run(run_id, s.connection())
+            ids = list(errors)
+            dead = [
+                (page, errors[page.job_id])
+                for start in range(0, len(ids), 500)
+                for page in s.scalars(select(Page).where(Page.job_id.in_(ids[start : start + 500])))
+                if page.job_id is not None
+            ]
             for page, error in dead:
                 if page.analysed_cycle_id != cycle.id:
                     page.analysed_cycle_id = cycle.id

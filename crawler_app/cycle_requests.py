@@ -23,8 +23,8 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
 from jodl.exceptions import JodlError
-from jodl.models import Run, utcnow
-from jodl.store import Store
+from jodl.log import Store
+from jodl.log.models import utcnow
 
 from .cycle import CycleResult, OnStep
 from .models import AppCycle, CycleRequest, User
@@ -144,8 +144,8 @@ def follow(
 
 
 def _report_run(store: Store, run_id: int, progress: Callable[[int, int], None]) -> None:
-    with store.engine.connect() as conn:
-        total = conn.scalar(select(Run.jobs_total).where(Run.id == run_id))
+    run = store.reads.run(run_id)
+    total = run.jobs_total if run is not None else 0
     if total:
         done, _ = store.count_run(run_id)
         progress(min(done, total), total)

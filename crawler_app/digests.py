@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from jodl.models import ExecState, Execution, Job, JobState, utcnow
+from jodl.log.jobs import JobLog
+from jodl.log.models import JobState, utcnow
 
 from . import change, mail
 from .models import (
@@ -98,16 +99,7 @@ def prepare(s: Session, cycle: AppCycle, settings: AppSettings) -> int:
             "text": text,
             "html": html,
         }
-        job = Job(
-            family_id=fid,
-            key=key,
-            payload=json.dumps(payload),
-            state=JobState.IDLE,
-            created_at=utcnow(),
-            updated_at=utcnow(),
-        )
-        s.add(job)
-        s.flush()
+        job_id = JobLog.add_one(s.connection(), fid, key, json.dumps(payload))
         s.add(
             Notification(
                 cycle_id=cycle.id,
@@ -115,7 +107,7 @@ def prepare(s: Session, cycle: AppCycle, settings: AppSettings) -> int:
                 idem_key=key,
                 message_id=message_id,
                 state=NotificationState.PREPARED,
-                job_id=job.id,
+                job_id=job_id,
                 snapshots=[snap.id for snap, _ in digests[user_id]],
                 created_at=utcnow(),
             )
@@ -130,24 +122,20 @@ def record_outcomes(s: Session, cycle_id: int, run_id: int) -> int:
     """Mark the cycle's prepared digests sent (a committed result in the ``notify``
     run) or failed (the job is dead), and retire their jobs (``done``) so no later
     ``notify`` run sends them again. Returns the number sent."""
-    rows = s.execute(
-        select(Notification, Job.state, Job.last_error, Execution.result)
-        .join(Job, Job.id == Notification.job_id)
-        .outerjoin(
-            Execution,
-            and_(
-                Execution.job_id == Job.id,
-                Execution.run_id == run_id,
-                Execution.state == ExecState.DONE,
-            ),
+    notes = list(
+        s.scalars(
+            select(Notification).where(
+                Notification.cycle_id == cycle_id,
+                Notification.state == NotificationState.PREPARED,
+                Notification.job_id.is_not(None),
+            )
         )
-        .where(
-            Notification.cycle_id == cycle_id,
-            Notification.state == NotificationState.PREPARED,
-        )
-    ).all()
+    )
+    conn = s.connection()
+    outcomes = JobLog.outcomes(conn, [n.job_id for n in notes if n.job_id is not None], run_id)
+    rows = [(n, outcomes[n.job_id]) for n in notes if n.job_id in outcomes]
     sent = 0
-    for note, job_state, job_error, result in rows:
+    for note, (_, job_state, job_error, result) in rows:
         if result is not None:
             note.state = NotificationState.SENT
             note.sent_at = utcnow()
@@ -155,14 +143,7 @@ def record_outcomes(s: Session, cycle_id: int, run_id: int) -> int:
         elif job_state == JobState.DEAD:
             note.state = NotificationState.FAILED
             note.error = job_error
-    job_ids = [note.job_id for note, *_ in rows if note.job_id is not None]
-    if job_ids:
-        s.execute(
-            update(Job)
-            .where(Job.id.in_(job_ids), Job.state == JobState.IDLE)
-            .values(state=JobState.DONE, updated_at=utcnow())
-            .execution_options(synchronize_session=False)
-        )
+    JobLog.retire(conn, [note.job_id for note, _ in rows if note.job_id is not None])
     row = s.get(AppCycle, cycle_id)
     assert row is not None
     row.sent += sent

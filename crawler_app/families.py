@@ -30,9 +30,9 @@ from sqlalchemy.exc import IntegrityError
 
 from jodl.config import Settings
 from jodl.family import Family, Permanent
+from jodl.log import make_engine
+from jodl.log.models import utcnow
 from jodl.metrics import FETCHES, NOTIFICATIONS
-from jodl.models import utcnow
-from jodl.store import make_engine
 
 from .fetcher import THREAD_PARSE_BYTES, Fetcher
 from .models import DigestClaim, DigestClaimState

@@ -14,12 +14,13 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, true, update
+from sqlalchemy import bindparam, insert, select, true, update
 from sqlalchemy.orm import Session
 from werkzeug.security import check_password_hash, generate_password_hash
 
 from jodl.exceptions import JodlError
-from jodl.models import Family, Job, JobState, utcnow
+from jodl.log.jobs import JobLog
+from jodl.log.models import JobState, utcnow
 
 from .guard import FetchRefused, parse_url
 from .models import SELECTOR_LENGTH, URL_LENGTH, WHOLE_PAGE, Page, PageView, Tracking, User
@@ -212,19 +213,14 @@ def trackings_of(session: Session, email: str) -> list[tuple[Tracking, Page]]:
 
 def family_id(session: Session, name: str) -> int:
     """Id of the JODL family ``name``, created on first use."""
-    fid = session.scalar(select(Family.id).where(Family.name == name))
-    if fid is None:
-        # A check may run twice harmlessly; a digest may not (its claim guards it, but a
-        # backup copy would only ever be refused): no backups, no timeouts for notify.
-        placement: dict[str, Any] = {}
-        if name == CHECK_FAMILY:  # others keep the library's default strategy
-            placement = dict(zip(("strategy", "strategy_params"), CHECK_STRATEGY, strict=True))
-        idempotent = name != NOTIFY_FAMILY
-        fam = Family(name=name, idempotent=idempotent, created_at=utcnow(), **placement)
-        session.add(fam)
-        session.flush()
-        fid = fam.id
-    return fid
+    # A check may run twice harmlessly; a digest may not (its claim guards it, but a
+    # backup copy would only ever be refused): no backups, no timeouts for notify.
+    placement: dict[str, Any] = {}
+    if name == CHECK_FAMILY:  # others keep the library's default strategy
+        placement = dict(zip(("strategy", "strategy_params"), CHECK_STRATEGY, strict=True))
+    return JobLog.family_id(
+        session.connection(), name, idempotent=name != NOTIFY_FAMILY, **placement
+    )
 
 
 def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
@@ -242,11 +238,16 @@ def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
     def only(column: Any) -> Any:
         return column.in_(ids) if ids is not None else true()
 
-    pages = session.execute(
-        select(Page.id, Page.url, Page.job_id, Page.period, Job.state, Job.every_n_cycles)
-        .outerjoin(Job, Job.id == Page.job_id)
-        .where(only(Page.id))
+    conn = session.connection()
+    page_rows = session.execute(
+        select(Page.id, Page.url, Page.job_id, Page.period).where(only(Page.id))
     ).all()
+    lines = JobLog.lines(conn, [r.job_id for r in page_rows if r.job_id is not None])
+    pages = []
+    for page_id, url, job_id, period in page_rows:
+        line = lines.get(job_id) if job_id is not None else None
+        state, every = (line.state, line.every_n_cycles) if line else (None, None)
+        pages.append((page_id, url, job_id, period, state, every))
     selectors: dict[int, set[str]] = {}
     for page_id, selector in session.execute(
         select(Tracking.page_id, Tracking.selector).where(only(Tracking.page_id))
@@ -257,7 +258,6 @@ def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
         .tuples()
         .all()
     )
-    now = utcnow()
     missing: dict[str, tuple[int, int]] = {}  # url -> (page id, period)
     revive: list[dict[str, Any]] = []
     delete: list[int] = []
@@ -271,56 +271,31 @@ def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
             delete.append(job_id)
     if missing:
         # A job of that key may exist without the page pointing at it (added elsewhere).
-        existing = _jobs_by_key(session, fid, list(missing))
-        new_rows = [
-            {
-                "family_id": fid,
-                "key": url,
-                "payload": json.dumps({"url": url}),
-                "state": JobState.IDLE,
-                "every_n_cycles": period,
-                "priority": 0,
-                "attempts": 0,
-                "created_at": now,
-                "updated_at": now,
-            }
-            for url, (_, period) in missing.items()
-            if url not in existing
-        ]
-        if new_rows:
-            session.execute(insert(Job), new_rows)
-        existing = _jobs_by_key(session, fid, list(missing))
+        existing = JobLog.ids_by_key(conn, fid, list(missing))
+        inserted = set(
+            JobLog.add_idle(
+                conn,
+                fid,
+                (
+                    (url, json.dumps({"url": url}), period)
+                    for url, (_, period) in missing.items()
+                    if url not in existing
+                ),
+            )
+        )
+        existing = JobLog.ids_by_key(conn, fid, list(missing))
         session.execute(
             update(Page.__table__).where(Page.__table__.c.id == bindparam("pid")),
             [{"pid": pid, "job_id": existing[url]} for url, (pid, _) in missing.items()],
         )
-        inserted = {r["key"] for r in new_rows}
         revive.extend(
             {"jid": existing[url], "every": period}
             for url, (_, period) in missing.items()
             if url not in inserted
         )
-    if revive:
-        # Tracked again (or dead after repeated failures): back into the cycles.
-        table = Job.__table__
-        session.execute(
-            update(table)
-            .where(table.c.id == bindparam("jid"))
-            .values(
-                state=JobState.IDLE,
-                every_n_cycles=bindparam("every"),
-                attempts=0,
-                updated_at=now,
-            ),
-            revive,
-        )
-    if delete:
-        session.execute(
-            update(Job)
-            .where(Job.id.in_(delete))
-            .values(state=JobState.DELETED, updated_at=now)
-            .execution_options(synchronize_session=False)
-        )
+    # Tracked again (or dead after repeated failures): back into the cycles.
+    JobLog.revive(conn, [(r["jid"], r["every"]) for r in revive])
+    JobLog.delete(conn, delete)
     new_views = [
         {"page_id": page_id, "selector": sel, "recent": []}
         for page_id, sels in selectors.items()
@@ -331,28 +306,3 @@ def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
         session.execute(insert(PageView), new_views)
     session.expire_all()
     return len(selectors)
-
-
-def _jobs_by_key(session: Session, fid: int, keys: list[str]) -> dict[str, int]:
-    found: dict[str, int] = {}
-    for start in range(0, len(keys), 1000):
-        chunk = keys[start : start + 1000]
-        found.update(
-            session.execute(select(Job.key, Job.id).where(Job.family_id == fid, Job.key.in_(chunk)))
-            .tuples()
-            .all()
-        )
-    return found
-
-
-def page_counts(session: Session) -> dict[str, int]:
-    """Numbers of users, pages, tracked pages and trackings."""
-    return {
-        "users": session.scalar(select(func.count()).select_from(User)) or 0,
-        "pages": session.scalar(select(func.count()).select_from(Page)) or 0,
-        "tracked_pages": session.scalar(
-            select(func.count(func.distinct(Tracking.page_id))).select_from(Tracking)
-        )
-        or 0,
-        "trackings": session.scalar(select(func.count()).select_from(Tracking)) or 0,
-    }

@@ -36,12 +36,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from sqlalchemy import Engine, exists, func, select
+from sqlalchemy import Engine, exists, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from jodl.exceptions import JodlError
-from jodl.models import Family as JodlFamily
-from jodl.models import Job, JobState, Run
+from jodl.log import Reads
 
 from . import cycle_requests
 from .cycle import (
@@ -260,18 +259,21 @@ def next_checks(
     zone = timezone or get_localzone()
     trigger = cron_trigger(settings.schedule, zone)
     now = now.astimezone(zone) if now is not None else dt.datetime.now(zone)
+    reads = Reads(engine)
+    latest = reads.newest_run_number(CHECK_FAMILY)
     with engine.connect() as conn:
-        latest = conn.scalar(
-            select(func.max(Run.number))
-            .join(JodlFamily, JodlFamily.id == Run.family_id)
-            .where(JodlFamily.name == CHECK_FAMILY)
-        )
-        rows = conn.execute(
-            select(Page.id, Page.url, Job.every_n_cycles, Job.last_run_number)
-            .join(Job, Job.id == Page.job_id)
-            # A job that failed or runs now is back in line for the next cycle anyway.
-            .where(Page.id.in_(list(page_ids)), Job.state != JobState.DELETED)
+        pages = conn.execute(
+            select(Page.id, Page.url, Page.job_id).where(
+                Page.id.in_(list(page_ids)), Page.job_id.is_not(None)
+            )
         ).all()
+    # A job that failed or runs now is back in line for the next cycle anyway.
+    timings = reads.job_timings([job_id for _, _, job_id in pages])
+    rows = [
+        (page_id, url, timings[job_id].every_n_cycles, timings[job_id].last_run_number)
+        for page_id, url, job_id in pages
+        if job_id in timings
+    ]
     slots: list[dt.datetime] = []
     spreads: dict[int, float] = {}  # slot index -> seconds its checks spread over
     out: dict[int, dt.datetime] = {}

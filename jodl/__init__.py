@@ -13,6 +13,10 @@ from .config import Settings as Settings
 from .exceptions import JodlError as JodlError
 from .family import Family as Family
 from .family import Permanent as Permanent
+from .log.engine import make_engine as make_engine
+from .log.records import JobResult as JobResult
+from .log.records import RunResults as RunResults
+from .log.store import Store as Store
 from .master import Master as Master
 from .master import RunSummary as RunSummary
 from .placement import Knowledge as Knowledge
@@ -21,10 +25,6 @@ from .placement import Placement as Placement
 from .placement import register as register_strategy
 from .queue import Queue as Queue
 from .queue import QueueFeeder as QueueFeeder
-from .store import JobResult as JobResult
-from .store import RunResults as RunResults
-from .store import Store as Store
-from .store import make_engine as make_engine
 
 __all__ = [
     "Family",

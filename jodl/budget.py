@@ -1,14 +1,14 @@
 """Per-family budgets: most jobs per cycle, most on-demand jobs per hour, most bytes per cycle.
 
 A family's budgets are ``JODL_FAMILY_*`` defaults unless the family has its own
-(``jodl budget set NAME ...``, a :class:`jodl.models.FamilyBudget` row; 0 is no
+(``jodl budget set NAME ...``, a :class:`jodl.log.models.FamilyBudget` row; 0 is no
 limit). What each one does, and why it is cheap:
 
 * **jobs per cycle** (N): a run opens with at most N of its due jobs, oldest-due
   first (order: the run they last ran in, never-run first, then id); the rest wait
   for the next run, and the run records how many (``Run.deferred``). The run does
   not list its members: it keeps the last member's (run number, id) as a cut, and
-  the membership rule (``Store._member_filter``) adds ``(last run, id) <= cut``, so
+  the membership rule (:mod:`jodl.log.runs`) adds ``(last run, id) <= cut``, so
   a resumed run has exactly the same jobs. One ordered query when the run opens.
 * **on-demand jobs per hour** (N): the queue's claim takes at most N jobs of the
   family per clock hour; the others stay queued, not lost, and are claimed in the
@@ -34,14 +34,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from sqlalchemy import Engine, case, func, insert, literal, or_, select, tuple_, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from .config import Option, read_values, register_options
 from .exceptions import ConfigError, JodlError
+from .log import budgets as sql
+from .log.models import Family, Run
 from .metrics import BUDGET_EXHAUSTED, JOBS_DEFERRED
-from .models import ExecState, Execution, Family, FamilyBudget, Job, Run
 
 # -- settings -----------------------------------------------------------------------------------
 
@@ -93,7 +93,7 @@ OPTIONS: tuple[Option, ...] = (
 register_options(OPTIONS)
 
 #: The budgets, as named in the CLI, errors and metrics.
-BUDGETS = ("jobs_per_cycle", "ondemand_per_hour", "bytes_per_cycle")
+BUDGETS = sql.BUDGET_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -126,43 +126,23 @@ class Limits:
 
 def limits_of(conn: Session | Any, family_id: int, defaults: Limits | None = None) -> Limits:
     """The budgets in effect for a family, read on ``conn`` (a session or a connection)."""
-    defaults = defaults or Limits.defaults()
-    row = conn.execute(
-        select(*(getattr(FamilyBudget, name) for name in BUDGETS)).where(
-            FamilyBudget.family_id == family_id
-        )
-    ).first()
-    return defaults.over(row)
+    return (defaults or Limits.defaults()).over(sql.own_budgets(conn, family_id))
 
 
-# -- the gateway of the CLI ------------------------------------------------------------------
+# -- the CLI's side ----------------------------------------------------------------------------
 
 
 class Budgets:
     """Reading and setting families' budgets."""
 
     def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    def _family(self, s: Session, name: str) -> Family:
-        family = s.scalar(select(Family).where(Family.name == name))
-        if family is None:
-            known = ", ".join(s.scalars(select(Family.name).order_by(Family.name))) or "none"
-            raise JodlError(f"no family {name!r} (families: {known})")
-        return family
+        self.log = sql.BudgetLog(engine)
 
     def show(self, names: Iterable[str] | None = None) -> list[tuple[str, Limits, Limits]]:
         """(family, its budgets in effect, the defaults) for these families (all: None)."""
         defaults = Limits.defaults()
-        with Session(self.engine) as s:
-            wanted = (
-                list(names) if names else list(s.scalars(select(Family.name).order_by(Family.name)))
-            )
-            out = []
-            for name in wanted:
-                family = self._family(s, name)
-                out.append((name, limits_of(s, family.id, defaults), defaults))
-        return out
+        wanted = list(names) if names else self.log.family_names()
+        return [(name, defaults.over(row), defaults) for name, row in self.log.own(wanted)]
 
     def set(self, name: str, **changes: int | None) -> Limits:
         """Set some budgets of family ``name`` (None: back to the default; 0: no limit)."""
@@ -171,32 +151,10 @@ class Budgets:
                 raise JodlError(f"no budget {key!r}; budgets: {', '.join(BUDGETS)}")
             if value is not None and (isinstance(value, bool) or value < 0):
                 raise JodlError(f"{key}: a whole number >= 0 (0: no limit), got {value!r}")
-        with Session(self.engine) as s, s.begin():
-            family = self._family(s, name)
-            row = s.get(FamilyBudget, family.id)
-            if row is None:
-                row = FamilyBudget(family_id=family.id, hour_used=0)
-                s.add(row)
-            for key, value in changes.items():
-                setattr(row, key, value)
-            s.flush()
-            return Limits.defaults().over(row)
+        return Limits.defaults().over(self.log.set_own(name, changes))
 
 
 # -- jobs per cycle -----------------------------------------------------------------------------
-
-
-def oldest_due() -> tuple[Any, Any]:
-    """Oldest-due first: never run, then by the run they last ran in; then by id."""
-    return func.coalesce(Job.last_run_number, 0), Job.id
-
-
-def member_cut(run: Run) -> tuple[Any, ...]:
-    """The extra membership condition of a run cut by a jobs-per-cycle budget."""
-    if run.cut_job_id is None:
-        return ()
-    cut = tuple_(literal(run.cut_number or 0), literal(run.cut_job_id))
-    return (tuple_(*oldest_due()) <= cut,)
 
 
 def cut_run(
@@ -210,9 +168,7 @@ def cut_run(
     most = limits_of(s, family.id).jobs_per_cycle
     if not most or run.jobs_total <= most:
         return
-    keys = s.execute(
-        select(*oldest_due()).where(*members).order_by(*oldest_due()).limit(most + len(recent))
-    ).all()
+    keys = sql.first_due(s, members, most + len(recent))
     kept = [k for k in keys if k[1] not in recent][:most]
     run.cut_number, run.cut_job_id = int(kept[-1][0]), int(kept[-1][1])
     run.deferred = run.jobs_total - most
@@ -227,23 +183,8 @@ def after_run(s: Session, run: Run) -> None:
     Jobs of a family without every-N-cycles or "not more often than T" do not keep
     their last run otherwise; one statement, only for runs a budget cut short.
     """
-    if not run.deferred:
-        return
-    done_here = (
-        select(Execution.id)
-        .where(
-            Execution.run_id == run.id,
-            Execution.job_id == Job.id,
-            Execution.state == ExecState.DONE,
-        )
-        .exists()
-    )
-    s.execute(
-        update(Job)
-        .where(Job.family_id == run.family_id, done_here)
-        .values(last_run_number=run.number)
-        .execution_options(synchronize_session=False)
-    )
+    if run.deferred:
+        sql.ran_in(s, run)
 
 
 # -- on-demand jobs per hour ----------------------------------------------------------------
@@ -262,7 +203,7 @@ class HourlyBudgets:
     """The on-demand queue's side of the per-hour budgets (one per :class:`Queue`)."""
 
     def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+        self.log = sql.BudgetLog(engine)
         self._per_hour: dict[int, int] = {}
         self._read_at = -HOURLY_REFRESH
         #: (family id, hour) whose exhaustion was counted already (once per hour).
@@ -273,15 +214,8 @@ class HourlyBudgets:
         if time.monotonic() - self._read_at < HOURLY_REFRESH:
             return self._per_hour
         defaults = Limits.defaults()
-        with self.engine.connect() as conn:
-            own: dict[int, int | None] = {
-                fid: most
-                for fid, most in conn.execute(
-                    select(FamilyBudget.family_id, FamilyBudget.ondemand_per_hour)
-                )
-            }
-            fids = list(conn.scalars(select(Family.id)))
-            missing = [f for f in fids if f not in own]
+        fids, own = self.log.hourly()
+        missing = [f for f in fids if f not in own]
         per_hour = {}
         for fid in fids:
             most = own.get(fid)
@@ -290,11 +224,7 @@ class HourlyBudgets:
                 per_hour[fid] = most
         # A family under a default budget needs its row to count claims in.
         for fid in (f for f in missing if f in per_hour):
-            try:
-                with self.engine.begin() as conn:
-                    conn.execute(insert(FamilyBudget).values(family_id=fid, hour_used=0))
-            except IntegrityError:
-                pass  # added meanwhile by another process
+            self.log.add_row(fid)
         self._per_hour, self._read_at = per_hour, time.monotonic()
         return per_hour
 
@@ -314,43 +244,21 @@ class HourlyBudgets:
         """
         hour = now.replace(minute=0, second=0, microsecond=0)
         fids = list(per_hour)
-        stale = or_(FamilyBudget.hour_start.is_(None), FamilyBudget.hour_start < hour)
-        # Every budgeted family's row is written first: it is locked (PostgreSQL) or the
-        # database is (SQLite) until commit, so concurrent claimers count in turn.
-        conn.execute(
-            update(FamilyBudget)
-            .where(FamilyBudget.family_id.in_(fids))
-            .values(hour_used=case((stale, 0), else_=FamilyBudget.hour_used), hour_start=hour)
-        )
-        used = dict(
-            conn.execute(
-                select(FamilyBudget.family_id, FamilyBudget.hour_used).where(
-                    FamilyBudget.family_id.in_(fids)
-                )
-            ).all()
-        )
+        # Every budgeted family's row is written first, so concurrent claimers count in turn.
+        used = sql.start_hour(conn, fids, hour)
         room = {f: max(0, per_hour[f] - used.get(f, 0)) for f in fids}
         tight = [f for f in fids if room[f] < limit]
-        rows = list(statement((Job.family_id.not_in(tight),) if tight else (), limit))
+        rows = list(statement((sql.not_families(tight),) if tight else (), limit))
         for fid in tight:
             if room[fid] and len(rows) < limit:
-                rows += statement((Job.family_id == fid,), min(room[fid], limit - len(rows)))
+                rows += statement((sql.of_family(fid),), min(room[fid], limit - len(rows)))
         taken = Tally(r[1] for r in rows if r[1] in room)
-        for fid, count in taken.items():
-            conn.execute(
-                update(FamilyBudget)
-                .where(FamilyBudget.family_id == fid)
-                .values(hour_used=FamilyBudget.hour_used + count)
-            )
+        sql.count_claimed(conn, taken)
         for fid in fids:
             if room[fid] - taken.get(fid, 0) <= 0 and (fid, hour) not in self._counted:
                 self._counted.add((fid, hour))
-                BUDGET_EXHAUSTED.labels(self._name(conn, fid), "ondemand_per_hour").inc()
+                BUDGET_EXHAUSTED.labels(sql.family_name(conn, fid), "ondemand_per_hour").inc()
         return rows
-
-    @staticmethod
-    def _name(conn: Any, fid: int) -> str:
-        return str(conn.scalar(select(Family.name).where(Family.id == fid)))
 
 
 # -- bytes per cycle ---------------------------------------------------------------------------
@@ -395,17 +303,13 @@ def run_bytes(engine: Engine, family: Family, run_id: int, resumed: bool) -> Run
     when the family has no bytes budget."""
     with engine.connect() as conn:
         most = limits_of(conn, family.id).bytes_per_cycle
-        if not most:
-            return None
-        counter = RunBytes(family.name, most)
-        if resumed:
-            for (result,) in conn.execute(
-                select(Execution.result).where(
-                    Execution.run_id == run_id, Execution.state == ExecState.DONE
-                )
-            ):
-                counter.spent += result_bytes(result)
-            counter.stopped = counter.spent >= most
+    if not most:
+        return None
+    counter = RunBytes(family.name, most)
+    if resumed:
+        for result in sql.BudgetLog(engine).done_results(run_id):
+            counter.spent += result_bytes(result)
+        counter.stopped = counter.spent >= most
     return counter
 
 
@@ -413,8 +317,7 @@ def record_deferred(engine: Engine, run_id: int, family: str, count: int) -> Non
     """A bytes budget kept ``count`` due jobs of a run unsent: the run records them."""
     if count <= 0:
         return
-    with engine.begin() as conn:
-        conn.execute(update(Run).where(Run.id == run_id).values(deferred=Run.deferred + count))
+    sql.BudgetLog(engine).add_deferred(run_id, count)
     JOBS_DEFERRED.labels(family, "bytes_per_cycle").inc(count)
 
 
@@ -427,8 +330,6 @@ __all__ = [
     "after_run",
     "cut_run",
     "limits_of",
-    "member_cut",
-    "oldest_due",
     "record_deferred",
     "result_bytes",
     "run_bytes",

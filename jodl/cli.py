@@ -63,7 +63,8 @@ def _store(ctx: click.Context, create: bool = False) -> Any:
     ``create`` (``jodl db upgrade``): no command creates an empty database by reading."""
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-    from .store import Store, make_engine
+    from .log.engine import make_engine
+    from .log.store import Store
 
     obj = ctx.ensure_object(dict)
     if "store" not in obj:

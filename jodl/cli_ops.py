@@ -113,7 +113,7 @@ def _live_nodes(listen: str | None) -> dict[str, tuple[float, float]]:
 
 
 def snapshot(store: Any, settings: Settings) -> Snapshot:
-    from .models import utcnow
+    from .log.models import utcnow
     from .status import collect
 
     return Snapshot(utcnow(), collect(store), _live_nodes(settings.metrics_listen))

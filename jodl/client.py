@@ -8,7 +8,7 @@
 
 Each call opens the database named by ``database_url`` (default: the
 ``JODL_DATABASE_URL`` setting, as the ``jodl`` command uses) and closes it again;
-a program making many calls keeps one :class:`~jodl.store.Store` from
+a program making many calls keeps one :class:`~jodl.log.store.Store` from
 :func:`connect` instead.
 """
 
@@ -18,7 +18,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .config import Settings
-from .store import RunResults, Store, ensure_schema, make_engine
+from .log.engine import ensure_schema, make_engine
+from .log.records import RunResults
+from .log.store import Store
 
 
 def connect(database_url: str | None = None) -> Store:

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped]
-from sqlalchemy import delete, func, select, update
 
-from .exceptions import JodlError, UnknownFamily
-from .models import Family, FamilyOnNode, Job, JobState, Node
+from .exceptions import JodlError
+from .log.family_admin import FamilyAdminLog, FamilyFacts
+from .log.models import Family, JobState
+from .log.store import Store
 
 #: Written as a family's schedule to turn it off.
 SCHEDULE_OFF = "off"
@@ -293,42 +294,36 @@ def check_labels(labels: Any) -> dict[str, str]:
 
 
 class FamilyAdmin:
-    """Reads and changes families' settings, node rules and jobs (one transaction each)."""
+    """Reads and changes families' settings, node rules and jobs (one transaction each).
 
-    def __init__(self, store: Any) -> None:
+    The statements live in :class:`jodl.log.family_admin.FamilyAdminLog`; this class
+    validates what people ask for and shapes what they are shown.
+    """
+
+    def __init__(self, store: Store) -> None:
         self.store = store
+        self.log = FamilyAdminLog(store.engine)
 
-    def _family(self, s: Any, name: str) -> Family:
-        family = s.scalar(select(Family).where(Family.name == name))
-        if family is None:
-            known = ", ".join(s.scalars(select(Family.name).order_by(Family.name))) or "none"
-            raise UnknownFamily(f"no family {name!r} in the database (families: {known})")
-        return family
-
-    def _info(self, s: Any, family: Family, with_nodes: bool = True) -> FamilyInfo:
-        jobs = s.scalar(select(func.count()).where(Job.family_id == family.id)) or 0
+    @staticmethod
+    def _info(facts: FamilyFacts) -> FamilyInfo:
+        family = facts.family
         shared: dict[str, Any] = {}
         for name in JOB_FIELDS:
-            column = getattr(Job, name)
-            values = list(
-                s.scalars(select(column).where(Job.family_id == family.id).distinct().limit(2))
-            )
+            values = facts.job_values.get(name, [])
             if not values:  # no jobs yet: what new ones will get
                 default = ((family.settings or {}).get("job_defaults") or {}).get(name)
                 shared[name] = default if default is not None else JOB_DEFAULTS[name]
             else:
                 shared[name] = values[0] if len(values) == 1 else "mixed"
-        rules: list[NodeRule] = []
-        if with_nodes:
-            rows = s.execute(
-                select(Node.address, FamilyOnNode)
-                .join(FamilyOnNode, FamilyOnNode.node_id == Node.id)
-                .where(FamilyOnNode.family_id == family.id)
-                .order_by(Node.address)
-            ).all()
-            for address, rule in rows:
-                labels = (rule.conditions or {}).get("labels") or {}
-                rules.append(NodeRule(address, bool(rule.allowed), rule.max_slots, dict(labels)))
+        rules = [
+            NodeRule(
+                address,
+                bool(rule.allowed),
+                rule.max_slots,
+                dict((rule.conditions or {}).get("labels") or {}),
+            )
+            for address, rule in facts.rules
+        ]
         return FamilyInfo(
             name=family.name,
             strategy=family.strategy,
@@ -337,50 +332,41 @@ class FamilyAdmin:
             timeout=family.timeout,
             max_attempts=family.max_attempts,
             idempotent=bool(family.idempotent),
-            jobs=int(jobs),
+            jobs=facts.jobs,
             job_settings=shared,
             nodes=tuple(rules),
         )
 
     def families(self) -> list[FamilyInfo]:
         """Every family, by name."""
-        with self.store.session() as s:
-            return [self._info(s, f) for f in s.scalars(select(Family).order_by(Family.name))]
+        return [self._info(f) for f in self.log.all_facts(JOB_FIELDS)]
 
     def family(self, name: str) -> FamilyInfo:
         """One family; :class:`UnknownFamily` naming the known ones if there is none."""
-        with self.store.session() as s:
-            return self._info(s, self._family(s, name))
+        return self._info(self.log.facts(name, JOB_FIELDS))
 
     def schedules(self) -> dict[str, str]:
         """Family name -> cron line, for the families that have a schedule."""
-        with self.store.session() as s:
-            rows = s.execute(
-                select(Family.name, Family.schedule).where(Family.schedule.is_not(None))
-            ).all()
-        return {name: cron for name, cron in rows if cron}
+        return self.log.schedules()
 
     def update(self, name: str, changes: dict[str, Any]) -> FamilyInfo:
         """Apply ``changes`` (names of :data:`SETTABLE`) all at once, or none of them."""
         if not changes:
             raise BadSetting(f"nothing to set (settable: {', '.join(SETTABLE)})")
         clean = clean_settings(changes)
-        with self.store.session() as s, s.begin():
-            family = self._family(s, name)
-            for key in FAMILY_FIELDS:
-                if key in clean:
-                    setattr(family, key, clean[key])
+
+        def check(family: Family) -> None:
             if "strategy" in clean or "strategy_params" in clean or "timeout" in clean:
                 check_strategy(family.strategy, dict(family.strategy_params or {}), family)
-            job_values = {k: clean[k] for k in JOB_FIELDS if k in clean}
-            if job_values:
-                s.execute(update(Job).where(Job.family_id == family.id).values(**job_values))
-                # ... and the jobs added later (Store.add_jobs reads them).
-                settings = dict(family.settings or {})
-                settings["job_defaults"] = {**settings.get("job_defaults", {}), **job_values}
-                family.settings = settings
-            s.flush()
-            return self._info(s, family)
+
+        facts = self.log.update(
+            name,
+            {k: clean[k] for k in FAMILY_FIELDS if k in clean},
+            {k: clean[k] for k in JOB_FIELDS if k in clean},
+            check,
+            JOB_FIELDS,
+        )
+        return self._info(facts)
 
     def set_nodes(
         self,
@@ -397,35 +383,17 @@ class FamilyAdmin:
             max_slots = _number("max_slots", max_slots, whole=True, least=1, none=False)
         if not allowed and (max_slots is not None or labels):
             raise BadSetting("deny takes no --max-slots nor --label: the family never runs there")
-        with self.store.session() as s, s.begin():
-            family = self._family(s, name)
-            ids = {}
-            for address in addresses:
-                node_id = s.scalar(select(Node.id).where(Node.address == address))
-                if node_id is None:
-                    raise BadSetting(
-                        f"no node {address!r}: add it with `jodl node add {address}` first"
-                    )
-                ids[address] = node_id
-            s.execute(
-                delete(FamilyOnNode).where(
-                    FamilyOnNode.family_id == family.id,
-                    FamilyOnNode.node_id.in_(list(ids.values())),
+        self.log.facts(name, ())  # an unknown family is named before unknown nodes
+        ids = self.log.node_ids(addresses)
+        for address in addresses:
+            if address not in ids:
+                raise BadSetting(
+                    f"no node {address!r}: add it with `jodl node add {address}` first"
                 )
-            )
-            conditions = {"labels": dict(labels)} if labels else {}
-            for node_id in ids.values():
-                s.add(
-                    FamilyOnNode(
-                        family_id=family.id,
-                        node_id=node_id,
-                        allowed=allowed,
-                        max_slots=max_slots,
-                        conditions=conditions,
-                    )
-                )
-            s.flush()
-            return self._info(s, family)
+        conditions = {"labels": dict(labels)} if labels else {}
+        node_ids = list(dict.fromkeys(ids[a] for a in addresses))
+        facts = self.log.set_rules(name, node_ids, allowed, max_slots, conditions, JOB_FIELDS)
+        return self._info(facts)
 
     def jobs(self, name: str, state: str | None = None, limit: int = 50) -> list[JobRow]:
         """Jobs of the family (in one state if given), oldest first, at most ``limit``."""
@@ -437,27 +405,22 @@ class FamilyAdmin:
             or not (1 <= limit <= MAX_JOBS_LISTED)
         ):
             raise BadSetting(f"limit: a whole number from 1 to {MAX_JOBS_LISTED}")
-        with self.store.session() as s:
-            family = self._family(s, name)
-            q = select(Job).where(Job.family_id == family.id).order_by(Job.id).limit(limit)
-            if state is not None:
-                q = q.where(Job.state == state)
-            return [
-                JobRow(
-                    j.id,
-                    j.key,
-                    j.state,
-                    j.priority,
-                    j.every_n_cycles,
-                    j.min_interval,
-                    j.attempts,
-                    j.failures,
-                    j.due_at,
-                    j.last_done_at,
-                    j.last_error,
-                )
-                for j in s.scalars(q)
-            ]
+        return [
+            JobRow(
+                id=j.id,
+                key=j.key,
+                state=j.state,
+                priority=j.priority,
+                every_n_cycles=j.every_n_cycles,
+                min_interval=j.min_interval,
+                attempts=j.attempts,
+                failures=j.failures,
+                due_at=j.due_at,
+                last_done_at=j.last_done_at,
+                last_error=j.last_error,
+            )
+            for j in self.log.jobs(name, state, limit)
+        ]
 
 
 __all__ = [

@@ -45,12 +45,16 @@ from .agent.replies import Refused
 from .budget import RunBytes
 from .config import Settings
 from .exceptions import AgentUnavailable, Fenced, JodlError, UnknownFamily
+from .log.engine import make_engine
+from .log.lease import LEASE_RENEW
+from .log.models import ExecState, Family, NodeState, Run, utcnow
+from .log.outcomes import retry_delay
+from .log.records import ClaimDone, ClaimFailed, DeadJob, ExecutionRow, PendingJob
+from .log.store import Store
+from .log.writer import LogWriter
 from .metrics import LOOP_STEP, MasterGauges, count_outcomes, count_sent
-from .models import ExecState, Family, NodeState, Run, utcnow
 from .placement import JobInfo, Knowledge, NodeLoad, Placement, strategy
 from .rebalancer import Rebalancer, job_info
-from .store import LEASE_RENEW, PendingJob, Store, make_engine, retry_delay
-from .writer import LogWriter
 
 log = logging.getLogger("jodl.master")
 
@@ -442,7 +446,7 @@ class Master(Rebalancer):
     def _reattach(self, run_id: int | None) -> set[int]:
         """After a restart: keep executions agents still hold, close the others as lost."""
         attached: set[int] = set()
-        lost: list[tuple[Any, ...]] = []
+        lost: list[ExecutionRow] = []
         by_node: dict[int, list[Any]] = {}
         for sent in self.store.sent_executions([run_id]):
             by_node.setdefault(sent.node_id, []).append(sent)
@@ -679,8 +683,8 @@ class Master(Rebalancer):
         error: str | None = None,
         duration: float | None = None,
         finished: float | None = None,
-    ) -> tuple[Any, ...]:
-        """The execution row (EXEC_COLUMNS order) closing ``flight``; counts its dispatch down."""
+    ) -> ExecutionRow:
+        """The execution row closing ``flight``; counts its dispatch down."""
         left = self.dispatch_left.get(flight.dispatch_id, 1) - 1
         if left <= 0:
             self.dispatch_left.pop(flight.dispatch_id, None)
@@ -691,26 +695,26 @@ class Master(Rebalancer):
         started = (
             _ts(finished - duration) if finished is not None and duration is not None else None
         )
-        return (
-            exec_id,
-            flight.run_id,
-            flight.job_id,
-            flight.node_id,
-            flight.attempt,
-            state,
-            flight.backup,
-            self.epoch,
-            flight.sent_at,
-            started,
-            ended,
-            duration,
-            result,
-            error,
+        return ExecutionRow(
+            id=exec_id,
+            run_id=flight.run_id,
+            job_id=flight.job_id,
+            node_id=flight.node_id,
+            attempt=flight.attempt,
+            state=state,
+            backup=flight.backup,
+            epoch=self.epoch,
+            sent_at=flight.sent_at,
+            started_at=started,
+            finished_at=ended,
+            duration=duration,
+            result=result,
+            error=error,
         )
 
     def _commit(
         self,
-        executions: list[tuple[Any, ...]],
+        executions: list[ExecutionRow],
         dead: Any = (),
         claims: Any = (),
         after: Callable[[], None] | None = None,
@@ -920,10 +924,10 @@ class Master(Rebalancer):
             return 0
         now = time.perf_counter()
         node_id = slot.load.id
-        rows: list[tuple[Any, ...]] = []
+        rows: list[ExecutionRow] = []
         durations: list[float] = []
-        dead: list[tuple[int, str, int | None]] = []
-        claims: list[tuple[Any, ...]] = []
+        dead: list[DeadJob] = []
+        claims: list[ClaimDone | ClaimFailed] = []
         finished: list[PendingJob] = []
         retry: list[int] = []
         acks: list[int] = []
@@ -954,7 +958,7 @@ class Master(Rebalancer):
             if job.permanent_node_id is None and job.trial_node_id is None:
                 settle = True
             if job.claim is not None:
-                claims.append((job.id, job.claim))
+                claims.append(ClaimDone(job.id, job.claim))
             finished.append(job)
             record(job.id, node_id, job.family, duration)
             self.note_done(slot, job, exec_id, duration, rows)
@@ -986,7 +990,7 @@ class Master(Rebalancer):
                 record(job.id, node_id, job.family, None)
                 out = not retryable or job.attempts >= self.max_attempts.get(job.family, 1)
                 due = None if out else utcnow() + dt.timedelta(seconds=retry_delay(job.attempts))
-                claims.append((job.id, job.claim, error, due))
+                claims.append(ClaimFailed(job.id, job.claim, error, due))
                 finished.append(job)
                 continue
             self.note_failure(job, node_id)
@@ -996,7 +1000,7 @@ class Master(Rebalancer):
             if active is not None:
                 active.failed += 1
             if not retryable or job.attempts >= self.max_attempts.get(job.family, 1):
-                dead.append((job.id, error, job.run_id))
+                dead.append(DeadJob(job.id, error, job.run_id))
                 finished.append(job)
                 if active is not None:
                     active.dead += 1
@@ -1038,7 +1042,7 @@ class Master(Rebalancer):
         ids = {job_id for job_id in job_ids if job_id in self.pending}
         if not ids:
             return 0
-        rows: list[tuple[Any, ...]] = []
+        rows: list[ExecutionRow] = []
         for slot in self.nodes.values():
             if any(job_id in ids for job_id in slot.backlog):
                 slot.backlog = deque(j for j in slot.backlog if j not in ids)

@@ -35,8 +35,8 @@ from prometheus_client.registry import Collector
 disable_created_metrics()
 
 if TYPE_CHECKING:
+    from .log.store import Store
     from .master import Master
-    from .store import Store
 
 # -- master: jobs ---------------------------------------------------------------------------
 
@@ -200,7 +200,6 @@ class MasterGauges:
                 self._written[active.run.id] = counts
         for run_id in [r for r in self._written if r not in master.runs]:
             del self._written[run_id]
-
 
     def run_finished(self, active: Any) -> None:
         """A run closed: its gauges show its final counts."""

@@ -10,7 +10,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, MetaData
 
-from .models import Base
+from .log.models import Base
 
 #: Modules whose models join the library's metadata when they are installed.
 APP_MODELS = ("crawler_app.models", "web.models")

@@ -211,7 +211,6 @@ def serve_master(master: Any, taken: int = logging.WARNING) -> OpsServer | None:
     ``taken``: level of the message when the address is in use (``jodl run`` beside
     a long-lived master on the same host: expected, so INFO there).
     """
-    from sqlalchemy import text
 
     from .metrics import register_database
 
@@ -230,8 +229,7 @@ def serve_master(master: Any, taken: int = logging.WARNING) -> OpsServer | None:
         if not master.epoch:
             return False, "no master lease yet"
         try:
-            with master.store.engine.connect() as conn:
-                conn.execute(text("SELECT 1"))
+            master.store.ping()
         except Exception as exc:  # noqa: BLE001 - reported, not raised
             return False, f"database: {str(exc).splitlines()[0][:200]}"
         return health()

@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any
 from . import balance
 from .balance import REMOVED, UNREACHABLE, USABLE, Queue, Running, Steal, Tuning, Waiting
 from .exceptions import AgentUnavailable
-from .models import ExecState, Family, utcnow
+from .log.models import ExecState, Family, utcnow
 from .placement import BalanceView, JobInfo, Move, NodeLoad, Placement
 from .placement import Waiting as WaitingView
 
 if TYPE_CHECKING:
+    from .log.records import PendingJob
     from .master import ActiveRun, Flight, NodeSlot
-    from .store import PendingJob
 
 log = logging.getLogger("jodl.master")
 

@@ -21,7 +21,7 @@ from .agent.auth import require_auth
 from .agent.wire import STRICT_CONFIG, GuardedServer, connect, split_address
 from .config import Settings
 from .exceptions import AgentUnavailable, AuthError, JodlError
-from .store import Store
+from .log.store import Store
 
 log = logging.getLogger("jodl.registry")
 
@@ -73,8 +73,9 @@ def serve_hello(settings: Settings, store: Store, listen: str) -> ThreadedServer
     return server
 
 
-def hello(master: str, address: str, slots: int, settings: Settings,
-          labels: dict[str, str] | None = None) -> int:
+def hello(
+    master: str, address: str, slots: int, settings: Settings, labels: dict[str, str] | None = None
+) -> int:
     """Announce the agent at ``address`` to the master's hello service; return the node id."""
     try:
         conn = connect(master, settings)

@@ -2,7 +2,7 @@
 
 Only one master acts on a database (its lease). A ``jodl run FAMILY`` started
 beside a serving master (``jodl master``, ``jodl up``) therefore does not run the
-cycle itself: it records a :class:`~jodl.models.RunRequest`, the serving master's
+cycle itself: it records a :class:`~jodl.log.models.RunRequest`, the serving master's
 :class:`RunRequests` feeder takes it (every :data:`REQUEST_POLL` seconds) and
 runs the cycle with :meth:`Master.request_cycle`, and :func:`follow` reports the
 run's progress and outcome to the command.
@@ -16,9 +16,10 @@ from concurrent.futures import Future
 from typing import Any
 
 from .exceptions import JodlError
+from .log.models import RunRequest
+from .log.records import PendingJob
+from .log.store import Store
 from .master import Feeder, Master, RunSummary
-from .models import RunRequest
-from .store import PendingJob, Store
 
 #: Seconds between two looks for requests by the serving master.
 REQUEST_POLL = 1.0

@@ -27,7 +27,7 @@ def run_online() -> None:
         run_migrations(connection)
         return
     from jodl.config import Settings
-    from jodl.store import make_engine
+    from jodl.log import make_engine
 
     engine = make_engine(Settings.from_env().database_url)
     with engine.connect() as conn:

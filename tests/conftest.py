@@ -20,8 +20,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from jodl.config import Settings
+from jodl.log import Store, make_engine, normalise_url
 from jodl.migrate import upgrade
-from jodl.store import Store, make_engine, normalise_url
 
 # -- databases ------------------------------------------------------------------------------
 

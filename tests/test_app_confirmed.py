@@ -22,9 +22,7 @@ def test_no_digest_goes_to_an_unconfirmed_address(store, agents, settings, site:
     url = site.url("/a")
     add_users_tracking(store, url, ["ann@example.org", "eve@example.org"])
     with sessionmaker(store.engine).begin() as s:
-        s.execute(
-            update(User).where(User.email == "eve@example.org").values(email_confirmed=False)
-        )
+        s.execute(update(User).where(User.email == "eve@example.org").values(email_confirmed=False))
     agents(1, env=agent_env(inbox))
     run_app_cycle(store, settings)
     site.set_page("/a", "<title>A</title><p>a new story</p>")

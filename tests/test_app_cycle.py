@@ -23,7 +23,7 @@ from crawler_app.models import (
     Snapshot,
 )
 from crawler_app.pages import normalise_url
-from jodl.models import ExecState, Execution, Family, Job, JobState, Run
+from jodl.log.models import ExecState, Execution, Family, Job, JobState, Run
 
 pytest_plugins = ("tests.site",)
 __all__ = ["inbox"]  # the fixture, imported for pytest
@@ -355,9 +355,7 @@ def digest_payload(key: str, to: str = "ann@example.org") -> dict[str, str]:
     }
 
 
-def test_notify_sends_a_digest_once_per_key_even_across_restarts(
-    store, db_url, inbox, monkeypatch
-):
+def test_notify_sends_a_digest_once_per_key_even_across_restarts(store, db_url, inbox, monkeypatch):
     monkeypatch.setenv("JODL_SMTP_HOST", "127.0.0.1")
     monkeypatch.setenv("JODL_SMTP_PORT", str(inbox.port))
     monkeypatch.setenv("JODL_DATABASE_URL", db_url)  # the claims are in the shared database

@@ -18,12 +18,12 @@ from agents import TEST_SECRET, AgentProcess, port_answers, run_jodl, wait_for  
 from sqlalchemy import select, update
 
 from jodl.config import Settings
+from jodl.log import Store, make_engine
+from jodl.log.models import ExecState, Execution, Job, JobState, Node, Run
 from jodl.master import Master, RunSummary
 from jodl.migrate import upgrade
-from jodl.models import ExecState, Execution, Job, JobState, Node, Run
 from jodl.placement import BalanceView, JobInfo, Move, NodeLoad, register
 from jodl.placement.strategies import EarliestFinish
-from jodl.store import Store, make_engine
 
 Spawn = Callable[..., AgentProcess]
 

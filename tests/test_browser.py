@@ -26,7 +26,7 @@ from sqlalchemy import func, select
 from test_web_up import LOGIN_LINE, UP_LINE, start_up, wait_up
 
 from crawler_app.models import AppCycle
-from jodl.store import make_engine
+from jodl.log import make_engine
 
 if TYPE_CHECKING:
     from tests.site import TestSite

@@ -18,10 +18,10 @@ from sqlalchemy import func, select
 
 from jodl.budget import Budgets, Limits
 from jodl.cli import main
+from jodl.log import Store
+from jodl.log.models import ExecState, Execution, Job, Run
 from jodl.master import Master
-from jodl.models import ExecState, Execution, Job, Run
 from jodl.queue import Queue
-from jodl.store import Store
 
 pytest_plugins = ("tests.site",)
 

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from sqlalchemy import func, select
 
 from jodl.cli import main
-from jodl.models import Family, Job, Run
-from jodl.store import Store
+from jodl.log import Store
+from jodl.log.models import Family, Job, Run
 
 
 @dataclass

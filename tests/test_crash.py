@@ -22,7 +22,8 @@ from sqlalchemy import func, select
 
 from jodl.agent.wire import connect
 from jodl.config import Settings
-from jodl.models import (
+from jodl.log import Store
+from jodl.log.models import (
     Dispatch,
     ExecState,
     Execution,
@@ -33,7 +34,6 @@ from jodl.models import (
     Run,
     RunState,
 )
-from jodl.store import Store
 
 JOBS = 60
 #: Job length (seconds): long enough that a cycle takes many loop steps.
@@ -92,8 +92,7 @@ def executions(store: Store) -> dict[int, dict[str, Any]]:
 
 def next_exec_id(store: Store) -> int:
     """Every execution (and dispatch) created from now on has an id at least this large."""
-    with store.engine.connect() as conn:
-        return int(conn.scalar(select(MasterLease.next_exec_id)) or 1)
+    return store.exec_ids.next_free()
 
 
 def jobs_sent_since(store: Store, first_id: int) -> set[int]:

@@ -9,9 +9,9 @@ from agents import free_port
 from sqlalchemy import func, select
 
 from jodl.exceptions import Fenced
+from jodl.log import Store
+from jodl.log.models import ExecState, Execution, Job, JobOnNode, JobState, NodeState, Run, RunState
 from jodl.master import Master, RunSummary
-from jodl.models import ExecState, Execution, Job, JobOnNode, JobState, NodeState, Run, RunState
-from jodl.store import Store
 
 CYCLE_JOBS = 1200
 

@@ -21,6 +21,5 @@ def readme_table() -> str:
 def test_readme_config_table_matches_the_declared_options() -> None:
     _load_apps()
     assert readme_table() == markdown_table().strip(), (
-        "README configuration table is stale: regenerate it with "
-        "`python scripts/update_readme.py`"
+        "README configuration table is stale: regenerate it with `python scripts/update_readme.py`"
     )

@@ -26,10 +26,10 @@ from jodl.agent.replies import KNOWN_ID
 from jodl.agent.wire import connect
 from jodl.config import Settings
 from jodl.exceptions import ConfigError
+from jodl.log import Store, make_engine
+from jodl.log.models import ExecState, Execution, Job, Node
 from jodl.master import Master, RunSummary
 from jodl.migrate import upgrade
-from jodl.models import ExecState, Execution, Job, Node
-from jodl.store import Store, make_engine
 
 #: The master's give-up time in these tests (seconds); agents detach after half of it.
 GIVE_UP = 2.0
@@ -84,9 +84,7 @@ def in_thread(master: Master, family: str) -> Future[RunSummary]:
 
 
 def settings(url: str) -> Settings:
-    return Settings.from_env(
-        env={}, database_url=url, call_timeout=GIVE_UP, secret=TEST_SECRET
-    )
+    return Settings.from_env(env={}, database_url=url, call_timeout=GIVE_UP, secret=TEST_SECRET)
 
 
 def test_detach_must_be_shorter_than_the_give_up_time() -> None:

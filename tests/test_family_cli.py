@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from sqlalchemy import select
 
 from jodl.cli import main
-from jodl.models import Family, FamilyOnNode, Job
-from jodl.store import Store
+from jodl.log import Store
+from jodl.log.models import Family, FamilyOnNode, Job
 
 
 def jodl(store: Store, *args: str) -> Any:

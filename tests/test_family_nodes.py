@@ -11,8 +11,8 @@ import threading
 from pathlib import Path
 
 from jodl.families_admin import FamilyAdmin
+from jodl.log import Store
 from jodl.master import Master
-from jodl.store import Store
 
 
 def add_marks(store: Store, path: Path, count: int, seconds: float) -> None:

@@ -11,9 +11,9 @@ from agents import run_jodl, spawn_jodl, wait_for
 from sqlalchemy import select, update
 
 from jodl.family_schedule import RELOAD, FamilySchedules
+from jodl.log import Store
+from jodl.log.models import Family, Run, RunState
 from jodl.master import Master
-from jodl.models import Family, Run, RunState
-from jodl.store import Store
 
 
 def finished_runs(store: Store, family: str) -> list[Run]:

@@ -11,9 +11,10 @@ import pytest
 from sqlalchemy import select, update
 
 from jodl.exceptions import Fenced, LeaseHeld
+from jodl.log.lease import LEASE_SECONDS
+from jodl.log.models import MasterLease, utcnow
+from jodl.log.store import Store
 from jodl.master import Master
-from jodl.models import MasterLease, utcnow
-from jodl.store import LEASE_SECONDS, Store
 
 
 def _expires(store: Store) -> dt.datetime:

@@ -21,9 +21,9 @@ from jodl.agent.local import (
 from jodl.agent.replies import Remaining
 from jodl.config import Settings
 from jodl.exceptions import AgentUnavailable, Fenced
+from jodl.log import Store
+from jodl.log.models import ExecState, Execution, Job, Node, NodeState
 from jodl.master import Master
-from jodl.models import ExecState, Execution, Job, Node, NodeState
-from jodl.store import Store
 
 JOBS = 40
 

@@ -10,7 +10,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from test_web_views import XSS_TEXT, admin_client, app, assert_safe, text_of  # noqa: F401
 
-from jodl.models import ExecState, Execution, utcnow
+from jodl.log.models import ExecState, Execution, utcnow
 from web.mailsink import CONFIG_KEY, MailSink
 
 

@@ -15,8 +15,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 
+from jodl.log import make_engine
 from jodl.migrate import alembic_config, current, target_metadata, upgrade
-from jodl.store import make_engine
 
 
 def differences(engine) -> list:  # type: ignore[no-untyped-def]

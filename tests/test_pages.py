@@ -11,7 +11,7 @@ from sqlalchemy.orm import sessionmaker
 
 from crawler_app import pages
 from crawler_app.models import Page, PageView, Tracking, User
-from jodl.models import Family, Job, JobState
+from jodl.log.models import Family, Job, JobState
 
 
 @pytest.fixture

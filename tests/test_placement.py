@@ -283,8 +283,8 @@ def test_registry_errors_are_clear() -> None:
 
 
 def test_new_families_default_to_earliest_finish(tmp_path: Path) -> None:
-    from jodl.models import Base
-    from jodl.store import Store, make_engine
+    from jodl.log import Store, make_engine
+    from jodl.log.models import Base
 
     engine = make_engine(f"sqlite:///{tmp_path / 'd.db'}")
     Base.metadata.create_all(engine)

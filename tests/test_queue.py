@@ -28,10 +28,12 @@ from hypothesis.stateful import (
 from sqlalchemy import func, select, text
 
 from jodl.exceptions import BadPayload
+from jodl.log.engine import make_engine
+from jodl.log.models import Job, JobState
+from jodl.log.outcomes import retry_delay
+from jodl.log.store import Store
 from jodl.migrate import upgrade
-from jodl.models import Job, JobState
 from jodl.queue import Queue
-from jodl.store import Store, make_engine, retry_delay
 from tests.clock import Clock
 
 START = dt.datetime(2030, 1, 1, 12, 0, 0)

@@ -20,10 +20,11 @@ from sqlalchemy import func, select
 
 from jodl.agent.wire import connect
 from jodl.config import Settings
+from jodl.log import Store
+from jodl.log.models import Dispatch, ExecState, Execution, JobState, utcnow
+from jodl.log.records import OutcomeBatch
 from jodl.master import Master
-from jodl.models import Dispatch, ExecState, Execution, JobState, utcnow
 from jodl.queue import Queue, QueueFeeder
-from jodl.store import Store
 
 
 @contextmanager
@@ -155,13 +156,11 @@ class GatedStore(Store):
         self.arrived = threading.Event()
         self.go = threading.Event()
 
-    def record_outcomes(
-        self, executions: Any, dead: Any = (), claims_done: Any = (), *a: Any, **k: Any
-    ) -> None:
-        if claims_done and not self.arrived.is_set():
+    def record_outcomes(self, batch: OutcomeBatch) -> None:
+        if batch.claims_done and not self.arrived.is_set():
             self.arrived.set()
             self.go.wait(60)
-        super().record_outcomes(executions, dead, claims_done, *a, **k)
+        super().record_outcomes(batch)
 
 
 def test_a_late_result_of_a_superseded_attempt_changes_nothing(

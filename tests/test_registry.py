@@ -22,8 +22,10 @@ def test_agent_registers_once_and_runs_jobs(
     master.start()
     try:
         agent = spawn_agent(env={"JODL_SECRET": SECRET}, args=("--register", listen))
-        wait_for(lambda: [n for n in store.nodes() if n.address == agent.address],
-                 what="the agent's hello to be recorded")
+        wait_for(
+            lambda: [n for n in store.nodes() if n.address == agent.address],
+            what="the agent's hello to be recorded",
+        )
         store.add_jobs(store.ensure_family("noop"), ((f"k{i}", "{}") for i in range(50)))
         summary = master.run_cycle("noop")
     finally:

@@ -21,8 +21,8 @@ from crawler_app.models import AppCycle, CycleRequest, CycleStep, Page
 from crawler_app.schedule import CycleScheduler, MasterRunner
 from crawler_app.settings import AppSettings, cron_trigger
 from jodl.exceptions import ConfigError
+from jodl.log.models import Job, utcnow
 from jodl.master import Master
-from jodl.models import Job, utcnow
 
 pytest_plugins = ("tests.site",)
 __all__ = ["inbox"]  # the fixture, imported for pytest
@@ -341,10 +341,8 @@ def test_next_check_of_each_tracked_page(store):
         assert got[page_id] == slot + dt.timedelta(seconds=offset)
     # Checked in run 4 of 4, every 3rd cycle: due again in run 7, the third slot from now.
     with sessionmaker(store.engine)() as s, s.begin():
-        s.execute(
-            sql_update(Job).values(last_run_number=4).where(Job.id.in_(select(Page.job_id)))
-        )
-        from jodl.models import Family, Run
+        s.execute(sql_update(Job).values(last_run_number=4).where(Job.id.in_(select(Page.job_id))))
+        from jodl.log.models import Family, Run
 
         fid = s.scalar(select(Family.id).where(Family.name == "check_page"))
         s.add(Run(family_id=fid, number=4, state="done", started_at=utcnow()))

@@ -48,10 +48,10 @@ from jodl.agent.replies import AgentFamily
 from jodl.agent.wire import STRICT_CONFIG, FramedChannel, connect
 from jodl.config import Settings
 from jodl.exceptions import AgentUnavailable, AuthError
+from jodl.log import Store, make_engine
+from jodl.log.models import ExecState, Execution, NodeState
 from jodl.master import Master
 from jodl.migrate import upgrade
-from jodl.models import ExecState, Execution, NodeState
-from jodl.store import Store, make_engine
 
 SECRET = "correct horse battery staple"  # long enough (22+ characters)
 WRONG = "incorrect horse battery staple"

@@ -22,7 +22,7 @@ from webserver import AGENT_ENV, EventStream, ServingMaster, WebProcess, start_w
 
 from crawler_app.pages import add_user
 from jodl.config import Settings
-from jodl.store import Store
+from jodl.log import Store
 
 if TYPE_CHECKING:
     from tests.site import TestSite

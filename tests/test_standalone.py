@@ -22,8 +22,8 @@ from sqlalchemy import select
 from test_web_up import LOGIN_LINE, UP_LINE, children, wait_up
 from webserver import AGENT_ENV
 
-from jodl.models import Node, NodeState
-from jodl.store import Store, make_engine
+from jodl.log import Store, make_engine
+from jodl.log.models import Node, NodeState
 from web.standalone import forget_in_process_nodes
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ from sqlalchemy.orm import sessionmaker
 from crawler_app.cycle_requests import claim
 from crawler_app.models import Snapshot, compress
 from crawler_app.pages import add_user
+from jodl.log import make_engine
 from jodl.migrate import upgrade
-from jodl.store import make_engine
 from web.app import create_app
 from web.settings import WebSettings
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from jodl.models import utcnow
+from jodl.log import Store
+from jodl.log.models import utcnow
 from jodl.queue import Queue
-from jodl.store import Store
 from tests.clock import Clock
 from web.batch import KEY_PREFIX, Batches, SubmissionError, check_url, split_urls
 from web.settings import WebSettings

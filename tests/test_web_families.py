@@ -14,9 +14,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 from crawler_app.pages import add_user
+from jodl.log import Store, make_engine
+from jodl.log.models import Family, FamilyOnNode, Job
 from jodl.migrate import upgrade
-from jodl.models import Family, FamilyOnNode, Job
-from jodl.store import Store, make_engine
 from web.app import create_app
 from web.settings import WebSettings
 

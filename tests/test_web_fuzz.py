@@ -27,8 +27,8 @@ from sqlalchemy.orm import sessionmaker
 from webserver import WebProcess, start_web
 
 from crawler_app.pages import add_user
+from jodl.log import make_engine
 from jodl.migrate import upgrade
-from jodl.store import make_engine
 
 PASSWORD = "correct horse battery"
 #: Generated requests per operation and role.

@@ -25,9 +25,9 @@ from webserver import EventStream, start_web
 
 from crawler_app.models import User
 from crawler_app.pages import add_user, set_password
+from jodl.log import make_engine
+from jodl.log.models import Family, Job
 from jodl.migrate import upgrade
-from jodl.models import Family, Job
-from jodl.store import make_engine
 from web.app import create_app
 from web.settings import WebSettings
 from web.trial import public_warning, write_login

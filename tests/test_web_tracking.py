@@ -17,7 +17,7 @@ from tzlocal import get_localzone
 
 from crawler_app.models import Page
 from crawler_app.pages import track
-from jodl.models import utcnow
+from jodl.log.models import utcnow
 from web.batch import KEY_PREFIX
 
 # The views' fixtures: a fresh app and database per test, a user and an operator logged in.

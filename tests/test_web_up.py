@@ -50,9 +50,7 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def start_up(
-    cwd: Path, log: Path, extra: dict[str, str] | None = None
-) -> subprocess.Popen[bytes]:
+def start_up(cwd: Path, log: Path, extra: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     # No JODL_SECRET: `jodl up` generates one for its master and agents.
     env = child_env(
         {**AGENT_ENV, "JODL_LOG_LEVEL": "WARNING", "JODL_SECRET": None, **(extra or {})}

@@ -22,8 +22,8 @@ from sqlalchemy.orm import sessionmaker
 
 from crawler_app.models import CycleRequest, Page, Snapshot, User, compress
 from crawler_app.pages import add_user, track
+from jodl.log import make_engine
 from jodl.migrate import upgrade
-from jodl.store import make_engine
 from web.app import create_app
 from web.settings import WebSettings
 

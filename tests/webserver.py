@@ -22,9 +22,9 @@ import httpx
 from agents import child_env, free_port, jodl_command, wait_for
 
 from jodl.config import Settings
+from jodl.log import Store
 from jodl.master import Master
 from jodl.queue import Queue, QueueFeeder
-from jodl.store import Store
 
 #: Settings of every agent the web tests start: loopback fetches, no politeness pauses.
 AGENT_ENV = {

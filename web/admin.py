@@ -12,12 +12,11 @@ import datetime as dt
 from typing import Any
 
 from flask import Blueprint, flash, redirect, render_template, request, url_for
-from sqlalchemy import func, select
 from werkzeug.exceptions import BadRequest, NotFound
 
 from crawler_app import cycle_requests
 from jodl.agent.wire import split_address
-from jodl.models import ExecState, Execution, Family, Job, Node, Run, RunState
+from jodl.log.models import ExecState, RunState
 from jodl.status import collect
 
 from .app import Services, services
@@ -41,15 +40,7 @@ def overview(svc: Services, runs: int = 10) -> dict[str, Any]:
     """Nodes, families, queue counts and recent runs; running runs with live progress."""
     data = collect(svc.store, runs=runs)
     running = [r["id"] for r in data["runs"] if r["state"] == RunState.RUNNING]
-    progress: dict[int, dict[str, int]] = {}
-    if running:
-        with svc.engine.connect() as conn:
-            for run_id, state, count in conn.execute(
-                select(Execution.run_id, Execution.state, func.count())
-                .where(Execution.run_id.in_(running))
-                .group_by(Execution.run_id, Execution.state)
-            ):
-                progress.setdefault(run_id, {})[state] = int(count)
+    progress = svc.store.reads.outcome_counts(running)
     for run in data["runs"]:
         if run["id"] in progress:
             counts = progress[run["id"]]
@@ -117,28 +108,13 @@ def index() -> Any:
 @admin_required
 def run(run_id: int) -> Any:
     svc = services()
-    with svc.store.session() as s:
-        row = s.get(Run, run_id)
-        if row is None:
-            raise NotFound("no such run")
-        family = s.scalar(select(Family.name).where(Family.id == row.family_id))
-        counts = dict(
-            s.execute(
-                select(Execution.state, func.count())
-                .where(Execution.run_id == run_id)
-                .group_by(Execution.state)
-            )
-            .tuples()
-            .all()
-        )
-        failures = s.execute(
-            select(Job.key, Execution.attempt, Node.address, Execution.state, Execution.error)
-            .join(Job, Job.id == Execution.job_id)
-            .outerjoin(Node, Node.id == Execution.node_id)
-            .where(Execution.run_id == run_id, Execution.error.is_not(None))
-            .order_by(Execution.id.desc())
-            .limit(FAILURES_LISTED)
-        ).all()
+    reads = svc.store.reads
+    row = reads.run(run_id)
+    if row is None:
+        raise NotFound("no such run")
+    family = reads.family_of_run(run_id)
+    counts = reads.outcome_counts([run_id]).get(run_id, {})
+    failures = reads.failed_attempts(run_id, FAILURES_LISTED)
     return render_template("run.html", run=row, family=family, counts=counts, failures=failures)
 
 

@@ -22,8 +22,8 @@ from werkzeug.exceptions import BadRequest, Forbidden, HTTPException, MethodNotA
 from werkzeug.middleware.proxy_fix import ProxyFix
 from werkzeug.routing import IntegerConverter
 
+from jodl.log import Store, make_engine
 from jodl.queue import Queue
-from jodl.store import Store, make_engine
 
 from .batch import Batches
 from .metrics import Metrics

@@ -30,12 +30,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, and_, delete, func, insert, or_, select
+from sqlalchemy import Engine, delete, insert, select
 from sqlalchemy.orm import sessionmaker
 
 from crawler_app.guard import FetchRefused, parse_url
 from crawler_app.pages import CHECK_FAMILY, family_id
-from jodl.models import ExecState, Execution, Job, JobState, utcnow
+from jodl.log import Reads
+from jodl.log.models import JobState, utcnow
 from jodl.queue import Queue
 
 from .models import ITEM_URL_LENGTH, Batch, BatchItem, CacheReset
@@ -208,6 +209,8 @@ class Batches:
         self.settings = settings
         self.queue = queue or Queue(engine)
         self.sessions = sessionmaker(engine, expire_on_commit=False)
+        #: The library's results and jobs, read through its public methods.
+        self.log = Reads(engine)
         self.rng = rng
         self._family_id: int | None = None
         self._next_cleanup = 0.0
@@ -223,18 +226,9 @@ class Batches:
 
     def jobs(self, urls: Sequence[str]) -> dict[str, tuple[int, str]]:
         """url -> (job id, state) of the on-demand jobs of these normalised URLs."""
-        fid = self.family_id()
-        found: dict[str, tuple[int, str]] = {}
         keys = [KEY_PREFIX + u for u in urls]
-        with self.engine.connect() as conn:
-            for start in range(0, len(keys), CHUNK):
-                for jid, key, state in conn.execute(
-                    select(Job.id, Job.key, Job.state).where(
-                        Job.family_id == fid, Job.key.in_(keys[start : start + CHUNK])
-                    )
-                ):
-                    found[key[len(KEY_PREFIX) :]] = (jid, state)
-        return found
+        found = self.log.jobs_by_key(self.family_id(), keys)
+        return {key[len(KEY_PREFIX) :]: job for key, job in found.items()}
 
     def _floors(self, conn: Any, job_ids: Sequence[int]) -> dict[int, int]:
         return _lookup(conn, CacheReset.job_id, CacheReset.floor_exec_id, job_ids)
@@ -246,46 +240,18 @@ class Batches:
         out: dict[int, Latest] = {}
         with self.engine.connect() as conn:
             floors = self._floors(conn, job_ids)
-            for start in range(0, len(job_ids), CHUNK):
-                chunk = job_ids[start : start + CHUNK]
-                ranked = (
-                    select(
-                        Execution.job_id,
-                        Execution.id,
-                        Execution.finished_at,
-                        func.row_number()
-                        .over(partition_by=Execution.job_id, order_by=Execution.id.desc())
-                        .label("n"),
-                    )
-                    .where(Execution.job_id.in_(chunk), Execution.state == ExecState.DONE)
-                    .subquery()
-                )
-                rows = conn.execute(
-                    select(ranked.c.job_id, ranked.c.id, ranked.c.finished_at)
-                    .where(ranked.c.n <= keep)
-                    .order_by(ranked.c.job_id, ranked.c.id.desc())
-                )
-                for jid, eid, finished in rows:
-                    if eid <= floors.get(jid, 0):
-                        continue
-                    entry = out.setdefault(jid, Latest())
-                    entry.exec_ids.append(eid)
-                    entry.finished.append(finished)
+        for jid, results in self.log.latest_results(job_ids, keep).items():
+            for eid, finished in results:
+                if eid <= floors.get(jid, 0):
+                    continue
+                entry = out.setdefault(jid, Latest())
+                entry.exec_ids.append(eid)
+                entry.finished.append(finished)
         return out, floors
 
     def results(self, exec_ids: Iterable[int]) -> dict[int, dict[str, Any] | None]:
         """Decoded results of these executions."""
-        ids = sorted(set(exec_ids))
-        out: dict[int, dict[str, Any] | None] = {}
-        with self.engine.connect() as conn:
-            for start in range(0, len(ids), CHUNK):
-                for eid, text in conn.execute(
-                    select(Execution.id, Execution.result).where(
-                        Execution.id.in_(ids[start : start + CHUNK])
-                    )
-                ):
-                    out[eid] = decode(text)
-        return out
+        return {eid: decode(text) for eid, text in self.log.result_texts(exec_ids).items()}
 
     # -- submit ---------------------------------------------------------------------------------
 
@@ -485,8 +451,7 @@ class Batches:
         return out
 
     def _finished(self, exec_ids: Sequence[int]) -> dict[int, dt.datetime | None]:
-        with self.engine.connect() as conn:
-            return _lookup(conn, Execution.id, Execution.finished_at, exec_ids)
+        return self.log.finished_at(exec_ids)
 
     def arrived(self, pending: Iterable[Item]) -> list[tuple[Item, dict[str, Any]]]:
         """Items of ``pending`` whose result is committed now, in commit order, with events.
@@ -501,21 +466,9 @@ class Batches:
         for jid, item in by_job.items():
             assert item is not None
             floors.setdefault(item.after_exec_id, []).append(jid)
-        condition = or_(
-            *(
-                and_(Execution.job_id.in_(jids), Execution.id > after)
-                for after, jids in floors.items()
-            )
-        )
         out: list[tuple[Item, dict[str, Any]]] = []
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(Execution.id, Execution.job_id, Execution.result, Execution.finished_at)
-                .where(Execution.state == ExecState.DONE, condition)
-                # Results committed together go out in the order the agents finished them.
-                .order_by(Execution.finished_at, Execution.id)
-            ).all()
-        for _eid, jid, text, finished in rows:
+        # Results committed together go out in the order the agents finished them.
+        for _eid, jid, text, finished in self.log.results_after(floors):
             item = by_job.pop(jid, None)
             if item is None:
                 continue  # a second new result of the same job: the first one answers
@@ -527,14 +480,8 @@ class Batches:
         by_job = {i.job_id: i for i in pending if i.job_id is not None}
         if not by_job:
             return []
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(Job.id, Job.state, Job.last_error).where(
-                    Job.id.in_(list(by_job)), Job.state.in_((JobState.DEAD, JobState.DELETED))
-                )
-            ).all()
         out = []
-        for jid, state, error in rows:
+        for jid, state, error in self.log.given_up(by_job):
             item = by_job[jid]
             why = error or ("deleted" if state == JobState.DELETED else "failed")
             out.append((item, describe(item, None, error=f"gave up: {why}")))
@@ -565,20 +512,8 @@ class Batches:
         ids = [jid for jid, _ in jobs.values()]
         forgotten: list[str] = []
         now = utcnow()
+        newest = self.log.newest_exec_ids(ids) if ids else {}
         with self.engine.begin() as conn:
-            newest = (
-                dict(
-                    conn.execute(
-                        select(Execution.job_id, func.max(Execution.id))
-                        .where(Execution.job_id.in_(ids))
-                        .group_by(Execution.job_id)
-                    )
-                    .tuples()
-                    .all()
-                )
-                if ids
-                else {}
-            )
             floors = self._floors(conn, ids)
             rows = []
             for url in normal:

@@ -37,12 +37,12 @@ from crawler_app.models import User
 from crawler_app.pages import add_user
 from jodl.agent.local import InProcessAgent
 from jodl.config import Settings
+from jodl.log import Store, make_engine
+from jodl.log.models import NodeState
 from jodl.master import Master
 from jodl.migrate import upgrade
-from jodl.models import NodeState
 from jodl.queue import Queue, QueueFeeder
 from jodl.run_requests import RunRequests
-from jodl.store import Store, make_engine
 
 from .standalone import forget_in_process_nodes, start_in_process
 

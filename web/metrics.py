@@ -20,8 +20,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, multiprocess
 from sqlalchemy import Engine
 
+from jodl.log import Store
 from jodl.metrics import DatabaseCollector
-from jodl.store import Store
 
 #: Counters this process keeps: help text and label names (names without ``_total``).
 COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {

@@ -13,7 +13,7 @@ import os
 
 from jodl.agent.local import DEFAULT_ADDRESS, InProcessAgent, is_local, start_agent
 from jodl.config import Settings
-from jodl.store import Store
+from jodl.log import Store
 
 
 def start_in_process(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from ..models import JobState
+from .models import JobState
 
 #: States a job of the on-demand queue can be in (the others belong to cycles).
 QUEUE_STATES = (JobState.QUEUED, JobState.CLAIMED, JobState.DONE, JobState.DEAD)

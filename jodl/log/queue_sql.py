@@ -28,16 +28,17 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.exc import IntegrityError, NoResultFound
+from sqlalchemy.exc import IntegrityError
 
 from .. import bulk
 from ..budget import HourlyBudgets
-from ..exceptions import JodlError
-from ..models import ExecState, Execution, Family, Job, JobState, MasterLease, utcnow
-from ..store import EXEC_COLUMNS, Store, close_claims
+from .exec_ids import ExecIds
 from .listener import CHANNEL
+from .models import ExecState, Execution, Family, Job, JobState, utcnow
+from .outcomes import close_claims
 from .queue_records import QUEUE_STATES, Claimed, QueuedJob
 from .queue_upsert import UPSERT_SQLITE, UPSERT_UNNEST
+from .records import EXEC_COLUMNS
 
 #: Rows per statement when a batch is split (bind-parameter limits).
 CHUNK = 1000
@@ -52,7 +53,7 @@ class QueueSQL:
         self._family_ids: dict[str, int] = {}
         self._family_names: dict[int, str] = {}
         self._ids_lock = threading.Lock()
-        self._ids: Store | None = None
+        self._ids: ExecIds | None = None
         #: Per-hour budgets of families' on-demand jobs (jodl/budget.py).
         self.hourly = HourlyBudgets(engine)
 
@@ -437,25 +438,11 @@ class QueueSQL:
     # -- execution ids for results recorded without a master -----------------------------------
 
     def next_exec_id(self) -> int:
-        """A fresh execution id (creating the id counter if no master ever ran here)."""
+        """A fresh execution id from the log's sequence (see :mod:`jodl.log.exec_ids`)."""
         with self._ids_lock:
             if self._ids is None:
-                self._ids = Store(self.engine)
-            for _ in range(2):
-                try:
-                    return self._ids.next_exec_ids(1)[0]
-                except NoResultFound:
-                    # No master ever ran here: create the id counter it will use.
-                    try:
-                        with self.engine.begin() as conn:
-                            conn.execute(
-                                insert(MasterLease).values(
-                                    name="master", holder="", epoch=0, expires_at=utcnow()
-                                )
-                            )
-                    except IntegrityError:
-                        pass
-            raise JodlError("cannot allocate an execution id")
+                self._ids = ExecIds(self.engine)
+            return self._ids.take(1)[0]
 
 
 def _listing() -> Any:

@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from ..models import Job, JobState
+from .models import Job, JobState
 
 
 def _on_conflict(ins: Any) -> Any:

@@ -26,7 +26,7 @@ that :meth:`Queue.wait` and :class:`QueueFeeder` ``LISTEN`` on. On SQLite one
 ``UPDATE ... RETURNING`` statement claims atomically and waiting is short polling.
 
 A failed attempt of a job run by the master goes back to the queue, due after
-:func:`jodl.store.retry_delay` (exponential backoff), rather than being retried
+:func:`jodl.log.outcomes.retry_delay` (exponential backoff), rather than being retried
 at once inside the master: the failure count is then on disk, survives a
 restart of the master, and the job may go to whichever master claims it next.
 

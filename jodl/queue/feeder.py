@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 from ..config import read_values
 from ..log.queue_records import Claimed
+from ..log.records import PendingJob
 from ..master import Feeder
-from ..store import PendingJob
 from .queue import CHECK_INTERVAL, CLAIM_BATCH, OPTIONS, WAKE_MAX, Queue
 
 if TYPE_CHECKING:

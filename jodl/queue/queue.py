@@ -17,14 +17,16 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from ..agent.codec import loads_object
 from ..config import DEFAULT_MAX_ATTEMPTS, Option, read_values, register_options
 from ..exceptions import BadPayload, JodlError
+from ..log.engine import make_engine
 from ..log.listener import Listener
+from ..log.models import JobState, utcnow
+from ..log.outcomes import retry_delay
 from ..log.queue_records import Claimed, QueuedJob
 from ..log.queue_sql import QueueSQL
-from ..models import JobState, utcnow
-from ..agent.codec import loads_object
-from ..store import Store, make_engine, retry_delay
+from ..log.store import Store
 
 log = logging.getLogger("jodl.queue")
 

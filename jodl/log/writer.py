@@ -13,11 +13,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from . import failpoint
-from .metrics import WRITER_COMMIT
+from .. import failpoint
+from ..metrics import WRITER_COMMIT
+from .records import ClaimDone, ClaimFailed, DeadJob, ExecutionRow, Home, OutcomeBatch, split_claims
 from .store import Store
 
 _STOP = object()
@@ -35,18 +36,28 @@ class LogWriter:
 
     def submit(
         self,
-        executions: Any,
-        dead: Any = (),
-        claims: Any = (),
-        closed: Any = (),
+        executions: Sequence[ExecutionRow],
+        dead: Sequence[DeadJob] = (),
+        claims: Iterable[ClaimDone | ClaimFailed] = (),
+        closed: Sequence[int] = (),
         after: Callable[[], None] | None = None,
-        homes: Any = (),
+        homes: Sequence[Home | tuple[int, int | None, int | None]] = (),
         settle: bool = False,
     ) -> None:
         """Queue one batch (see :meth:`Store.record_outcomes`); ``after`` runs in the
-        writer thread once it is committed."""
+        writer thread once it is committed. ``claims`` are sorted by their type."""
         self.check()
-        self._queue.put((executions, dead, claims, closed, homes, settle, after))
+        done, failed = split_claims(claims)
+        batch = OutcomeBatch(
+            executions=executions,
+            dead=dead,
+            claims_done=done,
+            claims_failed=failed,
+            closed=closed,
+            homes=homes,
+            settle=settle,
+        )
+        self._queue.put((batch, after))
 
     def flush(self) -> None:
         """Wait until every queued batch is committed (and its ``after`` has run)."""
@@ -75,13 +86,11 @@ class LogWriter:
                     return
                 if self._error is not None:
                     continue  # after a failure nothing more is committed (or acknowledged)
-                executions, dead, claims, closed, homes, settle, after = item
+                batch, after = item
                 try:
                     failpoint.hit("before_commit")
                     started = time.perf_counter()
-                    self.store.record_outcomes(
-                        executions, dead, claims, closed, homes=homes, settle=settle
-                    )
+                    self.store.record_outcomes(batch)
                     WRITER_COMMIT.observe(time.perf_counter() - started)
                     failpoint.hit("after_commit")
                     if after is not None:

@@ -1,13 +1,13 @@
-"""Tables of the reconstruction log (DESIGN §4), as typed SQLAlchemy 2 models.
+"""Tables of the reconstruction log, as typed SQLAlchemy 2 models (docs/architecture.md).
 
-Names follow the thesis: Node, Family, FamilyOnNode, Job, JobOnNode, Run, and the
+Names follow the project's terms: Node, Family, FamilyOnNode, Job, JobOnNode, Run, and the
 execution log (one row per attempt of a job). Payloads and results are JSON text.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     JSON,
@@ -20,6 +20,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     UniqueConstraint,
     text,
@@ -45,6 +46,11 @@ def utcnow() -> dt.datetime:
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
     type_annotation_map = {dict[str, Any]: JSON, dt.datetime: DateTime()}
+
+
+def table_of(model: type[Base]) -> Table:
+    """The Core table of a model (for the bulk statements, which work on tables)."""
+    return cast(Table, model.__table__)
 
 
 class NodeState:
@@ -218,7 +224,6 @@ class JobOnNode(Base):
 class RunState:
     RUNNING = "running"
     FINISHED = "finished"
-    ABANDONED = "abandoned"
 
 
 class Run(Base):
@@ -337,8 +342,14 @@ class MasterLease(Base):
     holder: Mapped[str] = mapped_column(String(255))
     epoch: Mapped[int] = mapped_column(Integer, default=0)
     expires_at: Mapped[dt.datetime]
-    #: Next execution id block handed to the holder (ids are allocated in blocks).
-    next_exec_id: Mapped[int] = mapped_column(BigId, default=1)
+
+
+class ExecIdSequence(Base):
+    """The next free execution id (:class:`jodl.log.exec_ids.ExecIds` takes them in blocks)."""
+
+    __tablename__ = "jodl_exec_id"
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    next_id: Mapped[int] = mapped_column(BigId, default=1)
 
 
 class RunRequest(Base):

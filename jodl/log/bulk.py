@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Column, Connection, MetaData, Table, TextClause, bindparam, text
-from sqlalchemy.dialects import sqlite
 from sqlalchemy.types import TypeEngine
 
 
@@ -69,8 +68,8 @@ def update_rows(
         for col, value in only_if.items():
             stmt = stmt.where(table.c[col] == value)
         stmt = stmt.values({c: bindparam("_" + c) for c in values}, **constants)
-        params = [{"_" + c: row[c] for c in cols} | {"_k": row[key]} for row in rows]
-        return int(conn.execute(stmt, params).rowcount or 0)
+        each = [{"_" + c: row[c] for c in cols} | {"_k": row[key]} for row in rows]
+        return int(conn.execute(stmt, each).rowcount or 0)
     sets = [f'"{c}" = v."{c}"' for c in values]
     sets += [f'"{c}" = :const_{c}' for c in constants]
     where = [f't."{key}" = v."{key}"'] + [f't."{c}" = :if_{c}' for c in only_if]
@@ -82,34 +81,6 @@ def update_rows(
     params.update({f"const_{c}": v for c, v in constants.items()})
     params.update({f"if_{c}": v for c, v in only_if.items()})
     return int(conn.execute(text(sql), params).rowcount or 0)
-
-
-def upsert_rows(
-    conn: Connection, table: Table, keys: Sequence[str], rows: Sequence[Mapping[str, Any]]
-) -> None:
-    """Insert ``rows``, or update the other columns of rows whose ``keys`` already exist."""
-    if not rows:
-        return
-    cols = list(rows[0])
-    values = [c for c in cols if c not in keys]
-    if conn.dialect.name == "postgresql":
-        # COPY into a temporary table (C-speed, no per-row statements), then one upsert.
-        names = ", ".join(f'"{c}"' for c in cols)
-        sets = ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in values)
-        conflict = ", ".join(f'"{k}"' for k in keys)
-        temp = f"_upsert_{table.name}"
-        conn.execute(text(f'CREATE TEMP TABLE IF NOT EXISTS "{temp}" '
-                          f'(LIKE "{table.name}" INCLUDING DEFAULTS) ON COMMIT DELETE ROWS'))
-        copy_rows(conn, table, cols, [tuple(row[c] for c in cols) for row in rows], into=temp)
-        conn.execute(text(f'INSERT INTO "{table.name}" ({names}) SELECT {names} FROM "{temp}" '
-                          f"ON CONFLICT ({conflict}) DO UPDATE SET {sets}"))
-        conn.execute(text(f'TRUNCATE "{temp}"'))
-        return
-    stmt = sqlite.insert(table)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=list(keys), set_={c: stmt.excluded[c] for c in values}
-    )
-    conn.execute(stmt, list(rows))
 
 
 def copy_rows(
@@ -130,13 +101,15 @@ def copy_rows(
         conn.execute(target_table.insert(), [dict(zip(cols, row, strict=True)) for row in rows])
         return
     raw = conn.connection.driver_connection
+    assert raw is not None
     names = ", ".join(f'"{c}"' for c in cols)
     target = into or table.name
     types = _column_oids(raw, table.name, cols)
     # Binary COPY: psycopg packs each value in C, about 5x faster than the text format.
-    with raw.cursor() as cur, cur.copy(
-        f'COPY "{target}" ({names}) FROM STDIN (FORMAT BINARY)'
-    ) as copy:
+    with (
+        raw.cursor() as cur,
+        cur.copy(f'COPY "{target}" ({names}) FROM STDIN (FORMAT BINARY)') as copy,
+    ):
         copy.set_types(types)
         for row in rows:
             copy.write_row(row)

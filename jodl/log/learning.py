@@ -1,7 +1,7 @@
 """What the reconstruction log keeps of placement: learned durations, homes, trial moves.
 
-:class:`LearningLog` is the part of :class:`~jodl.store.Store` that reads and
-writes what placement learns: JobOnNode statistics (folded in from each batch of
+:class:`Learning` is the gateway (composed into :class:`~jodl.log.store.Store`)
+that reads and writes what placement learns: JobOnNode statistics (folded in from each batch of
 outcomes inside the database, see :func:`learn_from_executions`), jobs' permanent and
 trial nodes, each node's expected work per cycle and the family's cycle period.
 """
@@ -27,15 +27,17 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from ..placement import RECENT_WEIGHT, Knowledge, Learned
 from . import bulk
-from .models import ExecState, Family, Job, JobOnNode, JobState, Node, Run
-from .placement import RECENT_WEIGHT, Knowledge, Learned
+from .models import ExecState, Family, Job, JobOnNode, JobState, Node, Run, table_of
+from .records import Home
 
 
-class LearningLog:
-    """Reads and writes of what placement learns (mixed into the store)."""
+class Learning:
+    """Reads and writes of what placement learns."""
 
-    engine: Engine
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
 
     # -- learning ----------------------------------------------------------------------------
 
@@ -66,17 +68,11 @@ class LearningLog:
 
     # -- placement: homes, trial moves, cycle period ---------------------------------------
 
-    def set_homes(self, rows: Sequence[tuple[int, int | None, int | None]]) -> None:
+    def set_homes(self, rows: Sequence[Home | tuple[int, int | None, int | None]]) -> None:
         """Persist (job_id, permanent node, trial node) of jobs whose home changed."""
         if rows:
             with self.engine.begin() as conn:
-                self.write_homes(conn, rows)
-
-    @staticmethod
-    def write_homes(conn: Any, rows: Sequence[tuple[int, int | None, int | None]]) -> None:
-        """:meth:`set_homes` inside a transaction: one statement for the whole batch."""
-        homes = [{"id": j, "permanent_node_id": p, "trial_node_id": t} for j, p, t in rows]
-        bulk.update_rows(conn, Job.__table__, "id", homes)
+                write_homes(conn, rows)
 
     def node_gone_for_good(self, node_id: int) -> None:
         """A removed node: trial moves away from it become permanent, its other homes free."""
@@ -131,6 +127,12 @@ class LearningLog:
         return (starts[0] - starts[-1]).total_seconds() / (len(starts) - 1)
 
 
+def write_homes(conn: Any, rows: Sequence[Home | tuple[int, int | None, int | None]]) -> None:
+    """:meth:`Learning.set_homes` inside a transaction: one statement for the whole batch."""
+    homes = [{"id": j, "permanent_node_id": p, "trial_node_id": t} for j, p, t in rows]
+    bulk.update_rows(conn, table_of(Job), "id", homes)
+
+
 def settle_homes(conn: Any, e: Table) -> None:
     """Jobs of a run with no home get the node that committed their result as home.
 
@@ -141,15 +143,17 @@ def settle_homes(conn: Any, e: Table) -> None:
         bulk.prepared(
             conn,
             f"settle_homes:{e.name}",
-            lambda: update(Job)
-            .where(
-                Job.id == e.c.job_id,
-                e.c.run_id.is_not(None),
-                e.c.state == ExecState.DONE,
-                Job.permanent_node_id.is_(None),
-                Job.trial_node_id.is_(None),
-            )
-            .values(permanent_node_id=e.c.node_id),
+            lambda: (
+                update(Job)
+                .where(
+                    Job.id == e.c.job_id,
+                    e.c.run_id.is_not(None),
+                    e.c.state == ExecState.DONE,
+                    Job.permanent_node_id.is_(None),
+                    Job.trial_node_id.is_(None),
+                )
+                .values(permanent_node_id=e.c.node_id)
+            ),
         )
     )
 
@@ -169,7 +173,7 @@ def learn_from_executions(conn: Any, e: Table, now: dt.datetime) -> None:
 
 
 def _learn_statement(dialect: str, e: Table) -> Any:
-    t = JobOnNode.__table__
+    t = table_of(JobOnNode)
     done = e.c.state == ExecState.DONE
     n = func.sum(case((done, 1), else_=0))
     mean = func.avg(case((done, e.c.duration)))

@@ -1,0 +1,164 @@
+"""Families' settings, node rules and job listings, for ``jodl family`` and the web.
+
+The checks and the shapes shown to people live in :mod:`jodl.families_admin`;
+this gateway holds its statements, one transaction per method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, delete, func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..exceptions import UnknownFamily
+from .models import Family, FamilyOnNode, Job, Node
+
+
+@dataclass(slots=True)
+class FamilyFacts:
+    """A family as stored: its row, how many jobs it has, what its jobs share, its rules."""
+
+    family: Family
+    jobs: int
+    #: Per job field asked for: up to two distinct values among the family's jobs.
+    job_values: dict[str, list[Any]]
+    #: (node address, rule) of the nodes with a rule for the family, by address.
+    rules: list[tuple[str, FamilyOnNode]]
+
+
+class FamilyAdminLog:
+    """Statements of the family administration (see :class:`jodl.families_admin.FamilyAdmin`)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.sessions = sessionmaker(engine, expire_on_commit=False)
+
+    def facts(self, name: str, job_fields: Sequence[str]) -> FamilyFacts:
+        """One family; :class:`UnknownFamily` naming the known ones if there is none."""
+        with self.sessions() as s:
+            return self._facts(s, _family(s, name), job_fields)
+
+    def all_facts(self, job_fields: Sequence[str]) -> list[FamilyFacts]:
+        """Every family, by name."""
+        with self.sessions() as s:
+            return [
+                self._facts(s, f, job_fields)
+                for f in s.scalars(select(Family).order_by(Family.name))
+            ]
+
+    def schedules(self) -> dict[str, str]:
+        """Family name -> cron line, for the families that have a schedule."""
+        with self.sessions() as s:
+            rows = s.execute(
+                select(Family.name, Family.schedule).where(Family.schedule.is_not(None))
+            ).all()
+        return {name: cron for name, cron in rows if cron}
+
+    def update(
+        self,
+        name: str,
+        family_values: Mapping[str, Any],
+        job_values: Mapping[str, Any],
+        check: Callable[[Family], None],
+        job_fields: Sequence[str],
+    ) -> FamilyFacts:
+        """Set fields of the family row and of all its jobs in one transaction.
+
+        ``check`` sees the family with its new values before the commit and raises
+        to refuse them (nothing is written then). Job values also become the
+        family's defaults for jobs added later (:meth:`Families.add_jobs`).
+        """
+        with self.sessions() as s, s.begin():
+            family = _family(s, name)
+            for key, value in family_values.items():
+                setattr(family, key, value)
+            check(family)
+            if job_values:
+                s.execute(update(Job).where(Job.family_id == family.id).values(**job_values))
+                settings = dict(family.settings or {})
+                settings["job_defaults"] = {**settings.get("job_defaults", {}), **job_values}
+                family.settings = settings
+            s.flush()
+            return self._facts(s, family, job_fields)
+
+    def node_ids(self, addresses: Sequence[str]) -> dict[str, int]:
+        """address -> node id, for the known ones of these addresses."""
+        with self.sessions() as s:
+            return dict(
+                s.execute(select(Node.address, Node.id).where(Node.address.in_(list(addresses))))
+                .tuples()
+                .all()
+            )
+
+    def set_rules(
+        self,
+        name: str,
+        node_ids: Sequence[int],
+        allowed: bool,
+        max_slots: int | None,
+        conditions: dict[str, Any],
+        job_fields: Sequence[str],
+    ) -> FamilyFacts:
+        """Replace the family's rule on these nodes by one rule, in one transaction."""
+        with self.sessions() as s, s.begin():
+            family = _family(s, name)
+            s.execute(
+                delete(FamilyOnNode).where(
+                    FamilyOnNode.family_id == family.id,
+                    FamilyOnNode.node_id.in_(list(node_ids)),
+                )
+            )
+            for node_id in node_ids:
+                s.add(
+                    FamilyOnNode(
+                        family_id=family.id,
+                        node_id=node_id,
+                        allowed=allowed,
+                        max_slots=max_slots,
+                        conditions=conditions,
+                    )
+                )
+            s.flush()
+            return self._facts(s, family, job_fields)
+
+    def jobs(self, name: str, state: str | None, limit: int) -> list[Job]:
+        """Jobs of the family (in one state if given), oldest first, at most ``limit``."""
+        with self.sessions() as s:
+            family = _family(s, name)
+            q = select(Job).where(Job.family_id == family.id).order_by(Job.id).limit(limit)
+            if state is not None:
+                q = q.where(Job.state == state)
+            return list(s.scalars(q))
+
+    @staticmethod
+    def _facts(s: Session, family: Family, job_fields: Sequence[str]) -> FamilyFacts:
+        jobs = s.scalar(select(func.count()).where(Job.family_id == family.id)) or 0
+        values = {
+            name: list(
+                s.scalars(
+                    select(getattr(Job, name)).where(Job.family_id == family.id).distinct().limit(2)
+                )
+            )
+            for name in job_fields
+        }
+        rules = [
+            (address, rule)
+            for address, rule in s.execute(
+                select(Node.address, FamilyOnNode)
+                .join(FamilyOnNode, FamilyOnNode.node_id == Node.id)
+                .where(FamilyOnNode.family_id == family.id)
+                .order_by(Node.address)
+            ).tuples()
+        ]
+        return FamilyFacts(family=family, jobs=int(jobs), job_values=values, rules=rules)
+
+
+def _family(s: Session, name: str) -> Family:
+    family = s.scalar(select(Family).where(Family.name == name))
+    if family is None:
+        known = ", ".join(s.scalars(select(Family.name).order_by(Family.name))) or "none"
+        raise UnknownFamily(f"no family {name!r} in the database (families: {known})")
+    return family

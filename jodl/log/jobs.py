@@ -1,0 +1,181 @@
+"""Jobs an application keeps in step with its own tables, in the application's transaction.
+
+The page checker gives every tracked page a job and every digest a job, and must
+commit them with its own rows: these methods take the caller's connection (a
+session's ``connection()``) and never commit themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from sqlalchemy import Connection, and_, bindparam, insert, select, update
+
+from .models import ExecState, Execution, Family, Job, JobState, table_of, utcnow
+
+#: Ids or keys per ``IN (...)`` list.
+CHUNK = 1000
+
+
+class JobLine(NamedTuple):
+    """A job's state and every-N-cycles, as an application syncing its jobs reads them."""
+
+    job_id: int
+    state: str
+    every_n_cycles: int
+
+
+class RunOutcome(NamedTuple):
+    """How a job fared in one run: its state and last error, and its result if committed."""
+
+    job_id: int
+    state: str
+    error: str | None
+    result: str | None
+
+
+class JobLog:
+    """Creating, reviving and retiring jobs inside an application's transaction."""
+
+    @staticmethod
+    def family_id(conn: Connection, name: str, **fields: Any) -> int:
+        """Id of the family ``name``, created with ``fields`` on first use."""
+        fid = conn.scalar(select(Family.id).where(Family.name == name))
+        if fid is None:
+            fid = conn.execute(
+                insert(Family).values(name=name, created_at=utcnow(), **fields).returning(Family.id)
+            ).scalar_one()
+        return int(fid)
+
+    @staticmethod
+    def lines(conn: Connection, job_ids: Sequence[int]) -> dict[int, JobLine]:
+        """job id -> its state and every-N-cycles, for the jobs that exist."""
+        out: dict[int, JobLine] = {}
+        ids = list(job_ids)
+        for start in range(0, len(ids), CHUNK):
+            for row in conn.execute(
+                select(Job.id, Job.state, Job.every_n_cycles).where(
+                    Job.id.in_(ids[start : start + CHUNK])
+                )
+            ):
+                out[row[0]] = JobLine(*row)
+        return out
+
+    @staticmethod
+    def ids_by_key(conn: Connection, family_id: int, keys: Sequence[str]) -> dict[str, int]:
+        """key -> job id of the family's jobs with these keys."""
+        found: dict[str, int] = {}
+        for start in range(0, len(keys), CHUNK):
+            found.update(
+                conn.execute(
+                    select(Job.key, Job.id).where(
+                        Job.family_id == family_id, Job.key.in_(list(keys[start : start + CHUNK]))
+                    )
+                )
+                .tuples()
+                .all()
+            )
+        return found
+
+    @staticmethod
+    def add_idle(
+        conn: Connection, family_id: int, jobs: Iterable[tuple[str, str, int]]
+    ) -> list[str]:
+        """Add idle jobs (key, payload JSON, every N cycles); the keys added."""
+        now = utcnow()
+        rows = [
+            {
+                "family_id": family_id,
+                "key": key,
+                "payload": payload,
+                "state": JobState.IDLE,
+                "every_n_cycles": every,
+                "priority": 0,
+                "attempts": 0,
+                "created_at": now,
+                "updated_at": now,
+            }
+            for key, payload, every in jobs
+        ]
+        if rows:
+            conn.execute(insert(Job), rows)
+        return [str(r["key"]) for r in rows]
+
+    @staticmethod
+    def add_one(conn: Connection, family_id: int, key: str, payload: str) -> int:
+        """Add one idle job; its id."""
+        now = utcnow()
+        return int(
+            conn.execute(
+                insert(Job)
+                .values(
+                    family_id=family_id,
+                    key=key,
+                    payload=payload,
+                    state=JobState.IDLE,
+                    created_at=now,
+                    updated_at=now,
+                )
+                .returning(Job.id)
+            ).scalar_one()
+        )
+
+    @staticmethod
+    def revive(conn: Connection, jobs: Sequence[tuple[int, int]]) -> None:
+        """Jobs (id, every N cycles) back into the cycles: idle, attempts reset."""
+        if not jobs:
+            return
+        table = table_of(Job)
+        conn.execute(
+            update(table)
+            .where(table.c.id == bindparam("jid"))
+            .values(
+                state=JobState.IDLE,
+                every_n_cycles=bindparam("every"),
+                attempts=0,
+                updated_at=utcnow(),
+            ),
+            [{"jid": jid, "every": every} for jid, every in jobs],
+        )
+
+    @staticmethod
+    def delete(conn: Connection, job_ids: Sequence[int]) -> None:
+        """Jobs never dispatched again (kept, marked deleted)."""
+        if job_ids:
+            conn.execute(
+                update(Job)
+                .where(Job.id.in_(list(job_ids)))
+                .values(state=JobState.DELETED, updated_at=utcnow())
+            )
+
+    @staticmethod
+    def retire(conn: Connection, job_ids: Sequence[int]) -> None:
+        """Idle jobs of these ends as done: no later run sends them again."""
+        if job_ids:
+            conn.execute(
+                update(Job)
+                .where(Job.id.in_(list(job_ids)), Job.state == JobState.IDLE)
+                .values(state=JobState.DONE, updated_at=utcnow())
+            )
+
+    @staticmethod
+    def outcomes(conn: Connection, job_ids: Sequence[int], run_id: int) -> dict[int, RunOutcome]:
+        """job id -> how it fared in run ``run_id`` (its result there, if committed)."""
+        out: dict[int, RunOutcome] = {}
+        ids = list(job_ids)
+        for start in range(0, len(ids), CHUNK):
+            for row in conn.execute(
+                select(Job.id, Job.state, Job.last_error, Execution.result)
+                .outerjoin(
+                    Execution,
+                    and_(
+                        Execution.job_id == Job.id,
+                        Execution.run_id == run_id,
+                        Execution.state == ExecState.DONE,
+                    ),
+                )
+                .where(Job.id.in_(ids[start : start + CHUNK]))
+            ):
+                out[row[0]] = RunOutcome(*row)
+        return out

@@ -1,0 +1,116 @@
+"""Which master leads: the master lease, its epochs, and the cluster's identity."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import secrets
+import socket
+
+from sqlalchemy import Engine, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import sessionmaker
+
+from ..exceptions import LeaseHeld
+from .models import Cluster, MasterLease, utcnow
+
+#: Seconds a master's lease lasts without renewal. The running master renews it
+#: every :data:`LEASE_RENEW` seconds (one small UPDATE); a master that stalls longer
+#: (or dies) lets another one take over.
+LEASE_SECONDS = 30.0
+#: Seconds between two renewals by the running master: a third of the lease, so two
+#: renewals may fail (a slow disk, a busy database) before it expires.
+LEASE_RENEW = LEASE_SECONDS / 3
+
+
+def holder_gone(holder: str) -> bool:
+    """True when ``holder`` (``HOST:PID...``, a master's name) is a process on this host
+    that no longer exists, so its lease need not be waited for."""
+    host, _, rest = holder.partition(":")
+    pid = rest.split(":", 1)[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class Leases:
+    """The master lease (one row per lease name) and the cluster id."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.sessions = sessionmaker(engine, expire_on_commit=False)
+
+    def acquire(self, holder: str, name: str = "master", force: bool = False) -> int:
+        """Take the lease and return the new epoch (older masters are fenced).
+
+        A lease another holder renewed less than :data:`LEASE_SECONDS` ago is live:
+        :class:`LeaseHeld` unless ``force`` (an explicit takeover). A holder on this
+        host whose process is gone (killed) counts as expired at once.
+        """
+        now = utcnow()
+        with self.sessions() as s, s.begin():
+            lease = s.get(MasterLease, name, with_for_update=True)
+            if lease is None:
+                lease = MasterLease(name=name, holder=holder, epoch=0, expires_at=now)
+                s.add(lease)
+            elif (
+                not force
+                and lease.holder != holder
+                and lease.expires_at > now
+                and not holder_gone(lease.holder)
+            ):
+                raise LeaseHeld(lease.holder, (lease.expires_at - now).total_seconds())
+            lease.epoch += 1
+            lease.holder = holder
+            lease.expires_at = now + dt.timedelta(seconds=LEASE_SECONDS)
+            s.flush()
+            return lease.epoch
+
+    def holder(self, name: str = "master") -> str | None:
+        """Who holds a live lease (renewed, its process not known to be gone); None: nobody."""
+        with self.sessions() as s:
+            lease = s.get(MasterLease, name)
+            if lease is None or lease.expires_at <= utcnow() or holder_gone(lease.holder):
+                return None
+            return lease.holder
+
+    def renew(self, epoch: int, name: str = "master") -> bool:
+        """Extend the lease of ``epoch``; False when another master has taken it (fenced)."""
+        with self.engine.begin() as conn:
+            res = conn.execute(
+                update(MasterLease)
+                .where(MasterLease.name == name, MasterLease.epoch == epoch)
+                .values(expires_at=utcnow() + dt.timedelta(seconds=LEASE_SECONDS))
+            )
+            return res.rowcount == 1
+
+    def release(self, epoch: int, name: str = "master") -> None:
+        """End the lease of ``epoch`` now (a clean stop): the next master need not wait."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(MasterLease)
+                .where(MasterLease.name == name, MasterLease.epoch == epoch)
+                .values(expires_at=utcnow())
+            )
+
+    def cluster_id(self) -> str:
+        """This database's cluster id, drawn on first use (agents bind their memory to it)."""
+        with self.sessions() as s:
+            found = s.scalar(select(Cluster.id).order_by(Cluster.created_at).limit(1))
+        if found is not None:
+            return found
+        try:
+            with self.sessions() as s, s.begin():
+                s.add(Cluster(id=secrets.token_hex(16), created_at=utcnow()))
+        except IntegrityError:
+            pass  # the same moment in another master: read theirs
+        with self.sessions() as s:
+            found = s.scalar(select(Cluster.id).order_by(Cluster.created_at, Cluster.id).limit(1))
+        assert found is not None
+        return found

@@ -1,0 +1,143 @@
+"""Nodes (agents the master calls) and families, with the rules joining them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Engine, bindparam, insert, select, update
+from sqlalchemy.orm import sessionmaker
+
+from .models import Family, FamilyOnNode, Job, JobState, Node, NodeState, table_of
+
+
+class NodeLog:
+    """Reads and writes of nodes."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.sessions = sessionmaker(engine, expire_on_commit=False)
+
+    def nodes(self, include_removed: bool = False) -> list[Node]:
+        with self.sessions() as s:
+            q = select(Node).order_by(Node.id)
+            if not include_removed:
+                q = q.where(Node.state != NodeState.REMOVED)
+            return list(s.scalars(q))
+
+    def add_node(self, address: str, slots: int = 1, labels: dict[str, Any] | None = None) -> Node:
+        """Register (or re-activate) a node; a node coming back keeps its id and learning."""
+        with self.sessions() as s, s.begin():
+            node = s.scalar(select(Node).where(Node.address == address))
+            if node is None:
+                node = Node(address=address, slots=slots, labels=labels or {})
+                s.add(node)
+            else:
+                node.state = NodeState.ACTIVE
+                node.retry_at = None
+                node.failures = 0
+                if labels:
+                    node.labels = labels
+            s.flush()
+            return node
+
+    def remove_node(self, address: str) -> bool:
+        with self.engine.begin() as conn:
+            res = conn.execute(
+                update(Node).where(Node.address == address).values(state=NodeState.REMOVED)
+            )
+            return res.rowcount > 0
+
+    def update_node(self, node_id: int, **values: Any) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(update(Node).where(Node.id == node_id).values(**values))
+
+
+class Families:
+    """Reads and writes of families and of their jobs' definitions."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.sessions = sessionmaker(engine, expire_on_commit=False)
+
+    def ensure_family(self, name: str, **fields: Any) -> Family:
+        with self.sessions() as s, s.begin():
+            fam = s.scalar(select(Family).where(Family.name == name))
+            if fam is None:
+                fam = Family(name=name, **fields)
+                s.add(fam)
+                s.flush()
+            return fam
+
+    def family(self, name: str) -> Family | None:
+        with self.sessions() as s:
+            return s.scalar(select(Family).where(Family.name == name))
+
+    def family_rules(self, family_id: int) -> dict[int, FamilyOnNode]:
+        with self.sessions() as s:
+            rows = s.scalars(select(FamilyOnNode).where(FamilyOnNode.family_id == family_id))
+            return {r.node_id: r for r in rows}
+
+    def add_jobs(
+        self,
+        family: Family | str,
+        jobs: Iterable[tuple[str, Any]] | Mapping[str, Any],
+        priority: int | None = None,
+    ) -> int:
+        """Add jobs to a family (created if it is new, given by name); the number added.
+
+        ``jobs`` maps each job's key to its payload, as a mapping or (key, payload)
+        pairs; a payload is a dict (encoded to JSON here) or JSON text. One
+        transaction: all are added or none; keys the family already has are kept.
+        New jobs take the family's job defaults (``jodl family set``) where set.
+        """
+        if isinstance(family, str):
+            family = self.ensure_family(family)
+        defaults = (family.settings or {}).get("job_defaults") or {}
+        pairs = jobs.items() if isinstance(jobs, Mapping) else jobs
+        encoded = ((k, p if isinstance(p, str) else json.dumps(p)) for k, p in pairs)
+        rows = [
+            {
+                "family_id": family.id,
+                "key": k,
+                "payload": p,
+                "priority": defaults.get("priority", 0) if priority is None else priority,
+                "every_n_cycles": defaults.get("every_n_cycles", 1),
+                "min_interval": defaults.get("min_interval"),
+                "state": JobState.IDLE,
+            }
+            for k, p in encoded
+        ]
+        if not rows:
+            return 0
+        with self.engine.begin() as conn:
+            have: set[str] = set()
+            keys = [r["key"] for r in rows]
+            for start in range(0, len(keys), 5000):
+                have.update(
+                    conn.scalars(
+                        select(Job.key).where(
+                            Job.family_id == family.id, Job.key.in_(keys[start : start + 5000])
+                        )
+                    )
+                )
+            new = [r for r in rows if r["key"] not in have]
+            for start in range(0, len(new), 10000):
+                conn.execute(insert(Job), new[start : start + 10000])
+            return len(new)
+
+    def set_payloads(self, rows: Sequence[Mapping[str, Any]], conn: Connection) -> None:
+        """New payloads and priorities of jobs: rows of ``id``, ``payload``, ``priority``."""
+        table = table_of(Job)
+        statement = (
+            update(table)
+            .where(table.c.id == bindparam("jid"))
+            .values(payload=bindparam("new_payload"), priority=bindparam("new_priority"))
+        )
+        params = [
+            {"jid": r["id"], "new_payload": r["payload"], "new_priority": r["priority"]}
+            for r in rows
+        ]
+        for start in range(0, len(params), 5000):
+            conn.execute(statement, params[start : start + 5000])

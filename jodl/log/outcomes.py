@@ -1,0 +1,203 @@
+"""Writing outcomes: dispatches before they are sent, outcome batches after, claims' ends.
+
+The hot path of the log: a batch of outcomes is one COPY into a staging table and
+a few set-based statements, whatever its size, committed in one transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    DateTime,
+    Engine,
+    Integer,
+    bindparam,
+    case,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+
+from . import bulk
+from .learning import learn_from_executions, settle_homes, write_homes
+from .models import Dispatch, Execution, Job, JobState, table_of, utcnow
+from .records import EXEC_COLUMNS, ClaimDone, ClaimFailed, OutcomeBatch
+
+#: First pause before an on-demand job that failed runs again (seconds); doubles per failure.
+RETRY_DELAY = 1.0
+#: Longest pause before an on-demand job that failed runs again (seconds).
+RETRY_DELAY_MAX = 300.0
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds an on-demand job waits in the queue after its ``failures``-th failure."""
+    return min(RETRY_DELAY_MAX, RETRY_DELAY * 2 ** max(0, min(failures - 1, 30)))
+
+
+def close_claims(
+    conn: Connection,
+    done: Sequence[ClaimDone | tuple[int, int]] = (),
+    failed: Sequence[ClaimFailed | tuple[int, int, str, dt.datetime | None]] = (),
+) -> int:
+    """Attempt-guarded ends of claimed on-demand jobs; returns how many rows changed.
+
+    ``done``: (job_id, attempt). The job is done, or queued again when it was
+    enqueued again while it ran (``due_at`` set meanwhile). ``failed``: (job_id,
+    attempt, error, due_at): back in the queue at ``due_at`` (an enqueue made
+    while it ran wins), or dead when ``due_at`` is None. Only a job still claimed
+    by that very attempt changes, so a late outcome of a superseded attempt (its
+    lease ended and another claim took the job) changes nothing.
+    """
+    now = utcnow()
+    changed = 0
+    guard = (
+        Job.id == bindparam("jid"),
+        Job.state == JobState.CLAIMED,
+        Job.attempts == bindparam("att"),
+    )
+    if done:
+        finish = {
+            "state": case((Job.due_at.is_(None), JobState.DONE), else_=JobState.QUEUED),
+            "failures": 0,
+            "lease_until": None,
+            "last_done_at": now,
+            "updated_at": now,
+        }
+        if conn.dialect.name == "postgresql":
+            # The batch as two arrays: one statement and one plan for thousands of jobs.
+            claims = (
+                func.unnest(
+                    bindparam("jids", [j for j, _ in done], type_=ARRAY(BigInteger)),
+                    bindparam("atts", [a for _, a in done], type_=ARRAY(Integer)),
+                )
+                .table_valued("jid", "att")
+                .render_derived()
+            )
+            changed += conn.execute(
+                update(Job)
+                .where(
+                    Job.id == claims.c.jid,
+                    Job.state == JobState.CLAIMED,
+                    Job.attempts == claims.c.att,
+                )
+                .values(**finish)
+            ).rowcount
+        else:
+            changed += conn.execute(
+                update(Job).where(*guard).values(**finish),
+                [{"jid": j, "att": a} for j, a in done],
+            ).rowcount
+    if failed:
+        changed += conn.execute(
+            update(Job)
+            .where(*guard)
+            .values(
+                state=bindparam("st"),
+                due_at=func.coalesce(Job.due_at, bindparam("due", type_=DateTime())),
+                failures=Job.failures + 1,
+                lease_until=None,
+                last_error=bindparam("err"),
+                updated_at=now,
+            ),
+            [
+                {
+                    "jid": j,
+                    "att": a,
+                    "err": e,
+                    "due": due,
+                    "st": JobState.DEAD if due is None else JobState.QUEUED,
+                }
+                for j, a, e, due in failed
+            ],
+        ).rowcount
+    return changed
+
+
+class Outcomes:
+    """The write-ahead dispatch log and the outcome batches (one transaction each)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def record_dispatches(self, rows: list[dict[str, Any]]) -> None:
+        """Log batches about to be sent (write-ahead): id, run_id, node_id, epoch, items."""
+        if not rows:
+            return
+        now = utcnow()
+        for row in rows:
+            row.setdefault("sent_at", now)
+            row.setdefault("is_open", True)
+        with self.engine.begin() as conn:
+            bulk.insert_rows(conn, table_of(Dispatch), rows)
+
+    def record(self, batch: OutcomeBatch) -> None:
+        """Commit a batch of outcomes, and what they teach, in one transaction.
+
+        Executions are appended to the log and folded into JobOnNode
+        (:func:`learn_from_executions`); with ``settle``, jobs with no home get the
+        node of their result (:func:`settle_homes`). Dead jobs are marked, claims
+        closed (:func:`close_claims`: the attempt guards them, so a superseded
+        attempt changes nothing), homes written and dispatches closed. An execution
+        id has one outcome row at most (primary key), and a job one ``done`` row per
+        run (unique index): the database refuses a second.
+        """
+        if not batch:
+            return
+        with self.engine.begin() as conn:
+            if batch.executions:
+                self._append(conn, batch.executions, batch.settle)
+            if batch.homes:
+                write_homes(conn, batch.homes)
+            if batch.dead:
+                conn.execute(
+                    update(Job)
+                    .where(Job.id == bindparam("jid"))
+                    .values(
+                        state=JobState.DEAD,
+                        last_error=bindparam("err"),
+                        run_id=bindparam("rid"),
+                        updated_at=utcnow(),
+                    ),
+                    [{"jid": j, "err": e, "rid": r} for j, e, r in batch.dead],
+                )
+            if batch.claims_done or batch.claims_failed:
+                close_claims(conn, batch.claims_done, batch.claims_failed)
+            if batch.closed:
+                conn.execute(
+                    update(Dispatch)
+                    .where(Dispatch.id.in_(list(batch.closed)))
+                    .values(is_open=False)
+                )
+
+    @staticmethod
+    def _append(conn: Connection, executions: Sequence[Any], settle: bool) -> None:
+        # One COPY into a staging table feeds the log, the learning and the homes.
+        with bulk.staged(conn, table_of(Execution), EXEC_COLUMNS, executions) as staged:
+            conn.execute(
+                bulk.prepared(
+                    conn,
+                    f"append:{staged.name}",
+                    lambda: insert(Execution).from_select(
+                        EXEC_COLUMNS, select(*(staged.c[c] for c in EXEC_COLUMNS))
+                    ),
+                )
+            )
+            learn_from_executions(conn, staged, utcnow())
+            if settle:
+                settle_homes(conn, staged)
+
+    def settled(self, exec_ids: Sequence[int]) -> set[int]:
+        """Which of ``exec_ids`` have an outcome in the log (done, or given up on)."""
+        out: set[int] = set()
+        with self.engine.connect() as conn:
+            for start in range(0, len(exec_ids), 5000):
+                chunk = list(exec_ids[start : start + 5000])
+                out.update(conn.scalars(select(Execution.id).where(Execution.id.in_(chunk))))
+        return out

@@ -1,0 +1,62 @@
+"""Cycles asked of the running master (``jodl run`` beside a serving master)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import sessionmaker
+
+from .models import RunRequest, utcnow
+
+
+class RequestLog:
+    """The ``jodl_run_request`` rows: asked, taken by one master, settled."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.sessions = sessionmaker(engine, expire_on_commit=False)
+
+    def request_run(self, family: str) -> int:
+        """Record that a cycle of ``family`` is asked of the running master; the request's id."""
+        with self.sessions() as s, s.begin():
+            row = RunRequest(family=family, requested_at=utcnow())
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def take_run_requests(self, taker: str) -> list[tuple[int, str]]:
+        """Take every untaken request for ``taker``: (request id, family) pairs, oldest first.
+
+        A conditional UPDATE: of two masters taking at once, one gets each request.
+        """
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                select(RunRequest.id, RunRequest.family)
+                .where(RunRequest.taken_at.is_(None))
+                .order_by(RunRequest.id)
+            ).all()
+            if not rows:
+                return []
+            taken = set(
+                conn.scalars(
+                    update(RunRequest)
+                    .where(RunRequest.id.in_([r[0] for r in rows]), RunRequest.taken_at.is_(None))
+                    .values(taken_at=utcnow(), taken_by=taker[:255])
+                    .returning(RunRequest.id)
+                )
+            )
+        return [(rid, family) for rid, family in rows if rid in taken]
+
+    def settle_run_request(self, request_id: int, **outcome: Any) -> None:
+        """Record a request's outcome: ``run_id``, ``summary`` and ``dead``, or ``error``."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(RunRequest)
+                .where(RunRequest.id == request_id)
+                .values(finished_at=utcnow(), **outcome)
+            )
+
+    def run_request(self, request_id: int) -> RunRequest | None:
+        with self.sessions() as s:
+            return s.get(RunRequest, request_id)

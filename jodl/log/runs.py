@@ -1,0 +1,311 @@
+"""Runs (cycles of a family): opening, membership, resuming, counting, closing, results."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Engine, exists, func, literal_column, or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from .. import budget
+from ..exceptions import JodlError
+from . import budgets
+from .models import Dispatch, ExecState, Execution, Family, Job, JobState, Run, RunState, utcnow
+from .records import JobResult, PendingJob, RunResults, Sent
+
+
+class Runs:
+    """Reads and writes of runs and of what their jobs gave."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.sessions = sessionmaker(engine, expire_on_commit=False)
+
+    def open_run(self, family: Family, epoch: int) -> tuple[Run, bool]:
+        """The family's unfinished run (resumed: True) or a new one with its due jobs.
+
+        A run's jobs are not written one by one: the run records what fixes its
+        membership (number, opening time, the newest job id then), and
+        :meth:`run_jobs` selects the members again with the same rule on resume.
+        """
+        with self.sessions() as s, s.begin():
+            run = s.scalar(
+                select(Run)
+                .where(Run.family_id == family.id, Run.state == RunState.RUNNING)
+                .order_by(Run.number.desc())
+                .limit(1)
+            )
+            if run is not None:
+                # Resumed only if a master worked on it: a run an application opened
+                # (epoch 0) to record its id is new to the master that runs it.
+                resumed = run.epoch != 0
+                run.epoch = epoch
+                return run, resumed
+            number = (
+                s.scalar(select(func.max(Run.number)).where(Run.family_id == family.id)) or 0
+            ) + 1
+            run = Run(
+                family_id=family.id,
+                number=number,
+                epoch=epoch,
+                started_at=utcnow(),
+                max_job_id=s.scalar(select(func.max(Job.id)).where(Job.family_id == family.id)),
+            )
+            s.add(run)
+            s.flush()
+            recent = _too_recent(s, run)
+            members = _member_filter(run)
+            run.jobs_total = (s.scalar(select(func.count()).where(*members)) or 0) - len(recent)
+            budget.cut_run(s, run, family, members, recent)  # at most N jobs per cycle
+            return run, False
+
+    def run_jobs(self, run: Run, family_name: str) -> list[PendingJob]:
+        """Jobs of ``run`` with no committed result, with their attempts so far in it."""
+        done = exists().where(
+            Execution.run_id == run.id,
+            Execution.job_id == Job.id,
+            Execution.state == ExecState.DONE,
+        )
+        with self.engine.connect() as conn:
+            failed_on: dict[int, list[int]] = {}
+            for job_id, node_id in conn.execute(
+                select(Execution.job_id, Execution.node_id).where(
+                    Execution.run_id == run.id, Execution.state == ExecState.FAILED
+                )
+            ):
+                failed_on.setdefault(job_id, []).append(node_id)
+            skip = _too_recent(conn, run)
+            rows = conn.execute(
+                select(
+                    Job.id,
+                    Job.key,
+                    Job.payload,
+                    Job.priority,
+                    Job.permanent_node_id,
+                    Job.trial_node_id,
+                )
+                .where(*_member_filter(run), ~done)
+                .order_by(*budgets.oldest_due())  # those a budget put off last time first
+            ).all()  # one fetch: iterating the result fetches row by row
+            return [
+                PendingJob(
+                    id=job_id,
+                    key=key,
+                    family=family_name,
+                    payload=payload,
+                    priority=priority,
+                    run_id=run.id,
+                    permanent_node_id=home,
+                    trial_node_id=trial,
+                    attempts=len(failed_on.get(job_id, ())),
+                    failed_on=set(failed_on.get(job_id, ())),
+                    claim=None,
+                )
+                for job_id, key, payload, priority, home, trial in rows
+                if job_id not in skip
+            ]
+
+    def sent_executions(self, run_ids: Sequence[int | None]) -> list[Sent]:
+        """Executions of open dispatches of these runs (None: on-demand) with no outcome."""
+        ids = [r for r in run_ids if r is not None]
+        cond: Any = Dispatch.run_id.in_(ids)
+        if None in run_ids:
+            cond = or_(cond, Dispatch.run_id.is_(None))
+        with self.engine.connect() as conn:
+            sent = [
+                Sent(
+                    exec_id=exec_id,
+                    job_id=job_id,
+                    node_id=node_id,
+                    attempt=attempt,
+                    dispatch_id=did,
+                    sent_at=sent_at,
+                    run_id=run_id,
+                )
+                for did, run_id, node_id, sent_at, items in conn.execute(
+                    select(
+                        Dispatch.id,
+                        Dispatch.run_id,
+                        Dispatch.node_id,
+                        Dispatch.sent_at,
+                        Dispatch.items,
+                    ).where(Dispatch.is_open, cond)
+                )
+                for exec_id, job_id, attempt in json.loads(items)
+            ]
+            resolved: set[int] = set()
+            all_ids = [x.exec_id for x in sent]
+            for start in range(0, len(all_ids), 5000):
+                resolved.update(
+                    conn.scalars(
+                        select(Execution.id).where(Execution.id.in_(all_ids[start : start + 5000]))
+                    )
+                )
+        return [x for x in sent if x.exec_id not in resolved]
+
+    def running_runs(self) -> int:
+        """How many runs are open now (for metrics)."""
+        with self.engine.connect() as conn:
+            return int(conn.scalar(select(func.count()).where(Run.state == RunState.RUNNING)) or 0)
+
+    def run_progress(self, run_id: int, done: int, failed: int, dead: int) -> None:
+        """Record an open run's counts so far (for ``jodl status`` while it runs)."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(Run)
+                .where(Run.id == run_id)
+                .values(jobs_done=done, jobs_failed=failed, jobs_dead=dead)
+            )
+
+    def count_run(self, run_id: int) -> tuple[int, int]:
+        """(jobs with a committed result, failed executions) of a run, from the log."""
+        with self.engine.connect() as conn:
+            done = conn.scalar(
+                select(func.count()).where(
+                    Execution.run_id == run_id, Execution.state == ExecState.DONE
+                )
+            )
+            failed = conn.scalar(
+                select(func.count()).where(
+                    Execution.run_id == run_id, Execution.state == ExecState.FAILED
+                )
+            )
+            return int(done or 0), int(failed or 0)
+
+    def finish_run(self, run: Run, makespan: float | None, lower_bound: float | None) -> Run:
+        """Close the run: counts, makespan, jobs' last run (learning came with each outcome)."""
+        now = utcnow()
+        with self.sessions() as s, s.begin():
+            # Only jobs that run every N cycles or not more often than T need to know
+            # when they last ran; the others are due in every run. Most families have
+            # none: a look at the partial index spares the join with the run's log.
+            frequent = (
+                Job.family_id == run.family_id,
+                # literal 1: the planner matches it to the partial ix_jodl_job_frequency
+                or_(Job.every_n_cycles > literal_column("1"), Job.min_interval.is_not(None)),
+            )
+            if s.scalar(select(Job.id).where(*frequent).limit(1)) is not None:
+                done_here = exists().where(
+                    Execution.run_id == run.id,
+                    Execution.job_id == Job.id,
+                    Execution.state == ExecState.DONE,
+                )
+                s.execute(
+                    update(Job)
+                    .where(*frequent, done_here)
+                    .values(last_run_number=run.number, last_done_at=now)
+                    .execution_options(synchronize_session=False)
+                )
+            s.execute(
+                update(Dispatch)
+                .where(Dispatch.run_id == run.id, Dispatch.is_open)
+                .values(is_open=False)
+            )
+            counts: dict[str, int] = {
+                state: count
+                for state, count in s.execute(
+                    select(Execution.state, func.count())
+                    .where(
+                        Execution.run_id == run.id,
+                        Execution.state.in_((ExecState.DONE, ExecState.FAILED)),
+                    )
+                    .group_by(Execution.state)
+                )
+            }
+            db_run = s.get(Run, run.id)
+            assert db_run is not None
+            budget.after_run(s, db_run)
+            db_run.jobs_done = counts.get(ExecState.DONE, 0)
+            db_run.jobs_failed = counts.get(ExecState.FAILED, 0)
+            db_run.jobs_dead = (
+                s.scalar(
+                    select(func.count()).where(Job.run_id == run.id, Job.state == JobState.DEAD)
+                )
+                or 0
+            )
+            db_run.state = RunState.FINISHED
+            db_run.finished_at = now
+            db_run.makespan = makespan
+            db_run.lower_bound = lower_bound
+            if makespan and lower_bound:
+                db_run.ratio = makespan / lower_bound
+            s.flush()
+            return db_run
+
+    def results(self, family: str, run: int | None = None) -> RunResults:
+        """What run number ``run`` of ``family`` (default: its newest) gave, per job.
+
+        A job with a committed result is ``done`` with it; otherwise its newest
+        attempt's state (``failed``, ``lost``, ...) and error; ``dead`` when the run
+        gave up on it. Jobs without any attempt yet are not listed.
+        """
+        with self.sessions() as s:
+            query = (
+                select(Run).join(Family, Family.id == Run.family_id).where(Family.name == family)
+            )
+            if run is not None:
+                query = query.where(Run.number == run)
+            found = s.scalar(query.order_by(Run.number.desc()).limit(1))
+            if found is None:
+                which = f"run {run} of {family!r}" if run is not None else f"{family!r} has no run"
+                raise JodlError(f"no results: {which} (see `jodl status`)")
+            rows = s.execute(
+                select(Job.key, Job.state, Execution.state, Execution.result, Execution.error)
+                .join(Job, Job.id == Execution.job_id)
+                .where(Execution.run_id == found.id)
+                .order_by(Execution.id)
+            ).all()
+        by_key: dict[str, JobResult] = {}
+        for key, job_state, state, result, error in rows:
+            if key in by_key and by_key[key].state == ExecState.DONE:
+                continue  # one committed result per job per run; later rows are late copies
+            if state == ExecState.DONE:
+                by_key[key] = JobResult(key, state, json.loads(result) if result else None, None)
+            else:
+                dead = job_state == JobState.DEAD and found.state != RunState.RUNNING
+                by_key[key] = JobResult(key, "dead" if dead else state, None, error)
+        jobs = [by_key[key] for key in sorted(by_key)]
+        return RunResults(family, found.number, found.state, jobs)
+
+    def running_run(self, family: str) -> Run | None:
+        """The family's unfinished run, if any."""
+        with self.sessions() as s:
+            return s.scalar(
+                select(Run)
+                .join(Family, Family.id == Run.family_id)
+                .where(Family.name == family, Run.state == RunState.RUNNING)
+                .order_by(Run.number.desc())
+                .limit(1)
+            )
+
+
+def _member_filter(run: Run) -> tuple[Any, ...]:
+    """Jobs due in ``run``: idle, older than the run, and due by their every-N-cycles."""
+    return (
+        Job.family_id == run.family_id,
+        Job.state == JobState.IDLE,
+        Job.id <= (run.max_job_id or 0),
+        or_(
+            Job.last_run_number.is_(None),
+            run.number - Job.last_run_number >= Job.every_n_cycles,
+        ),
+        *budgets.member_cut(run),
+    )
+
+
+def _too_recent(s: Session | Any, run: Run) -> set[int]:
+    """Jobs excluded by "not more often than T" when the run opened (few have a T)."""
+    return {
+        job_id
+        for job_id, last, interval in s.execute(
+            select(Job.id, Job.last_done_at, Job.min_interval).where(
+                Job.family_id == run.family_id,
+                Job.min_interval.is_not(None),
+                Job.last_done_at.is_not(None),
+            )
+        )
+        if last + dt.timedelta(seconds=interval) > run.started_at
+    }

@@ -1,0 +1,200 @@
+"""The reconstruction log's gateway: every statement on the library's tables.
+
+:class:`Store` is composed of one gateway per concern, each in its own module of
+this package, and offers their methods under one name for the master and the
+command line. Writes are batched (one statement per loop step, not per job) and
+committed before the master acts on them (sends) or acknowledges results to the
+agents, so a master killed at any point restarts from these tables alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..placement import Knowledge
+from .exec_ids import ExecIds
+from .learning import Learning
+from .lease import Leases
+from .models import Family, FamilyOnNode, Node, Run, RunRequest
+from .nodes import Families, NodeLog
+from .outcomes import Outcomes
+from .reads import Reads
+from .records import Home, OutcomeBatch, PendingJob, RunResults, Sent
+from .requests import RequestLog
+from .runs import Runs
+
+
+class Store:
+    """The reconstruction log of one database, as named reads and writes.
+
+    The parts are public for code that works with one concern only:
+    ``leases`` (the master lease, cluster id), ``exec_ids`` (the execution-id
+    sequence), ``runs``, ``outcomes`` (dispatches and outcome batches),
+    ``learning`` (what placement learned, homes), ``families``, ``node_log``,
+    ``requests`` (cycles asked of the running master) and ``reads`` (what
+    applications read: results since a cursor, latest results per job, status).
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self.sessions = sessionmaker(engine, expire_on_commit=False)
+        self.leases = Leases(engine)
+        self.exec_ids = ExecIds(engine)
+        self.runs = Runs(engine)
+        self.outcomes = Outcomes(engine)
+        self.learning = Learning(engine)
+        self.families = Families(engine)
+        self.node_log = NodeLog(engine)
+        self.requests = RequestLog(engine)
+        self.reads = Reads(engine)
+
+    def session(self) -> Session:
+        return self.sessions()
+
+    def ping(self) -> None:
+        """One round trip to the database; raises when it does not answer."""
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+
+    # -- master lease, epochs and execution ids ---------------------------------------
+
+    def acquire_lease(self, holder: str, name: str = "master", force: bool = False) -> int:
+        """Take the master lease; the new epoch (see :meth:`Leases.acquire`)."""
+        return self.leases.acquire(holder, name, force)
+
+    def lease_holder(self, name: str = "master") -> str | None:
+        """Who holds a live lease; None: nobody."""
+        return self.leases.holder(name)
+
+    def renew_lease(self, holder: str, epoch: int, name: str = "master") -> bool:
+        """Extend the lease; False when another master has taken it (we are fenced)."""
+        del holder  # the epoch names the holder: a takeover makes a new one
+        return self.leases.renew(epoch, name)
+
+    def release_lease(self, epoch: int, name: str = "master") -> None:
+        """End our lease now (a clean stop): the next master need not wait for it to expire."""
+        self.leases.release(epoch, name)
+
+    def cluster_id(self) -> str:
+        """This database's cluster id, drawn on first use."""
+        return self.leases.cluster_id()
+
+    def next_exec_ids(self, count: int) -> list[int]:
+        """``count`` fresh execution ids (allocated in committed blocks, never reused)."""
+        return self.exec_ids.take(count)
+
+    # -- families, nodes and jobs ---------------------------------------------------------
+
+    def ensure_family(self, name: str, **fields: Any) -> Family:
+        return self.families.ensure_family(name, **fields)
+
+    def family(self, name: str) -> Family | None:
+        return self.families.family(name)
+
+    def family_rules(self, family_id: int) -> dict[int, FamilyOnNode]:
+        return self.families.family_rules(family_id)
+
+    def add_jobs(
+        self,
+        family: Family | str,
+        jobs: Iterable[tuple[str, Any]] | Mapping[str, Any],
+        priority: int | None = None,
+    ) -> int:
+        """Add jobs to a family; the number added (see :meth:`Families.add_jobs`)."""
+        return self.families.add_jobs(family, jobs, priority)
+
+    def nodes(self, include_removed: bool = False) -> list[Node]:
+        return self.node_log.nodes(include_removed)
+
+    def add_node(self, address: str, slots: int = 1, labels: dict[str, Any] | None = None) -> Node:
+        """Register (or re-activate) a node; a node coming back keeps its id and learning."""
+        return self.node_log.add_node(address, slots, labels)
+
+    def remove_node(self, address: str) -> bool:
+        return self.node_log.remove_node(address)
+
+    def update_node(self, node_id: int, **values: Any) -> None:
+        self.node_log.update_node(node_id, **values)
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    def open_run(self, family: Family, epoch: int) -> tuple[Run, bool]:
+        """The family's unfinished run (resumed: True) or a new one with its due jobs."""
+        return self.runs.open_run(family, epoch)
+
+    def run_jobs(self, run: Run, family_name: str) -> list[PendingJob]:
+        """Jobs of ``run`` with no committed result, with their attempts so far in it."""
+        return self.runs.run_jobs(run, family_name)
+
+    def sent_executions(self, run_ids: Sequence[int | None]) -> list[Sent]:
+        """Executions of open dispatches of these runs (None: on-demand) with no outcome."""
+        return self.runs.sent_executions(run_ids)
+
+    def running_runs(self) -> int:
+        return self.runs.running_runs()
+
+    def running_run(self, family: str) -> Run | None:
+        return self.runs.running_run(family)
+
+    def run_progress(self, run_id: int, done: int, failed: int, dead: int) -> None:
+        self.runs.run_progress(run_id, done, failed, dead)
+
+    def count_run(self, run_id: int) -> tuple[int, int]:
+        return self.runs.count_run(run_id)
+
+    def finish_run(self, run: Run, makespan: float | None, lower_bound: float | None) -> Run:
+        return self.runs.finish_run(run, makespan, lower_bound)
+
+    def results(self, family: str, run: int | None = None) -> RunResults:
+        """What run number ``run`` of ``family`` (default: its newest) gave, per job."""
+        return self.runs.results(family, run)
+
+    # -- outcomes (the hot path: one statement per step) -----------------------------------
+
+    def record_dispatches(self, rows: list[dict[str, Any]]) -> None:
+        """Log batches about to be sent (write-ahead): id, run_id, node_id, epoch, items."""
+        self.outcomes.record_dispatches(rows)
+
+    def record_outcomes(self, batch: OutcomeBatch) -> None:
+        """Commit a batch of outcomes, and what they teach, in one transaction."""
+        self.outcomes.record(batch)
+
+    def settled(self, exec_ids: Sequence[int]) -> set[int]:
+        """Which of ``exec_ids`` have an outcome in the log."""
+        return self.outcomes.settled(exec_ids)
+
+    # -- what placement learned ------------------------------------------------------------
+
+    def load_knowledge(self, knowledge: Knowledge) -> None:
+        self.learning.load_knowledge(knowledge)
+
+    def set_homes(self, rows: Sequence[Home | tuple[int, int | None, int | None]]) -> None:
+        self.learning.set_homes(rows)
+
+    def node_gone_for_good(self, node_id: int) -> None:
+        self.learning.node_gone_for_good(node_id)
+
+    def home_work(self, family_id: int, default: float, period: float | None) -> dict[int, float]:
+        return self.learning.home_work(family_id, default, period)
+
+    def cycle_period(self, family_id: int, runs: int = 6) -> float | None:
+        return self.learning.cycle_period(family_id, runs)
+
+    # -- cycles asked of the running master ---------------------------------------------------
+
+    def request_run(self, family: str) -> int:
+        return self.requests.request_run(family)
+
+    def take_run_requests(self, taker: str) -> list[tuple[int, str]]:
+        return self.requests.take_run_requests(taker)
+
+    def settle_run_request(self, request_id: int, **outcome: Any) -> None:
+        self.requests.settle_run_request(request_id, **outcome)
+
+    def run_request(self, request_id: int) -> RunRequest | None:
+        return self.requests.run_request(request_id)

@@ -1,0 +1,139 @@
+"""The log package's gateway: execution ids, typed outcome batches, application reads."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from jodl.log import Store
+from jodl.log.exec_ids import EXEC_ID_BLOCK, ExecIds
+from jodl.log.models import Base, ExecIdSequence, ExecState, Job, JobState, utcnow
+from jodl.log.records import (
+    ClaimDone,
+    ClaimFailed,
+    DeadJob,
+    ExecutionRow,
+    OutcomeBatch,
+    split_claims,
+)
+from jodl.log.writer import LogWriter
+
+
+def execution(
+    exec_id: int, job_id: int, run_id: int, state: str, result: str | None
+) -> ExecutionRow:
+    now = utcnow()
+    return ExecutionRow(
+        id=exec_id,
+        run_id=run_id,
+        job_id=job_id,
+        node_id=1,
+        attempt=1,
+        state=state,
+        backup=False,
+        epoch=1,
+        sent_at=now,
+        started_at=now,
+        finished_at=now,
+        duration=0.5,
+        result=result,
+        error=None if state == ExecState.DONE else "boom",
+    )
+
+
+def open_run(store: Store, keys: list[str]) -> tuple[int, dict[str, int]]:
+    family = store.ensure_family("gw")
+    store.add_jobs(family, {k: {} for k in keys})
+    run, _ = store.open_run(family, epoch=1)
+    jobs = {j.key: j.id for j in store.run_jobs(run, "gw")}
+    return run.id, jobs
+
+
+def test_execution_ids_grow_and_are_never_reused_by_two_holders(store: Store) -> None:
+    first = ExecIds(store.engine).take(3)
+    second = ExecIds(store.engine).take(2)  # another process: a new block
+    assert first == sorted(first) and len(set(first + second)) == 5
+    assert min(second) >= max(first) + 1
+    assert store.exec_ids.next_free() > max(second)
+    big = store.next_exec_ids(EXEC_ID_BLOCK + 5)  # more than a block at once
+    assert len(set(big)) == EXEC_ID_BLOCK + 5 and min(big) > max(second)
+
+
+def test_execution_ids_start_without_the_migration_row(db_url: str) -> None:
+    from jodl.log import make_engine
+
+    engine = make_engine(db_url)
+    try:
+        Base.metadata.create_all(engine)  # no migration: no sequence row yet
+        assert ExecIds(engine).take(2) == [1, 2]
+        with engine.connect() as conn:
+            assert conn.scalar(select(ExecIdSequence.next_id)) == 1 + EXEC_ID_BLOCK
+    finally:
+        engine.dispose()
+
+
+def test_claims_are_told_apart_by_type_not_length() -> None:
+    due = utcnow()
+    done, failed = split_claims([ClaimDone(1, 2), ClaimFailed(3, 4, "x", due), ClaimDone(5, 6)])
+    assert done == [ClaimDone(1, 2), ClaimDone(5, 6)]
+    assert failed == [ClaimFailed(3, 4, "x", due)]
+    with pytest.raises(TypeError, match="ClaimDone or ClaimFailed"):
+        split_claims([(1, 2)])  # type: ignore[list-item]
+
+
+def test_an_outcome_batch_commits_results_learning_and_dead_jobs(store: Store) -> None:
+    run_id, jobs = open_run(store, ["a", "b"])
+    ids = store.next_exec_ids(3)
+    writer = LogWriter(store)
+    try:
+        writer.submit(
+            [
+                execution(ids[0], jobs["a"], run_id, ExecState.DONE, '{"v": 1}'),
+                execution(ids[1], jobs["b"], run_id, ExecState.FAILED, None),
+            ],
+            dead=[DeadJob(jobs["b"], "boom", run_id)],
+            settle=True,
+        )
+        writer.flush()
+    finally:
+        writer.close()
+    assert store.settled(ids) == {ids[0], ids[1]}
+    assert store.count_run(run_id) == (1, 1)
+    with store.session() as s:
+        b = s.get(Job, jobs["b"])
+        a = s.get(Job, jobs["a"])
+        assert b is not None and b.state == JobState.DEAD and b.last_error == "boom"
+        assert a is not None and a.permanent_node_id == 1  # settled at the node of its result
+    # Reading through the public methods, as the applications do.
+    rows = store.reads.results_since(run_id, 0, 10)
+    assert [(r.job_id, r.result) for r in rows] == [(jobs["a"], '{"v": 1}')]
+    assert store.reads.results_since(run_id, rows[-1].exec_id, 10) == []
+    assert store.reads.dead_in_run(run_id) == {jobs["b"]: "boom"}
+    assert store.reads.latest_results([jobs["a"], jobs["b"]]) == {
+        jobs["a"]: [(ids[0], rows[0].finished_at)]
+    }
+    assert store.reads.newest_exec_ids([jobs["a"], jobs["b"]]) == {
+        jobs["a"]: ids[0],
+        jobs["b"]: ids[1],
+    }
+    assert store.reads.results_after({0: [jobs["a"]]}) == rows
+    assert [(e.job_id, e.state) for e in store.reads.given_up(jobs.values())] == [
+        (jobs["b"], JobState.DEAD)
+    ]
+
+
+def test_a_batch_is_empty_only_when_it_holds_nothing(store: Store) -> None:
+    assert not OutcomeBatch(settle=True)
+    assert OutcomeBatch(closed=[1])
+    store.record_outcomes(OutcomeBatch())  # nothing to commit: no error
+
+
+def test_the_lease_takes_an_epoch_and_fences_the_older_holder(store: Store) -> None:
+    first = store.acquire_lease("host:1:a")
+    second = store.acquire_lease("host:1:b", force=True)
+    assert second == first + 1
+    assert not store.renew_lease("host:1:a", first)
+    assert store.renew_lease("host:1:b", second)
+    store.release_lease(second)
+    assert store.lease_holder() is None
+    assert isinstance(store.cluster_id(), str) and store.cluster_id() == store.cluster_id()
