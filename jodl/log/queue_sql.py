@@ -30,7 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from .. import bulk
+from . import bulk
 from ..budget import HourlyBudgets
 from .exec_ids import ExecIds
 from .listener import CHANNEL
