@@ -30,8 +30,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from . import bulk
 from ..budget import HourlyBudgets
+from . import bulk
 from .exec_ids import ExecIds
 from .listener import CHANNEL
 from .models import ExecState, Execution, Family, Job, JobState, utcnow
