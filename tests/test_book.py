@@ -1,18 +1,23 @@
-"""The job book: each transition, and its invariants under random transitions (hypothesis)."""
+"""The job book: each transition, its invariants under random transitions (hypothesis),
+and at every step of real cycles on in-process agents."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from jodl.config import Settings
+from jodl.local import start_agent
+from jodl.master import Master
 from jodl.master.book import Closed, Failed, Failure, Finished, JobBook, Stage
 from jodl.master.invariants import check_book
 from jodl.placement import NodeLoad
-from jodl.store import PendingJob, Sent
+from jodl.store import PendingJob, Sent, Store
 
 SENT_AT = dt.datetime(2026, 1, 1)
 
@@ -319,3 +324,46 @@ class BookMachine(RuleBasedStateMachine):
 
 TestBookMachine = BookMachine.TestCase
 TestBookMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+class CheckedMaster(Master):
+    """A master that asserts the job book's invariants after every step of its loop."""
+
+    steps = 0
+
+    def step(self) -> bool:
+        got = super().step()
+        check_book(self.book)
+        self.steps += 1
+        return got
+
+
+def test_the_invariants_hold_at_every_step_of_real_cycles(store: Store, settings: Settings) -> None:
+    """In-process agents (no rpyc): failures and retries, then uneven jobs to steal."""
+    local = settings.replace(secret=None)
+    agents = [start_agent(local.replace(agent_slots=2), f"local:{i}") for i in (1, 2)]
+    try:
+        for i in (1, 2):
+            store.add_node(f"local:{i}", slots=2)
+        flaky = store.ensure_family("flaky", max_attempts=3)
+        store.add_jobs(
+            flaky, [(f"f{i}", json.dumps({"key": f"f{i}", "times": 1})) for i in range(20)]
+        )
+        sleep = store.ensure_family("sleep")
+        seconds = [0.05] * 30 + [0.0] * 30
+        store.add_jobs(
+            sleep, [(f"s{i}", json.dumps({"seconds": s})) for i, s in enumerate(seconds)]
+        )
+        master = CheckedMaster(local, store=store)
+        try:
+            first = master.run_cycle("flaky")
+            second = master.run_cycle("sleep")
+        finally:
+            master.close()
+    finally:
+        for agent in agents:
+            agent.close()
+    # Each job fails once on each agent it meets (moving on after one failure), then runs.
+    assert (first.done, first.dead) == (20, 0) and 20 <= first.failed <= 40
+    assert (second.done, second.dead) == (60, 0)
+    assert master.steps > 2 and not master.book.jobs and not master.book.dispatch_left

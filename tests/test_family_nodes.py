@@ -142,7 +142,7 @@ class CountingMaster(Master):
 def test_a_family_at_another_version_is_not_sent_to_the_agent(store, agents, settings, caplog):
     (agent,) = agents(1, slots=2)
     add_marks(store, Path("/nonexistent/marks"), 3, 0.0)
-    master = CountingMaster(settings, store=store, families={"mark": MarkV2, "sleep": Sleep})
+    master = CountingMaster(settings, store=store, family_classes={"mark": MarkV2, "sleep": Sleep})
     stop = threading.Event()
     runner = threading.Thread(target=master.serve, args=(stop,), daemon=True)
     try:

@@ -99,8 +99,10 @@ class Master:
         name: str | None = None,
         progress: Callable[[int, int], None] | None = None,
         takeover: bool = False,
-        families: dict[str, type[family_registry.Family]] | None = None,
+        family_classes: dict[str, type[family_registry.Family]] | None = None,
     ) -> None:
+        """``family_classes``: the family classes whose versions agents must run (default:
+        those installed with this master; a family it does not know is not checked)."""
         self.settings = settings or Settings.from_env()
         #: Take the lease even from a live master (which is then fenced): ``--takeover``.
         self.takeover = takeover
@@ -115,7 +117,10 @@ class Master:
         self.book = JobBook()
         self.ledger = Ledger(self.book, self.writer)
         self.families = FamilySettings(self.store, self.settings.max_attempts)
-        versions = known_versions(families) if families is not None else _family_versions()
+        if family_classes is not None:
+            versions = known_versions(family_classes)
+        else:
+            versions = _family_versions()
         self.fleet = Nodes(
             self.settings, self.store, self.book, self.ledger, self.families, versions
         )
