@@ -10,10 +10,10 @@ Cost model
 Every figure the balancing decisions use, in seconds unless said otherwise:
 
 * ``expected(job, node)`` — what placement's :class:`~jodl.placement.Knowledge`
-  predicts: the job's recent duration on the node, else the family's mean there,
-  else the family's mean scaled by speeds, else ``DEFAULT_DURATION`` (placement's
-  constant, 0.5 s at speed 1.0: a job never seen is spread over the nodes like a
-  job of moderate length, and learned after its first run).
+  predicts: the job's recent duration on the node, else its mean elsewhere scaled
+  by speeds, else the family's mean there, else the family's mean scaled by speed,
+  else ``jodl.placement.DEFAULT_DURATION`` (0.5 s at speed 1.0: a job never seen
+  is spread over the nodes like a job of moderate length, learned after one run).
 * ``finish(node)`` — expected work the node still holds (queued and running,
   scaled by its *drift*: how much longer than expected its jobs took in this run)
   divided by its slots.
