@@ -216,7 +216,7 @@ def check_schedule(value: Any) -> str | None:
 
 def check_strategy(name: str, params: dict[str, Any], family: Family) -> None:
     """Refuse a strategy not registered, or parameters it (or balancing) does not take."""
-    from .balance import Tuning
+    from .master.rules import Tuning
     from .placement import known, strategy
 
     try:

@@ -185,8 +185,9 @@ class MasterGauges:
             node = slot.link.address
             NODE_UP.labels(node).set(1 if slot.usable else 0)
             NODE_SLOTS.labels(node).set(slot.load.slots)
-            NODE_IN_FLIGHT.labels(node).set(len(slot.inflight))
-            NODE_SLOTS_BUSY.labels(node).set(min(slot.load.slots, len(slot.inflight)))
+            in_flight = len(master.book.flights.get(slot.id, ()))
+            NODE_IN_FLIGHT.labels(node).set(in_flight)
+            NODE_SLOTS_BUSY.labels(node).set(min(slot.load.slots, in_flight))
             NODE_SPEED.labels(node).set(slot.load.speed)
             NODE_ROUND_TRIP.labels(node).set(slot.link.call_time)
         WRITER_QUEUE.set(master.writer.depth())

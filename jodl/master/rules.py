@@ -1,21 +1,41 @@
-"""Balancing decisions of the master's loop (thesis: the reasons to move a job).
+"""Balancing rules of the master: the cost model, then the decisions as pure functions.
 
-Pure functions over a snapshot of the master's state, so each rule is tested
-without agents; :class:`jodl.master.Master` gathers the snapshot, calls them and
-carries the decisions out (one method per step of its loop):
+The functions here take a snapshot (queues, running executions, what was learned)
+and return decisions; :class:`jodl.master.balancer.Balancer` gathers the snapshot
+from the job book and carries the decisions out. Each rule is tested without agents.
 
-* :func:`plan_steals` — an idle node takes unstarted jobs from the node whose
-  expected finish is latest, while each move ends the job earlier by more than
-  the round trip plus a margin;
-* :func:`overdue` — executions past their family's timeout;
-* :func:`verdict` — trial and permanent moves: what a job's home becomes after
-  it ran somewhere;
-* :func:`slow_reason`, :func:`trial_node` — a job much slower than average, or
-  slower than it used to be, gets a trial move on another node;
-* :func:`explore`, :func:`new_node_share` — random exploration (trial moves),
-  and a share of the jobs (new homes) for a node that never ran the family;
-* :func:`pick_backups` — backup copies of stragglers near the end of a cycle;
-* :func:`lower_bound` — the makespan's lower bound from learned figures.
+Cost model
+==========
+
+Every figure the balancing decisions use, in seconds unless said otherwise:
+
+* ``expected(job, node)`` — what placement's :class:`~jodl.placement.Knowledge`
+  predicts: the job's recent duration on the node, else its mean elsewhere scaled
+  by speeds, else the family's mean there, else the family's mean scaled by speed,
+  else ``jodl.placement.DEFAULT_DURATION`` (0.5 s at speed 1.0: a job never seen
+  is spread over the nodes like a job of moderate length, learned after one run).
+* ``finish(node)`` — expected work the node still holds (queued and running,
+  scaled by its *drift*: how much longer than expected its jobs took in this run)
+  divided by its slots.
+* ``rtt(node)`` — measured round trip of one call to its agent (moving mean).
+
+**The steal inequality.** An idle node (the thief) takes the last-to-start job of
+the node expected to finish last (the victim) when::
+
+    finish(thief) + took + rtt(thief) [+ rtt(victim) if the agent must hand it back]
+        + steal_margin + STEAL_SHARE * took   <   finish(victim)
+
+where ``took = expected(job, thief)``. Every move ends the job earlier, so the
+makespan never grows; the margin and the share keep noise from moving jobs.
+
+**Thresholds.** A job ``slow_factor`` times slower than its own mean or the
+family's mean there gets a trial move (not under ``slow_floor``); a trial move
+becomes permanent when the new node is ``faster_by`` faster and by ``min_gain``
+seconds at least; a running job ``backup_factor`` times past its expected duration
+is a straggler and gets a backup copy on an idle node (idempotent families only)
+when that copy is expected to end before the time it has run already.
+The per-family knobs are the fields of :class:`Tuning` (a family's
+``strategy_params``); the constants below hold for every family.
 """
 
 from __future__ import annotations
@@ -25,7 +45,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .placement import JobInfo, Knowledge, NodeLoad
+from ..placement import JobInfo, Knowledge, NodeLoad
+
+#: Seconds of expected work kept queued on an agent beyond its running slots: enough
+#: that a slot never waits for the next loop step (a step takes about a millisecond
+#: with hundreds of results), little enough that long jobs stay stealable here.
+QUEUE_AHEAD = 0.5
+#: Most waiting jobs of one node looked at per balance step (from the end of its
+#: queue, where steals come from): bounds a step's work on a backlog of 100,000 jobs.
+STEAL_WINDOW = 256
+#: Share of a job's expected duration a steal must gain beyond the round trips and
+#: ``steal_margin``: expectations err by about a tenth, a smaller gain is noise.
+STEAL_SHARE = 0.1
+#: While jobs run, the master polls again within this share of the shortest one's
+#: expected duration: a result is seen soon after it is ready (the makespan ends
+#: only when the master sees the last result) without a tight loop for long jobs.
+POLL_SHARE = 0.02
+#: ... but not more often than this (seconds): one call per agent per millisecond.
+POLL_FLOOR = 0.001
 
 #: Node states as the balancing rules see them.
 USABLE, UNREACHABLE, REMOVED = "usable", "unreachable", "removed"
@@ -43,7 +80,8 @@ class Tuning:
     explore: float = 0.02
     #: Failures of a job on one node (in a run) before it moves to another.
     attempts_before_move: int = 1
-    #: Seconds a steal must gain beyond the round trip (plus a tenth of the job).
+    #: Seconds a steal must gain beyond the round trips (plus STEAL_SHARE of the job):
+    #: five milliseconds, a few loop steps, so a no-op job is never moved for nothing.
     steal_margin: float = 0.005
     #: A running job this many times past its expected duration is a straggler.
     backup_factor: float = 2.0
@@ -90,7 +128,7 @@ def allows(allowed: bool | None, conditions: Mapping[str, Any] | None, labels: M
 
 
 @dataclass
-class Waiting:
+class QueuedJob:
     """A job placed on a node that has not started (``sent``: it is on the agent already)."""
 
     job: JobInfo
@@ -100,14 +138,14 @@ class Waiting:
 
 
 @dataclass
-class Queue:
+class NodeQueue:
     """One node as stealing sees it."""
 
     node: NodeLoad
     #: Seconds until the node is expected to have finished everything it holds.
     finish: float
     #: Its unstarted jobs, first to start first.
-    waiting: list[Waiting] = field(default_factory=list)
+    waiting: list[QueuedJob] = field(default_factory=list)
     #: Measured round trip (seconds).
     rtt: float = 0.001
     idle: bool = False
@@ -126,7 +164,7 @@ class Steal:
 
 
 def plan_steals(
-    queues: Sequence[Queue],
+    queues: Sequence[NodeQueue],
     expected: Callable[[JobInfo, NodeLoad], float],
     margin: float | Callable[[JobInfo], float],
 ) -> list[Steal]:
@@ -134,8 +172,8 @@ def plan_steals(
 
     Idle nodes steal fastest first. A job moves only if it would end sooner on the
     thief, by more than the round trips (one more when the agent must hand it back)
-    plus ``margin`` (seconds, or a function of the job) plus a tenth of its duration
-    there, so the makespan never grows
+    plus ``margin`` (seconds, or a function of the job) plus :data:`STEAL_SHARE` of
+    its duration there (the steal inequality above), so the makespan never grows
     and a move is not made for noise. The victim is the node whose expected finish
     is latest (not the one with the most jobs).
     """
@@ -154,7 +192,7 @@ def plan_steals(
             took = expected(last.job, thief.node)
             cost = thief.rtt + (victim.rtt if last.sent else 0.0)
             extra = margin(last.job) if callable(margin) else margin
-            ends_there = thief.finish + took + cost + extra + 0.1 * took
+            ends_there = thief.finish + took + cost + extra + STEAL_SHARE * took
             if ends_there >= victim.finish:
                 break
             victim.waiting.pop()

@@ -1,0 +1,417 @@
+"""Balancing: the loop's steps that move jobs between nodes, as one component.
+
+:class:`Balancer` owns its state (below, each container's shape in a comment) and
+changes jobs only through the job book; it reaches agents through :class:`Nodes`
+and commits through the :class:`Ledger`. Its steps, called by the loop:
+
+    balance            an idle agent takes unstarted jobs from the one that ends last
+    check_timeouts     take jobs back from an agent past its family's timeout
+    run_backups        near a cycle's end: backup copies of stragglers (idempotent families)
+    poll_cap           how long the loop may pause while jobs run
+
+and it is told of every result (:meth:`Balancer.result`). Homes and trial moves
+are decided by its :class:`~jodl.master.trials.TrialMoves`. The cost model and the
+decisions (pure functions) are in :mod:`jodl.master.rules`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import random
+import time
+from itertools import islice
+
+from ..agent.client import AgentLink
+from ..log.models import ExecState, utcnow
+from ..log.records import PendingJob, Sent
+from ..log.store import Store
+from ..placement import BalanceView, JobInfo, Knowledge, Move, NodeLoad, Placement
+from ..placement import Waiting as WaitingView
+from . import rules
+from .book import JobBook, Stage
+from .families import FamilySettings
+from .nodes import Nodes, NodeSlot
+from .outcomes import Outcomes
+from .records import ActiveRun, Ledger, execution_row, job_info
+from .rules import POLL_FLOOR, POLL_SHARE, STEAL_WINDOW, NodeQueue, QueuedJob, Running, Steal
+from .trials import TrialMoves
+
+log = logging.getLogger("jodl.master")
+
+
+def _unix(when: dt.datetime) -> float:
+    return when.replace(tzinfo=dt.UTC).timestamp()
+
+
+class Balancer:
+    """The balancing steps of the master's loop (see the module's docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        book: JobBook,
+        nodes: Nodes,
+        ledger: Ledger,
+        outcomes: Outcomes,
+        families: FamilySettings,
+        knowledge: Knowledge,
+        runs: dict[int, ActiveRun],
+    ) -> None:
+        self.store = store
+        self.book = book
+        self.nodes = nodes
+        self.ledger = ledger
+        self.outcomes = outcomes
+        self.families = families
+        self.knowledge = knowledge
+        self.runs = runs
+        self.epoch = 0
+        self.rng = random.Random()
+        #: node -> unix time of the last result it reported.
+        self.last_finish: dict[int, float] = {}
+        #: node -> [actual seconds, expected seconds] of its results in this run.
+        self.drift: dict[int, list[float]] = {}
+        self.trials = TrialMoves(store, book, nodes, ledger, families, knowledge, self.rng)
+
+    # -- told by the loop --------------------------------------------------------------------
+
+    def result(
+        self, slot: NodeSlot, job: PendingJob, duration: float, placed: tuple[int, float] | None
+    ) -> None:
+        """A result of ``job`` is about to be committed: learn the node's drift from it."""
+        node_id = slot.id
+        slot.late = False
+        self.last_finish[node_id] = time.time()
+        if placed is not None and placed[0] == node_id:
+            acc = self.drift.setdefault(node_id, [0.0, 0.0])
+            acc[0] += duration
+            acc[1] += placed[1]
+        self.trials.note(job, node_id, duration)
+
+    def end_of_run(self) -> None:
+        self.drift.clear()
+        self.book.end_of_run()
+
+    # -- what the steps share ------------------------------------------------------------------
+
+    def _drift(self, node_id: int) -> float:
+        """How much longer than expected this node's jobs took in this run (1.0: as expected)."""
+        actual, expected = self.drift.get(node_id, (0.0, 0.0))
+        return actual / expected if actual > 0 and expected > 0 else 1.0
+
+    def _running(self, slot: NodeSlot, now: float) -> list[tuple[int, Sent, float]]:
+        """(exec_id, sent, started) of the executions the agent is most likely running.
+
+        The agent runs its queue in order, so these are the oldest ones, one per
+        slot; one started when it was sent or when the node last finished a job.
+        """
+        out = []
+        last = self.last_finish.get(slot.id, 0.0)
+        flights = self.book.flights[slot.id]
+        for exec_id, sent in islice(flights.items(), max(1, slot.load.slots)):
+            out.append((exec_id, sent, min(now, max(_unix(sent.sent_at), last))))
+        return out
+
+    def _expected(self, job: JobInfo, node: NodeLoad) -> float:
+        return float(self.knowledge.expected(job, node))
+
+    def poll_cap(self) -> float:
+        """Longest pause of the loop now: :data:`POLL_SHARE` of the shortest running job.
+
+        A job's length is its expected duration, or how long it has run already
+        when that is longer (a job far past its estimate is not polled in a tight
+        loop).
+        """
+        shortest = float("inf")
+        now = time.time()
+        for slot in self.nodes:
+            if self.book.flights[slot.id] and slot.usable:
+                for _exec_id, sent, started in self._running(slot, now):
+                    placed = self.book.placed.get(sent.job_id)
+                    if placed is not None:
+                        shortest = min(shortest, max(placed[1], now - started))
+        return max(POLL_FLOOR, POLL_SHARE * shortest)
+
+    # -- balance -------------------------------------------------------------------------------
+
+    def balance(self) -> int:
+        """An idle agent takes unstarted jobs from the agent expected to finish last.
+
+        Jobs not sent yet move at once; jobs on the agent are asked back (protocol
+        f) and move only if the agent confirms they had not started. A move is made
+        only if the job ends earlier on the idle node by more than the round trip
+        plus a margin (the steal inequality of :mod:`jodl.master.rules`).
+        """
+        book = self.book
+        usable = self.nodes.usable()
+        idle = [
+            s
+            for s in usable
+            if not book.queues[s.id] and len(book.flights[s.id]) < max(1, s.load.slots)
+            and not s.late
+        ]  # fmt: skip
+        if not idle or len(usable) < 2:
+            return 0
+        now = time.time()
+        queues = {s.id: self._queue(s, now, s in idle) for s in usable}
+        steals = rules.plan_steals(
+            list(queues.values()),
+            self._expected,
+            lambda j: self.families.tuned(j.family).steal_margin,
+        )
+        moved = self._carry_out(steals)
+        moved += self._strategy_moves(queues, idle)
+        return moved
+
+    def _queue(self, slot: NodeSlot, now: float, idle: bool) -> NodeQueue:
+        book = self.book
+        drift = self._drift(slot.id)
+        slots = max(1, slot.load.slots)
+        done_part = 0.0
+        for _exec_id, sent, started in self._running(slot, now):
+            placed = book.placed.get(sent.job_id)
+            if placed is not None and placed[0] == slot.id:
+                done_part += min(now - started, placed[1] * drift)
+        finish = max(0.0, slot.load.queued_work * drift - done_part) / slots
+        waiting: list[QueuedJob] = []
+        queue = book.queues[slot.id]
+        if len(queue) < STEAL_WINDOW:
+            for exec_id, sent in islice(book.flights[slot.id].items(), slots, None):
+                job = book.jobs.get(sent.job_id)
+                placed = book.placed.get(sent.job_id)
+                if job is None or exec_id in book.backups or job.id in book.copies or not placed:
+                    continue
+                waiting.append(QueuedJob(job_info(job), placed[1] * drift, True, exec_id))
+        for job_id in list(islice(reversed(queue), STEAL_WINDOW))[::-1]:
+            job = book.jobs.get(job_id)
+            placed = book.placed.get(job_id)
+            if job is not None and placed is not None:
+                waiting.append(QueuedJob(job_info(job), placed[1] * drift))
+        families = frozenset(
+            f for f in slot.families if self.nodes.allowed(f, slot) and not self.families.kept(f)
+        )
+        return NodeQueue(slot.load, finish, waiting, slot.link.rtt, idle, families)
+
+    def _carry_out(self, steals: list[Steal]) -> int:
+        moved = 0
+        by_source: dict[int, list[Steal]] = {}
+        for st in steals:
+            by_source.setdefault(st.source, []).append(st)
+        for source_id, group in by_source.items():
+            targets = {}
+            for st in group:
+                if st.exec_id is None:
+                    target = self.nodes[st.target].load
+                    job = job_info(self.book.jobs[st.job_id])
+                    targets[st.job_id] = (st.target, self._expected(job, target))
+            moved += len(self.book.move_tail(source_id, targets))
+            asked = {st.exec_id: st.target for st in group if st.exec_id is not None}
+            if asked:
+                for job_id, exec_id in self.take_back(self.nodes[source_id], list(asked)):
+                    target = self.nodes[asked[exec_id]].load
+                    expected = self._expected(job_info(self.book.jobs[job_id]), target)
+                    self.book.place(job_id, target.id, expected, front=True)
+                    moved += 1
+        return moved
+
+    def take_back(self, slot: NodeSlot, exec_ids: list[int]) -> list[tuple[int, int]]:
+        """Ask the agent for unstarted executions back (f); log the ones it returns.
+
+        Returns (job, execution) of the jobs now waiting (a job whose other copy
+        still runs stays in flight).
+        """
+        started = time.perf_counter()
+        given = self.nodes.call(slot, self.epoch, AgentLink.take_back, self.epoch, 0, exec_ids)
+        if given is None:
+            return []
+        slot.link.rtt = 0.8 * slot.link.rtt + 0.2 * (time.perf_counter() - started)
+        rows, back = [], []
+        for exec_id in given:
+            closed = self.book.take_back(slot.id, exec_id)
+            if closed is None:
+                continue
+            rows.append(
+                execution_row(
+                    exec_id, closed.sent, ExecState.TAKEN_BACK, self.epoch, backup=closed.backup
+                )
+            )
+            if self.book.stage.get(closed.sent.job_id) is Stage.WAITING:
+                back.append((closed.sent.job_id, exec_id))
+        self.ledger.commit(rows)
+        return back
+
+    def _strategy_moves(self, queues: dict[int, NodeQueue], idle: list[NodeSlot]) -> int:
+        """Moves the families' strategies propose (their :meth:`Placement.moves` hook)."""
+        strategies = self.families.strategies.values()
+        hooks = [s for s in strategies if type(s).moves is not Placement.moves]
+        if not hooks:
+            return 0
+        waiting = [
+            WaitingView(w.job, node_id, w.expected, w.sent)
+            for node_id, q in queues.items()
+            for w in q.waiting
+            if not w.sent and not self.families.kept(w.job.family)
+        ]
+        view = BalanceView(
+            [q.node for q in queues.values()],
+            waiting,
+            self.knowledge,
+            frozenset(s.id for s in idle),
+            {n: q.rtt for n, q in queues.items()},
+        )
+        moved = 0
+        for hook in hooks:
+            for move in hook.moves(view):
+                moved += self._apply_move(move)
+        return moved
+
+    def _apply_move(self, move: Move) -> int:
+        target = self.nodes.get(move.node_id)
+        job = self.book.jobs.get(move.job_id)
+        if target is None or job is None or not self.nodes.allowed(job.family, target):
+            return 0
+        expected = self._expected(job_info(job), target.load)
+        return int(self.book.move(move.job_id, target.id, expected))
+
+    # -- check_timeouts ------------------------------------------------------------------------
+
+    def check_timeouts(self) -> int:
+        """Take jobs back from an agent past its family's timeout.
+
+        An execution out longer than its family's ``timeout`` makes its agent late:
+        everything it has not started is taken back and placed elsewhere, the late
+        execution is cancelled and counts as a failed attempt there, and the node
+        gets no new jobs until it has nothing running any more.
+        """
+        if not any(t.timeout for t in self.families.tuning.values()):
+            return 0
+        self._release_late()
+        now = time.time()
+        handled = 0
+        book = self.book
+        for slot in [s for s in self.nodes if s.usable and book.flights[s.id]]:
+            late: dict[int, float] = {}
+            for exec_id, sent, started in self._running(slot, now):
+                job = book.jobs.get(sent.job_id)
+                if job is None or job.family not in slot.idempotent:
+                    # Cancelling only drops the result: the job runs on there. A family
+                    # whose class says a second run does harm waits for its outcome.
+                    continue
+                timeout = self.families.tuned(job.family).timeout
+                if rules.overdue({exec_id: started}, now, timeout):
+                    late[exec_id] = now - started
+            if not late:
+                continue
+            slot.late = True
+            log.warning("node %s is past its timeout: taking its jobs back", slot.link.address)
+            rest = [e for e in book.flights[slot.id] if e not in late and e not in book.backups]
+            if rest:
+                self.take_back(slot, rest)
+            if not slot.usable:
+                continue  # lost while taking back: its jobs wait again already
+            book.give_back(slot.id)
+            self.nodes.cancel(slot, self.epoch, list(late))
+            failed = tuple(
+                (e, took, now, f"timed out after {took:.1f}s", True)
+                for e, took in late.items()
+                if e in book.flights[slot.id]
+            )
+            handled += self.outcomes.report(slot, (), failed)
+        return handled
+
+    def _release_late(self) -> None:
+        """A late node that runs nothing any more may take jobs again."""
+        for slot in self.nodes:
+            if not slot.late or not slot.usable:
+                continue
+            remaining = self.nodes.call(slot, self.epoch, AgentLink.remaining, self.epoch)
+            if remaining is None:
+                continue
+            queued, running, _done, _failed = remaining
+            if not queued and not running:
+                slot.late = False
+
+    # -- run_backups ---------------------------------------------------------------------------
+
+    def run_backups(self) -> int:
+        """Near the end of a cycle, run backup copies of stragglers on idle nodes.
+
+        Only for families idempotent both in the log and in the family class the
+        agents run (:attr:`jodl.family.Family.idempotent`: running twice does no
+        harm), and only once nothing of the cycle waits to be sent. The first
+        committed result wins; the other copy is cancelled.
+        """
+        book = self.book
+        families = {
+            a.family.name
+            for a in self.runs.values()
+            if self.families.tuned(a.family.name).idempotent
+            and not self.families.kept(a.family.name)
+        }
+        if not families or book.has_waiting() or any(book.queues[s.id] for s in self.nodes):
+            return 0
+        now = time.time()
+        running: list[Running] = []
+        for slot in self.nodes.usable():
+            for exec_id, sent, started in self._running(slot, now):
+                job = book.jobs.get(sent.job_id)
+                if job is None or job.family not in families or job.id in book.copies:
+                    continue
+                if job.family not in slot.idempotent:
+                    continue
+                info = job_info(job)
+                expected = self._expected(info, slot.load)
+                running.append(Running(exec_id, info, slot.id, now - started, expected))
+        if not running:
+            return 0
+        sent_count = 0
+        for fam in families:
+            idle = [
+                s.load
+                for s in self.nodes
+                if self.nodes.allowed(fam, s)
+                and not book.flights[s.id]
+                and not book.queues[s.id]
+                and fam in s.idempotent
+            ]
+            mine = [r for r in running if r.job.family == fam]
+            factor = self.families.tuned(fam).backup_factor
+            rtt = max((s.link.rtt for s in self.nodes.usable()), default=0.0)
+            for straggler, node in rules.pick_backups(mine, idle, self._expected, factor, rtt):
+                if self._send_backup(straggler, self.nodes[node.id]):
+                    sent_count += 1
+        return sent_count
+
+    def _send_backup(self, straggler: Running, slot: NodeSlot) -> bool:
+        job = self.book.jobs[straggler.job.id]
+        exec_id = self.store.next_exec_ids(1)[0]
+        sent_at = utcnow()
+        attempt = job.attempts + 1
+        sent = Sent(exec_id, job.id, slot.id, attempt, exec_id, sent_at, job.run_id)
+        self.store.record_dispatches(
+            [
+                {
+                    "id": exec_id,
+                    "run_id": job.run_id,
+                    "node_id": slot.id,
+                    "epoch": self.epoch,
+                    "sent_at": sent_at,
+                    "items": json.dumps([[exec_id, job.id, attempt]]),
+                }
+            ]
+        )
+        self.book.add_backup(sent, straggler.exec_id, straggler.node_id)
+        wire = ((exec_id, job.family, job.payload),)
+        if self.nodes.call(slot, self.epoch, AgentLink.send, self.epoch, wire) is None:
+            return False
+        log.info(
+            "job %s straggles on node %s (%.2fs, expected %.2fs): backup on node %s",
+            job.key,
+            straggler.node_id,
+            straggler.elapsed,
+            straggler.expected,
+            slot.id,
+        )
+        return True

@@ -1,0 +1,187 @@
+"""Placing waiting jobs on nodes, and sending queued jobs to the agents.
+
+``assign`` asks each family's placement strategy where its waiting jobs go (a job
+that failed on a node fewer than the family's K times goes back there first);
+``send`` takes from each node's queue what keeps its agent busy for
+:data:`~jodl.master.rules.QUEUE_AHEAD` seconds, logs the executions (write-ahead:
+committed before any agent sees them), then makes one send call per agent.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from .. import failpoint
+from ..exceptions import AgentUnavailable, Fenced
+from ..log.models import utcnow
+from ..log.records import Sent
+from ..log.store import Store
+from ..metrics import count_sent
+from ..placement import JobInfo, Knowledge
+from .book import JobBook
+from .families import FamilySettings
+from .nodes import Nodes, NodeSlot
+from .outcomes import Outcomes
+from .records import ActiveRun, job_info
+from .rules import QUEUE_AHEAD
+
+
+class Dispatcher:
+    """The assign and send steps of the loop."""
+
+    def __init__(
+        self,
+        store: Store,
+        book: JobBook,
+        nodes: Nodes,
+        families: FamilySettings,
+        knowledge: Knowledge,
+        outcomes: Outcomes,
+        runs: dict[int, ActiveRun],
+        batch_size: int,
+    ) -> None:
+        self.store = store
+        self.book = book
+        self.nodes = nodes
+        self.families = families
+        self.knowledge = knowledge
+        self.outcomes = outcomes
+        self.runs = runs
+        self.batch_size = batch_size
+        self.epoch = 0
+
+    # -- assign ------------------------------------------------------------------------------
+
+    def assign(self) -> int:
+        """Place every job waiting for a node with its family's strategy."""
+        if not self.book.has_waiting():
+            return 0
+        by_family: dict[str, list[JobInfo]] = {}
+        for job in self.book.waiting_jobs():
+            by_family.setdefault(job.family, []).append(job_info(job))
+        placed = 0
+        for fam, infos in by_family.items():
+            loads = self.nodes.candidates(fam)
+            if not loads:
+                continue
+            infos = self._retry_in_place(infos)  # failed there fewer than K times: once more
+            pairs = self.families.strategies[fam].place(
+                infos, lambda _job, ls=loads: ls, self.knowledge
+            )
+            for info, load in pairs:
+                # place() already counted the job into load.queued_*; remember by how much
+                expected = self.knowledge.expected(info, load)
+                self.book.place(info.id, load.id, expected, counted=True)
+                placed += 1
+        return placed
+
+    def _retry_in_place(self, jobs: list[JobInfo]) -> list[JobInfo]:
+        """Put jobs that failed on a node fewer than K times back on it; return the others."""
+        retry_on = self.book.retry_on
+        if not retry_on:
+            return jobs
+        rest = []
+        for info in jobs:
+            slot = self.nodes.get(retry_on.pop(info.id, None))
+            if slot is None or not self.nodes.allowed(info.family, slot):
+                rest.append(info)
+                continue
+            self.book.place(info.id, slot.id, float(self.knowledge.expected(info, slot.load)))
+        return rest
+
+    # -- send --------------------------------------------------------------------------------
+
+    def send(self) -> int:
+        """Send queued jobs, up to what keeps each agent busy; log the batches first."""
+        book = self.book
+        batches: dict[int, list[int]] = {}
+        total = 0
+        for slot in self.nodes:
+            queue = book.queues[slot.id]
+            if not queue or not slot.usable:
+                continue
+            take = min(self._room(slot), len(queue), self.batch_size)
+            if take <= 0:
+                continue
+            batch = book.pick(slot.id, take, self.families.caps.get(slot.id))
+            if batch:
+                batches[slot.id] = batch
+                total += len(batch)
+        if not total:
+            return 0
+        ids = iter(self.store.next_exec_ids(total))
+        sent_at = utcnow()
+        dispatches: list[dict[str, Any]] = []
+        wires: dict[int, list[tuple[int, str, str]]] = {}
+        sents: dict[int, list[Sent]] = {}
+        jobs = book.jobs
+        for node_id, job_ids in batches.items():
+            # One dispatch per run per node: a batch may mix runs and on-demand jobs.
+            per_run: dict[int | None, list[Sent]] = {}
+            wire = wires[node_id] = []
+            for job_id in job_ids:
+                job = jobs[job_id]
+                exec_id = next(ids)
+                group = per_run.setdefault(job.run_id, [])
+                dispatch_id = group[0].exec_id if group else exec_id
+                attempt = job.attempts + 1
+                group.append(
+                    Sent(exec_id, job_id, node_id, attempt, dispatch_id, sent_at, job.run_id)
+                )
+                wire.append((exec_id, job.family, job.payload))
+            for run_id, group in per_run.items():
+                dispatches.append(
+                    {
+                        "id": group[0].exec_id,
+                        "run_id": run_id,
+                        "node_id": node_id,
+                        "epoch": self.epoch,
+                        "sent_at": sent_at,
+                        "items": json.dumps([[s.exec_id, s.job_id, s.attempt] for s in group]),
+                    }
+                )
+            sents[node_id] = [s for group in per_run.values() for s in group]
+        failpoint.hit("before_send")
+        count_sent(wires.values())
+        self.store.record_dispatches(dispatches)  # write-ahead: committed before agents see jobs
+        failpoint.hit("after_log")
+        now = time.perf_counter()
+        for node_id, wire in wires.items():
+            slot = self.nodes[node_id]
+            book.send(node_id, sents[node_id])
+            try:
+                refused = slot.link.send(self.epoch, wire)
+            except Fenced:
+                raise  # a newer master took over: stop
+            except AgentUnavailable:
+                self.nodes.down(slot, self.epoch)
+                continue
+            for sent in sents[node_id]:
+                active = self.runs.get(sent.run_id) if sent.run_id is not None else None
+                if active is not None and active.first_send is None:
+                    active.first_send = now
+            if refused:
+                self.outcomes.refused(slot, refused)
+        failpoint.hit("after_send")
+        return total
+
+    def _room(self, slot: NodeSlot) -> int:
+        """How many more jobs to send now: enough to keep the slots busy for QUEUE_AHEAD.
+
+        Sized by the durations this node actually reported (not by placement's
+        guesses), so no-op jobs go in large batches and long jobs stay stealable;
+        and by the agent's async slots for families that run on its event loop.
+        """
+        slots = max(1, slot.load.slots)
+        queue = self.book.queues[slot.id]
+        if queue and slot.async_slots:
+            head = self.book.jobs.get(queue[0])
+            if head is not None and head.family in slot.async_families:
+                slots = slot.async_slots  # coroutines on the agent's loop, not threads
+        if slot.recent_duration is None:
+            want = 2 * slots
+        else:
+            want = max(2 * slots, int(slots * QUEUE_AHEAD / max(1e-6, slot.recent_duration)))
+        return min(want, self.batch_size) - len(self.book.flights[slot.id])

@@ -1,0 +1,318 @@
+"""The master's nodes: one :class:`NodeSlot` per agent, connected, refreshed and lost here.
+
+:class:`Nodes` follows the node table of the log (nodes added or removed while the
+master runs), connects to agents with backoff, reconciles what a reconnected agent
+still queues, and when a node fails or is removed gives its jobs back through the
+job book (their executions closed as lost in the log).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Concatenate, ParamSpec, TypeVar
+
+from ..agent.client import AgentLink
+from ..agent.local import make_link
+from ..agent.replies import AgentFamily
+from ..config import Settings
+from ..exceptions import AgentUnavailable, Fenced
+from ..family import Family as FamilyClass
+from ..log.models import ExecState, NodeState, utcnow
+from ..log.store import Store
+from ..placement import NodeLoad
+from .book import JobBook
+from .families import FamilySettings
+from .records import Ledger, execution_row
+from .rules import REMOVED, UNREACHABLE, USABLE, allows
+
+_R = TypeVar("_R")
+_P = ParamSpec("_P")
+log = logging.getLogger("jodl.master")
+
+#: Seconds between two reloads of the node table (nodes added or removed meanwhile).
+NODE_REFRESH = 1.0
+
+
+@dataclass
+class NodeSlot:
+    """The master's view of one node's agent during the loop (its jobs are in the book)."""
+
+    link: AgentLink
+    load: NodeLoad
+    #: Families the agent runs (at the version this master knows, see ``wrong_version``).
+    families: set[str] = field(default_factory=set)
+    #: Execution ids whose outcome is committed: acknowledged on the next call.
+    #: The log writer adds to it from its thread, hence the lock.
+    acks: list[int] = field(default_factory=list)
+    ack_lock: threading.Lock = field(default_factory=threading.Lock)
+    removed: bool = False
+    #: Past a family's timeout: no new jobs until it reports a result or runs nothing.
+    late: bool = False
+    #: Families the agent runs as coroutines, and how many at once.
+    async_families: set[str] = field(default_factory=set)
+    async_slots: int = 0
+    #: Moving mean of the durations this node reported (seconds); None before any.
+    recent_duration: float | None = None
+    #: Families whose class on this agent declares itself idempotent (backups allowed).
+    idempotent: set[str] = field(default_factory=set)
+    #: family -> the version the agent reported, for those another version than known.
+    wrong_version: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def id(self) -> int:
+        return self.load.id
+
+    def add_acks(self, ids: list[int]) -> None:
+        with self.ack_lock:
+            self.acks.extend(ids)
+
+    def take_acks(self) -> list[int]:
+        with self.ack_lock:
+            acks, self.acks = self.acks, []
+        return acks
+
+    def observe(self, durations: list[float]) -> None:
+        if not durations:
+            return
+        mean = sum(durations) / len(durations)
+        if self.recent_duration is None:
+            self.recent_duration = mean
+        else:
+            self.recent_duration = 0.7 * self.recent_duration + 0.3 * mean
+
+    @property
+    def usable(self) -> bool:
+        return self.link.connected and not self.removed
+
+
+class Nodes:
+    """The nodes of the cluster as the loop uses them, by node id."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        book: JobBook,
+        ledger: Ledger,
+        families: FamilySettings,
+        versions: dict[str, str],
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.book = book
+        self.ledger = ledger
+        self.families = families
+        #: family -> the version this master knows (of the class installed with it).
+        self.versions = versions
+        self.slots: dict[int, NodeSlot] = {}
+        self.master_id = ""
+        self.cluster = ""
+        self._last_refresh = 0.0
+        #: Called with a node's id when it is removed for good (its homes are freed).
+        self.on_gone: Callable[[int], None] = lambda _node_id: None
+
+    def __iter__(self) -> Iterator[NodeSlot]:
+        return iter(self.slots.values())
+
+    def get(self, node_id: int | None) -> NodeSlot | None:
+        return self.slots.get(node_id) if node_id is not None else None
+
+    def __getitem__(self, node_id: int) -> NodeSlot:
+        return self.slots[node_id]
+
+    def usable(self) -> list[NodeSlot]:
+        return [s for s in self.slots.values() if s.usable]
+
+    # -- which node may run what ---------------------------------------------------------
+
+    def allowed(self, family: str, slot: NodeSlot) -> bool:
+        """May ``slot`` run ``family`` now: the agent has it (at the known version),
+        FamilyOnNode allows, not late."""
+        if not slot.usable or family not in slot.families or slot.late:
+            return False
+        rule = self.families.rule(family, slot.load.id)
+        if rule is None:
+            return True
+        return allows(rule.allowed, rule.conditions, slot.load.labels)
+
+    def candidates(self, family: str) -> list[NodeLoad]:
+        """The nodes placement may choose from for ``family``."""
+        return [s.load for s in self.slots.values() if self.allowed(family, s)]
+
+    def state(self, node_id: int) -> str:
+        slot = self.slots.get(node_id)
+        if slot is None or slot.removed:
+            return REMOVED
+        return USABLE if slot.usable else UNREACHABLE
+
+    # -- connecting ------------------------------------------------------------------------
+
+    def refresh(self, epoch: int, force: bool = False) -> None:
+        """Pick up nodes added or removed in the log; reconnect unreachable ones when due."""
+        now = time.monotonic()
+        if force or now - self._last_refresh >= NODE_REFRESH:
+            self._last_refresh = now
+            for node in self.store.nodes(include_removed=True):
+                slot = self.slots.get(node.id)
+                if node.state == NodeState.REMOVED:
+                    if slot is not None and not slot.removed:
+                        slot.removed = True
+                        self.down(slot, epoch, gone=True)
+                        self.on_gone(node.id)
+                    continue
+                if slot is None or slot.removed:
+                    link = make_link(node.id, node.address, self.settings)
+                    labels = dict(node.labels or {})
+                    load = NodeLoad(node.id, node.address, node.slots, node.speed or 1.0, labels)
+                    self.slots[node.id] = NodeSlot(link, load)
+                    self.book.add_node(load)
+        for slot in self.slots.values():
+            if not slot.removed and slot.link.retry_due():
+                self.connect(slot, epoch)
+
+    def connect(self, slot: NodeSlot, epoch: int) -> None:
+        try:
+            info = slot.link.open(self.master_id, epoch, self._init_settings())
+            self._reconcile(slot, epoch, info.queued)
+        except Fenced:
+            raise  # refused for our old epoch: stop, the node is fine
+        except AgentUnavailable as exc:
+            log.warning(
+                "node %s unreachable: %s", slot.link.address, exc, extra={"node": slot.link.address}
+            )
+            self.store.update_node(
+                slot.load.id,
+                state=NodeState.UNREACHABLE,
+                last_error=slot.link.last_error,
+                failures=slot.link.failures,
+            )
+            return
+        families = info.families
+        slot.wrong_version = self._check_versions(slot, families)
+        slot.families = set(families) - set(slot.wrong_version)
+        slot.idempotent = {name for name, fam in families.items() if fam.idempotent}
+        slot.async_families = {name for name, fam in families.items() if fam.is_async}
+        slot.async_slots = info.async_slots
+        slot.load.slots = info.slots
+        self.store.update_node(
+            slot.load.id,
+            state=NodeState.ACTIVE,
+            last_seen=utcnow(),
+            last_error=None,
+            failures=0,
+            slots=slot.load.slots,
+            families=info.family_table(),
+        )
+        log.info(
+            "node %s connected (%d slots)",
+            slot.link.address,
+            slot.load.slots,
+            extra={"node": slot.link.address},
+        )
+
+    def _check_versions(
+        self, slot: NodeSlot, families: Mapping[str, AgentFamily]
+    ) -> dict[str, str]:
+        """Families the agent has at another version than this master knows: not sent there."""
+        wrong = {}
+        for name, fam in families.items():
+            known = self.versions.get(name)
+            theirs = fam.version
+            if known is not None and theirs != known:
+                wrong[name] = theirs
+                log.error(
+                    "node %s has family %s at version %s, this master knows version %s: "
+                    "no %s jobs go there until both run the same version",
+                    slot.link.address,
+                    name,
+                    theirs or "?",
+                    known,
+                    name,
+                    extra={"node": slot.link.address, "family": name},
+                )
+        return wrong
+
+    def _init_settings(self) -> str:
+        """What ``init`` tells an agent: who we are, our cluster, and when we give up."""
+        give_up = self.settings.call_timeout
+        return json.dumps({"master": self.master_id, "cluster": self.cluster, "give_up": give_up})
+
+    def _reconcile(self, slot: NodeSlot, epoch: int, queued: tuple[int, ...]) -> None:
+        """Cancel on a (re)connected agent what it queues but the log has settled.
+
+        Those are executions given up on (lost with the node, timed out, taken back)
+        and maybe run elsewhere since; the agent starts nothing until this call.
+        """
+        self.ledger.writer.flush()  # outcomes decided in memory are in the log before we ask
+        given_up = sorted(self.store.settled(list(queued)))
+        slot.link.cancel(epoch, given_up)
+        if given_up:
+            log.warning(
+                "node %s still queued %d executions given up on: cancelled there",
+                slot.link.address,
+                len(given_up),
+            )
+
+    # -- losing ------------------------------------------------------------------------------
+
+    def down(self, slot: NodeSlot, epoch: int, gone: bool = False) -> None:
+        """The node failed or was removed: its jobs (sent or not) go back to be placed."""
+        reason = "node removed" if gone else f"node unreachable: {slot.link.last_error}"
+        lost = [
+            execution_row(c.exec_id, c.sent, ExecState.LOST, epoch, backup=c.backup, error=reason)
+            for c in self.book.lose(slot.load.id)
+        ]
+        slot.take_acks()
+        self.ledger.commit(lost)
+        if not gone:
+            self.store.update_node(
+                slot.load.id,
+                state=NodeState.UNREACHABLE,
+                last_error=slot.link.last_error,
+                failures=slot.link.failures,
+            )
+        slot.link.close()
+
+    def call(
+        self,
+        slot: NodeSlot,
+        epoch: int,
+        method: Callable[Concatenate[AgentLink, _P], _R],
+        *args: _P.args,
+        **kwargs: _P.kwargs,
+    ) -> _R | None:
+        """``method`` of the agent client on ``slot``'s link; None (and the node down) if
+        the agent is unreachable. :class:`Fenced` (a newer master took over) passes
+        through: the loop stops."""
+        try:
+            return method(slot.link, *args, **kwargs)
+        except Fenced:
+            raise
+        except AgentUnavailable:
+            self.down(slot, epoch)
+            return None
+
+    def cancel(self, slot: NodeSlot, epoch: int, exec_ids: list[int]) -> None:
+        """Cancel executions on the agent (queued ones never start; a result is dropped)."""
+        if exec_ids:
+            self.call(slot, epoch, AgentLink.cancel, epoch, exec_ids)
+
+    def flush_acks(self, epoch: int) -> None:
+        for slot in self.slots.values():
+            if slot.acks and slot.usable:
+                try:
+                    slot.link.ack(epoch, slot.take_acks())
+                except Fenced:
+                    raise
+                except AgentUnavailable:
+                    self.down(slot, epoch)
+
+
+def known_versions(classes: dict[str, type[FamilyClass]]) -> dict[str, str]:
+    """family -> version of the family classes this master knows."""
+    return {name: str(cls.version) for name, cls in classes.items()}

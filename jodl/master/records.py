@@ -1,0 +1,155 @@
+"""What the master's loop records: runs in progress, their summaries, execution rows.
+
+An execution in flight is a :class:`jodl.store.Sent` (the same record the log
+returns for executions it holds no outcome of), kept by the job book. Closing one
+makes an execution row (:func:`execution_row`); :class:`Ledger` hands rows, with
+the dispatches they close, to the log writer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from ..log.models import Family, Run, utcnow
+from ..log.records import ClaimDone, ClaimFailed, DeadJob, ExecutionRow, Home, PendingJob, Sent
+from ..log.writer import LogWriter
+from ..placement import JobInfo
+from .book import JobBook
+
+
+@dataclass
+class RunSummary:
+    """What a finished cycle did."""
+
+    family: str
+    run_id: int
+    number: int
+    resumed: bool
+    total: int
+    done: int
+    failed: int
+    dead: int
+    elapsed: float
+    makespan: float | None = None
+    lower_bound: float | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.makespan and self.lower_bound:
+            return self.makespan / self.lower_bound
+        return None
+
+    def line(self) -> str:
+        rate = self.done / self.elapsed if self.elapsed > 0 else 0.0
+        text = (
+            f"run {self.family}#{self.number}{' (resumed)' if self.resumed else ''}: "
+            f"{self.done}/{self.total} done, {self.failed} failed attempts, {self.dead} dead, "
+            f"{self.elapsed:.2f}s ({rate:.0f} jobs/s)"
+        )
+        if self.ratio:
+            text += f", makespan {self.makespan:.2f}s = {self.ratio:.2f} x LB"
+        return text
+
+
+@dataclass
+class ActiveRun:
+    """A cycle the master is running: its counts so far."""
+
+    run: Run
+    family: Family
+    total: int
+    resumed: bool
+    started: float
+    first_send: float | None = None
+    last_result: float | None = None
+    done: int = 0
+    failed: int = 0
+    dead: int = 0
+    remaining: int = 0
+
+
+def job_info(job: PendingJob) -> JobInfo:
+    """What placement may know of a job the master holds."""
+    return JobInfo(
+        job.id,
+        job.key,
+        job.family,
+        job.priority,
+        job.permanent_node_id,
+        job.trial_node_id,
+        frozenset(job.failed_on) if job.failed_on else _NONE,
+        job.attempts,
+    )
+
+
+_NONE: frozenset[int] = frozenset()
+
+
+def execution_row(
+    exec_id: int,
+    sent: Sent,
+    state: str,
+    epoch: int,
+    *,
+    backup: bool = False,
+    result: str | None = None,
+    error: str | None = None,
+    duration: float | None = None,
+    finished: float | None = None,
+) -> ExecutionRow:
+    """The execution row closing ``sent``."""
+    ended = _ts(finished) if finished is not None else utcnow()
+    started = _ts(finished - duration) if finished is not None and duration is not None else None
+    return ExecutionRow(
+        id=exec_id,
+        run_id=sent.run_id,
+        job_id=sent.job_id,
+        node_id=sent.node_id,
+        attempt=sent.attempt,
+        state=state,
+        backup=backup,
+        epoch=epoch,
+        sent_at=sent.sent_at,
+        started_at=started,
+        finished_at=ended,
+        duration=duration,
+        result=result,
+        error=error,
+    )
+
+
+class Ledger:
+    """Closes executions in the book into rows and commits them through the log writer."""
+
+    def __init__(self, book: JobBook, writer: LogWriter) -> None:
+        self.book = book
+        self.writer = writer
+        self.epoch = 0
+
+    def commit(
+        self,
+        rows: Sequence[ExecutionRow],
+        dead: Sequence[DeadJob] = (),
+        claims: Iterable[ClaimDone | ClaimFailed] = (),
+        after: Callable[[], None] | None = None,
+        settle: bool = False,
+    ) -> None:
+        """Commit outcome rows (and the dispatches they close) through the log writer."""
+        closed = self.book.take_closed_dispatches()
+        self.writer.submit(rows, dead, claims, closed, after, settle=settle)
+
+    def write_homes(self) -> None:
+        """Hand the homes decided since the last call to the log writer (committed in order)."""
+        changes = self.book.take_home_changes()
+        if changes:
+            self.writer.submit((), homes=[Home(j, p, t) for j, (p, t) in changes.items()])
+
+
+def _ts(unix: float) -> dt.datetime:
+    """A naive UTC datetime from a unix time (the log stores naive UTC)."""
+    return _EPOCH + dt.timedelta(seconds=unix)
+
+
+_EPOCH = dt.datetime(1970, 1, 1)

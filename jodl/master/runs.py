@@ -1,0 +1,160 @@
+"""Opening and finishing runs (cycles): their jobs into the book, their summary out."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+
+from .. import budget
+from ..agent.client import AgentLink
+from ..log.models import ExecState, Family, Run
+from ..log.records import Sent
+from ..log.store import Store
+from ..metrics import MasterGauges
+from ..placement import Knowledge
+from .balancer import Balancer
+from .book import JobBook
+from .families import FamilySettings
+from .nodes import Nodes
+from .outcomes import Outcomes
+from .records import ActiveRun, Ledger, RunSummary, execution_row, job_info
+
+log = logging.getLogger("jodl.master")
+
+
+class RunKeeper:
+    """Opens runs (resuming what the log holds) and closes them with their summary."""
+
+    def __init__(
+        self,
+        store: Store,
+        book: JobBook,
+        nodes: Nodes,
+        ledger: Ledger,
+        outcomes: Outcomes,
+        balancer: Balancer,
+        families: FamilySettings,
+        knowledge: Knowledge,
+        runs: dict[int, ActiveRun],
+        gauges: MasterGauges,
+    ) -> None:
+        self.store = store
+        self.book = book
+        self.nodes = nodes
+        self.ledger = ledger
+        self.outcomes = outcomes
+        self.balancer = balancer
+        self.families = families
+        self.knowledge = knowledge
+        self.runs = runs
+        self.gauges = gauges
+        self.epoch = 0
+
+    def open(self, run: Run, family: Family, resumed: bool) -> ActiveRun:
+        """Load a run's jobs without a committed result and re-attach logged executions.
+
+        The family's settings and node rules are read again: a change an operator made
+        (``jodl family set|allow|deny``) holds from the next cycle on.
+        """
+        self.families.setup(family, reload=True)
+        jobs = self.store.run_jobs(run, family.name)
+        done_before = 0
+        if resumed:
+            done_before, _ = self.store.count_run(run.id)
+        active = ActiveRun(
+            run,
+            family,
+            total=len(jobs) + done_before,
+            resumed=resumed,
+            started=time.perf_counter(),
+            done=done_before,
+            remaining=len(jobs),
+        )
+        self.runs[run.id] = active
+        for job in jobs:
+            self.book.hold(job)
+        if resumed:
+            self._reattach(run.id)
+        counter = budget.run_bytes(self.store.engine, family, run.id, resumed)
+        if counter is not None:
+            self.outcomes.run_bytes[run.id] = counter
+        self.balancer.trials.make_trial_moves(active, jobs)
+        if counter is not None and counter.stopped:
+            self.outcomes.hold_back(run.id)
+        log.info(
+            "run %s#%d %s: %d jobs to do",
+            family.name,
+            run.number,
+            "resumed" if resumed else "opened",
+            len(jobs),
+            extra={"run_id": run.id, "family": family.name},
+        )
+        return active
+
+    def _reattach(self, run_id: int | None) -> None:
+        """After a restart: keep executions agents still hold, close the others as lost."""
+        lost = []
+        attached: dict[int, Sent] = {}
+        by_node: dict[int, list[Sent]] = defaultdict(list)
+        for sent in self.store.sent_executions([run_id]):
+            by_node[sent.node_id].append(sent)
+        for node_id, sents in by_node.items():
+            slot = self.nodes.get(node_id)
+            held: set[int] = set()
+            if slot is not None and slot.usable:
+                ids = [x.exec_id for x in sents]
+                got = self.nodes.call(slot, self.epoch, AgentLink.held, self.epoch, ids)
+                held = set(got or ())
+            for sent in sents:
+                job = self.book.jobs.get(sent.job_id)
+                if sent.exec_id in held and job is not None and slot is not None:
+                    first = attached.get(job.id)
+                    if first is not None:  # a backup copy and its original: both run on
+                        self.book.add_backup(sent, first.exec_id, first.node_id)
+                        continue
+                    expected = self.knowledge.expected(job_info(job), slot.load)
+                    self.book.attach(sent, expected)
+                    attached[job.id] = sent
+                else:
+                    self.book.lost_after_restart(sent)
+                    lost.append(
+                        execution_row(
+                            sent.exec_id,
+                            sent,
+                            ExecState.LOST,
+                            self.epoch,
+                            error="not held by its agent after a restart",
+                        )
+                    )
+        self.ledger.commit(lost)
+
+    def finish(self, active: ActiveRun) -> RunSummary:
+        """Close a run whose jobs are all done or dead: commit, acknowledge, summarise."""
+        makespan = None
+        if active.first_send is not None and active.last_result is not None:
+            makespan = active.last_result - active.first_send
+        lower_bound = self.balancer.trials.lower_bound(active)
+        self.balancer.end_of_run()
+        self.ledger.write_homes()
+        self.ledger.writer.flush()  # every outcome and home of the run committed before it closes
+        self.nodes.flush_acks(self.epoch)
+        self.outcomes.run_bytes.pop(active.run.id, None)
+        run = self.store.finish_run(active.run, makespan, lower_bound)
+        self.gauges.run_finished(active)
+        del self.runs[active.run.id]
+        summary = RunSummary(
+            family=active.family.name,
+            run_id=run.id,
+            number=run.number,
+            resumed=active.resumed,
+            total=active.total,
+            done=run.jobs_done,
+            failed=run.jobs_failed,
+            dead=run.jobs_dead,
+            elapsed=time.perf_counter() - active.started,
+            makespan=makespan,
+            lower_bound=lower_bound,
+        )
+        log.info("%s", summary.line(), extra={"run_id": run.id, "family": summary.family})
+        return summary

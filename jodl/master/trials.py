@@ -1,0 +1,180 @@
+"""Homes and trial moves: where each job belongs, decided from what was learned.
+
+A job's home (its permanent node) and its trial node change here only, through
+the job book's ``set_home``, and are written to the reconstruction log before the
+next cycle relies on them (so a restart keeps trial moves):
+
+    make_trial_moves   when a cycle opens: decide open trials, explore, share to new nodes
+    review_durations   after results: trial verdicts, and trial moves for slow jobs
+    node_gone          a node removed for good: its trial moves become permanent
+    lower_bound        after a run: node speeds learned again, the makespan's bound
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+
+from ..log.records import PendingJob
+from ..log.store import Store
+from ..placement import Knowledge
+from . import rules
+from .book import JobBook
+from .families import FamilySettings
+from .nodes import Nodes
+from .records import ActiveRun, Ledger, job_info
+
+log = logging.getLogger("jodl.master")
+
+
+class TrialMoves:
+    """Decides homes and trial moves; owns the results waiting for review."""
+
+    def __init__(
+        self,
+        store: Store,
+        book: JobBook,
+        nodes: Nodes,
+        ledger: Ledger,
+        families: FamilySettings,
+        knowledge: Knowledge,
+        rng: random.Random,
+    ) -> None:
+        self.store = store
+        self.book = book
+        self.nodes = nodes
+        self.ledger = ledger
+        self.families = families
+        self.knowledge = knowledge
+        self.rng = rng
+        #: (job, node, duration) of results committed since the last review.
+        self.reviews: list[tuple[PendingJob, int, float]] = []
+        #: run -> job -> (node, seconds) of each committed result, for the lower bound.
+        self.run_works: dict[int, dict[int, tuple[int, float]]] = {}
+
+    def note(self, job: PendingJob, node_id: int, duration: float) -> None:
+        """A result of ``job`` is about to be committed: review it next."""
+        if job.run_id is not None:
+            self.run_works.setdefault(job.run_id, {})[job.id] = (node_id, duration)
+        self.reviews.append((job, node_id, duration))
+
+    def make_trial_moves(self, active: ActiveRun, jobs: Sequence[PendingJob]) -> None:
+        """When a cycle opens: decide open trials, give new nodes a share, explore at random.
+
+        Also sets each node's expected work per cycle of the jobs whose home it is
+        (weighted by how often each job is due), which placement sees.
+        """
+        fam = active.family.name
+        tuning = self.families.tuned(fam)
+        nodes = self.nodes.candidates(fam)
+        state = self.nodes.state
+        for job in jobs:
+            trial = job.trial_node_id
+            if trial is None or job.permanent_node_id is None:
+                continue
+            tried = self.knowledge.learned(job.id, trial)
+            if state(job.permanent_node_id) == rules.REMOVED or (tried and tried.count):
+                # decide as if it had just run there: permanent, reverted or still open
+                verdict = rules.verdict(
+                    job_info(job), trial, self.knowledge, state, tuning.faster_by, tuning.min_gain
+                )
+                self.book.set_home(job, *verdict)
+        shared: list[tuple[int, int]] = []
+        known = [self.knowledge.family_mean(fam, n.id) is not None for n in nodes]
+        if tuning.new_node_share and any(known) and not all(known):
+            infos = [job_info(job) for job in jobs]
+            shared = rules.new_node_share(infos, nodes, self.knowledge, fam, self.rng)
+            for job_id, node_id in shared:
+                self.book.set_home(self.book.jobs[job_id], node_id, None)  # its new home
+        # Each job is explored with probability ``explore``: draw first, describe the few.
+        drawn = [j for j in jobs if j.trial_node_id is None and self.rng.random() < tuning.explore]
+        picked = [job_info(job) for job in drawn]
+        moves = rules.explore(picked, nodes, self.knowledge, 1.0, self.rng)
+        for job_id, node_id in moves:
+            job = self.book.jobs[job_id]
+            self.book.set_home(job, job.permanent_node_id, node_id)
+        if moves or shared:
+            log.info(
+                "run %s#%d: %d jobs to new nodes, %d trial moves",
+                fam,
+                active.run.number,
+                len(shared),
+                len(moves),
+            )
+        self.ledger.write_homes()
+        self.ledger.writer.flush()  # the homes just decided count in the query below
+        period = self.store.cycle_period(active.family.id)
+        default = self.knowledge.family_mean(fam) or self.knowledge.default_duration
+        work = self.store.home_work(active.family.id, default, period)
+        for node in nodes:
+            node.home_work = work.get(node.id, 0.0)
+
+    def review_durations(self) -> int:
+        """After results: decide trial moves, and give slow jobs a trial move elsewhere.
+
+        A job that ran away from its home is on a trial move (permanent if faster
+        there, reverted if its home is back and it was not); a job much slower
+        than average, or slower than it used to be, gets a trial move to another
+        node for its next run. Changes go to the log writer at once.
+        """
+        reviews, self.reviews = self.reviews, []
+        trials = 0
+        for job, node_id, duration in reviews:
+            tuning = self.families.tuned(job.family)
+            if duration < tuning.slow_floor and job.trial_node_id is None:
+                if job.permanent_node_id is None and job.run_id is not None:
+                    job.permanent_node_id = node_id  # the log wrote it with the result
+                    continue
+                if job.permanent_node_id == node_id:
+                    continue  # ran at home, too short to be slow: nothing to decide
+            info = job_info(job)
+            permanent, trial = rules.verdict(
+                info, node_id, self.knowledge, self.nodes.state, tuning.faster_by, tuning.min_gain
+            )
+            reason = None
+            if duration >= tuning.slow_floor:
+                reason = rules.slow_reason(
+                    info, node_id, duration, self.knowledge, tuning.slow_factor
+                )
+            if reason is not None and trial is None:
+                target = rules.trial_node(
+                    info, self.nodes.candidates(job.family), self.knowledge, node_id, self.rng
+                )
+                if target is not None:
+                    trial = target
+                    trials += 1
+                    log.info(
+                        "job %s %s on node %s: trial on node %s", job.key, reason, node_id, target
+                    )
+            self.book.set_home(job, permanent, trial)
+        self.ledger.write_homes()
+        return trials
+
+    def node_gone(self, node_id: int) -> None:
+        """A node removed for good: its trial moves become permanent, its homes are freed."""
+        self.ledger.write_homes()
+        self.ledger.writer.flush()  # homes decided before are written before they are freed
+        self.store.node_gone_for_good(node_id)
+        for job in self.book.jobs.values():  # the same change in memory
+            if job.permanent_node_id == node_id:
+                job.permanent_node_id, job.trial_node_id = job.trial_node_id, None
+            elif job.trial_node_id == node_id:
+                job.trial_node_id = None
+
+    def lower_bound(self, active: ActiveRun) -> float | None:
+        """Learn node speeds again, then LB = max(work / speed, longest / fastest) of the run."""
+        speeds = self.knowledge.learn_speeds()
+        for node_id, speed in speeds.items():
+            slot = self.nodes.get(node_id)
+            if slot is not None and abs(slot.load.speed - speed) > 1e-9:
+                slot.load.speed = speed
+                self.store.update_node(node_id, speed=speed)
+        works = self.run_works.pop(active.run.id, {})
+        ran = {n for n, _d in works.values()}
+        nodes = {
+            s.id: (self.knowledge.speed(s.id), s.load.slots)
+            for s in self.nodes
+            if not s.removed and (s.usable or s.id in ran)
+        }
+        return rules.lower_bound([d * self.knowledge.speed(n) for n, d in works.values()], nodes)
