@@ -38,10 +38,11 @@ from sqlalchemy import Engine, case, func, insert, literal, or_, select, tuple_,
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from .config import Option, read_values, register_options
+from .config import read_values
 from .exceptions import ConfigError, JodlError
 from .metrics import BUDGET_EXHAUSTED, JOBS_DEFERRED
 from .models import ExecState, Execution, Family, FamilyBudget, Job, Run
+from .options import Option, register_options
 
 # -- settings -----------------------------------------------------------------------------------
 

@@ -66,9 +66,10 @@ from sqlalchemy.exc import IntegrityError, NoResultFound
 
 from . import bulk
 from .budget import HourlyBudgets
-from .config import DEFAULT_MAX_ATTEMPTS, Option, read_values, register_options
+from .config import DEFAULT_MAX_ATTEMPTS, read_values
 from .exceptions import BadPayload, JodlError
 from .models import ExecState, Execution, Family, Job, JobState, MasterLease, utcnow
+from .options import Option, register_options
 from .protocol import loads_object
 from .store import EXEC_COLUMNS, Store, close_claims, make_engine, retry_delay
 
