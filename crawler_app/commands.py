@@ -16,10 +16,13 @@ import click
 
 from jodl.cli_context import settings_of, store_of
 from jodl.exceptions import JodlError
-from jodl.progress import progress_reporters
+from jodl.progress import REPORTED_BY_COMMAND, progress_reporters
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
+
+#: Loggers whose INFO lines ``jodl cycle`` reports itself (opened, summary).
+QUIET = (*REPORTED_BY_COMMAND, "crawler_app.cycle")
 
 
 def _engine(ctx: click.Context) -> Any:
@@ -258,7 +261,7 @@ def cycle(ctx: click.Context, takeover: bool) -> None:
         raise JodlError(
             "no agent nodes: start one with `jodl agent` and add it with `jodl node add HOST:PORT`"
         )
-    with progress_reporters("cycle") as (on_step, progress):
+    with progress_reporters("cycle", quiet=QUIET) as (on_step, progress):
         master = Master(settings_of(ctx), store=store, progress=progress, takeover=takeover)
         try:
             runner = PageCycle(master.store.engine, master.run_cycle, app, on_step=on_step)

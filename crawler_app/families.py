@@ -30,11 +30,11 @@ from sqlalchemy.exc import IntegrityError
 
 from jodl.config import Settings
 from jodl.family import Family, Permanent
-from jodl.metrics import FETCHES, NOTIFICATIONS
 from jodl.models import utcnow
 from jodl.store import make_engine
 
 from .fetcher import THREAD_PARSE_BYTES, Fetcher
+from .metrics import FETCHES, NOTIFICATIONS
 from .models import DigestClaim, DigestClaimState
 from .settings import SMTP_IN_CLEAR, AppSettings
 from .text import SelectorError, extract, fingerprint

@@ -65,7 +65,7 @@ def db_upgrade(ctx: click.Context) -> None:
 
     store = store_of(ctx, create=True)
     upgrade(store.engine)
-    click.echo(f"database at revision {current(store.engine)}")
+    click.echo(f"database at revision {', '.join(current(store.engine))}")
 
 
 @main.command("config")
@@ -243,21 +243,10 @@ def status(ctx: click.Context, as_json: bool, watch: bool) -> None:
 
 
 def load_apps(group: click.Group) -> None:
-    """Let installed applications add their commands (entry-point group ``jodl.commands``).
+    """Let installed applications add their commands (entry-point group ``jodl.commands``)."""
+    from .plugins import load_group
 
-    An application whose own dependencies are not installed (the library was installed
-    without its extra) is left out, with a line in the debug log.
-    """
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group="jodl.commands"):
-        try:
-            register = ep.load()
-        except ModuleNotFoundError as exc:
-            if (exc.name or "").partition(".")[0] == ep.module.partition(".")[0]:
-                raise  # the application itself is broken, not one of its dependencies
-            log.debug("commands %s left out: %s is not installed", ep.name, exc.name)
-            continue
+    for _, register in load_group("jodl.commands"):
         register(group)
 
 

@@ -229,10 +229,10 @@ def master_cmd(ctx: click.Context, takeover: bool) -> None:
         master.start()
         # Installed applications' services (e.g. a scheduler) run beside the serve loop;
         # each is a callable start(master, settings) returning its stop function.
-        from importlib.metadata import entry_points
+        from .plugins import load_group
 
-        for ep in entry_points(group="jodl.services"):
-            stops.append(ep.load()(master, master.settings))
+        for _, start in load_group("jodl.services"):
+            stops.append(start(master, master.settings))
         from .queue import Queue, QueueFeeder
         from .run_requests import RunRequests
 

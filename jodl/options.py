@@ -196,24 +196,14 @@ def registered_options() -> tuple[Option, ...]:
 
 
 def load_declared_options() -> None:
-    """Import, once, every module named in the ``jodl.options`` entry-point group.
-
-    A module whose package's own dependencies are not installed (an application without
-    its extra) is left out, with a line in the debug log.
-    """
+    """Import, once, every module named in the ``jodl.options`` entry-point group."""
     global _declared_loaded
     if _declared_loaded:
         return
     _declared_loaded = True
-    from importlib.metadata import entry_points
+    from .plugins import load_group
 
-    for ep in entry_points(group=OPTIONS_GROUP):
-        try:
-            ep.load()
-        except ModuleNotFoundError as exc:
-            if (exc.name or "").partition(".")[0] == ep.module.partition(".")[0]:
-                raise  # the declaring package itself is broken, not one of its dependencies
-            log.debug("options of %s left out: %s is not installed", ep.module, exc.name)
+    load_group(OPTIONS_GROUP)  # importing each module registers its options
 
 
 def markdown_table(options: Iterable[Option]) -> str:

@@ -1,0 +1,1 @@
+"""The reconstruction log: its tables, its SQL and its migrations."""
