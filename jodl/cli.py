@@ -7,17 +7,19 @@ command imports what it needs when it runs, so ``jodl --help`` answers at once.
 from __future__ import annotations
 
 import json
-import logging
 import signal
 import sys
 from typing import Any
 
 import click
 
+from .cli_budget import register as register_budget
 from .cli_context import database_error, settings_of, store_of
+from .cli_family import register as register_family
+from .cli_jobs import register as register_jobs
+from .cli_ops import register as register_ops
+from .cli_queue import register as register_queue
 from .exceptions import JodlError
-
-log = logging.getLogger("jodl.cli")
 
 
 class JodlGroup(click.Group):
@@ -250,15 +252,9 @@ def load_apps(group: click.Group) -> None:
         register(group)
 
 
-from .cli_budget import register as _register_budget  # noqa: E402 - budget
-from .cli_family import register as _register_family  # noqa: E402 - family, jobs list
-from .cli_jobs import register as _register_jobs  # noqa: E402 - jobs, results, run, master
-from .cli_ops import register as _register_ops  # noqa: E402 - profile
-from .cli_queue import register as _register_queue  # noqa: E402 - queue
-
-_register_jobs(main)
-_register_queue(main)
-_register_ops(main)
-_register_budget(main)
-_register_family(main, store_of)
+register_jobs(main)  # jobs, results, run, master
+register_queue(main)  # queue
+register_ops(main)  # profile
+register_budget(main)  # budget
+register_family(main, store_of)  # family, jobs list
 load_apps(main)
