@@ -6,30 +6,33 @@ receives the ``jodl`` click group and adds the commands to it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from sqlalchemy.exc import OperationalError, ProgrammingError
-from sqlalchemy.orm import Session
 
+from jodl.cli_context import settings_of, store_of
 from jodl.exceptions import JodlError
-from jodl.progress import progress_reporters
+from jodl.progress import REPORTED_BY_COMMAND, progress_reporters
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+#: Loggers whose INFO lines ``jodl cycle`` reports itself (opened, summary).
+QUIET = (*REPORTED_BY_COMMAND, "crawler_app.cycle")
 
 
 def _engine(ctx: click.Context) -> Any:
-    from jodl.cli import _store
-
-    return _store(ctx).engine
+    return store_of(ctx).engine
 
 
 @contextmanager
 def _session(ctx: click.Context) -> Iterator[Session]:
     """A session in one transaction; a missing table becomes one clear line."""
+    from sqlalchemy.exc import OperationalError, ProgrammingError
     from sqlalchemy.orm import sessionmaker
 
     sessions = sessionmaker(_engine(ctx), expire_on_commit=False)
@@ -191,6 +194,8 @@ def check(urls: tuple[str, ...], selector: str | None, show_text: bool, as_json:
     The same fetch path as the agents: SSRF guard, limits, robots.txt, politeness
     (JODL_FETCH_* settings).
     """
+    import asyncio
+
     from .fetcher import Fetcher
     from .pages import check_selector, normalise_url
     from .settings import AppSettings
@@ -238,14 +243,15 @@ def cycle(ctx: click.Context, takeover: bool) -> None:
     digests. Beside a running master (`jodl master`, `jodl up`) the cycle is asked
     of that master, as the web UI's "start a cycle now" does, and followed here.
     """
-    from jodl.cli import _settings, _store
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
     from jodl.master import Master
 
     from .cycle import PageCycle
     from .settings import AppSettings
 
     app = AppSettings.from_env()
-    store = _store(ctx)
+    store = store_of(ctx)
     holder = None if takeover else store.lease_holder()
     if holder is not None:
         result = _cycle_by(holder, store)
@@ -255,8 +261,8 @@ def cycle(ctx: click.Context, takeover: bool) -> None:
         raise JodlError(
             "no agent nodes: start one with `jodl agent` and add it with `jodl node add HOST:PORT`"
         )
-    with progress_reporters("cycle") as (on_step, progress):
-        master = Master(_settings(ctx), store=store, progress=progress, takeover=takeover)
+    with progress_reporters("cycle", quiet=QUIET) as (on_step, progress):
+        master = Master(settings_of(ctx), store=store, progress=progress, takeover=takeover)
         try:
             runner = PageCycle(master.store.engine, master.run_cycle, app, on_step=on_step)
             try:
@@ -274,6 +280,8 @@ def cycle(ctx: click.Context, takeover: bool) -> None:
 
 def _cycle_by(holder: str, store: Any) -> Any:
     """Ask the running master ``holder`` for a cycle now and follow it to its end."""
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
     from . import cycle_requests
 
     try:
@@ -294,7 +302,6 @@ def _cycle_by(holder: str, store: Any) -> Any:
 
 def register(group: click.Group) -> None:
     """Add the page checker's commands to the ``jodl`` group (entry point ``jodl.commands``)."""
-    from . import quota, settings  # noqa: F401 - registers the JODL_* options for `jodl config`
     from .quota_commands import quota as quota_command
 
     users.add_command(quota_command)

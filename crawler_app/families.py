@@ -32,9 +32,9 @@ from jodl.config import Settings
 from jodl.family import Family, Permanent
 from jodl.log import make_engine
 from jodl.log.models import utcnow
-from jodl.metrics import FETCHES, NOTIFICATIONS
 
 from .fetcher import THREAD_PARSE_BYTES, Fetcher
+from .metrics import FETCHES, NOTIFICATIONS
 from .models import DigestClaim, DigestClaimState
 from .settings import SMTP_IN_CLEAR, AppSettings
 from .text import SelectorError, extract, fingerprint

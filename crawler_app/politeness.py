@@ -31,9 +31,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from jodl.metrics import POLITENESS_WAIT_SECONDS, POLITENESS_WAITS
-
 from .guard import ParsedUrl
+from .metrics import POLITENESS_WAIT_SECONDS, POLITENESS_WAITS
 
 #: Requests to one host in flight at once (Scrapy uses 8; a page checker needs few).
 DEFAULT_MAX_IN_FLIGHT = 2

@@ -4,27 +4,59 @@ A master runs *families* of jobs in *cycles* on many *agents* over rpyc, places
 jobs with a pluggable strategy that learns how long each job takes on each node,
 and writes every decision to a SQL reconstruction log so that a master killed at
 any moment resumes its cycle without redoing finished jobs.
+
+The public names load on first use (:func:`__getattr__`): ``import jodl`` and the
+``jodl`` command start without the database and network layers.
 """
 
-from .client import add_jobs as add_jobs
-from .client import connect as connect
-from .client import results as results
-from .config import Settings as Settings
-from .exceptions import JodlError as JodlError
-from .family import Family as Family
-from .family import Permanent as Permanent
-from .log.engine import make_engine as make_engine
-from .log.records import JobResult as JobResult
-from .log.records import RunResults as RunResults
-from .log.store import Store as Store
-from .master import Master as Master
-from .master import RunSummary as RunSummary
-from .placement import Knowledge as Knowledge
-from .placement import NodeLoad as NodeLoad
-from .placement import Placement as Placement
-from .placement import register as register_strategy
-from .queue import Queue as Queue
-from .queue import QueueFeeder as QueueFeeder
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .client import add_jobs as add_jobs
+    from .client import connect as connect
+    from .client import results as results
+    from .config import Settings as Settings
+    from .exceptions import JodlError as JodlError
+    from .family import Family as Family
+    from .family import Permanent as Permanent
+    from .log.engine import make_engine as make_engine
+    from .log.records import JobResult as JobResult
+    from .log.records import RunResults as RunResults
+    from .log.store import Store as Store
+    from .master import Master as Master
+    from .master import RunSummary as RunSummary
+    from .placement import Knowledge as Knowledge
+    from .placement import NodeLoad as NodeLoad
+    from .placement import Placement as Placement
+    from .placement import register as register_strategy
+    from .queue import Queue as Queue
+    from .queue import QueueFeeder as QueueFeeder
+
+#: Public name -> (module of the package, name there).
+_PUBLIC = {
+    "add_jobs": ("client", "add_jobs"),
+    "connect": ("client", "connect"),
+    "results": ("client", "results"),
+    "Settings": ("config", "Settings"),
+    "JodlError": ("exceptions", "JodlError"),
+    "Family": ("family", "Family"),
+    "Permanent": ("family", "Permanent"),
+    "Master": ("master", "Master"),
+    "RunSummary": ("master", "RunSummary"),
+    "Knowledge": ("placement", "Knowledge"),
+    "NodeLoad": ("placement", "NodeLoad"),
+    "Placement": ("placement", "Placement"),
+    "register_strategy": ("placement", "register"),
+    "Queue": ("queue", "Queue"),
+    "QueueFeeder": ("queue", "QueueFeeder"),
+    "JobResult": ("log.records", "JobResult"),
+    "RunResults": ("log.records", "RunResults"),
+    "Store": ("log.store", "Store"),
+    "make_engine": ("log.engine", "make_engine"),
+}
 
 __all__ = [
     "Family",
@@ -48,3 +80,13 @@ __all__ = [
     "results",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _PUBLIC[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(import_module(f".{module}", __name__), attr)
+    globals()[name] = value  # later lookups skip this function
+    return value

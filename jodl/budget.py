@@ -37,11 +37,12 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from .config import Option, read_values, register_options
+from .config import read_values
 from .exceptions import ConfigError, JodlError
 from .log import budgets as sql
 from .log.models import Family, Run
 from .metrics import BUDGET_EXHAUSTED, JOBS_DEFERRED
+from .options import Option, register_options
 
 # -- settings -----------------------------------------------------------------------------------
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from .budget import Budgets, Limits
+from .cli_context import store_of
+
+if TYPE_CHECKING:
+    from .budget import Budgets, Limits
 
 #: The word that puts a budget back to its default (``JODL_FAMILY_*``).
 DEFAULT_WORD = "default"
@@ -43,9 +46,9 @@ def _line(name: str, limits: Limits) -> str:
 
 
 def _budgets(ctx: click.Context) -> Budgets:
-    from .cli import _store
+    from .budget import Budgets
 
-    return Budgets(_store(ctx).engine)
+    return Budgets(store_of(ctx).engine)
 
 
 @click.group("budget")

@@ -7,11 +7,30 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from .families_admin import JOB_STATES, MAX_JOBS_LISTED, FamilyAdmin, FamilyInfo, check_labels
+if TYPE_CHECKING:
+    from .families_admin import FamilyAdmin, FamilyInfo
+
+
+class JobStateChoice(click.Choice):  # type: ignore[type-arg]
+    """The job states ``jobs list --state`` accepts, read from the models when first
+    needed (building the command tree imports no database module)."""
+
+    def __init__(self) -> None:
+        self.case_sensitive = True
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        from .families_admin import JOB_STATES
+
+        return tuple(JOB_STATES)
+
+    @choices.setter
+    def choices(self, _value: Any) -> None:
+        raise AttributeError("the job states are the models' own")
 
 
 def _show(info: FamilyInfo) -> None:
@@ -32,6 +51,8 @@ def register(main: click.Group, store_of: Callable[[click.Context], Any]) -> Non
     """Add ``family`` and ``jobs list`` to the ``jodl`` group (``store_of``: the CLI's store)."""
 
     def admin(ctx: click.Context) -> FamilyAdmin:
+        from .families_admin import FamilyAdmin
+
         return FamilyAdmin(store_of(ctx))
 
     @main.group("family")
@@ -114,6 +135,8 @@ def register(main: click.Group, store_of: Callable[[click.Context], Any]) -> Non
         labels: tuple[str, ...],
     ) -> None:
         """Let NAME run on the nodes (at most MAX_SLOTS jobs at once on each)."""
+        from .families_admin import check_labels
+
         info = admin(ctx).set_nodes(name, list(nodes), True, max_slots, check_labels(labels))
         _show(info)
 
@@ -130,19 +153,21 @@ def register(main: click.Group, store_of: Callable[[click.Context], Any]) -> Non
 
     @jobs.command("list")
     @click.argument("family")
-    @click.option("--state", type=click.Choice(JOB_STATES), default=None, help="Only this state.")
-    @click.option(
-        "--limit",
-        type=click.IntRange(min=1, max=MAX_JOBS_LISTED),
-        default=50,
-        help="Most jobs listed.",
-    )
+    @click.option("--state", type=JobStateChoice(), default=None, help="Only this state.")
+    @click.option("--limit", type=click.IntRange(min=1), default=50, help="Most jobs listed.")
     @click.option("--json", "as_json", is_flag=True, help="One JSON document.")
     @click.pass_context
     def jobs_list(
         ctx: click.Context, family: str, state: str | None, limit: int, as_json: bool
     ) -> None:
         """FAMILY's jobs (oldest first), with their state and settings."""
+        from .families_admin import MAX_JOBS_LISTED
+
+        if limit > MAX_JOBS_LISTED:
+            raise click.BadParameter(
+                f"{limit} is more than the {MAX_JOBS_LISTED} jobs listed at most",
+                param_hint="'--limit'",
+            )
         rows = admin(ctx).jobs(family, state, limit)
         if as_json:
             click.echo(json.dumps([r.as_dict() for r in rows], indent=2))

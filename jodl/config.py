@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
-import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .exceptions import ConfigError
+from .options import (
+    Option,
+    host_port,
+    load_declared_options,
+    read_file,
+    registered_options,
+)
+from .options import markdown_table as options_table
 
 #: Default database: a SQLite file in the working directory.
 DEFAULT_DATABASE_URL = "sqlite:///jodl.db"
@@ -29,7 +35,7 @@ DEFAULT_SLOTS = 4
 DEFAULT_CALL_TIMEOUT = 10.0
 #: Unless set, an agent detaches after this share of the master's give-up time (which
 #: the master tells it in ``init``): silent for longer, it starts nothing it was sent
-#: before (DESIGN §12). Shorter than the give-up, so a frozen or cut-off agent has
+#: before. Shorter than the give-up, so a frozen or cut-off agent has
 #: stopped starting jobs before the master runs them elsewhere.
 DETACH_SHARE = 0.5
 #: Attempts of one job in one run before it is declared dead.
@@ -53,128 +59,6 @@ MIN_SECRET_LENGTH = 22
 DEFAULT_HANDSHAKE_TIMEOUT = 5.0
 #: Connections an agent lets sit in the handshake at once; more are closed at once.
 DEFAULT_HANDSHAKE_LIMIT = 16
-
-
-def _bool(text: str) -> bool:
-    low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"expected true/false, got {text!r}")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise ValueError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise ValueError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"expected a number between 0 and 1, got {text!r}")
-    return value
-
-
-def _host_port(text: str) -> str:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"expected HOST:PORT, got {text!r}")
-    return text
-
-
-def _optional_str(text: str) -> str | None:
-    return text or None
-
-
-#: Names JODL_LOG_LEVEL accepts (any case).
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
-def _log_level(text: str) -> str:
-    level = text.strip().upper()
-    if level not in LOG_LEVELS:
-        raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}, got {text!r}")
-    return level
-
-
-#: Event loops an agent may run async families on (JODL_AGENT_LOOP).
-EVENT_LOOPS = ("auto", "uvloop", "asyncio")
-
-
-def _event_loop(text: str) -> str:
-    kind = text.strip().lower()
-    if kind not in EVENT_LOOPS:
-        raise ValueError(f"expected one of {', '.join(EVENT_LOOPS)}, got {text!r}")
-    return kind
-
-
-def _optional_positive_float(text: str) -> float | None:
-    return _positive_float(text) if text.strip() else None
-
-
-def _log_format(text: str) -> str:
-    fmt = text.strip().lower()
-    if fmt not in ("text", "json"):
-        raise ValueError(f"expected text or json, got {text!r}")
-    return fmt
-
-
-def _str_list(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
-
-
-PARSERS: dict[str, Callable[[str], Any]] = {
-    "str": str,
-    "str?": _optional_str,
-    "bool": _bool,
-    "int+": _positive_int,
-    "float+": _positive_float,
-    "float+?": _optional_positive_float,
-    "fraction": _fraction,
-    "host:port": _host_port,
-    "list": _str_list,
-    "level": _log_level,
-    "loop": _event_loop,
-    "logfmt": _log_format,
-}
-
-
-@dataclass(frozen=True)
-class Option:
-    """One setting: its ``JODL_`` variable, default (as text), kind, meaning and readers."""
-
-    name: str
-    default: str
-    kind: str
-    help: str
-    programs: str
-
-    @property
-    def attr(self) -> str:
-        return self.name.removeprefix("JODL_").lower()
-
-    def parse(self, text: str) -> Any:
-        try:
-            return PARSERS[self.kind](text)
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"{self.name}: {exc}") from None
-
 
 OPTIONS: tuple[Option, ...] = (
     Option(
@@ -347,30 +231,11 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
-def _read_file(path: str) -> dict[str, str]:
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"JODL_CONFIG: no such file {path!r}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"JODL_CONFIG: {path!r} is not valid TOML: {exc}") from None
-    out: dict[str, str] = {}
-    for key, value in data.items():
-        name = "JODL_" + key.upper().removeprefix("JODL_")
-        if isinstance(value, dict):
-            raise ConfigError(f"JODL_CONFIG: {key!r} in {path!r} is a table; expected a value")
-        if isinstance(value, list):
-            value = ",".join(str(item) for item in value)  # the "list" kind's text form
-        out[name] = str(value).lower() if isinstance(value, bool) else str(value)
-    return out
-
-
 def read_values(options: Iterable[Option], env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Parse ``options`` from ``env`` (default ``os.environ``) and the optional config file."""
     env = os.environ if env is None else env
     options = tuple(options)
-    file_values = _read_file(env["JODL_CONFIG"]) if env.get("JODL_CONFIG") else {}
+    file_values = read_file(env["JODL_CONFIG"]) if env.get("JODL_CONFIG") else {}
     known = {opt.name for opt in options} | {opt.name for opt in all_options()}
     for name in file_values:
         if name not in known:
@@ -449,7 +314,7 @@ class Settings:
         ):
             if address:
                 try:
-                    _host_port(address)
+                    host_port(address)
                 except ValueError as exc:
                     raise ConfigError(f"{name}: {exc}") from None
 
@@ -468,39 +333,10 @@ def check_secret(secret: str | None) -> None:
         )
 
 
-#: The order of the packages' options in the table (others follow, by module name):
-#: the table must not depend on which module a process happened to import first.
-PACKAGE_ORDER = ("jodl", "crawler_app", "web")
-
-#: Options added by modules other than this one: declaring module -> its options.
-_EXTRA: dict[str, list[Option]] = {}
-
-
-def register_options(options: Iterable[Option], module: str | None = None) -> None:
-    """Let an application add its own options to the one configuration table.
-
-    ``module`` is the declaring module's name (None: the caller's); the table lists
-    the options by :data:`PACKAGE_ORDER`, then module name, then declaration order.
-    """
-    if module is None:
-        module = str(sys._getframe(1).f_globals.get("__name__", ""))
-    known = {o.name for o in all_options()}
-    for opt in options:
-        if opt.name not in known:
-            _EXTRA.setdefault(module, []).append(opt)
-            known.add(opt.name)
-
-
-def _module_rank(module: str) -> tuple[int, str]:
-    package = module.partition(".")[0]
-    rank = PACKAGE_ORDER.index(package) if package in PACKAGE_ORDER else len(PACKAGE_ORDER)
-    return rank, module
-
-
 def all_options() -> tuple[Option, ...]:
-    """The library's options, then every registered one, in a fixed order."""
-    extra = [opt for module in sorted(_EXTRA, key=_module_rank) for opt in _EXTRA[module]]
-    return OPTIONS + tuple(extra)
+    """The library's options, then every installed package's (``jodl.options``)."""
+    load_declared_options()
+    return OPTIONS + registered_options()
 
 
 #: Words in a variable's name that mark its value as secret: shown as "(set)".
@@ -520,7 +356,7 @@ def effective(env: Mapping[str, str] | None = None) -> list[Effective]:
     """Every option's value in effect and its source, each parsed: :class:`ConfigError`
     (naming the variable) on the first bad one."""
     env = os.environ if env is None else env
-    file_values = _read_file(env["JODL_CONFIG"]) if env.get("JODL_CONFIG") else {}
+    file_values = read_file(env["JODL_CONFIG"]) if env.get("JODL_CONFIG") else {}
     out = []
     for opt in all_options():
         if opt.name in env:
@@ -541,9 +377,5 @@ def effective(env: Mapping[str, str] | None = None) -> list[Effective]:
 
 
 def markdown_table(options: Iterable[Option] | None = None) -> str:
-    """The configuration table of the README, in Markdown."""
-    rows = ["| variable | default | meaning | read by |", "|---|---|---|---|"]
-    for opt in options if options is not None else all_options():
-        default = f"`{opt.default}`" if opt.default else "(empty)"
-        rows.append(f"| `{opt.name}` | {default} | {opt.help} | {opt.programs} |")
-    return "\n".join(rows)
+    """The configuration table of the README (every installed option), in Markdown."""
+    return options_table(all_options() if options is None else options)

@@ -22,8 +22,6 @@ import datetime as dt
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped]
-
 from .exceptions import JodlError
 from .log.family_admin import FamilyAdminLog, FamilyFacts
 from .log.models import Family, JobState
@@ -61,8 +59,19 @@ class BadSetting(JodlError):
     """A family setting, node rule or listing option that cannot be accepted."""
 
 
-def cron_trigger(expression: str, timezone: Any = None) -> CronTrigger:
-    """A trigger for a crontab line (``MIN HOUR DAY MONTH WEEKDAY``, or ``SEC`` first)."""
+#: What to install for cron schedules (APScheduler reads the crontab lines and fires them).
+CRON_EXTRA = "pip install 'jodl[cron]'"
+
+
+def cron_trigger(expression: str, timezone: Any = None) -> Any:
+    """An APScheduler trigger for a crontab line (``MIN HOUR DAY MONTH WEEKDAY``, or ``SEC``
+    first); :class:`JodlError` saying what to install when APScheduler is missing."""
+    try:
+        from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped]
+    except ModuleNotFoundError:
+        raise JodlError(
+            f"cron schedules need APScheduler, which is not installed: {CRON_EXTRA}"
+        ) from None
     fields = expression.split()
     if len(fields) == 6:
         second, minute, hour, day, month, dow = fields

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import inspect
 from functools import cache
-from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
 from .exceptions import UnknownFamily
@@ -76,9 +75,10 @@ Retryable = Exception  # any other exception is retryable
 @cache
 def installed() -> dict[str, type[Family]]:
     """Families installed in this environment, by name."""
+    from .plugins import load_group
+
     found: dict[str, type[Family]] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        cls = ep.load()
+    for ep, cls in load_group(ENTRY_POINT_GROUP):
         if not (isinstance(cls, type) and issubclass(cls, Family)):
             continue
         found[ep.name] = cls

@@ -2,8 +2,7 @@
 
 A family's ``schedule`` (``jodl family set NAME --schedule "0 6 * * *"``; a sixth,
 leading field gives seconds) starts a cycle of it at each cron time. An APScheduler
-``BackgroundScheduler`` beside the master's loop (as the page checker's own
-scheduler in ``crawler_app/schedule.py``) fires the slot; the cycle is asked of the
+``BackgroundScheduler`` beside the master's loop fires the slot; the cycle is asked of the
 master with :meth:`jodl.master.Master.request_cycle` and waited for in the
 scheduler's thread, so a family never has two scheduled cycles at once
 (``max_instances=1``) and slots passed while one ran fold into one (``coalesce``).
@@ -11,6 +10,10 @@ scheduler's thread, so a family never has two scheduled cycles at once
 The schedules are read again every :data:`RELOAD` seconds: a schedule set, changed
 or turned off with ``jodl family set`` (or the web) holds without a restart. Slots
 missed while no master ran are not caught up: the next slot runs.
+
+APScheduler is an optional dependency of the library (``pip install 'jodl[cron]'``;
+the applications' extra brings it too): without it a master starts as long as no
+family has a schedule, and refuses with one line naming the family otherwise.
 """
 
 from __future__ import annotations
@@ -21,11 +24,8 @@ from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from apscheduler.schedulers.background import (  # type: ignore[import-untyped]
-    BackgroundScheduler,
-)
-
-from .families_admin import FamilyAdmin, cron_trigger
+from .exceptions import JodlError
+from .families_admin import CRON_EXTRA, FamilyAdmin, cron_trigger
 
 log = logging.getLogger("jodl.schedule")
 
@@ -45,6 +45,10 @@ class FamilySchedules:
         self.master = master
         self.admin = FamilyAdmin(master.store)
         self.reload = reload
+        from apscheduler.schedulers.background import (  # type: ignore[import-untyped]
+            BackgroundScheduler,
+        )
+
         self.scheduler = BackgroundScheduler(
             timezone=timezone,
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
@@ -117,7 +121,23 @@ class FamilySchedules:
 
 
 def start_family_schedules(master: Any) -> Callable[[], None]:
-    """Start the families' schedules beside ``master``; returns the function that stops them."""
+    """Start the families' schedules beside ``master``; returns the function that stops them.
+
+    Without APScheduler: nothing to start when no family has a schedule, else
+    :class:`JodlError` naming the scheduled family and what to install.
+    """
+    try:
+        import apscheduler  # type: ignore[import-untyped]  # noqa: F401
+    except ModuleNotFoundError:
+        scheduled = FamilyAdmin(master.store).schedules()
+        if scheduled:
+            name, cron = sorted(scheduled.items())[0]
+            raise JodlError(
+                f"family {name} has the cron schedule {cron!r} but APScheduler is not "
+                f"installed: {CRON_EXTRA} (or turn it off: jodl family set {name} --schedule off)"
+            ) from None
+        log.debug("APScheduler is not installed and no family has a schedule")
+        return lambda: None
     schedules = FamilySchedules(master)
     schedules.start()
     return schedules.stop

@@ -106,23 +106,6 @@ AGENT_JOBS_FINISHED = Counter(
     "jodl_agent_jobs_finished", "Jobs this agent finished, by outcome (done, failed)", ["outcome"]
 )
 
-# -- page checks (crawler_app, on the agents) ---------------------------------------------------
-
-FETCHES = Counter(
-    "jodl_fetches",
-    "Page fetches, by outcome (ok, not_modified, http_error, or the error's kind)",
-    ["outcome"],
-)
-POLITENESS_WAITS = Counter(
-    "jodl_politeness_waits", "Fetches that waited for a host's politeness interval or pause"
-)
-POLITENESS_WAIT_SECONDS = Counter(
-    "jodl_politeness_wait_seconds", "Seconds fetches spent waiting for politeness"
-)
-NOTIFICATIONS = Counter(
-    "jodl_notifications_sent", "Notification digests, by outcome (sent, duplicate)", ["outcome"]
-)
-
 
 def count_sent(wires: Iterable[list[tuple[int, str, str]]]) -> None:
     """Count one send step: ``wires`` are the (exec_id, family, payload) batches."""

@@ -20,7 +20,7 @@ import click
 Reporters = tuple[Callable[[str], None], Callable[[int, int], None]]
 
 #: Loggers whose INFO lines a command with progress reports itself (opened, summary).
-REPORTED_BY_COMMAND = ("jodl.master", "crawler_app.cycle")
+REPORTED_BY_COMMAND = ("jodl.master",)
 
 
 class _ConsoleHandler(logging.Handler):

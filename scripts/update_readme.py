@@ -5,14 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from jodl.cli import _load_apps
 from jodl.config import markdown_table
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def main() -> None:
-    _load_apps()
     text = README.read_text()
     new = re.sub(
         r"(<!-- config:start[^>]*-->\n)(.*?)(<!-- config:end -->)",

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from jodl import config
-from jodl.config import OPTIONS, Option, Settings, markdown_table, read_values
+from jodl import config, options
+from jodl.config import OPTIONS, Settings, markdown_table, read_values
 from jodl.exceptions import ConfigError
+from jodl.options import Option
 
 
 def write_toml(tmp_path: Path, text: str) -> str:
@@ -163,9 +166,10 @@ def test_the_table_order_does_not_depend_on_the_import_order(monkeypatch):
         return Option(name, "", "str", "a test option", "test")
 
     def table_after(registrations: list[tuple[str, list[str]]]) -> list[str]:
-        monkeypatch.setattr(config, "_EXTRA", {})
+        monkeypatch.setattr(options, "_EXTRA", {})
+        monkeypatch.setattr(options, "_declared_loaded", True)  # only these registrations
         for module, names in registrations:
-            config.register_options([option(n) for n in names], module)
+            options.register_options([option(n) for n in names], module)
         return [o.name for o in config.all_options()[len(OPTIONS) :]]
 
     web = ("web.settings", ["JODL_TEST_W2", "JODL_TEST_W1"])
@@ -177,3 +181,16 @@ def test_the_table_order_does_not_depend_on_the_import_order(monkeypatch):
     assert table_after([app, web, lib]) == expected
     # A name already declared keeps its first place.
     assert table_after([lib, app, web, ("web.other", ["JODL_TEST_Q"])]) == expected
+
+
+def test_every_installed_package_declares_its_options_without_being_imported_first():
+    """``jodl.options`` entry points: a fresh process that imported none of the declaring
+    modules still sees the library's queue and budget options in the table."""
+    script = (
+        "import sys; from jodl.config import all_options; "
+        "assert 'jodl.queue' not in sys.modules; "
+        "print(' '.join(o.name for o in all_options()))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert {"JODL_QUEUE_LEASE", "JODL_FAMILY_JOBS_PER_CYCLE"} <= set(done.stdout.split())

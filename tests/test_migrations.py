@@ -1,22 +1,26 @@
-"""The Alembic history builds exactly the tables the models declare, on SQLite and PostgreSQL."""
+"""The Alembic branches (library and applications) build exactly the tables the models
+declare, on SQLite and PostgreSQL, and adopt databases of the history before the split."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+import pytest
 from agents import child_env, run_jodl
 from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
+from jodl.exceptions import JodlError
 from jodl.log import make_engine
-from jodl.migrate import alembic_config, current, target_metadata, upgrade
+from jodl.migrate import alembic_config, current, heads, target_metadata, upgrade
 
 
 def differences(engine) -> list:  # type: ignore[no-untyped-def]
@@ -27,14 +31,16 @@ def differences(engine) -> list:  # type: ignore[no-untyped-def]
 
 
 def head() -> str:
-    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+    """The revisions a fully upgraded database is at, as ``jodl db upgrade`` prints them."""
+    return ", ".join(heads())
 
 
 def test_autogenerate_finds_no_difference_after_upgrade(db_url):
     engine = make_engine(db_url)
     try:
         upgrade(engine)
-        assert current(engine) == head()
+        assert current(engine) == heads()
+        assert {"jodl_0005", "crawler_0007", "web_0002"} <= set(heads())
         assert differences(engine) == []
     finally:
         engine.dispose()
@@ -119,5 +125,85 @@ def test_db_upgrade_from_a_built_wheel(tmp_path):
     engine = make_engine(f"sqlite:///{db}")
     try:
         assert differences(engine) == []
+    finally:
+        engine.dispose()
+
+
+# -- the history before the split ---------------------------------------------------------
+
+#: The old single history (0001 ... 0010), kept as test data: databases in the field.
+LEGACY = Path(__file__).resolve().parent / "legacy_migrations"
+
+
+def legacy_upgrade(engine, revision: str) -> None:  # type: ignore[no-untyped-def]
+    """Build the database as the old single history did, up to ``revision``."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(LEGACY))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def test_the_library_names_no_application() -> None:
+    """Layering: the library finds the applications through entry points only."""
+    library = Path(__file__).resolve().parent.parent / "jodl"
+    named = re.compile(r"crawler_app|\bweb\.|(from|import) web\b")
+    for path in library.rglob("*.py"):
+        assert not named.search(path.read_text()), path
+
+
+@pytest.mark.parametrize("old", ["0001", "0003", "0006", "0009"])
+def test_a_database_of_the_old_history_is_adopted_at_any_revision(db_url, old):
+    engine = make_engine(db_url)
+    try:
+        legacy_upgrade(engine, old)
+        upgrade(engine)
+        assert current(engine) == heads()
+        assert differences(engine) == []
+    finally:
+        engine.dispose()
+
+
+def test_a_database_at_the_old_head_keeps_its_data(db_url):
+    engine = make_engine(db_url)
+    try:
+        legacy_upgrade(engine, "0010")
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO jodl_family (id, name, strategy, strategy_params, idempotent, "
+                    "settings, created_at) VALUES (7, 'kept', 'earliest_finish', '{}', true, "
+                    "'{}', CURRENT_TIMESTAMP)"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO app_user (id, email, created_at, is_admin, email_confirmed, "
+                    "session_version) VALUES (3, 'kept@example.org', CURRENT_TIMESTAMP, "
+                    "false, true, 0)"
+                )
+            )
+        upgrade(engine)
+        assert current(engine) == heads()
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT name FROM jodl_family")).scalars().all() == ["kept"]
+            emails = conn.execute(text("SELECT email FROM app_user")).scalars().all()
+            assert emails == ["kept@example.org"]
+        assert differences(engine) == []
+        upgrade(engine)  # once adopted, an upgrade has nothing left to do
+        assert current(engine) == heads()
+    finally:
+        engine.dispose()
+
+
+def test_an_old_database_with_tables_no_installed_branch_knows_is_refused(db_url):
+    engine = make_engine(db_url)
+    try:
+        legacy_upgrade(engine, "0010")
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE app_gone (id INTEGER PRIMARY KEY)"))
+        with pytest.raises(JodlError, match="app_gone.*install them"):
+            upgrade(engine)
+        assert current(engine) == ("0010",), "nothing was restamped"
     finally:
         engine.dispose()

@@ -16,13 +16,20 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from jodl.cli_context import (
+    configure_logging,
+    missing_sqlite_file,
+    sigterm_as_interrupt,
+    store_of,
+)
 from jodl.exceptions import JodlError
 
-from .settings import WebSettings
+if TYPE_CHECKING:
+    from .settings import WebSettings
 
 log = logging.getLogger("web")
 
@@ -119,10 +126,10 @@ def _check_schema(engine: Any) -> None:
 @click.pass_context
 def web_cmd(ctx: click.Context, listen: str | None, threads: int | None) -> None:
     """Serve the web UI and its JSON API (waitress, threads)."""
-    from jodl.cli import configure_logging, missing_sqlite_file
     from jodl.config import Settings
 
     from .app import create_app
+    from .settings import WebSettings
 
     obj = ctx.ensure_object(dict)
     settings = WebSettings.from_env(
@@ -173,12 +180,12 @@ def up_cmd(
     data. Prints the URL and the operator login last; Ctrl-C stops everything.
     With --standalone the jobs run in this process too (the node local:1).
     """
-    from jodl.cli import configure_logging, sigterm_as_interrupt
     from jodl.config import Settings
 
     from . import instance
     from .app import create_app
     from .cluster import DEFAULT_AGENTS, LocalCluster
+    from .settings import WebSettings
     from .standalone import describe
     from .trial import login_line, public_warning, read_login
 
@@ -321,9 +328,7 @@ def admins() -> None:
 def _sessions(ctx: click.Context) -> Any:
     from sqlalchemy.orm import sessionmaker
 
-    from jodl.cli import _store
-
-    return sessionmaker(_store(ctx).engine, expire_on_commit=False)
+    return sessionmaker(store_of(ctx).engine, expire_on_commit=False)
 
 
 @admins.command("add")
@@ -385,7 +390,5 @@ def admins_list(ctx: click.Context) -> None:
 
 def register(group: click.Group) -> None:
     """Add ``web``, ``up`` and ``admins`` to the ``jodl`` group (entry point ``jodl.commands``)."""
-    from . import settings  # noqa: F401 - registers the JODL_WEB_* options for `jodl config`
-
     for command in (web_cmd, up_cmd, admins):
         group.add_command(command)

@@ -11,8 +11,9 @@ from typing import Any
 # The page checker's options register first, whichever module is imported first:
 # the configuration table keeps one order.
 import crawler_app.settings  # noqa: F401
-from jodl.config import Option, read_values, register_options
+from jodl.config import read_values
 from jodl.exceptions import ConfigError
+from jodl.options import Option, register_options
 
 #: Address ``jodl web`` listens on (loopback: put a TLS proxy in front for the world).
 DEFAULT_LISTEN = "127.0.0.1:8080"

@@ -1,4 +1,5 @@
-"""The reconstruction log: its tables, the one gateway to them, and the log writer.
+"""The reconstruction log: its tables, the one gateway to them, the log writer, and the
+library's migrations (``jodl/log/migrations``).
 
 Every statement on the library's tables lives in this package, behind named
 methods of :class:`~jodl.log.store.Store` and the gateways it is composed of.

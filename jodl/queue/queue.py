@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from ..agent.codec import loads_object
-from ..config import DEFAULT_MAX_ATTEMPTS, Option, read_values, register_options
+from ..config import DEFAULT_MAX_ATTEMPTS, read_values
 from ..exceptions import BadPayload, JodlError
 from ..log.engine import make_engine
 from ..log.listener import Listener
@@ -27,6 +27,7 @@ from ..log.outcomes import retry_delay
 from ..log.queue_records import Claimed, QueuedJob
 from ..log.queue_sql import QueueSQL
 from ..log.store import Store
+from ..options import Option, register_options
 
 log = logging.getLogger("jodl.queue")
 

@@ -6,8 +6,8 @@ sequence (``master``), so that the queue takes ids without a lease row and a
 standby master reads the lease without touching the counter. The current value is
 carried over; a database that never had a master starts at 1.
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: jodl_0006
+Revises: jodl_0005
 Create Date: 2026-11-22 18:00:00.000000
 """
 
@@ -18,8 +18,8 @@ from alembic import op
 
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
-revision = "0011"
-down_revision = "0010"
+revision = "jodl_0006"
+down_revision = "jodl_0005"
 branch_labels = None
 depends_on = None
 

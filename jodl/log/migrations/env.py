@@ -1,16 +1,19 @@
-"""Alembic environment: the library's and the page checker's tables in one history."""
+"""Alembic environment of the library's branch and every installed application's
+(:mod:`jodl.migrate` gathers them)."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import Connection
 
-from jodl.migrate import target_metadata
+from jodl.migrate import adopt_legacy_stamp, target_metadata
 
 config = context.config
 
 
 def run_migrations(connection: Connection) -> None:
+    # A database made by the history before the split is restamped first (no table touched).
+    adopt_legacy_stamp(connection, context.script)
     context.configure(
         connection=connection,
         target_metadata=target_metadata(),
@@ -30,9 +33,8 @@ def run_online() -> None:
     from jodl.log import make_engine
 
     engine = make_engine(Settings.from_env().database_url)
-    with engine.connect() as conn:
+    with engine.begin() as conn:
         run_migrations(conn)
-        conn.commit()
     engine.dispose()
 
 

@@ -1,0 +1,259 @@
+"""``jodl jobs add``, ``jodl results``, ``jodl run`` and ``jodl master``: jobs and cycles."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+import click
+
+from .cli_context import settings_of, sigterm_as_interrupt, store_of
+from .exceptions import BadPayload, JodlError
+from .progress import progress_reporters
+
+
+@click.group()
+def jobs() -> None:
+    """Add and list jobs of families."""
+
+
+@jobs.command("add")
+@click.argument("family")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="Number of jobs.")
+@click.option("--payload", default=None, help="JSON object given to every job.")
+@click.option("--key-prefix", default="job-", help="Keys are PREFIX0, PREFIX1, ...")
+@click.option(
+    "--from",
+    "from_file",
+    type=click.File("r", encoding="utf-8"),
+    default=None,
+    help='JSON Lines file: one {"key": ..., "payload": {...}} per line ("-": stdin).',
+)
+@click.option("--strategy", default=None, help="Placement strategy of a new family.")
+@click.option("--max-attempts", type=click.IntRange(min=1), default=None)
+@click.pass_context
+def jobs_add(
+    ctx: click.Context,
+    family: str,
+    count: int | None,
+    payload: str | None,
+    key_prefix: str,
+    from_file: Any,
+    strategy: str | None,
+    max_attempts: int | None,
+) -> None:
+    """Add jobs to FAMILY: COUNT with one payload, or each line of a JSON Lines file.
+
+    All or nothing: a bad line is reported with its number and no job is added.
+    Keys the family already has are kept.
+    """
+    from . import family as families
+
+    families.load(family)  # refuse an unknown family before writing anything
+    if from_file is not None:
+        if count is not None or payload is not None:
+            raise click.BadParameter("give --from, or --count/--payload", param_hint="--from")
+        rows = _read_jobs(from_file)
+    else:
+        payload = payload or "{}"
+        from .agent.codec import loads_object
+
+        try:
+            loads_object(payload)
+        except BadPayload as exc:
+            raise click.BadParameter(str(exc), param_hint="--payload") from None
+        rows = [(f"{key_prefix}{i}", payload) for i in range(count or 1)]
+    store = store_of(ctx)
+    fields: dict[str, Any] = {}
+    if strategy:
+        from .placement import strategy as make_strategy
+
+        try:
+            make_strategy(strategy)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--strategy") from None
+        fields["strategy"] = strategy
+    if max_attempts:
+        fields["max_attempts"] = max_attempts
+    fam = store.ensure_family(family, **fields)
+    added = store.add_jobs(fam, rows)
+    kept = len(rows) - added
+    click.echo(f"{added} jobs added to {family}" + (f" ({kept} keys existed)" if kept else ""))
+
+
+#: Bad lines of a jobs file named in the error at most.
+BAD_LINES_SHOWN = 5
+
+
+def _read_jobs(fh: Any) -> list[tuple[str, str]]:
+    """(key, payload JSON) per line of a JSON Lines file; :class:`JodlError` naming every
+    bad line's number (blank lines are skipped)."""
+    rows: list[tuple[str, str]] = []
+    seen: dict[str, int] = {}
+    bad: list[str] = []
+    for number, line in enumerate(fh, start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            bad.append(f"line {number}: not JSON ({exc.args[0].split(':')[0]})")
+            continue
+        if not isinstance(item, dict) or not isinstance(item.get("key"), str) or not item["key"]:
+            bad.append(f'line {number}: expected {{"key": "...", "payload": {{...}}}}')
+            continue
+        body = item.get("payload", {})
+        if not isinstance(body, dict):
+            bad.append(f"line {number}: payload is not a JSON object")
+            continue
+        key = item["key"]
+        if key in seen:
+            bad.append(f"line {number}: key {key!r} repeats line {seen[key]}")
+            continue
+        seen[key] = number
+        rows.append((key, json.dumps(body)))
+    name = getattr(fh, "name", "the file")
+    if bad:
+        more = f"; and {len(bad) - BAD_LINES_SHOWN} more" if len(bad) > BAD_LINES_SHOWN else ""
+        raise JodlError(
+            f"{name}: {len(bad)} bad line(s), no job added: "
+            + "; ".join(bad[:BAD_LINES_SHOWN])
+            + more
+        )
+    if not rows:
+        raise JodlError(f"{name}: no jobs in it")
+    return rows
+
+
+@click.command("results")
+@click.argument("family")
+@click.option("--run", "number", type=click.IntRange(min=1), default=None, help="Run number.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+@click.pass_context
+def results_cmd(ctx: click.Context, family: str, number: int | None, as_json: bool) -> None:
+    """Each job's result (or error) in a run of FAMILY (default: its newest run)."""
+    found = store_of(ctx).results(family, number)
+    if as_json:
+        doc = {
+            "family": found.family,
+            "run": found.run,
+            "state": found.state,
+            "jobs": [
+                {"key": j.key, "state": j.state, "result": j.result, "error": j.error}
+                for j in found
+            ],
+        }
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"run {found.family}#{found.run} ({found.state}): {len(found)} jobs", err=True)
+    for j in found:
+        text = json.dumps(j.result) if j.ok else (j.error or "")
+        click.echo(f"{j.key}\t{j.state}\t{text}")
+
+
+@click.command("run")
+@click.argument("family")
+@click.option(
+    "--takeover",
+    is_flag=True,
+    help="Take the master lease even from a running master (which then stops).",
+)
+@click.pass_context
+def run_cmd(ctx: click.Context, family: str, takeover: bool) -> None:
+    """Run (or resume) one cycle of FAMILY and print a summary."""
+    from .master import Master
+
+    settings = settings_of(ctx)
+    store = store_of(ctx)
+    holder = None if takeover else store.lease_holder()
+    if holder is not None:
+        # One master acts per database: the running one runs the cycle, we follow it.
+        _run_by(holder, store, family)
+        return
+    if store.family(family) and not settings.register_listen and not store.nodes():
+        # Nothing could ever run the jobs: say so instead of waiting forever.
+        raise JodlError("no agent nodes registered: add one with `jodl node add HOST:PORT`")
+    with progress_reporters(f"run {family}") as (_, progress):
+        master = Master(settings, store=store, progress=progress, takeover=takeover)
+        from .ops_server import serve_master
+
+        ops = serve_master(master, taken=logging.INFO)  # health, metrics, profiles (HTTP)
+        try:
+            summary = master.run_cycle(family)
+        finally:
+            if ops is not None:
+                ops.close()
+            master.close()
+    click.echo(summary.line())
+    if summary.dead:
+        sys.exit(3)
+
+
+def _run_by(holder: str, store: Any, family: str) -> None:
+    """Ask the running master ``holder`` for a cycle of ``family``; follow it to its end."""
+    from .run_requests import follow
+
+    request_id = store.request_run(family)
+    click.echo(f"a master ({holder}) runs this database: the run is asked of it", err=True)
+    with progress_reporters(f"run {family}") as (_, progress):
+        row = follow(store, request_id, lambda: store.lease_holder() is not None, progress)
+    if row.error:
+        raise JodlError(row.error)
+    click.echo(row.summary)
+    if row.dead:
+        sys.exit(3)
+
+
+@click.command("master")
+@click.option(
+    "--takeover",
+    is_flag=True,
+    help="Take the master lease even from a running master (which then stops).",
+)
+@click.pass_context
+def master_cmd(ctx: click.Context, takeover: bool) -> None:
+    """Run the long-lived master (scheduled cycles and on-demand jobs)."""
+    from .master import Master
+
+    master = Master(settings_of(ctx), store=store_of(ctx), takeover=takeover)
+    sigterm_as_interrupt()
+    stops = []
+    from .ops_server import serve_master
+
+    ops = serve_master(master)  # health, metrics, profiles (HTTP)
+    if ops is not None:
+        stops.append(ops.close)
+    try:
+        master.start()
+        # Installed applications' services (e.g. a scheduler) run beside the serve loop;
+        # each is a callable start(master, settings) returning its stop function.
+        from .plugins import load_group
+
+        for _, start in load_group("jodl.services"):
+            stops.append(start(master, master.settings))
+        from .queue import Queue, QueueFeeder
+        from .run_requests import RunRequests
+
+        master.feeders.append(QueueFeeder(Queue(master.store)))  # on-demand jobs
+        master.feeders.append(RunRequests(master.store))  # `jodl run` beside this master
+        from .family_schedule import start_family_schedules
+
+        stops.append(start_family_schedules(master))  # families' cron schedules
+        master.serve()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for stop in reversed(stops):
+            stop()
+        master.close()
+
+
+def register(main: click.Group) -> None:
+    """Add ``jobs`` (with ``jobs add``), ``results``, ``run`` and ``master`` to ``main``."""
+    for command in (jobs, results_cmd, run_cmd, master_cmd):
+        main.add_command(command)
+
+
+__all__ = ["BAD_LINES_SHOWN", "register"]

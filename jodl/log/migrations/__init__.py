@@ -1,0 +1,1 @@
+"""The library's Alembic environment and its own branch of revisions (``versions/``)."""

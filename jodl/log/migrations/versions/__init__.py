@@ -1,0 +1,1 @@
+"""The library's revisions: the Alembic branch ``jodl``."""
