@@ -315,7 +315,7 @@ class AgentCore:
     def _ack_locked(self, ids: Iterable[int]) -> int:
         count = 0
         for exec_id in ids:
-            if self._done.pop(exec_id, None) is not None or self._failed.pop(exec_id, None):
+            if self._done.pop(exec_id, None) or self._failed.pop(exec_id, None) is not None:
                 count += 1
             self._acked[exec_id] = None
         while len(self._acked) > REMEMBER_ACKED:
@@ -414,7 +414,7 @@ class AgentCore:
                     take = max(1, min(QUICK_CHUNK, len(queue) // max(1, self.slots)))
                 jobs = [queue.popleft() for _ in range(take)]
                 running.update(job[0] for job in jobs)
-            outcomes = []
+            outcomes: list[tuple[int, float, Any, Exception | None]] = []
             for exec_id, fam, payload in jobs:
                 started = time.perf_counter()
                 try:
