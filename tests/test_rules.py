@@ -7,7 +7,7 @@ import random
 import pytest
 
 from jodl.master import rules
-from jodl.master.rules import NodeQueue, QueuedJob, Running, Tuning
+from jodl.master.rules import NodeQueue, Running, Stealable, Tuning
 from jodl.placement import JobInfo, Knowledge, NodeLoad
 
 
@@ -26,7 +26,7 @@ def queue(
     idle: bool = False,
     rtt: float = 0.001,
 ) -> NodeQueue:
-    waiting = [QueuedJob(job(j), d, sent, 1000 + j if sent else None) for j, d, sent in jobs]
+    waiting = [Stealable(job(j), d, sent, 1000 + j if sent else None) for j, d, sent in jobs]
     return NodeQueue(node, finish, waiting, rtt, idle, frozenset({"fam"}))
 
 

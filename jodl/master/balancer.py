@@ -35,7 +35,7 @@ from .families import FamilySettings
 from .nodes import Nodes, NodeSlot
 from .outcomes import Outcomes
 from .records import ActiveRun, Ledger, execution_row, job_info
-from .rules import POLL_FLOOR, POLL_SHARE, STEAL_WINDOW, NodeQueue, QueuedJob, Running, Steal
+from .rules import POLL_FLOOR, POLL_SHARE, STEAL_WINDOW, NodeQueue, Running, Steal, Stealable
 from .trials import TrialMoves
 
 log = logging.getLogger("jodl.master")
@@ -175,7 +175,7 @@ class Balancer:
             if placed is not None and placed[0] == slot.id:
                 done_part += min(now - started, placed[1] * drift)
         finish = max(0.0, slot.load.queued_work * drift - done_part) / slots
-        waiting: list[QueuedJob] = []
+        waiting: list[Stealable] = []
         queue = book.queues[slot.id]
         if len(queue) < STEAL_WINDOW:
             for exec_id, sent in islice(book.flights[slot.id].items(), slots, None):
@@ -183,12 +183,12 @@ class Balancer:
                 placed = book.placed.get(sent.job_id)
                 if job is None or exec_id in book.backups or job.id in book.copies or not placed:
                     continue
-                waiting.append(QueuedJob(job_info(job), placed[1] * drift, True, exec_id))
+                waiting.append(Stealable(job_info(job), placed[1] * drift, True, exec_id))
         for job_id in list(islice(reversed(queue), STEAL_WINDOW))[::-1]:
             job = book.jobs.get(job_id)
             placed = book.placed.get(job_id)
             if job is not None and placed is not None:
-                waiting.append(QueuedJob(job_info(job), placed[1] * drift))
+                waiting.append(Stealable(job_info(job), placed[1] * drift))
         families = frozenset(
             f for f in slot.families if self.nodes.allowed(f, slot) and not self.families.kept(f)
         )

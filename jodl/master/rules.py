@@ -128,7 +128,7 @@ def allows(allowed: bool | None, conditions: Mapping[str, Any] | None, labels: M
 
 
 @dataclass
-class QueuedJob:
+class Stealable:
     """A job placed on a node that has not started (``sent``: it is on the agent already)."""
 
     job: JobInfo
@@ -145,7 +145,7 @@ class NodeQueue:
     #: Seconds until the node is expected to have finished everything it holds.
     finish: float
     #: Its unstarted jobs, first to start first.
-    waiting: list[QueuedJob] = field(default_factory=list)
+    waiting: list[Stealable] = field(default_factory=list)
     #: Measured round trip (seconds).
     rtt: float = 0.001
     idle: bool = False
