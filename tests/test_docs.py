@@ -85,3 +85,19 @@ def test_the_readme_module_map_matches_the_tree() -> None:
     text = module_map()
     unnamed = sorted(p for p in packages if p.split("/")[-2] + "/" not in text)
     assert not unnamed, f"the README's module map does not name these packages: {unnamed}"
+
+
+def test_every_pointer_to_a_section_of_docs_architecture_finds_it() -> None:
+    root = README.parent
+    headings = re.findall(r"^#+ (.+)$", ARCHITECTURE.read_text(), re.M)
+    anchors = {re.sub(r"[^\w -]", "", h).strip().lower().replace(" ", "-") for h in headings}
+    files = [README, *root.glob("docs/*.md")]
+    for package in ("jodl", "crawler_app", "web", "tests", "bench"):
+        files += (root / package).rglob("*.py")
+    wrong = {
+        f"{path.relative_to(root)}: #{anchor}"
+        for path in files
+        for anchor in re.findall(r"architecture\.md#([\w-]+)", path.read_text())
+        if anchor not in anchors
+    }
+    assert not wrong, f"pointers to sections docs/architecture.md does not have: {sorted(wrong)}"
