@@ -1,4 +1,4 @@
-"""The application cycle (DESIGN §8) as a recorded state machine.
+"""The page checker's cycle as a recorded state machine (docs/architecture.md#the-applications).
 
 ::
 

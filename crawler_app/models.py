@@ -1,4 +1,4 @@
-"""Tables of the page checker (DESIGN §8), on the library's metadata.
+"""Tables of the page checker (docs/architecture.md#the-applications), on the library's metadata.
 
 Users track pages; a page is fetched once per cycle however many users track it
 (its :class:`Page` is linked 1 : 0..1 to a JODL job of family ``check_page``
@@ -170,7 +170,7 @@ class Snapshot(Base):
 
 
 class CycleStep:
-    """Steps of the application cycle, in order (DESIGN §8)."""
+    """Steps of the page checker's cycle, in order (see :mod:`crawler_app.cycle`)."""
 
     PREPARE = "prepare"
     CHECK = "check"

@@ -12,7 +12,7 @@ Before the split, one history ``0001`` … ``0010`` held the library's and the
 applications' tables. Each revision made from it names, in its ``legacy``
 attribute, the old revision it was part of; a database stamped with an old revision
 is adopted by :func:`adopt_legacy_stamp` (stamped with the matching revision of
-every branch, no table touched) before it is upgraded.
+every branch, no table touched) before it is upgraded. See docs/architecture.md#migrations.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ same name). "stamp" is the master's epoch, or ``(epoch, session, since)`` after
 
 The batches of ``send``, ``done``, ``failed`` and the id lists travel framed as
 one str each (:mod:`~jodl.agent.codec`); the agent accepts plain tuples too.
+Stamps, sessions, detaching and fencing: docs/architecture.md#the-agent-protocol.
 """
 
 from .client import AgentLink

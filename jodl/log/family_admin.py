@@ -1,4 +1,4 @@
-"""Families' settings, node rules and job listings, for ``jodl family`` and the web.
+"""Families' settings, node rules and job listings, for ``jodl family`` and the apps.
 
 The checks and the shapes shown to people live in :mod:`jodl.families_admin`;
 this gateway holds its statements, one transaction per method.

@@ -2,6 +2,7 @@
 
 Names follow the project's terms: Node, Family, FamilyOnNode, Job, JobOnNode, Run, and the
 execution log (one row per attempt of a job). Payloads and results are JSON text.
+What a row of each table is and who writes it: docs/architecture.md#the-reconstruction-log.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What applications and operators read from the log, without knowing its tables.
 
-Applications (``crawler_app``, ``web``) and ``jodl status`` read the library's
+Applications (the page checker, the web UI) and ``jodl status`` read the library's
 tables only through these methods, so the schema can change behind them.
 """
 

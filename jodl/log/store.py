@@ -5,6 +5,7 @@ this package, and offers their methods under one name for the master and the
 command line. Writes are batched (one statement per loop step, not per job) and
 committed before the master acts on them (sends) or acknowledges results to the
 agents, so a master killed at any point restarts from these tables alone.
+Each table and the module holding its statements: docs/architecture.md#the-reconstruction-log.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The master: the loop, the job book, balancing (see docs/architecture.md).
+"""The master: the loop, the job book, balancing (docs/architecture.md#the-master-loop).
 
 loop.py       :class:`Master` — starts, runs cycles and serves; ``step()`` is the loop
 book.py       :class:`JobBook` — every held job's stage, changed by named transitions

@@ -39,6 +39,7 @@ The book does no I/O and each transition costs O(1) per job it moves (``cancel``
 and ``hold_back``, rare, scan the queues they take jobs out of). It never builds
 execution rows: the transitions return the closed executions (:class:`Closed`) and
 the caller writes them to the log.
+The book in the loop, as a diagram of every transition: docs/architecture.md#the-job-book.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The master: runs cycles of job families on agents, one thread, polling.
 
-:meth:`Master.step` is the loop, one pass, top to bottom (see docs/architecture.md):
+:meth:`Master.step` is the loop, one pass, top to bottom (docs/architecture.md#the-master-loop):
 
     keep_lease       renew the master lease (fenced if another master took it)
     refresh nodes    connect new agents, retry unreachable ones (backoff), drop removed ones

@@ -36,6 +36,7 @@ is a straggler and gets a backup copy on an idle node (idempotent families only)
 when that copy is expected to end before the time it has run already.
 The per-family knobs are the fields of :class:`Tuning` (a family's
 ``strategy_params``); the constants below hold for every family.
+How balancing fits in the loop: docs/architecture.md#balancing.
 """
 
 from __future__ import annotations
