@@ -101,8 +101,8 @@ def test_fail_retries_on_the_same_node_then_elsewhere_then_dies() -> None:
     assert isinstance(got, Failed) and got.then is Failure.RETRY
     assert book.stage[1] is Stage.WAITING and book.retry_on == {1: 1}
     check_book(book)
+    assert book.take_retry_node(1) == 1 and book.take_retry_node(1) is None  # taken once
     book.place(1, 1, 1.0)
-    book.retry_on.pop(1)
     (e,) = sender.send(book, 1, book.pick(1, 1))
     got = book.fail(1, e, retryable=True, max_attempts=3, moves_after=2)
     assert isinstance(got, Failed) and got.then is Failure.RETRY

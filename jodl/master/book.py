@@ -191,12 +191,17 @@ class JobBook:
         ``front``: it goes first (a steal keeps the thief's longest job first).
         """
         assert self.stage[job_id] is Stage.WAITING, (job_id, self.stage[job_id])
+        self.retry_on.pop(job_id, None)  # wherever it goes now, the hint is spent
         self._to_node(job_id, node_id, expected, counted)
         self._set_stage(job_id, Stage.QUEUED)
         if front:
             self.queues[node_id].appendleft(job_id)
         else:
             self.queues[node_id].append(job_id)
+
+    def take_retry_node(self, job_id: int) -> int | None:
+        """The node a failed job should be retried on (fewer than K failures there), once."""
+        return self.retry_on.pop(job_id, None)
 
     def _to_node(self, job_id: int, node_id: int, expected: float, counted: bool) -> None:
         self.placed[job_id] = (node_id, expected)

@@ -79,12 +79,11 @@ class Dispatcher:
 
     def _retry_in_place(self, jobs: list[JobInfo]) -> list[JobInfo]:
         """Put jobs that failed on a node fewer than K times back on it; return the others."""
-        retry_on = self.book.retry_on
-        if not retry_on:
+        if not self.book.retry_on:
             return jobs
         rest = []
         for info in jobs:
-            slot = self.nodes.get(retry_on.pop(info.id, None))
+            slot = self.nodes.get(self.book.take_retry_node(info.id))
             if slot is None or not self.nodes.allowed(info.family, slot):
                 rest.append(info)
                 continue
