@@ -16,10 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from agents import run_jodl, spawn_jodl, wait_for
-from sqlalchemy import select
+from app_support import add_users_tracking, agent_env
+from sqlalchemy import func, select
+from sqlalchemy.orm import sessionmaker
 
+from crawler_app import pages
+from crawler_app.pages import CHECK_FAMILY
 from jodl.log import Store
-from jodl.log.models import ExecState, Execution, Job, JobState, Run, RunState
+from jodl.log.models import Dispatch, ExecState, Execution, Job, JobState, Run, RunState
+
+pytest_plugins = ("tests.site",)
 
 #: Jobs' slots on the one agent: few, so that most jobs of a cycle wait unsent or queued.
 SLOTS = 2
@@ -143,3 +149,43 @@ def test_a_deleted_job_in_flight_is_cancelled_and_never_rerun(
     assert executions(store, "m0") == [ExecState.CANCELLED]
     missing = run_jodl("jobs", "delete", "mark", "m0", "nope", env=env)
     assert missing.returncode != 0 and "nope" in missing.stderr
+
+
+def test_untracking_the_last_tracker_stops_the_check_job(
+    store: Store, agents, db_url: str, site: Any, tmp_path: Path
+) -> None:
+    # The page answers slowly: its check is in flight when its last tracker leaves.
+    site.set_page("/slow", "<p>hello</p>", delay=6.0)
+    url = site.url("/slow")
+    add_users_tracking(store, url, ["ann@example.org", "bob@example.org"])
+    agents(1, slots=SLOTS, env=agent_env())
+    env = {"JODL_DATABASE_URL": db_url}
+    master = spawn_jodl("run", CHECK_FAMILY, log_path=tmp_path / "master.log", env=env)
+    sessions = sessionmaker(store.engine)
+    try:
+        with store.engine.connect() as conn:
+            wait_for(
+                lambda: conn.scalar(select(func.count()).select_from(Dispatch)),
+                60,
+                "the check to be sent",
+            )
+        with sessions.begin() as s:
+            assert pages.untrack(s, "ann@example.org", url)
+        with store.engine.connect() as conn:  # one tracker left: the job stays
+            assert conn.scalar(select(Job.state).where(Job.key == url)) == JobState.IDLE
+        with sessions.begin() as s:
+            assert pages.untrack(s, "bob@example.org", url)
+        # The run ends without waiting for the slow fetch: its job was cancelled.
+        assert master.wait(timeout=60) == 0
+    finally:
+        stop(master)
+    assert executions(store, url) == [ExecState.CANCELLED]
+    with store.engine.connect() as conn:
+        assert conn.scalar(select(Job.state).where(Job.key == url)) == JobState.DELETED
+    again = run_jodl("run", CHECK_FAMILY, env=env)
+    assert again.returncode == 0, again.stderr + again.stdout
+    # The fetch that was in flight is logged when its slow answer is written; after
+    # it nothing more asks for the page (the next cycle had no job for it).
+    site.wait_requests("/slow", 1, timeout=30)
+    assert len(site.requests("/slow")) == 1
+    assert executions(store, url) == [ExecState.CANCELLED]
