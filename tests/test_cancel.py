@@ -111,6 +111,36 @@ def test_cancel_mid_cycle_stops_the_run(store: Store, agents, db_url: str, tmp_p
     assert sorted(set(marked(path))) == sorted(f"m{i}" for i in range(total))
 
 
+def test_cancel_beside_a_serving_master(store: Store, agents, db_url: str, tmp_path: Path) -> None:
+    """``jodl master`` serves; ``jodl run mark`` beside it asks for the cycle and follows
+    it; ``jodl run cancel mark`` ends it and both commands say so."""
+    path = tmp_path / "marks.txt"
+    agents(1, slots=SLOTS)
+    total = 40
+    add_marks(store, path, {f"m{i}": 0.4 for i in range(total)})
+    env = {"JODL_DATABASE_URL": db_url}
+    master = spawn_jodl("master", log_path=tmp_path / "master.log", env=env)
+    follower = None
+    try:
+        wait_for(lambda: store.lease_holder() is not None, 60, "the master to start")
+        follower = spawn_jodl("run", "mark", log_path=tmp_path / "run.log", env=env)
+        wait_for(lambda: len(marked(path)) >= 4, 60, "the cycle to start some jobs")
+        cancel = run_jodl("run", "cancel", "mark", env=env)
+        after_cancel = len(marked(path))
+        assert cancel.returncode == 0, cancel.stderr + cancel.stdout
+        assert "mark#1 cancelled" in cancel.stdout
+        assert follower.wait(timeout=60) == 0
+        assert "mark#1 cancelled" in (tmp_path / "run.log").read_text()
+        assert runs(store) == [(1, RunState.CANCELLED)]
+        time.sleep(1.0)  # an observation window (2.5 job sleeps), not a synchronisation
+        assert len(marked(path)) == after_cancel < total
+        assert master.poll() is None, "the serving master keeps serving"
+    finally:
+        if follower is not None:
+            stop(follower)
+        stop(master)
+
+
 def test_cancel_without_a_master_closes_the_run(store: Store, db_url: str) -> None:
     fam = store.ensure_family("mark")
     store.open_run(fam, 0)
