@@ -235,7 +235,6 @@ def _run_by(holder: str, store: Any, family: str) -> None:
 def _cancel_run(ctx: click.Context, family: str) -> None:
     """Ask the running master to cancel FAMILY's cycle, or cancel it in the log if none runs."""
     from .log.models import RequestKind
-    from .run_requests import follow
 
     store = store_of(ctx)
     holder = store.lease_holder()
@@ -247,6 +246,8 @@ def _cancel_run(ctx: click.Context, family: str) -> None:
         return
     request_id = store.request_run(family, RequestKind.CANCEL)
     click.echo(f"a master ({holder}) runs this database: the cancel is asked of it", err=True)
+    from .run_requests import follow  # imports the master: after the request is filed
+
     row = follow(store, request_id, lambda: store.lease_holder() is not None)
     if row.error:
         raise JodlError(row.error)

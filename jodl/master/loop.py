@@ -252,7 +252,9 @@ class Master:
         active = self.keeper.open(run, family, resumed)
         while active.remaining > 0:
             self.step()
-        return self.keeper.finish(active)
+        summary = self.keeper.finish(active)
+        self.controls.settle_closed()  # a cancel of this run is answered now
+        return summary
 
     def request_cycle(self, family_name: str) -> Future[RunSummary]:
         """Ask a serving master (any thread) to run a cycle; the future gets the summary."""
