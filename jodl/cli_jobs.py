@@ -1,4 +1,4 @@
-"""``jodl jobs add``, ``jodl results``, ``jodl run`` and ``jodl master``: jobs and cycles."""
+"""``jodl jobs add|delete``, ``jodl results``, ``jodl run`` and ``jodl master``: jobs and cycles."""
 
 from __future__ import annotations
 
@@ -153,16 +153,42 @@ def results_cmd(ctx: click.Context, family: str, number: int | None, as_json: bo
         click.echo(f"{j.key}\t{j.state}\t{text}")
 
 
-@click.command("run")
+@jobs.command("delete")
 @click.argument("family")
+@click.argument("keys", nargs=-1, required=True)
+@click.pass_context
+def jobs_delete(ctx: click.Context, family: str, keys: tuple[str, ...]) -> None:
+    """Delete jobs KEYS of FAMILY: never dispatched again; the running master cancels
+    those in flight on their agents (within a second)."""
+    store = store_of(ctx)
+    deleted = store.delete_jobs(family, list(dict.fromkeys(keys)))
+    missing = sorted(set(keys) - set(deleted))
+    click.echo(f"{len(deleted)} jobs of {family} deleted")
+    if missing:
+        raise JodlError(f"no job {', '.join(missing)} in {family} (or already deleted)")
+
+
+@click.command("run")
+@click.argument("words", nargs=-1, required=True, metavar="FAMILY | cancel FAMILY")
 @click.option(
     "--takeover",
     is_flag=True,
     help="Take the master lease even from a running master (which then stops).",
 )
 @click.pass_context
-def run_cmd(ctx: click.Context, family: str, takeover: bool) -> None:
-    """Run (or resume) one cycle of FAMILY and print a summary."""
+def run_cmd(ctx: click.Context, words: tuple[str, ...], takeover: bool) -> None:
+    """Run (or resume) one cycle of FAMILY and print a summary.
+
+    ``jodl run cancel FAMILY`` ends FAMILY's running cycle instead: its unsent jobs
+    are not sent, running ones are cancelled on their agents, and the run is
+    recorded as cancelled (its unfinished jobs are due in the next run).
+    """
+    if len(words) == 2 and words[0] == "cancel":
+        _cancel_run(ctx, words[1])
+        return
+    if len(words) != 1:
+        raise click.UsageError("give one FAMILY, or `cancel FAMILY`")
+    (family,) = words
     from .master import Master
 
     settings = settings_of(ctx)
@@ -204,6 +230,28 @@ def _run_by(holder: str, store: Any, family: str) -> None:
     click.echo(row.summary)
     if row.dead:
         sys.exit(3)
+
+
+def _cancel_run(ctx: click.Context, family: str) -> None:
+    """Ask the running master to cancel FAMILY's cycle, or cancel it in the log if none runs."""
+    from .log.models import RequestKind
+
+    store = store_of(ctx)
+    holder = store.lease_holder()
+    if holder is None:
+        run = store.cancel_open_run(family)
+        if run is None:
+            raise JodlError(f"no running cycle of {family}")
+        click.echo(f"run {family}#{run.number} cancelled: {run.jobs_done} done (no master ran it)")
+        return
+    request_id = store.request_run(family, RequestKind.CANCEL)
+    click.echo(f"a master ({holder}) runs this database: the cancel is asked of it", err=True)
+    from .run_requests import follow  # imports the master: after the request is filed
+
+    row = follow(store, request_id, lambda: store.lease_holder() is not None)
+    if row.error:
+        raise JodlError(row.error)
+    click.echo(row.summary)
 
 
 @click.command("master")
@@ -251,7 +299,7 @@ def master_cmd(ctx: click.Context, takeover: bool) -> None:
 
 
 def register(main: click.Group) -> None:
-    """Add ``jobs`` (with ``jobs add``), ``results``, ``run`` and ``master`` to ``main``."""
+    """Add ``jobs`` (``add``, ``delete``), ``results``, ``run`` and ``master`` to ``main``."""
     for command in (jobs, results_cmd, run_cmd, master_cmd):
         main.add_command(command)
 

@@ -17,7 +17,8 @@ from sqlalchemy.orm import sessionmaker
 from crawler_app.cycle_requests import claim
 from crawler_app.models import Snapshot, compress
 from crawler_app.pages import add_user
-from jodl.log import make_engine
+from jodl.log import Store, make_engine
+from jodl.log.models import RequestKind, RunState
 from jodl.migrate import upgrade
 from web.app import create_app
 from web.settings import WebSettings
@@ -356,3 +357,30 @@ def test_operator_status_stream(tmp_path: Path) -> None:
     data = json.loads(blocks[0].split("data: ", 1)[1])
     assert [n["address"] for n in data["nodes"]] == ["127.0.0.1:9"]
     assert set(data) >= {"nodes", "runs", "queue", "families"}
+
+
+def test_an_operator_cancels_a_running_run(client: FlaskClient) -> None:
+    store = Store(client.application.extensions["jodl"].engine)
+    run, _ = store.open_run(store.ensure_family("mark"), 0)
+    url = f"/api/admin/runs/{run.id}/cancel"
+    assert client.post(url, json={}, headers=USER).status_code == 403
+    assert client.post(url, json={}).status_code == 401
+    client.post("/api/session", json={"email": "ops@example.org", "password": PASSWORD})
+    assert client.post(url, json={}).status_code == 403  # a session needs the CSRF header
+    csrf = {"X-CSRF-Token": client.get("/api/session").get_json()["csrf_token"]}
+    r = client.post(url, json={}, headers=csrf)  # no master runs: cancelled at once
+    assert r.status_code == 202 and r.get_json()["state"] == "cancelled"
+    assert store.reads.run(run.id).state == RunState.CANCELLED
+    assert client.post(url, json={}, headers=csrf).status_code == 409
+    assert client.post("/api/admin/runs/999/cancel", json={}, headers=csrf).status_code == 404
+    # With a master holding the lease, the cancel is a request it takes.
+    second, _ = store.open_run(store.ensure_family("mark"), 0)
+    store.acquire_lease("elsewhere:1")
+    r = client.post(f"/api/admin/runs/{second.id}/cancel", json={}, headers=OPS)
+    assert r.status_code == 202 and r.get_json()["state"] == "requested"
+    taken = store.take_requests("m1", [RequestKind.CANCEL])
+    assert [(t.id, t.family) for t in taken] == [(r.get_json()["id"], "mark")]
+    # The operator's run page has the button while the run runs.
+    client.post("/api/session", json={"email": "ops@example.org", "password": PASSWORD})
+    page = client.get(f"/admin/runs/{second.id}").get_data(as_text=True)
+    assert f"/admin/runs/{second.id}/cancel" in page

@@ -22,7 +22,8 @@ from sqlalchemy.orm import sessionmaker
 
 from crawler_app.models import CycleRequest, Page, Snapshot, User, compress
 from crawler_app.pages import add_user, track
-from jodl.log import make_engine
+from jodl.log import Store, make_engine
+from jodl.log.models import RunState
 from jodl.migrate import upgrade
 from web.app import create_app
 from web.settings import WebSettings
@@ -244,6 +245,7 @@ def test_every_state_changing_form_needs_the_csrf_token(
         ("/admin/nodes", {"address": "127.0.0.1:9", "slots": "1"}),
         ("/admin/nodes/remove", {"address": "127.0.0.1:9"}),
         ("/admin/cycle", {}),
+        ("/admin/runs/1/cancel", {}),
         ("/login", {"email": "ops@example.org", "password": PASSWORD}),
         ("/signup", {"email": "x@example.org", "password": PASSWORD, "confirm": PASSWORD}),
         ("/logout", {}),
@@ -300,6 +302,24 @@ def test_start_a_cycle_records_a_request(
     assert "cycle requested" in page
     listed = lxml.html.fromstring(page).get_element_by_id("cycle-requests").text_content()
     assert "requested by ops@example.org" in listed
+
+
+def test_the_cancel_button_of_a_running_run(
+    app: Flask, user_client: FlaskClient, admin_client: FlaskClient
+) -> None:
+    store = Store(app.extensions["jodl"].engine)
+    run, _ = store.open_run(store.ensure_family("mark"), 0)
+    page = admin_client.get(f"/admin/runs/{run.id}").get_data(as_text=True)
+    form = lxml.html.fromstring(page).xpath("//form[contains(@action, '/cancel')]")
+    assert [f.get("action") for f in form] == [f"/admin/runs/{run.id}/cancel"]
+    r = user_client.post(form[0].get("action"), data={"csrf_token": token(user_client)})
+    assert r.status_code == 403
+    r = admin_client.post(form[0].get("action"), data={"csrf_token": token(admin_client)})
+    assert r.status_code == 303  # no master runs: cancelled at once
+    assert store.reads.run(run.id).state == RunState.CANCELLED
+    page = admin_client.get(r.headers["Location"]).get_data(as_text=True)
+    assert f"run mark#{run.number} cancelled" in page
+    assert "/cancel" not in page  # no button on a run that ended
 
 
 # -- flows --------------------------------------------------------------------------------------

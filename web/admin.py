@@ -12,11 +12,11 @@ import datetime as dt
 from typing import Any
 
 from flask import Blueprint, flash, redirect, render_template, request, url_for
-from werkzeug.exceptions import BadRequest, NotFound
+from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
 from crawler_app import cycle_requests
 from jodl.agent.wire import split_address
-from jodl.log.models import ExecState, RunState
+from jodl.log.models import ExecState, RequestKind, RunState
 from jodl.status import collect
 
 from .app import Services, services
@@ -91,6 +91,27 @@ def start_cycle(svc: Services) -> dict[str, Any]:
     }
 
 
+def cancel_run(svc: Services, run_id: int) -> dict[str, Any]:
+    """End run ``run_id`` while it runs: asked of the running master (which stops its
+    jobs, on their agents too), or recorded at once when no master runs; a message."""
+    reads = svc.store.reads
+    row = reads.run(run_id)
+    family = reads.family_of_run(run_id)
+    if row is None or family is None:
+        raise NotFound("no such run")
+    if row.state != RunState.RUNNING:
+        raise Conflict(f"run {family}#{row.number} is {row.state}, not running")
+    if svc.store.lease_holder() is not None:
+        request_id = svc.store.request_run(family, RequestKind.CANCEL)
+        return {
+            "id": request_id,
+            "state": "requested",
+            "message": f"cancel of run {family}#{row.number} asked of the running master",
+        }
+    svc.store.cancel_open_run(family)
+    return {"state": "cancelled", "message": f"run {family}#{row.number} cancelled"}
+
+
 def _slots(text: str | None) -> int:
     try:
         return int(text or "1")
@@ -116,6 +137,13 @@ def run(run_id: int) -> Any:
     counts = reads.outcome_counts([run_id]).get(run_id, {})
     failures = reads.failed_attempts(run_id, FAILURES_LISTED)
     return render_template("run.html", run=row, family=family, counts=counts, failures=failures)
+
+
+@bp.route("/runs/<id:run_id>/cancel", methods=["POST"])
+@admin_required
+def run_cancel(run_id: int) -> Any:
+    flash(cancel_run(services(), run_id)["message"], "ok")
+    return redirect(url_for("admin.run", run_id=run_id), 303)
 
 
 @bp.route("/nodes", methods=["POST"])

@@ -354,6 +354,12 @@ def admin_nodes_remove() -> Any:
     return jsonify({"message": admin.remove_node(services(), address.strip())})
 
 
+@bp.route("/admin/runs/<id:run_id>/cancel", methods=["POST"])
+@admin_required
+def admin_run_cancel(run_id: int) -> Any:
+    return jsonify(admin.cancel_run(services(), run_id)), 202
+
+
 @bp.route("/admin/cycles", methods=["POST"])
 @admin_required
 def admin_cycle() -> Any:

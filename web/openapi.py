@@ -31,6 +31,7 @@ REASONS = {
     403: "Missing CSRF token, operators only, closed, or over a user quota (error "
     "`quota_exceeded`: the whole request was refused, nothing done)",
     404: "No such thing",
+    409: "Not in a state that allows it (e.g. a run that is not running)",
     415: "The body must be JSON",
     429: "Rate limit: retry after the Retry-After header's seconds",
 }
@@ -481,6 +482,15 @@ def document(settings: WebSettings) -> dict[str, Any]:
                     "properties": {"address": _text(300)},
                 },
                 auth=True,
+            )
+        },
+        "/api/admin/runs/{run_id}/cancel": {
+            "post": _op(
+                "Cancel a running run (asked of the running master, or recorded at once)",
+                _responses(202, "Cancelled or asked", obj, *WITH_BODY, 404, 409),
+                {"type": "object"},
+                auth=True,
+                params=[_path_int("run_id")],
             )
         },
         "/api/admin/cycles": {

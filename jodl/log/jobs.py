@@ -12,7 +12,8 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, and_, bindparam, insert, select, update
 
-from .models import ExecState, Execution, Family, Job, JobState, table_of, utcnow
+from .models import ExecState, Execution, Family, Job, JobState, RequestKind, table_of, utcnow
+from .requests import RequestLog
 
 #: Ids or keys per ``IN (...)`` list.
 CHUNK = 1000
@@ -141,13 +142,64 @@ class JobLog:
 
     @staticmethod
     def delete(conn: Connection, job_ids: Sequence[int]) -> None:
-        """Jobs never dispatched again (kept, marked deleted)."""
-        if job_ids:
+        """Jobs never dispatched again (kept, marked deleted).
+
+        With them, one :data:`RequestKind.DELETE` request per family they belong to:
+        a running master takes it and cancels those of them it holds (in flight:
+        on their agents).
+        """
+        ids = list(job_ids)
+        if not ids:
+            return
+        families: set[str] = set()
+        for start in range(0, len(ids), CHUNK):
+            part = ids[start : start + CHUNK]
+            families.update(
+                conn.scalars(
+                    select(Family.name)
+                    .join(Job, Job.family_id == Family.id)
+                    .where(Job.id.in_(part), Job.state != JobState.DELETED)
+                    .distinct()
+                )
+            )
             conn.execute(
                 update(Job)
-                .where(Job.id.in_(list(job_ids)))
+                .where(Job.id.in_(part))
                 .values(state=JobState.DELETED, updated_at=utcnow())
             )
+        RequestLog.file(conn, families, RequestKind.DELETE)
+
+    @staticmethod
+    def deleted_among(conn: Connection, job_ids: Sequence[int]) -> list[int]:
+        """Which of ``job_ids`` are deleted."""
+        ids = list(job_ids)
+        out: list[int] = []
+        for start in range(0, len(ids), CHUNK):
+            out.extend(
+                conn.scalars(
+                    select(Job.id).where(
+                        Job.id.in_(ids[start : start + CHUNK]), Job.state == JobState.DELETED
+                    )
+                )
+            )
+        return out
+
+    @staticmethod
+    def ids_of_keys(conn: Connection, family: str, keys: Sequence[str]) -> dict[str, int]:
+        """key -> job id of those of ``keys`` that ``family`` has and did not delete."""
+        out: dict[str, int] = {}
+        for start in range(0, len(keys), CHUNK):
+            for job_id, key in conn.execute(
+                select(Job.id, Job.key)
+                .join(Family, Family.id == Job.family_id)
+                .where(
+                    Family.name == family,
+                    Job.key.in_(list(keys[start : start + CHUNK])),
+                    Job.state != JobState.DELETED,
+                )
+            ):
+                out[key] = job_id
+        return out
 
     @staticmethod
     def retire(conn: Connection, job_ids: Sequence[int]) -> None:

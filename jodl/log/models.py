@@ -225,6 +225,7 @@ class JobOnNode(Base):
 class RunState:
     RUNNING = "running"
     FINISHED = "finished"
+    CANCELLED = "cancelled"  # ended by `jodl run cancel`: its unfinished jobs did not run
 
 
 class Run(Base):
@@ -353,17 +354,29 @@ class ExecIdSequence(Base):
     next_id: Mapped[int] = mapped_column(BigId, default=1)
 
 
-class RunRequest(Base):
-    """A cycle of a family asked of the running master (``jodl run`` beside it).
+class RequestKind:
+    """What a :class:`RunRequest` asks of the running master."""
 
-    The serving master takes it (``taken_at``), runs the cycle and records the
-    outcome (``finished_at`` with the run's summary line, or ``error``).
+    RUN = "run"  # run a cycle of the family (`jodl run` beside a master)
+    CANCEL = "cancel"  # end the family's running cycle (`jodl run cancel`)
+    DELETE = "delete"  # some of the family's jobs were deleted: stop them (`jodl jobs delete`)
+
+
+class RunRequest(Base):
+    """Something asked of the running master about a family: a cycle (``jodl run``
+    beside it), the end of its running cycle, or to stop its deleted jobs (``kind``).
+
+    The master takes it (``taken_at``), acts and records the outcome
+    (``finished_at`` with the run's summary line, or ``error``).
     """
 
     __tablename__ = "jodl_run_request"
     __table_args__ = (Index("ix_jodl_run_request_taken", "taken_at"),)
     id: Mapped[int] = mapped_column(primary_key=True)
     family: Mapped[str] = mapped_column(String(100))
+    kind: Mapped[str] = mapped_column(
+        String(16), default=RequestKind.RUN, server_default=RequestKind.RUN
+    )
     requested_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     taken_at: Mapped[dt.datetime | None]
     taken_by: Mapped[str | None] = mapped_column(String(255))

@@ -1,13 +1,23 @@
-"""Cycles asked of the running master (``jodl run`` beside a serving master)."""
+"""What is asked of the running master: cycles (``jodl run`` beside a serving master),
+the end of a running cycle (``jodl run cancel``), stopping deleted jobs (``jodl jobs delete``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Connection, Engine, insert, select, update
 from sqlalchemy.orm import sessionmaker
 
-from .models import RunRequest, utcnow
+from .models import RequestKind, RunRequest, utcnow
+
+
+class Request(NamedTuple):
+    """A request a master took: its id, family and :class:`RequestKind`."""
+
+    id: int
+    family: str
+    kind: str
 
 
 class RequestLog:
@@ -17,23 +27,36 @@ class RequestLog:
         self.engine = engine
         self.sessions = sessionmaker(engine, expire_on_commit=False)
 
-    def request_run(self, family: str) -> int:
-        """Record that a cycle of ``family`` is asked of the running master; the request's id."""
+    def request_run(self, family: str, kind: str = RequestKind.RUN) -> int:
+        """Record that ``kind`` (a cycle by default) is asked of the running master about
+        ``family``; the request's id."""
         with self.sessions() as s, s.begin():
-            row = RunRequest(family=family, requested_at=utcnow())
+            row = RunRequest(family=family, kind=kind, requested_at=utcnow())
             s.add(row)
             s.flush()
             return row.id
 
+    @staticmethod
+    def file(conn: Connection, families: Iterable[str], kind: str) -> None:
+        """Ask ``kind`` about each of ``families`` in the caller's transaction (e.g. with
+        the jobs it deletes, so that a running master sees both or neither)."""
+        rows = [{"family": f, "kind": kind, "requested_at": utcnow()} for f in sorted(families)]
+        if rows:
+            conn.execute(insert(RunRequest), rows)
+
     def take_run_requests(self, taker: str) -> list[tuple[int, str]]:
-        """Take every untaken request for ``taker``: (request id, family) pairs, oldest first.
+        """Take every untaken request for a cycle: (request id, family) pairs, oldest first."""
+        return [(r.id, r.family) for r in self.take_requests(taker, (RequestKind.RUN,))]
+
+    def take_requests(self, taker: str, kinds: Sequence[str]) -> list[Request]:
+        """Take every untaken request of these kinds for ``taker``, oldest first.
 
         A conditional UPDATE: of two masters taking at once, one gets each request.
         """
         with self.engine.begin() as conn:
             rows = conn.execute(
-                select(RunRequest.id, RunRequest.family)
-                .where(RunRequest.taken_at.is_(None))
+                select(RunRequest.id, RunRequest.family, RunRequest.kind)
+                .where(RunRequest.taken_at.is_(None), RunRequest.kind.in_(list(kinds)))
                 .order_by(RunRequest.id)
             ).all()
             if not rows:
@@ -46,7 +69,7 @@ class RequestLog:
                     .returning(RunRequest.id)
                 )
             )
-        return [(rid, family) for rid, family in rows if rid in taken]
+        return [Request(*r) for r in rows if r[0] in taken]
 
     def settle_run_request(self, request_id: int, **outcome: Any) -> None:
         """Record a request's outcome: ``run_id``, ``summary`` and ``dead``, or ``error``."""

@@ -175,8 +175,18 @@ class Runs:
             )
             return int(done or 0), int(failed or 0)
 
-    def finish_run(self, run: Run, makespan: float | None, lower_bound: float | None) -> Run:
-        """Close the run: counts, makespan, jobs' last run (learning came with each outcome)."""
+    def finish_run(
+        self,
+        run: Run,
+        makespan: float | None,
+        lower_bound: float | None,
+        state: str = RunState.FINISHED,
+    ) -> Run:
+        """Close the run: counts, makespan, jobs' last run (learning came with each outcome).
+
+        ``state`` :data:`RunState.CANCELLED`: it ends before its jobs did (``jodl run
+        cancel``); those without a result stay due for the next run.
+        """
         now = utcnow()
         with self.sessions() as s, s.begin():
             # Only jobs that run every N cycles or not more often than T need to know
@@ -226,7 +236,7 @@ class Runs:
                 )
                 or 0
             )
-            db_run.state = RunState.FINISHED
+            db_run.state = state
             db_run.finished_at = now
             db_run.makespan = makespan
             db_run.lower_bound = lower_bound

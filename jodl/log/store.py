@@ -18,14 +18,15 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..placement import Knowledge
 from .exec_ids import ExecIds
+from .jobs import JobLog
 from .learning import Learning
 from .lease import Leases
-from .models import Family, FamilyOnNode, Node, Run, RunRequest
+from .models import Family, FamilyOnNode, Node, RequestKind, Run, RunRequest, RunState
 from .nodes import Families, NodeLog
 from .outcomes import Outcomes
 from .reads import Reads
 from .records import Home, OutcomeBatch, PendingJob, RunResults, Sent
-from .requests import RequestLog
+from .requests import Request, RequestLog
 from .runs import Runs
 
 
@@ -148,8 +149,21 @@ class Store:
     def count_run(self, run_id: int) -> tuple[int, int]:
         return self.runs.count_run(run_id)
 
-    def finish_run(self, run: Run, makespan: float | None, lower_bound: float | None) -> Run:
-        return self.runs.finish_run(run, makespan, lower_bound)
+    def finish_run(
+        self,
+        run: Run,
+        makespan: float | None,
+        lower_bound: float | None,
+        state: str = RunState.FINISHED,
+    ) -> Run:
+        return self.runs.finish_run(run, makespan, lower_bound, state)
+
+    def cancel_open_run(self, family: str) -> Run | None:
+        """No master runs it: record the family's unfinished run as cancelled; the run."""
+        run = self.runs.running_run(family)
+        if run is None:
+            return None
+        return self.runs.finish_run(run, None, None, RunState.CANCELLED)
 
     def results(self, family: str, run: int | None = None) -> RunResults:
         """What run number ``run`` of ``family`` (default: its newest) gave, per job."""
@@ -188,11 +202,29 @@ class Store:
 
     # -- cycles asked of the running master ---------------------------------------------------
 
-    def request_run(self, family: str) -> int:
-        return self.requests.request_run(family)
+    def request_run(self, family: str, kind: str = RequestKind.RUN) -> int:
+        return self.requests.request_run(family, kind)
 
     def take_run_requests(self, taker: str) -> list[tuple[int, str]]:
         return self.requests.take_run_requests(taker)
+
+    def take_requests(self, taker: str, kinds: Sequence[str]) -> list[Request]:
+        return self.requests.take_requests(taker, kinds)
+
+    # -- deleting jobs -----------------------------------------------------------------------
+
+    def delete_jobs(self, family: str, keys: Sequence[str]) -> list[str]:
+        """Delete these jobs of ``family`` (never dispatched again; a running master
+        cancels those it holds); the keys it had, the others are ignored."""
+        with self.engine.begin() as conn:
+            found = JobLog.ids_of_keys(conn, family, keys)
+            JobLog.delete(conn, list(found.values()))
+        return sorted(found)
+
+    def deleted_among(self, job_ids: Sequence[int]) -> list[int]:
+        """Which of ``job_ids`` are deleted."""
+        with self.engine.connect() as conn:
+            return JobLog.deleted_among(conn, job_ids)
 
     def settle_run_request(self, request_id: int, **outcome: Any) -> None:
         self.requests.settle_run_request(request_id, **outcome)

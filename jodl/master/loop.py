@@ -49,6 +49,7 @@ from ..placement import Knowledge
 from ..registry import serve_hello
 from .balancer import Balancer
 from .book import JobBook
+from .controls import Controls
 from .dispatch import Dispatcher
 from .families import FamilySettings
 from .nodes import Nodes, NodeSlot, known_versions
@@ -166,6 +167,9 @@ class Master:
             self.runs,
             self.gauges,
         )
+        #: `jodl run cancel` and `jodl jobs delete` asked of this master (through the log).
+        self.controls = Controls(self.store, self.book, self.outcomes, self.runs)
+        self.controls.taker = self.name
         self._requests: queue.SimpleQueue[tuple[str, Future[RunSummary]]] = queue.SimpleQueue()
         self._waiting: dict[int, Future[RunSummary]] = {}
         self._families_read = time.monotonic()
@@ -211,6 +215,7 @@ class Master:
         """Commit what is queued, acknowledge it, and disconnect (the log stays resumable)."""
         try:
             self.writer.flush()
+            self.controls.settle_closed()
         finally:
             if self._gc is not None:
                 gc.set_threshold(*self._gc)
@@ -247,7 +252,9 @@ class Master:
         active = self.keeper.open(run, family, resumed)
         while active.remaining > 0:
             self.step()
-        return self.keeper.finish(active)
+        summary = self.keeper.finish(active)
+        self.controls.settle_closed()  # a cancel of this run is answered now
+        return summary
 
     def request_cycle(self, family_name: str) -> Future[RunSummary]:
         """Ask a serving master (any thread) to run a cycle; the future gets the summary."""
@@ -267,6 +274,7 @@ class Master:
                 self.step()
             else:
                 self.keep_lease()
+                self.controls.poll()
                 self.fleet.refresh(self.epoch)
                 self.gauges.maybe_update(self)
                 time.sleep(self.settings.idle_sleep)
@@ -337,6 +345,7 @@ class Master:
         started = time.perf_counter()
         self.writer.check()
         self.keep_lease()
+        self.controls.poll()
         self.fleet.refresh(self.epoch)
         self.dispatcher.assign()
         sent = self.dispatcher.send()

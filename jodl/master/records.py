@@ -34,6 +34,8 @@ class RunSummary:
     elapsed: float
     makespan: float | None = None
     lower_bound: float | None = None
+    #: Ended by ``jodl run cancel`` before its jobs were all done.
+    cancelled: bool = False
 
     @property
     def ratio(self) -> float | None:
@@ -44,7 +46,8 @@ class RunSummary:
     def line(self) -> str:
         rate = self.done / self.elapsed if self.elapsed > 0 else 0.0
         text = (
-            f"run {self.family}#{self.number}{' (resumed)' if self.resumed else ''}: "
+            f"run {self.family}#{self.number}{' (resumed)' if self.resumed else ''}"
+            f"{' cancelled' if self.cancelled else ''}: "
             f"{self.done}/{self.total} done, {self.failed} failed attempts, {self.dead} dead, "
             f"{self.elapsed:.2f}s ({rate:.0f} jobs/s)"
         )
@@ -68,6 +71,8 @@ class ActiveRun:
     failed: int = 0
     dead: int = 0
     remaining: int = 0
+    #: Cancelled (``jodl run cancel``): closed as soon as its jobs left the book.
+    cancelled: bool = False
 
 
 def job_info(job: PendingJob) -> JobInfo:

@@ -8,7 +8,7 @@ from collections import defaultdict
 
 from .. import budget
 from ..agent.client import AgentLink
-from ..log.models import ExecState, Family, Run
+from ..log.models import ExecState, Family, Run, RunState
 from ..log.records import Sent
 from ..log.store import Store
 from ..metrics import MasterGauges
@@ -140,7 +140,8 @@ class RunKeeper:
         self.ledger.writer.flush()  # every outcome and home of the run committed before it closes
         self.nodes.flush_acks(self.epoch)
         self.outcomes.run_bytes.pop(active.run.id, None)
-        run = self.store.finish_run(active.run, makespan, lower_bound)
+        state = RunState.CANCELLED if active.cancelled else RunState.FINISHED
+        run = self.store.finish_run(active.run, makespan, lower_bound, state)
         self.gauges.run_finished(active)
         del self.runs[active.run.id]
         summary = RunSummary(
@@ -155,6 +156,7 @@ class RunKeeper:
             elapsed=time.perf_counter() - active.started,
             makespan=makespan,
             lower_bound=lower_bound,
+            cancelled=active.cancelled,
         )
         log.info("%s", summary.line(), extra={"run_id": run.id, "family": summary.family})
         return summary
