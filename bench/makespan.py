@@ -54,8 +54,8 @@ from _common import SECRET, agents, fresh_database  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
 from jodl import Master, Settings, Store, make_engine  # noqa: E402
-from jodl.agent.client import AgentLink  # noqa: E402
-from jodl.log.models import ExecState, Execution, Node  # noqa: E402
+from jodl.agent import AgentLink  # noqa: E402
+from jodl.log import ExecState, Execution, Node  # noqa: E402
 from jodl.migrate import upgrade  # noqa: E402
 
 

@@ -219,7 +219,7 @@ def track_pages(engine: object, urls: list[str]) -> None:
 
     from crawler_app.models import Page, Tracking, User
     from crawler_app.pages import sync_jobs
-    from jodl.log.models import utcnow
+    from jodl.log import utcnow
 
     with sessionmaker(engine)() as s, s.begin():  # type: ignore[call-overload]
         user = User(email="bench@example.org", created_at=utcnow())
@@ -334,7 +334,7 @@ def main() -> None:
         asyncio.run(serve_site(args.serve_site, args.latency))
         return
 
-    from jodl.agent.eventloop import loop_name, new_event_loop
+    from jodl.agent import loop_name, new_event_loop
 
     agent_loop = loop_name(new_event_loop(args.agent_loop))
     site, port = start_site(args.latency)

@@ -31,7 +31,7 @@ def run_jodl(url: str, jobs: int, agent_count: int, slots: int, cycles: int) -> 
     from sqlalchemy import func, select
 
     from jodl import Master, Settings, Store, make_engine
-    from jodl.log.models import ExecState, Execution
+    from jodl.log import ExecState, Execution
     from jodl.migrate import upgrade
 
     with fresh_database(url) as db_url, agents(agent_count, slots=slots) as addresses:

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import bindparam, insert, or_, select, update
 from sqlalchemy.orm import Session
 
-from jodl.log.models import utcnow
+from jodl.log import utcnow
 
 from . import change
 from .models import WHOLE_PAGE, AppCycle, Page, PageView, Snapshot, compress, decompress

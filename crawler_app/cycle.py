@@ -37,8 +37,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
 from jodl import failpoint
-from jodl.log import Store
-from jodl.log.models import Run, RunState, utcnow
+from jodl.log import Run, RunState, Store, utcnow
 
 from . import digests
 from .analysis import apply_chunk

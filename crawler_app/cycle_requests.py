@@ -23,8 +23,7 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
 from jodl.exceptions import JodlError
-from jodl.log import Store
-from jodl.log.models import utcnow
+from jodl.log import Store, utcnow
 
 from .cycle import CycleResult, OnStep
 from .models import AppCycle, CycleRequest, User

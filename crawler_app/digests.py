@@ -13,8 +13,7 @@ import json
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from jodl.log.jobs import JobLog
-from jodl.log.models import JobState, utcnow
+from jodl.log import JobLog, JobState, utcnow
 
 from . import change, mail
 from .models import (

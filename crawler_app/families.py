@@ -28,10 +28,9 @@ from typing import Any
 from sqlalchemy import Engine, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from jodl import Family, Permanent
 from jodl.config import Settings
-from jodl.family import Family, Permanent
-from jodl.log import make_engine
-from jodl.log.models import utcnow
+from jodl.log import make_engine, utcnow
 
 from .fetcher import THREAD_PARSE_BYTES, Fetcher
 from .metrics import FETCHES, NOTIFICATIONS

@@ -31,7 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from jodl.log.models import Base, BigId, utcnow
+from jodl.log import Base, BigId, utcnow
 
 #: Longest normalised URL kept (the guard refuses longer ones anyway).
 URL_LENGTH = 2048

@@ -19,8 +19,7 @@ from sqlalchemy.orm import Session
 from werkzeug.security import check_password_hash, generate_password_hash
 
 from jodl.exceptions import JodlError
-from jodl.log.jobs import JobLog
-from jodl.log.models import JobState, utcnow
+from jodl.log import JobLog, JobState, utcnow
 
 from .guard import FetchRefused, parse_url
 from .models import SELECTOR_LENGTH, URL_LENGTH, WHOLE_PAGE, Page, PageView, Tracking, User

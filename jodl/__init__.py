@@ -7,6 +7,14 @@ any moment resumes its cycle without redoing finished jobs.
 
 The public names load on first use (:func:`__getattr__`): ``import jodl`` and the
 ``jodl`` command start without the database and network layers.
+
+Public API (docs/architecture.md#parts-and-layering): the names in the ``__all__`` of each
+module of :data:`PUBLIC_MODULES` — this package, the packages ``jodl.log``,
+``jodl.agent``, ``jodl.master``, ``jodl.queue`` and ``jodl.placement``, and the few
+modules for settings, errors, migrations, metrics and command plug-ins. Everything
+else (``jodl.log.models``, ``jodl.agent.wire`` ...) is internal and may change;
+applications (``crawler_app``, ``web``) import public names only
+(tests/test_layering.py).
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ if TYPE_CHECKING:
     from .placement import register as register_strategy
     from .queue import Queue as Queue
     from .queue import QueueFeeder as QueueFeeder
+    from .run_requests import RunRequests as RunRequests
+    from .status import collect as collect_status
 
 #: Public name -> (module of the package, name there).
 _PUBLIC = {
@@ -56,7 +66,29 @@ _PUBLIC = {
     "RunResults": ("log.records", "RunResults"),
     "Store": ("log.store", "Store"),
     "make_engine": ("log.engine", "make_engine"),
+    "RunRequests": ("run_requests", "RunRequests"),
+    "collect_status": ("status", "collect"),
 }
+
+#: The modules whose ``__all__`` is the public API; any other module of jodl is internal.
+PUBLIC_MODULES = (
+    "jodl",
+    "jodl.agent",
+    "jodl.cli_budget",  # command plug-ins: the budget parameter type
+    "jodl.cli_context",  # command plug-ins: settings, store, logging
+    "jodl.config",  # settings
+    "jodl.exceptions",
+    "jodl.failpoint",  # named crash points for crash tests
+    "jodl.families_admin",  # family administration shared by ``jodl family`` and the web
+    "jodl.log",
+    "jodl.master",
+    "jodl.metrics",  # Prometheus collectors
+    "jodl.migrate",  # the migration chain, applications' branches included
+    "jodl.options",  # declaring settings
+    "jodl.placement",
+    "jodl.progress",  # command plug-ins: progress reporting
+    "jodl.queue",
+)
 
 __all__ = [
     "Family",
@@ -65,15 +97,18 @@ __all__ = [
     "Knowledge",
     "Master",
     "NodeLoad",
+    "PUBLIC_MODULES",
     "Permanent",
     "Placement",
     "Queue",
     "QueueFeeder",
+    "RunRequests",
     "RunResults",
     "RunSummary",
     "Settings",
     "Store",
     "add_jobs",
+    "collect_status",
     "connect",
     "make_engine",
     "register_strategy",

@@ -94,4 +94,4 @@ def register(main: click.Group) -> None:
     main.add_command(budget_group)
 
 
-__all__ = ["register"]
+__all__ = ["BudgetValue", "register"]

@@ -379,3 +379,6 @@ def effective(env: Mapping[str, str] | None = None) -> list[Effective]:
 def markdown_table(options: Iterable[Option] | None = None) -> str:
     """The configuration table of the README (every installed option), in Markdown."""
     return options_table(all_options() if options is None else options)
+
+
+__all__ = ["OPTIONS", "Settings", "all_options", "read_values"]

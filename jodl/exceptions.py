@@ -50,3 +50,16 @@ class Fenced(AgentUnavailable):
     this master's older epoch (for that agent it is also unavailable: code that only
     gives up on the node keeps working; the master's loop stops on it).
     """
+
+
+__all__ = [
+    "AgentUnavailable",
+    "AuthError",
+    "BadPayload",
+    "ConfigError",
+    "Fenced",
+    "JodlError",
+    "LeaseHeld",
+    "StoreUnavailable",
+    "UnknownFamily",
+]

@@ -26,3 +26,6 @@ def hit(name: str) -> None:
     _left -= 1
     if _left == 0:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+__all__ = ["hit"]

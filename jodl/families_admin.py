@@ -433,12 +433,15 @@ class FamilyAdmin:
 
 
 __all__ = [
+    "JOB_STATES",
+    "MAX_JOBS_LISTED",
     "SETTABLE",
     "BadSetting",
     "FamilyAdmin",
     "FamilyInfo",
     "JobRow",
     "NodeRule",
+    "check_labels",
     "check_schedule",
     "clean_settings",
     "cron_trigger",

@@ -213,3 +213,6 @@ def markdown_table(options: Iterable[Option]) -> str:
         default = f"`{opt.default}`" if opt.default else "(empty)"
         rows.append(f"| `{opt.name}` | {default} | {opt.help} | {opt.programs} |")
     return "\n".join(rows)
+
+
+__all__ = ["OPTIONS_GROUP", "Option", "register_options", "registered_options"]

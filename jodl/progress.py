@@ -139,3 +139,6 @@ def _plain(label: str) -> Reporters:
             click.echo(f"{state['step']}: {done}/{total}")
 
     return plain_step, plain_progress
+
+
+__all__ = ["REPORTED_BY_COMMAND", "Reporters", "progress_reporters"]

@@ -15,9 +15,9 @@ from flask import Blueprint, flash, redirect, render_template, request, url_for
 from werkzeug.exceptions import BadRequest, Conflict, NotFound
 
 from crawler_app import cycle_requests
-from jodl.agent.wire import split_address
-from jodl.log.models import ExecState, RequestKind, RunState
-from jodl.status import collect
+from jodl import collect_status as collect
+from jodl.agent import split_address
+from jodl.log import ExecState, RequestKind, RunState
 
 from .app import Services, services
 from .auth import admin_required, current_user

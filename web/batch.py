@@ -35,8 +35,7 @@ from sqlalchemy.orm import sessionmaker
 
 from crawler_app.guard import FetchRefused, parse_url
 from crawler_app.pages import CHECK_FAMILY, family_id
-from jodl.log import Reads
-from jodl.log.models import JobState, utcnow
+from jodl.log import JobState, Reads, utcnow
 from jodl.queue import Queue
 
 from .models import ITEM_URL_LENGTH, Batch, BatchItem, CacheReset

@@ -35,14 +35,13 @@ from sqlalchemy import Engine, select
 
 from crawler_app.models import User
 from crawler_app.pages import add_user
-from jodl.agent.local import InProcessAgent
+from jodl import RunRequests
+from jodl.agent import InProcessAgent
 from jodl.config import Settings
-from jodl.log import Store, make_engine
-from jodl.log.models import NodeState
+from jodl.log import NodeState, Store, make_engine
 from jodl.master import Master
 from jodl.migrate import upgrade
 from jodl.queue import Queue, QueueFeeder
-from jodl.run_requests import RunRequests
 
 from .standalone import forget_in_process_nodes, start_in_process
 

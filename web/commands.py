@@ -41,7 +41,7 @@ def make_server(app: Any, settings: WebSettings, listen: str | None = None) -> A
     """A waitress server for ``app`` on ``listen`` (HOST:PORT; port 0: any free one)."""
     from waitress.server import create_server  # type: ignore[import-untyped]
 
-    from jodl.agent.wire import split_address
+    from jodl.agent import split_address
 
     address = listen or settings.web_listen
     try:

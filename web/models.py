@@ -14,7 +14,7 @@ import datetime as dt
 from sqlalchemy import ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from jodl.log.models import Base, BigId, utcnow
+from jodl.log import Base, BigId, utcnow
 
 #: Longest submitted URL text kept with an item (longer ones are refused anyway).
 ITEM_URL_LENGTH = 2100

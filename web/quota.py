@@ -23,7 +23,7 @@ from crawler_app.models import Tracking, User
 from crawler_app.pages import normalise_email
 from crawler_app.quota import QUOTAS, Limits, QuotaExceeded, limits_of, set_quota
 from jodl.exceptions import JodlError
-from jodl.log.models import utcnow
+from jodl.log import utcnow
 
 from .models import Batch
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from jodl.agent.local import DEFAULT_ADDRESS, InProcessAgent, is_local, start_agent
+from jodl.agent import DEFAULT_ADDRESS, InProcessAgent, is_local, start_agent
 from jodl.config import Settings
 from jodl.log import Store
 

@@ -34,11 +34,15 @@ same name). "stamp" is the master's epoch, or ``(epoch, session, since)`` after
 The batches of ``send``, ``done``, ``failed`` and the id lists travel framed as
 one str each (:mod:`~jodl.agent.codec`); the agent accepts plain tuples too.
 Stamps, sessions, detaching and fencing: docs/architecture.md#the-agent-protocol.
+
+Public: the names in ``__all__`` below (docs/architecture.md#parts-and-layering); the modules
+listed above are internal, import from ``jodl.agent``.
 """
 
 from .client import AgentLink
 from .core import AgentCore
-from .local import InProcessAgent, LocalLink, make_link, start_agent
+from .eventloop import loop_name, new_event_loop
+from .local import DEFAULT_ADDRESS, InProcessAgent, LocalLink, is_local, make_link, start_agent
 from .replies import (
     AgentFamily,
     AgentInfo,
@@ -50,8 +54,10 @@ from .replies import (
     Remaining,
 )
 from .server import AgentServer, AgentService, make_server
+from .wire import split_address
 
 __all__ = [
+    "DEFAULT_ADDRESS",
     "AgentCore",
     "AgentFamily",
     "AgentInfo",
@@ -66,7 +72,11 @@ __all__ = [
     "Ping",
     "Refused",
     "Remaining",
+    "is_local",
+    "loop_name",
     "make_link",
     "make_server",
+    "new_event_loop",
+    "split_address",
     "start_agent",
 ]

@@ -3,10 +3,30 @@ library's migrations (``jodl/log/migrations``).
 
 Every statement on the library's tables lives in this package, behind named
 methods of :class:`~jodl.log.store.Store` and the gateways it is composed of.
+
+Public (``__all__`` below; docs/architecture.md#parts-and-layering): the gateway
+(:class:`Store`, :class:`Reads`, :class:`JobLog`, :func:`make_engine`), the result
+records, and the tables applications point foreign keys at or read states of
+(:class:`Base`, :data:`BigId`, :class:`Job`, :class:`Run`, :class:`Node`,
+:class:`Execution`, their ``*State`` constants, :func:`utcnow`). The modules of this
+package (``jodl.log.models``, ``jodl.log.store`` ...) are internal: import from here.
 """
 
 from .engine import make_engine as make_engine
 from .engine import normalise_url as normalise_url
+from .jobs import JobLog as JobLog
+from .models import Base as Base
+from .models import BigId as BigId
+from .models import ExecState as ExecState
+from .models import Execution as Execution
+from .models import Job as Job
+from .models import JobState as JobState
+from .models import Node as Node
+from .models import NodeState as NodeState
+from .models import RequestKind as RequestKind
+from .models import Run as Run
+from .models import RunState as RunState
+from .models import utcnow as utcnow
 from .reads import Reads as Reads
 from .records import DoneResult as DoneResult
 from .records import JobError as JobError
@@ -15,12 +35,25 @@ from .records import RunResults as RunResults
 from .store import Store as Store
 
 __all__ = [
+    "Base",
+    "BigId",
     "DoneResult",
+    "ExecState",
+    "Execution",
+    "Job",
     "JobError",
+    "JobLog",
     "JobResult",
+    "JobState",
+    "Node",
+    "NodeState",
     "Reads",
+    "Run",
     "RunResults",
+    "RequestKind",
+    "RunState",
     "Store",
     "make_engine",
     "normalise_url",
+    "utcnow",
 ]
