@@ -313,6 +313,14 @@ class Nodes:
             execution_row(c.exec_id, c.sent, ExecState.LOST, epoch, backup=c.backup, error=reason)
             for c in self.book.lose(slot.load.id)
         ]
+        if lost:
+            log.warning(
+                "node %s: %d executions lost (%s)",
+                slot.link.address,
+                len(lost),
+                reason,
+                extra={"node": slot.link.address},
+            )
         slot.take_acks()
         self.ledger.commit(lost)
         if not gone:
