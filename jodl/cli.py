@@ -101,15 +101,17 @@ def config_table(table: bool) -> None:
 @click.option("--name", default=None, help="Name reported to the master.")
 @click.option(
     "--register",
-    "register_url",
-    default=None,
-    help="Announce this agent once to the master's hello address (HOST:PORT).",
+    "register_urls",
+    multiple=True,
+    help="A master's hello address HOST:PORT (repeatable, or a comma list): the agent says "
+    "hello at start and again whenever it is detached.",
 )
 @click.option(
     "--advertise",
     default=None,
     help="Address the master should call (default: the listen address).",
 )
+@click.option("--label", "labels", multiple=True, help="KEY=VALUE sent in the hello, repeatable.")
 @click.pass_context
 def agent(
     ctx: click.Context,
@@ -117,24 +119,45 @@ def agent(
     slots: int | None,
     speed: float | None,
     name: str | None,
-    register_url: str | None,
+    register_urls: tuple[str, ...],
     advertise: str | None,
+    labels: tuple[str, ...],
 ) -> None:
-    """Serve jobs to the master (rpyc)."""
+    """Serve jobs to the master (rpyc). SIGTERM drains: the agent exits once its results
+    are acknowledged (a second SIGTERM exits at once)."""
     from .agent.server import make_server
 
     settings = settings_of(ctx).replace(
         **{k: v for k, v in {"agent_slots": slots, "agent_speed": speed}.items() if v}
     )
+    masters = _master_addresses(register_urls)
     server = make_server(settings, listen=listen, name=name)
     address = listen or settings.agent_listen
     click.echo(f"agent listening on {address} ({settings.agent_slots} slots)", err=True)
-    if register_url:
-        from .registry import hello
+    greeter = None
+    if masters:
+        from .registry import Greeter
 
-        hello(register_url, advertise or address, settings.agent_slots, settings)
-        click.echo(f"registered with {register_url}", err=True)
-    signal.signal(signal.SIGTERM, lambda *_: server.close())
+        pairs = dict(label.split("=", 1) for label in labels if "=" in label)
+        greeter = Greeter(
+            server.core,
+            masters,
+            advertise or address,
+            settings,
+            pairs,
+            lambda: server.drain.requested,
+        )
+        greeter.start()
+        click.echo(f"saying hello to {', '.join(masters)}", err=True)
+
+    def terminate(*_: object) -> None:
+        if server.drain.requested:
+            server.close()  # a second SIGTERM: stop at once
+            return
+        server.drain.start("SIGTERM")
+
+    signal.signal(signal.SIGTERM, terminate)
+    server.drain.exit_when_drained(server.close)  # asked by SIGTERM or by the master
     from .ops_server import serve_agent
 
     ops = serve_agent(server.core, settings)  # health, metrics, profiles (HTTP)
@@ -143,9 +166,21 @@ def agent(
     except KeyboardInterrupt:
         pass
     finally:
+        if greeter is not None:
+            greeter.close()
+        server.drain.close()
         if ops is not None:
             ops.close()
         server.core.close()
+
+
+def _master_addresses(values: tuple[str, ...]) -> list[str]:
+    from .registry import master_addresses
+
+    try:
+        return master_addresses(values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--register") from None
 
 
 # -- nodes -----------------------------------------------------------------------------------
@@ -182,6 +217,17 @@ def node_remove(ctx: click.Context, address: str) -> None:
     if not store_of(ctx).remove_node(address):
         raise JodlError(f"no node {address!r}")
     click.echo(f"node {address} removed")
+
+
+@node.command("drain")
+@click.argument("address")
+@click.pass_context
+def node_drain(ctx: click.Context, address: str) -> None:
+    """Drain the agent at HOST:PORT: nothing new goes there, what it runs finishes and is
+    collected, then the agent exits and the node is removed."""
+    if not store_of(ctx).drain_node(address):
+        raise JodlError(f"no node {address!r} (or it is removed)")
+    click.echo(f"node {address} draining")
 
 
 @node.command("list")

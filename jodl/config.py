@@ -52,6 +52,9 @@ DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 DEFAULT_AGENT_METRICS_LISTEN = "127.0.0.1:9465"
 #: Longest backoff between two tries to reach an unreachable node (seconds).
 DEFAULT_NODE_BACKOFF_MAX = 60.0
+#: Longest pause between two hellos of a detached agent (seconds): a master that comes
+#: back hears from every agent within this, and 1,000 agents send it ~30 hellos a second.
+DEFAULT_HELLO_BACKOFF_MAX = 30.0
 #: Shortest accepted JODL_SECRET (characters): 128 bits as URL-safe base64, e.g.
 #: ``python -c "import secrets; print(secrets.token_urlsafe(32))"`` (43 characters).
 MIN_SECRET_LENGTH = 22
@@ -168,6 +171,14 @@ OPTIONS: tuple[Option, ...] = (
         "master, agent",
     ),
     Option(
+        "JODL_AGENT_HELLO_BACKOFF_MAX",
+        str(DEFAULT_HELLO_BACKOFF_MAX),
+        "float+",
+        "Longest pause between two hellos of a detached agent to its masters (seconds; "
+        "the pauses double up to it, with jitter)",
+        "agent",
+    ),
+    Option(
         "JODL_MAX_ATTEMPTS",
         str(DEFAULT_MAX_ATTEMPTS),
         "int+",
@@ -273,6 +284,7 @@ class Settings:
     agent_speed: float = 1.0
     call_timeout: float = DEFAULT_CALL_TIMEOUT
     agent_detach: float | None = None
+    agent_hello_backoff_max: float = DEFAULT_HELLO_BACKOFF_MAX
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     batch_size: int = DEFAULT_BATCH_SIZE
     idle_sleep: float = DEFAULT_IDLE_SLEEP

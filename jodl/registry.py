@@ -1,23 +1,33 @@
-"""One-shot self-registration: an agent says hello to the master once, then is polled.
+"""Self-registration: an agent says hello to its masters, then is polled.
 
-The master (``JODL_REGISTER_LISTEN=HOST:PORT``) serves a tiny rpyc service with a
+A master (``JODL_REGISTER_LISTEN=HOST:PORT``) serves a tiny rpyc service with a
 single call, ``hello(address, slots, labels_json)``, behind the same
 authentication as the agents (shared secret or mutual TLS). It only records the
-node in the log; the master's loop picks it up on its next node refresh. Agents
-never call the master otherwise.
+node in the log with the slots and labels the agent says it has; the master's
+loop picks it up on its next node refresh (and retries at once a node it had
+given up on). Agents never call the master otherwise.
+
+The agent's side is the :class:`Greeter`: it says hello to every configured master
+address when it starts and again whenever it is *detached* (not polled for the
+detach time), with exponential backoff and jitter capped at
+``JODL_AGENT_HELLO_BACKOFF_MAX``, until a master polls it (docs/architecture.md,
+"Detached agents").
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 
 import rpyc
 from rpyc.utils.server import ThreadedServer
 
 from .agent.auth import require_auth
+from .agent.core import AgentCore
 from .agent.wire import STRICT_CONFIG, GuardedServer, connect, split_address
 from .config import Settings
 from .exceptions import AgentUnavailable, AuthError, JodlError
@@ -48,7 +58,7 @@ class HelloService(rpyc.Service):
             type(k) is str and type(v) is str for k, v in labels.items()
         ):
             raise ValueError("labels must be a JSON object of strings")
-        node = self._store.add_node(address, slots=slots, labels=labels)
+        node = self._store.greet_node(address, slots, labels)
         log.info("node %s said hello (%d slots)", address, slots)
         return int(node.id)
 
@@ -92,3 +102,99 @@ def hello(
         raise JodlError(f"the master at {master} refused the hello: {exc}") from None
     finally:
         conn.close()
+
+
+#: First pause between two rounds of hellos of a detached agent (seconds); it doubles
+#: each round up to JODL_AGENT_HELLO_BACKOFF_MAX. Short: a master that just started
+#: (or took over) should hear from its agents within about a second.
+HELLO_BACKOFF_START = 0.5
+#: Seconds between two looks at whether the agent is detached (while it is polled).
+HELLO_CHECK = 0.2
+
+
+def hello_pauses(cap: float, rng: random.Random | None = None) -> Iterator[float]:
+    """The pauses between rounds of hellos: doubling from :data:`HELLO_BACKOFF_START`
+    to ``cap``, each times a random factor in [0.5, 1] so that agents detached by the
+    same event (a master gone) do not all call at once."""
+    rng = rng or random.Random()
+    delay = HELLO_BACKOFF_START
+    while True:
+        yield min(cap, delay) * rng.uniform(0.5, 1.0)
+        delay = min(cap, delay * 2)
+
+
+class Greeter:
+    """An agent's hellos to its masters: at start, then whenever it is detached."""
+
+    def __init__(
+        self,
+        core: AgentCore,
+        masters: Sequence[str],
+        address: str,
+        settings: Settings,
+        labels: dict[str, str] | None = None,
+        quiet: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.core = core
+        self.masters = tuple(masters)
+        self.address = address
+        self.settings = settings
+        self.labels = dict(labels or {})
+        #: True while the agent must not ask for work (it drains).
+        self.quiet = quiet
+        #: Rounds of hellos said so far, and how many of them some master recorded.
+        self.rounds = 0
+        self.heard = 0
+        self._stop = threading.Event()
+
+    def detached(self) -> bool:
+        """Never polled yet, or not polled for longer than the detach time."""
+        served, silent, detach = self.core.silence()
+        return not served or (detach is not None and silent > detach)
+
+    def say_hello(self) -> bool:
+        """One hello to each master; True if any recorded it."""
+        self.rounds += 1
+        recorded = False
+        for master in self.masters:
+            try:
+                hello(master, self.address, self.core.slots, self.settings, self.labels)
+            except JodlError as exc:
+                log.warning("agent %s: %s", self.address, exc)
+            else:
+                recorded = True
+                log.info("agent %s said hello to the master at %s", self.address, master)
+        self.heard += recorded
+        return recorded
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._run, name="hello", daemon=True)
+        thread.start()
+        return thread
+
+    def _run(self) -> None:
+        pauses = hello_pauses(self.settings.agent_hello_backoff_max)
+        wait = 0.0  # the first round at once
+        while not self._stop.wait(wait):
+            if self.quiet() or not self.detached():
+                pauses = hello_pauses(self.settings.agent_hello_backoff_max)
+                wait = HELLO_CHECK
+                continue
+            self.say_hello()
+            wait = next(pauses)
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def master_addresses(values: Sequence[str]) -> list[str]:
+    """``--register`` values (repeatable, each maybe a comma list) as HOST:PORT addresses."""
+    out: list[str] = []
+    for value in values:
+        for part in value.split(","):
+            address = part.strip()
+            if address:
+                split_address(address)  # ValueError names what is wrong
+                if address not in out:
+                    out.append(address)
+    return out

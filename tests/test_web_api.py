@@ -253,6 +253,13 @@ def test_operator_endpoints(tmp_path: Path) -> None:
         {"address": 9},
     ):
         assert client.post("/api/admin/nodes", json=body, headers=OPS).status_code == 400
+    r = client.post("/api/admin/nodes/drain", json={"address": "127.0.0.1:9"}, headers=OPS)
+    assert r.status_code == 200 and r.get_json()["message"] == "node 127.0.0.1:9 draining"
+    assert client.get("/api/admin/status", headers=OPS).get_json()["nodes"][0]["state"] == (
+        "draining"
+    )
+    r = client.post("/api/admin/nodes/drain", json={"address": "1.2.3.4:5"}, headers=OPS)
+    assert r.status_code == 404
     r = client.post("/api/admin/nodes/remove", json={"address": "127.0.0.1:9"}, headers=OPS)
     assert r.status_code == 200
     assert client.get("/api/admin/status", headers=OPS).get_json()["nodes"][0]["state"] == "removed"

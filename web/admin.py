@@ -77,6 +77,13 @@ def remove_node(svc: Services, address: str) -> str:
     return f"node {address} removed"
 
 
+def drain_node(svc: Services, address: str) -> str:
+    """Drain the agent at ``address``: nothing new goes there, then it exits and is removed."""
+    if not address or len(address) > 255 or not svc.store.drain_node(address):
+        raise NotFound(f"no node {address[:255]!r}")
+    return f"node {address} draining"
+
+
 def start_cycle(svc: Services) -> dict[str, Any]:
     """Record the current operator's request for a cycle now: its id and a line saying so."""
     user = current_user()
@@ -159,6 +166,13 @@ def nodes_add() -> Any:
 @admin_required
 def nodes_remove() -> Any:
     flash(remove_node(services(), request.form.get("address", "").strip()), "ok")
+    return redirect(url_for("admin.index"), 303)
+
+
+@bp.route("/nodes/drain", methods=["POST"])
+@admin_required
+def nodes_drain() -> Any:
+    flash(drain_node(services(), request.form.get("address", "").strip()), "ok")
     return redirect(url_for("admin.index"), 303)
 
 

@@ -360,6 +360,15 @@ def admin_run_cancel(run_id: int) -> Any:
     return jsonify(admin.cancel_run(services(), run_id)), 202
 
 
+@bp.route("/admin/nodes/drain", methods=["POST"])
+@admin_required
+def admin_nodes_drain() -> Any:
+    address = body().get("address")
+    if not isinstance(address, str):
+        raise BadRequest("address: HOST:PORT text")
+    return jsonify({"message": admin.drain_node(services(), address.strip())})
+
+
 @bp.route("/admin/cycles", methods=["POST"])
 @admin_required
 def admin_cycle() -> Any:

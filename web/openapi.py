@@ -493,6 +493,19 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 params=[_path_int("run_id")],
             )
         },
+        "/api/admin/nodes/drain": {
+            "post": _op(
+                "Drain an agent node: nothing new goes there; its agent finishes what it "
+                "has, hands the results over, exits, and the node is removed",
+                _responses(200, "Draining", obj, 404, *WITH_BODY),
+                {
+                    "type": "object",
+                    "required": ["address"],
+                    "properties": {"address": _text(300)},
+                },
+                auth=True,
+            )
+        },
         "/api/admin/cycles": {
             "post": _op(
                 "Request an application cycle now (a running master starts it)",

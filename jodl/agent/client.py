@@ -43,6 +43,7 @@ from .replies import (
     check_done,
     check_failed,
     check_families,
+    check_flag,
     check_ids,
     check_info,
     check_ping,
@@ -71,6 +72,7 @@ CALLS = (
     "ack",
     "cancel",
     "held",
+    "draining",
     "ping",
     "families",
 )
@@ -169,6 +171,10 @@ class AgentLink:
     def held(self, epoch: int, ids: Iterable[int]) -> tuple[int, ...]:
         """Which of ``ids`` the agent still queues, runs or holds a result for."""
         return self._stamped("held", check_ids, epoch, encode_ids(ids))
+
+    def draining(self, epoch: int, start: bool = False) -> bool:
+        """Whether the agent drains (then it gets nothing new); ``start`` asks it to."""
+        return self._stamped("draining", check_flag, epoch, start)
 
     def ping(self) -> Ping:
         """The agent's name, epoch and clock (no stamp: any master may ask)."""

@@ -40,6 +40,7 @@ from ..exceptions import JodlError, UnknownFamily
 from ..family import Family, Permanent
 from ..metrics import AGENT_JOBS_FINISHED
 from .eventloop import loop_name, new_event_loop
+from .known import KnownIds
 from .replies import FENCED, KNOWN_ID
 
 log = logging.getLogger("jodl.agent")
@@ -298,8 +299,17 @@ class AgentCore:
             self._loop.call_soon_threadsafe(self._wake_async)
         return tuple(refused)
 
-    def _known_locked(self) -> _Known:
-        return _Known(self)
+    def _known_locked(self) -> KnownIds:
+        return KnownIds(self._running, self._done, self._failed, self._acked, self._queues)
+
+    def _queues(self) -> Iterable[tuple[int, str, str]]:
+        yield from self._queue
+        yield from self._aqueue
+
+    def silence(self) -> tuple[bool, float, float | None]:
+        """(served by a master yet, seconds since its last call, the detach time)."""
+        with self._cond:
+            return self._session > 0, time.monotonic() - self._heard, self.detach_after
 
     def take(self, which: str, ack: Iterable[int], limit: int) -> tuple[Any, ...]:
         """Forget acknowledged ids, then return up to ``limit`` held results of ``which``."""
@@ -480,21 +490,3 @@ class AgentCore:
             self._closing = True
             self._cond.notify_all()
         self._loop.call_soon_threadsafe(self._wake_async)
-
-
-class _Known:
-    """Membership test over every id the agent queues, runs, holds or acknowledged."""
-
-    def __init__(self, core: AgentCore) -> None:
-        self.core = core
-        self._queued: set[int] | None = None
-
-    def __contains__(self, exec_id: int) -> bool:
-        core = self.core
-        if exec_id in core._running or exec_id in core._done or exec_id in core._failed:
-            return True
-        if exec_id in core._acked:
-            return True
-        if self._queued is None:
-            self._queued = {j[0] for j in core._queue} | {j[0] for j in core._aqueue}
-        return exec_id in self._queued

@@ -257,6 +257,13 @@ def check_families(value: Any) -> tuple[AgentFamily, ...]:
     return tuple(AgentFamily(f[0], f[1], f[2], len(f) == 4 and f[3]) for f in value)
 
 
+def check_flag(value: Any) -> bool:
+    """A plain bool (``draining``)."""
+    if type(value) is not bool:
+        raise BadReply(f"a bool expected, got {_kind(value)}")
+    return value
+
+
 def check_count(value: Any) -> int:
     """A count (``ack``: how many results the agent forgot)."""
     if type(value) is not int or value < 0:

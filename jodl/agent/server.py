@@ -21,6 +21,7 @@ from ..exceptions import JodlError
 from .auth import require_auth
 from .codec import decode_ids, decode_jobs, encode_done, encode_failed
 from .core import AgentCore, Done, Failed, FamilyRow
+from .drain import Drain
 from .wire import STRICT_CONFIG, GuardedServer, split_address
 
 # Arguments are checked by exact type, never converted: int() or str() of a netref
@@ -74,6 +75,7 @@ class AgentService(rpyc.Service):
     def __init__(self, core: AgentCore) -> None:
         super().__init__()
         self._core = core
+        self.drain = Drain(core)
 
     def _heard(self, stamp: Any) -> bool:
         if type(stamp) is int:
@@ -138,13 +140,22 @@ class AgentService(rpyc.Service):
     def exposed_held(self, epoch: Any, ids: tuple) -> tuple[int, ...]:
         return self._call(epoch, self._core.held, _ids(ids))
 
+    def exposed_draining(self, epoch: Any, start: bool) -> bool:
+        """Whether the agent drains (``start``: the master asks it to)."""
+        if type(start) is not bool:
+            raise TypeError("start must be a plain bool")
+        return self._call(epoch, self.drain.answer, start)
+
 
 class AgentServer(GuardedServer):
     """The agent's rpyc server (authenticated, see :class:`GuardedServer`) and its core."""
 
     def __init__(self, core: AgentCore, settings: Settings, **kwargs: Any) -> None:
-        super().__init__(AgentService(core), settings, **kwargs)
+        service = AgentService(core)
+        super().__init__(service, settings, **kwargs)
         self.core = core
+        #: SIGTERM starts it; the agent exits once drained (see :mod:`jodl.agent.drain`).
+        self.drain = service.drain
 
 
 def make_server(

@@ -42,6 +42,37 @@ class NodeLog:
             s.flush()
             return node
 
+    def greet_node(self, address: str, slots: int, labels: dict[str, str]) -> Node:
+        """An agent's hello: record the node with the slots and labels it says it has.
+
+        A node the master gave up on (unreachable, removed) is active again, so the
+        master retries it at once; a draining node stays draining.
+        """
+        with self.sessions() as s, s.begin():
+            node = s.scalar(select(Node).where(Node.address == address))
+            if node is None:
+                node = Node(address=address, slots=slots, labels=labels)
+                s.add(node)
+            else:
+                if node.state != NodeState.DRAINING:
+                    node.state = NodeState.ACTIVE
+                    node.retry_at = None
+                    node.failures = 0
+                node.slots = slots
+                node.labels = labels
+            s.flush()
+            return node
+
+    def drain_node(self, address: str) -> bool:
+        """Mark a node draining (it gets nothing new); False if there is no such live node."""
+        with self.engine.begin() as conn:
+            res = conn.execute(
+                update(Node)
+                .where(Node.address == address, Node.state != NodeState.REMOVED)
+                .values(state=NodeState.DRAINING)
+            )
+            return res.rowcount > 0
+
     def remove_node(self, address: str) -> bool:
         with self.engine.begin() as conn:
             res = conn.execute(

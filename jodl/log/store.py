@@ -120,6 +120,14 @@ class Store:
     def remove_node(self, address: str) -> bool:
         return self.node_log.remove_node(address)
 
+    def greet_node(self, address: str, slots: int, labels: dict[str, str]) -> Node:
+        """An agent's hello: the node as it says it is (see :meth:`NodeLog.greet_node`)."""
+        return self.node_log.greet_node(address, slots, labels)
+
+    def drain_node(self, address: str) -> bool:
+        """Mark a live node draining; False if there is none at ``address``."""
+        return self.node_log.drain_node(address)
+
     def update_node(self, node_id: int, **values: Any) -> None:
         self.node_log.update_node(node_id, **values)
 

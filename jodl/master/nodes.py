@@ -62,6 +62,11 @@ class NodeSlot:
     idempotent: set[str] = field(default_factory=set)
     #: family -> the version the agent reported, for those another version than known.
     wrong_version: dict[str, str] = field(default_factory=dict)
+    #: Drains (``jodl node drain`` or SIGTERM on the agent): nothing new is sent there,
+    #: its results are still collected; once its agent exits the node is removed.
+    draining: bool = False
+    #: The agent said it drains (the log's DRAINING state is then relayed no more).
+    draining_heard: bool = False
 
     @property
     def id(self) -> int:
@@ -133,7 +138,7 @@ class Nodes:
     def allowed(self, family: str, slot: NodeSlot) -> bool:
         """May ``slot`` run ``family`` now: the agent has it (at the known version),
         FamilyOnNode allows, not late."""
-        if not slot.usable or family not in slot.families or slot.late:
+        if not slot.usable or family not in slot.families or slot.late or slot.draining:
             return False
         rule = self.families.rule(family, slot.load.id)
         if rule is None:
@@ -169,11 +174,41 @@ class Nodes:
                     link = make_link(node.id, node.address, self.settings)
                     labels = dict(node.labels or {})
                     load = NodeLoad(node.id, node.address, node.slots, node.speed or 1.0, labels)
-                    self.slots[node.id] = NodeSlot(link, load)
+                    self.slots[node.id] = slot = NodeSlot(link, load)
                     self.book.add_node(load)
+                self._follow(slot, node.state, dict(node.labels or {}))
+            self._poll_draining(epoch)
         for slot in self.slots.values():
             if not slot.removed and slot.link.retry_due():
                 self.connect(slot, epoch)
+
+    def _follow(self, slot: NodeSlot, state: str, labels: dict[str, str]) -> None:
+        """What the log says of a node now: drained by an operator, hello, new labels."""
+        slot.load.labels = labels  # an agent's hello may bring new ones
+        if state == NodeState.DRAINING:
+            slot.draining = True
+        elif state == NodeState.ACTIVE and not slot.link.connected and slot.link.failures:
+            # Active again in the log while we had given up: the agent said hello
+            # (or the operator added it back). Try it now rather than after the backoff.
+            slot.link.next_try = 0.0
+
+    def _poll_draining(self, epoch: int) -> None:
+        """Ask each agent whether it drains, relaying ``jodl node drain`` to it.
+
+        A draining agent is asked too: the call that fails once it exited removes it.
+        """
+        for slot in list(self.slots.values()):
+            if not slot.usable:
+                continue
+            draining = self.call(slot, epoch, AgentLink.draining, epoch, slot.draining)
+            if draining and not slot.draining_heard:
+                slot.draining = slot.draining_heard = True
+                self.store.update_node(slot.load.id, state=NodeState.DRAINING)
+                log.warning(
+                    "node %s drains: nothing new goes there",
+                    slot.link.address,
+                    extra={"node": slot.link.address},
+                )
 
     def connect(self, slot: NodeSlot, epoch: int) -> None:
         try:
@@ -182,6 +217,9 @@ class Nodes:
         except Fenced:
             raise  # refused for our old epoch: stop, the node is fine
         except AgentUnavailable as exc:
+            if slot.draining:  # drained and exited (maybe while no master polled it)
+                self.down(slot, epoch, drained=True)
+                return
             log.warning(
                 "node %s unreachable: %s", slot.link.address, exc, extra={"node": slot.link.address}
             )
@@ -201,7 +239,7 @@ class Nodes:
         slot.load.slots = info.slots
         self.store.update_node(
             slot.load.id,
-            state=NodeState.ACTIVE,
+            state=NodeState.DRAINING if slot.draining else NodeState.ACTIVE,
             last_seen=utcnow(),
             last_error=None,
             failures=0,
@@ -260,13 +298,29 @@ class Nodes:
 
     # -- losing ------------------------------------------------------------------------------
 
-    def down(self, slot: NodeSlot, epoch: int, gone: bool = False) -> None:
-        """The node failed or was removed: its jobs (sent or not) go back to be placed."""
+    def down(self, slot: NodeSlot, epoch: int, gone: bool = False, drained: bool = False) -> None:
+        """The node failed or was removed: its jobs (sent or not) go back to be placed.
+
+        A drained agent exits once it handed everything over: its node is removed.
+        """
+        drained = drained or (slot.draining_heard and not gone)
+        if drained:
+            gone = slot.removed = True
+            self.store.remove_node(slot.link.address)
+            log.warning("node %s drained and gone: removed", slot.link.address)
         reason = "node removed" if gone else f"node unreachable: {slot.link.last_error}"
         lost = [
             execution_row(c.exec_id, c.sent, ExecState.LOST, epoch, backup=c.backup, error=reason)
             for c in self.book.lose(slot.load.id)
         ]
+        if lost:
+            log.warning(
+                "node %s: %d executions lost (%s)",
+                slot.link.address,
+                len(lost),
+                reason,
+                extra={"node": slot.link.address},
+            )
         slot.take_acks()
         self.ledger.commit(lost)
         if not gone:
@@ -277,6 +331,8 @@ class Nodes:
                 failures=slot.link.failures,
             )
         slot.link.close()
+        if drained:
+            self.on_gone(slot.load.id)
 
     def call(
         self,
