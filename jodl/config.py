@@ -52,6 +52,13 @@ DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 DEFAULT_AGENT_METRICS_LISTEN = "127.0.0.1:9465"
 #: Longest backoff between two tries to reach an unreachable node (seconds).
 DEFAULT_NODE_BACKOFF_MAX = 60.0
+#: Seconds a node stays suspect (calls failed: no new jobs, retried with backoff)
+#: before it is gone and its jobs run elsewhere. Long enough for three or four
+#: reconnects (backoff 0.5, 1, 2 s) to ride over an agent restart or a network blip
+#: without rerunning its work; short enough that a dead node's jobs move within
+#: seconds. A node is never gone before JODL_CALL_TIMEOUT of silence either, so its
+#: agent (detached after JODL_AGENT_DETACH, shorter) has stopped starting jobs.
+DEFAULT_NODE_GRACE = 5.0
 #: Shortest accepted JODL_SECRET (characters): 128 bits as URL-safe base64, e.g.
 #: ``python -c "import secrets; print(secrets.token_urlsafe(32))"`` (43 characters).
 MIN_SECRET_LENGTH = 22
@@ -196,6 +203,14 @@ OPTIONS: tuple[Option, ...] = (
         "master",
     ),
     Option(
+        "JODL_NODE_GRACE",
+        str(DEFAULT_NODE_GRACE),
+        "float+",
+        "Seconds a node whose calls fail stays suspect (no new jobs, retried) before it "
+        "is gone and its jobs run elsewhere; never before JODL_CALL_TIMEOUT of silence",
+        "master",
+    ),
+    Option(
         "JODL_REGISTER_LISTEN",
         "",
         "str?",
@@ -277,6 +292,7 @@ class Settings:
     batch_size: int = DEFAULT_BATCH_SIZE
     idle_sleep: float = DEFAULT_IDLE_SLEEP
     node_backoff_max: float = DEFAULT_NODE_BACKOFF_MAX
+    node_grace: float = DEFAULT_NODE_GRACE
     register_listen: str | None = None
     log_level: str = "INFO"
     # operations

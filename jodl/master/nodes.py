@@ -1,9 +1,17 @@
 """The master's nodes: one :class:`NodeSlot` per agent, connected, refreshed and lost here.
 
 :class:`Nodes` follows the node table of the log (nodes added or removed while the
-master runs), connects to agents with backoff, reconciles what a reconnected agent
-still queues, and when a node fails or is removed gives its jobs back through the
-job book (their executions closed as lost in the log).
+master runs), connects to agents with backoff (in the background: a frozen agent
+holds up no step, see :mod:`jodl.master.calls`), reconciles what a reconnected agent
+still queues, and when a node is removed gives its jobs back through the job book
+(their executions closed as lost in the log).
+
+Suspect before gone (docs/architecture.md): a node whose call fails is *suspect*:
+it gets no new jobs, the jobs queued for it here move only where they would finish
+sooner, and it is retried with backoff and jitter. Answering again, it keeps what
+it learned and what its agent still holds. After ``JODL_NODE_GRACE`` seconds
+suspect (and never before ``JODL_CALL_TIMEOUT`` of silence, so its agent has
+detached) it is *gone*: its executions are lost and its jobs placed again.
 """
 
 from __future__ import annotations
@@ -13,22 +21,25 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Concatenate, ParamSpec, TypeVar
 
 from ..agent.client import AgentLink
 from ..agent.local import make_link
-from ..agent.replies import AgentFamily
+from ..agent.replies import AgentFamily, AgentInfo
 from ..config import Settings
 from ..exceptions import AgentUnavailable, Fenced
 from ..family import Family as FamilyClass
 from ..log.models import ExecState, NodeState, utcnow
 from ..log.store import Store
-from ..placement import NodeLoad
+from ..placement import Knowledge, NodeLoad
 from .book import JobBook
+from .calls import Calls, Outcome
 from .families import FamilySettings
-from .records import Ledger, execution_row
-from .rules import REMOVED, UNREACHABLE, USABLE, allows
+from .records import Ledger, execution_row, job_info
+from .rules import REMOVED, STEAL_WINDOW, UNREACHABLE, USABLE, allows
 
 _R = TypeVar("_R")
 _P = ParamSpec("_P")
@@ -62,6 +73,13 @@ class NodeSlot:
     idempotent: set[str] = field(default_factory=set)
     #: family -> the version the agent reported, for those another version than known.
     wrong_version: dict[str, str] = field(default_factory=dict)
+    #: A reconnect running in the background (the link is not used meanwhile).
+    opening: Future[Outcome[AgentInfo]] | None = None
+    #: Monotonic time of its first failed call while suspect; None when not suspect.
+    suspect_since: float | None = None
+    #: Monotonic time of the last call sent before it became suspect: its agent has
+    #: heard nothing since (a reconnect's ``init`` pauses the agent, starting nothing).
+    silent_since: float = 0.0
 
     @property
     def id(self) -> int:
@@ -87,7 +105,11 @@ class NodeSlot:
 
     @property
     def usable(self) -> bool:
-        return self.link.connected and not self.removed
+        return self.link.connected and not self.removed and self.opening is None
+
+    @property
+    def suspect(self) -> bool:
+        return self.suspect_since is not None
 
 
 class Nodes:
@@ -101,8 +123,12 @@ class Nodes:
         ledger: Ledger,
         families: FamilySettings,
         versions: dict[str, str],
+        knowledge: Knowledge | None = None,
     ) -> None:
         self.settings = settings
+        self.knowledge = knowledge or Knowledge()
+        #: Calls to several agents at once, and reconnects in the background.
+        self.calls = Calls()
         self.store = store
         self.book = book
         self.ledger = ledger
@@ -153,7 +179,8 @@ class Nodes:
     # -- connecting ------------------------------------------------------------------------
 
     def refresh(self, epoch: int, force: bool = False) -> None:
-        """Pick up nodes added or removed in the log; reconnect unreachable ones when due."""
+        """Pick up nodes added or removed in the log; reconnect unreachable ones when due
+        (in the background; with ``force``, waiting for them); give up suspect ones."""
         now = time.monotonic()
         if force or now - self._last_refresh >= NODE_REFRESH:
             self._last_refresh = now
@@ -171,27 +198,77 @@ class Nodes:
                     load = NodeLoad(node.id, node.address, node.slots, node.speed or 1.0, labels)
                     self.slots[node.id] = NodeSlot(link, load)
                     self.book.add_node(load)
+        self._take_opened(epoch)
         for slot in self.slots.values():
-            if not slot.removed and slot.link.retry_due():
-                self.connect(slot, epoch)
+            if not slot.removed and slot.opening is None and slot.link.retry_due():
+                opening = partial(slot.link.open, self.master_id, epoch, self._init_settings())
+                slot.opening = self.calls.start(opening)
+        if force:
+            for slot in self.slots.values():
+                if slot.opening is not None:
+                    slot.opening.result()  # bounded by the call timeout
+        self._take_opened(epoch)
+        self._review_suspects(epoch)
+
+    def _take_opened(self, epoch: int) -> None:
+        """Apply the reconnects that ended (in the loop thread: they change the book)."""
+        for slot in self.slots.values():
+            if slot.opening is None or not slot.opening.done():
+                continue
+            outcome, slot.opening = slot.opening.result(), None
+            if slot.removed:
+                slot.link.close()
+                continue
+            try:
+                self.connected(slot, epoch, outcome.get())
+            except Fenced:
+                raise  # refused for our old epoch: stop, the node is fine
+            except AgentUnavailable as exc:
+                log.warning(
+                    "node %s %s: %s",
+                    slot.link.address,
+                    "still suspect" if slot.suspect else "unreachable",
+                    exc,
+                    extra={"node": slot.link.address},
+                )
+                self._mark_failed(slot)
 
     def connect(self, slot: NodeSlot, epoch: int) -> None:
+        """Connect now, in the loop thread (waits up to the call timeout)."""
         try:
             info = slot.link.open(self.master_id, epoch, self._init_settings())
-            self._reconcile(slot, epoch, info.queued)
         except Fenced:
-            raise  # refused for our old epoch: stop, the node is fine
-        except AgentUnavailable as exc:
-            log.warning(
-                "node %s unreachable: %s", slot.link.address, exc, extra={"node": slot.link.address}
-            )
-            self.store.update_node(
-                slot.load.id,
-                state=NodeState.UNREACHABLE,
-                last_error=slot.link.last_error,
-                failures=slot.link.failures,
-            )
+            raise
+        except AgentUnavailable:
+            self._mark_failed(slot)
             return
+        self.connected(slot, epoch, info)
+
+    def _mark_failed(self, slot: NodeSlot) -> None:
+        self.store.update_node(
+            slot.load.id,
+            state=NodeState.SUSPECT if slot.suspect else NodeState.UNREACHABLE,
+            last_error=slot.link.last_error,
+            failures=slot.link.failures,
+        )
+
+    def connected(self, slot: NodeSlot, epoch: int, info: AgentInfo) -> None:
+        """The agent answered ``init``: reconcile, keep what a suspect node still holds."""
+        try:
+            self._reconcile(slot, epoch, info.queued)
+            if slot.suspect:
+                self._recover(slot, epoch)
+        except AgentUnavailable:
+            self._mark_failed(slot)
+            return
+        if slot.suspect:
+            log.warning(
+                "node %s answers again: no longer suspect (%d executions kept)",
+                slot.link.address,
+                len(self.book.flights[slot.id]),
+                extra={"node": slot.link.address},
+            )
+            slot.suspect_since = None
         families = info.families
         slot.wrong_version = self._check_versions(slot, families)
         slot.families = set(families) - set(slot.wrong_version)
@@ -258,25 +335,112 @@ class Nodes:
                 len(given_up),
             )
 
-    # -- losing ------------------------------------------------------------------------------
+    def _recover(self, slot: NodeSlot, epoch: int) -> None:
+        """A suspect node answers again: executions its agent no longer holds (it was
+        restarted, say) are lost and their jobs placed again; the others stay."""
+        flying = list(self.book.flights[slot.id])
+        if not flying:
+            return
+        held = set(slot.link.held(epoch, flying))
+        rows = []
+        for exec_id in flying:
+            if exec_id in held:
+                continue
+            # IN_FLIGHT -> WAITING, the transition of an execution given back unstarted.
+            closed = self.book.take_back(slot.id, exec_id)
+            if closed is not None:
+                rows.append(
+                    execution_row(
+                        closed.exec_id,
+                        closed.sent,
+                        ExecState.LOST,
+                        epoch,
+                        backup=closed.backup,
+                        error="not held by the agent when it answered again",
+                    )
+                )
+        self.ledger.commit(rows)
+
+    # -- suspect, then gone ------------------------------------------------------------------
+
+    def _review_suspects(self, epoch: int) -> None:
+        """Give up suspect nodes past their grace; move their queued jobs if sooner elsewhere."""
+        now = time.monotonic()
+        for slot in self.slots.values():
+            if slot.suspect_since is None or slot.removed:
+                continue
+            past_grace = now - slot.suspect_since >= self.settings.node_grace
+            # Its agent detached (JODL_AGENT_DETACH < JODL_CALL_TIMEOUT): it starts
+            # nothing we sent, so its jobs may run elsewhere without running twice.
+            detached = now - slot.silent_since >= self.settings.call_timeout
+            if past_grace and detached:
+                log.warning(
+                    "node %s gone: suspect for %.1fs (%s); its jobs are placed again",
+                    slot.link.address,
+                    now - slot.suspect_since,
+                    slot.link.last_error,
+                    extra={"node": slot.link.address},
+                )
+                self._lose(slot, epoch, f"node gone: {slot.link.last_error}")
+                slot.suspect_since = None
+                self._mark_failed(slot)
+            else:
+                self._move_sooner(slot, now)
+
+    def _move_sooner(self, slot: NodeSlot, now: float) -> int:
+        """Jobs queued here (not sent) for a suspect node move to a node where they are
+        expected to finish sooner than on it once it answers (at its next retry at best)."""
+        queue = self.book.queues[slot.id]
+        if not queue:
+            return 0
+        back_in = max(0.0, slot.link.next_try - now)
+        targets: dict[str, list[NodeLoad]] = {}
+        moves = []
+        for job_id in list(queue)[:STEAL_WINDOW]:
+            info = job_info(self.book.jobs[job_id])
+            loads = targets.get(info.family)
+            if loads is None:
+                loads = targets[info.family] = self.candidates(info.family)
+            here = back_in + self.knowledge.expected(info, slot.load)
+            best, best_at, took = None, here, 0.0
+            for load in loads:
+                expected = self.knowledge.expected(info, load)
+                at = load.queued_work / max(1, load.slots) + expected
+                if at < best_at:
+                    best, best_at, took = load, at, expected
+            if best is not None:
+                self.book.move(job_id, best.id, took)  # counts it into best.queued_work
+                moves.append(job_id)
+        return len(moves)
 
     def down(self, slot: NodeSlot, epoch: int, gone: bool = False) -> None:
-        """The node failed or was removed: its jobs (sent or not) go back to be placed."""
-        reason = "node removed" if gone else f"node unreachable: {slot.link.last_error}"
+        """A call failed: the node is suspect (its jobs stay with it for now). Removed
+        (``gone``): its jobs (sent or not) go back to be placed."""
+        if gone:
+            self._lose(slot, epoch, "node removed")
+            slot.suspect_since = None
+            slot.link.close()
+            return
+        if slot.suspect_since is None:
+            slot.suspect_since = time.monotonic()
+            slot.silent_since = slot.link.last_call
+            log.warning(
+                "node %s suspect: %s",
+                slot.link.address,
+                slot.link.last_error,
+                extra={"node": slot.link.address},
+            )
+        slot.link.close()
+        self._mark_failed(slot)
+
+    def _lose(self, slot: NodeSlot, epoch: int, reason: str) -> None:
+        """Its executions are lost (logged), its jobs wait to be placed again."""
         lost = [
             execution_row(c.exec_id, c.sent, ExecState.LOST, epoch, backup=c.backup, error=reason)
             for c in self.book.lose(slot.load.id)
         ]
         slot.take_acks()
         self.ledger.commit(lost)
-        if not gone:
-            self.store.update_node(
-                slot.load.id,
-                state=NodeState.UNREACHABLE,
-                last_error=slot.link.last_error,
-                failures=slot.link.failures,
-            )
-        slot.link.close()
 
     def call(
         self,
@@ -301,6 +465,10 @@ class Nodes:
         """Cancel executions on the agent (queued ones never start; a result is dropped)."""
         if exec_ids:
             self.call(slot, epoch, AgentLink.cancel, epoch, exec_ids)
+
+    def close(self) -> None:
+        """Stop the call threads (a reconnect in flight ends by its timeout)."""
+        self.calls.close()
 
     def flush_acks(self, epoch: int) -> None:
         for slot in self.slots.values():
