@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from agents import TEST_SECRET, AgentProcess, wait_for
+from agents import TEST_SECRET, AgentProcess, run_jodl, wait_for
 from sqlalchemy import func, select
 from test_effects import add_mark_jobs, in_thread, logged, marks
 
@@ -167,6 +167,13 @@ def test_a_suspect_node_that_answers_again_keeps_what_it_learned(
             60,
             "the frozen node to be suspect",
         )
+        # Operators see it (jodl status reads the log).
+        shown = run_jodl("status", env={"JODL_DATABASE_URL": db_url})
+        assert shown.returncode == 0, shown.stderr
+        assert any(
+            frozen.address in line and NodeState.SUSPECT in line
+            for line in shown.stdout.splitlines()
+        ), shown.stdout
         thawed = len(marks(path))
         os.kill(frozen.pid, signal.SIGCONT)
         stopped = False
