@@ -233,17 +233,6 @@ class Nodes:
                 )
                 self._mark_failed(slot)
 
-    def connect(self, slot: NodeSlot, epoch: int) -> None:
-        """Connect now, in the loop thread (waits up to the call timeout)."""
-        try:
-            info = slot.link.open(self.master_id, epoch, self._init_settings())
-        except Fenced:
-            raise
-        except AgentUnavailable:
-            self._mark_failed(slot)
-            return
-        self.connected(slot, epoch, info)
-
     def _mark_failed(self, slot: NodeSlot) -> None:
         self.store.update_node(
             slot.load.id,
