@@ -52,12 +52,14 @@ DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 DEFAULT_AGENT_METRICS_LISTEN = "127.0.0.1:9465"
 #: Longest backoff between two tries to reach an unreachable node (seconds).
 DEFAULT_NODE_BACKOFF_MAX = 60.0
-#: Seconds a node stays suspect (calls failed: no new jobs, retried with backoff)
-#: before it is gone and its jobs run elsewhere. Long enough for three or four
-#: reconnects (backoff 0.5, 1, 2 s) to ride over an agent restart or a network blip
-#: without rerunning its work; short enough that a dead node's jobs move within
-#: seconds. A node is never gone before JODL_CALL_TIMEOUT of silence either, so its
-#: agent (detached after JODL_AGENT_DETACH, shorter) has stopped starting jobs.
+#: Seconds a node whose calls fail may stay silent (suspect: no new jobs, retried
+#: with backoff) before it is gone and its jobs run elsewhere, counted from the last
+#: call it may have heard. Long enough for three or four reconnects (backoff 0.5, 1,
+#: 2 s) to ride over an agent restart or a network blip without rerunning its work;
+#: no longer than JODL_CALL_TIMEOUT, so a hung agent (silent for a whole timeout when
+#: its call fails) is gone at once: it costs the cycle one call timeout. Equal to
+#: the agent's default detach time (half the call timeout): a node is never gone
+#: before its agent has detached and stopped starting what it was sent.
 DEFAULT_NODE_GRACE = 5.0
 #: Shortest accepted JODL_SECRET (characters): 128 bits as URL-safe base64, e.g.
 #: ``python -c "import secrets; print(secrets.token_urlsafe(32))"`` (43 characters).
@@ -206,8 +208,8 @@ OPTIONS: tuple[Option, ...] = (
         "JODL_NODE_GRACE",
         str(DEFAULT_NODE_GRACE),
         "float+",
-        "Seconds a node whose calls fail stays suspect (no new jobs, retried) before it "
-        "is gone and its jobs run elsewhere; never before JODL_CALL_TIMEOUT of silence",
+        "Seconds a node whose calls fail may stay silent (suspect: no new jobs, retried) "
+        "before it is gone and its jobs run elsewhere; never before its agent detached",
         "master",
     ),
     Option(

@@ -358,11 +358,16 @@ class Nodes:
         for slot in self.slots.values():
             if slot.suspect_since is None or slot.removed:
                 continue
-            past_grace = now - slot.suspect_since >= self.settings.node_grace
-            # Its agent detached (JODL_AGENT_DETACH < JODL_CALL_TIMEOUT): it starts
-            # nothing we sent, so its jobs may run elsewhere without running twice.
-            detached = now - slot.silent_since >= self.settings.call_timeout
-            if past_grace and detached:
+            # The grace counts from the last call the agent may have heard: a hung
+            # agent has been silent for a whole call timeout when its call fails, and
+            # is gone then if that is past the grace (one timeout per frozen agent).
+            silent = now - slot.silent_since
+            info = slot.link.info
+            detach = info.detach if info is not None and info.detach else None
+            # Its agent detached (it starts nothing we sent, JODL_AGENT_DETACH): its
+            # jobs may run elsewhere without running twice.
+            detached = silent >= (detach if detach is not None else self.settings.call_timeout)
+            if silent >= self.settings.node_grace and detached:
                 log.warning(
                     "node %s gone: suspect for %.1fs (%s); its jobs are placed again",
                     slot.link.address,
