@@ -55,6 +55,15 @@ DEFAULT_NODE_BACKOFF_MAX = 60.0
 #: Longest pause between two hellos of a detached agent (seconds): a master that comes
 #: back hears from every agent within this, and 1,000 agents send it ~30 hellos a second.
 DEFAULT_HELLO_BACKOFF_MAX = 30.0
+#: Seconds a node whose calls fail may stay silent (suspect: no new jobs, retried
+#: with backoff) before it is gone and its jobs run elsewhere, counted from the last
+#: call it may have heard. Long enough for three or four reconnects (backoff 0.5, 1,
+#: 2 s) to ride over an agent restart or a network blip without rerunning its work;
+#: no longer than JODL_CALL_TIMEOUT, so a hung agent (silent for a whole timeout when
+#: its call fails) is gone at once: it costs the cycle one call timeout. Equal to
+#: the agent's default detach time (half the call timeout): a node is never gone
+#: before its agent has detached and stopped starting what it was sent.
+DEFAULT_NODE_GRACE = 5.0
 #: Shortest accepted JODL_SECRET (characters): 128 bits as URL-safe base64, e.g.
 #: ``python -c "import secrets; print(secrets.token_urlsafe(32))"`` (43 characters).
 MIN_SECRET_LENGTH = 22
@@ -207,6 +216,14 @@ OPTIONS: tuple[Option, ...] = (
         "master",
     ),
     Option(
+        "JODL_NODE_GRACE",
+        str(DEFAULT_NODE_GRACE),
+        "float+",
+        "Seconds a node whose calls fail may stay silent (suspect: no new jobs, retried) "
+        "before it is gone and its jobs run elsewhere; never before its agent detached",
+        "master",
+    ),
+    Option(
         "JODL_REGISTER_LISTEN",
         "",
         "str?",
@@ -289,6 +306,7 @@ class Settings:
     batch_size: int = DEFAULT_BATCH_SIZE
     idle_sleep: float = DEFAULT_IDLE_SLEEP
     node_backoff_max: float = DEFAULT_NODE_BACKOFF_MAX
+    node_grace: float = DEFAULT_NODE_GRACE
     register_listen: str | None = None
     log_level: str = "INFO"
     # operations

@@ -21,7 +21,9 @@ The names of the calls appear here (and as the server's ``exposed_`` methods) on
 from __future__ import annotations
 
 import logging
+import os
 import random
+import socket
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -239,19 +241,38 @@ class AgentLink:
         self.failures += 1
         delay = min(self.settings.node_backoff_max, BACKOFF_START * 2 ** (self.failures - 1))
         self.next_try = time.monotonic() + delay * random.uniform(0.5, 1.0)
-        self.close()
+        self.close(abort=True)
 
     def retry_due(self) -> bool:
         return self.conn is None and time.monotonic() >= self.next_try
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
+        """Close the connection; ``abort`` (after a failed call): at once.
+
+        rpyc's ``close`` asks the peer to close too and waits for its answer up to
+        the call timeout: a hung agent would cost a second timeout. Aborting shuts
+        the socket down first, so that request fails at once.
+        """
         conn, self.conn = self.conn, None
         self._calls = {}
         if conn is not None:
+            if abort:
+                _shut_down(conn)
             try:
                 conn.close()
             except Exception:  # noqa: BLE001 - closing a broken connection may fail again
                 pass
+
+
+def _shut_down(conn: Any) -> None:
+    """Shut the connection's socket down (reads and writes fail at once from now on)."""
+    try:
+        fileno = conn.fileno()
+        if isinstance(fileno, int) and fileno >= 0:
+            with socket.socket(fileno=os.dup(fileno)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+    except Exception:  # noqa: BLE001 - an in-process link has no socket; a dead one is shut
+        pass
 
 
 def _describe(exc: BaseException) -> str:

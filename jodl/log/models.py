@@ -56,7 +56,8 @@ def table_of(model: type[Base]) -> Table:
 
 class NodeState:
     ACTIVE = "active"  # reachable, takes jobs
-    UNREACHABLE = "unreachable"  # retried with backoff; its unstarted jobs go elsewhere
+    SUSPECT = "suspect"  # calls failed: no new jobs, retried; gone after JODL_NODE_GRACE
+    UNREACHABLE = "unreachable"  # gone: its jobs were lost and placed again; retried
     DRAINING = "draining"  # finishes what it has, takes nothing new
     REMOVED = "removed"  # gone for good; trial moves away from it become permanent
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from typing import Any
 
 from .. import failpoint
@@ -147,15 +148,20 @@ class Dispatcher:
         self.store.record_dispatches(dispatches)  # write-ahead: committed before agents see jobs
         failpoint.hit("after_log")
         now = time.perf_counter()
+        calls = {}
         for node_id, wire in wires.items():
-            slot = self.nodes[node_id]
             book.send(node_id, sents[node_id])
+            calls[node_id] = partial(self.nodes[node_id].link.send, self.epoch, wire)
+        # One send per agent, all at once: a frozen agent delays the others by nothing.
+        replies = self.nodes.calls.each(calls)
+        for node_id, reply in replies.items():
+            slot = self.nodes[node_id]
             try:
-                refused = slot.link.send(self.epoch, wire)
+                refused = reply.get()
             except Fenced:
                 raise  # a newer master took over: stop
             except AgentUnavailable:
-                self.nodes.down(slot, self.epoch)
+                self.nodes.down(slot, self.epoch)  # suspect: its jobs stay for now
                 continue
             for sent in sents[node_id]:
                 active = self.runs.get(sent.run_id) if sent.run_id is not None else None

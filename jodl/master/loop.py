@@ -126,8 +126,9 @@ class Master:
         else:
             versions = _family_versions()
         self.fleet = Nodes(
-            self.settings, self.store, self.book, self.ledger, self.families, versions
-        )
+            self.settings, self.store, self.book, self.ledger, self.families, versions,
+            self.knowledge,
+        )  # fmt: skip
         self.outcomes = Outcomes(
             self.store, self.book, self.fleet, self.ledger, self.families, self.knowledge, self.runs
         )
@@ -233,6 +234,7 @@ class Master:
                     except AgentUnavailable:
                         pass
                 slot.link.close()
+            self.fleet.close()
             if self._started:
                 self._started = False
                 try:  # the next master need not wait for the lease to expire

@@ -1,9 +1,17 @@
 """The master's nodes: one :class:`NodeSlot` per agent, connected, refreshed and lost here.
 
 :class:`Nodes` follows the node table of the log (nodes added or removed while the
-master runs), connects to agents with backoff, reconciles what a reconnected agent
-still queues, and when a node fails or is removed gives its jobs back through the
-job book (their executions closed as lost in the log).
+master runs), connects to agents with backoff (in the background: a frozen agent
+holds up no step, see :mod:`jodl.master.calls`), reconciles what a reconnected agent
+still queues, and when a node is removed gives its jobs back through the job book
+(their executions closed as lost in the log).
+
+Suspect before gone (docs/architecture.md): a node whose call fails is *suspect*:
+it gets no new jobs, the jobs queued for it here move only where they would finish
+sooner, and it is retried with backoff and jitter. Answering again, it keeps what
+it learned and what its agent still holds. After ``JODL_NODE_GRACE`` seconds
+suspect (and never before ``JODL_CALL_TIMEOUT`` of silence, so its agent has
+detached) it is *gone*: its executions are lost and its jobs placed again.
 """
 
 from __future__ import annotations
@@ -13,19 +21,23 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Concatenate, ParamSpec, TypeVar
 
 from ..agent.client import AgentLink
 from ..agent.local import make_link
-from ..agent.replies import AgentFamily
+from ..agent.replies import AgentFamily, AgentInfo
 from ..config import Settings
 from ..exceptions import AgentUnavailable, Fenced
 from ..family import Family as FamilyClass
 from ..log.models import ExecState, NodeState, utcnow
 from ..log.store import Store
-from ..placement import NodeLoad
+from ..placement import Knowledge, NodeLoad
+from . import drain, suspects
 from .book import JobBook
+from .calls import Calls, Outcome
 from .families import FamilySettings
 from .records import Ledger, execution_row
 from .rules import REMOVED, UNREACHABLE, USABLE, allows
@@ -67,6 +79,13 @@ class NodeSlot:
     draining: bool = False
     #: The agent said it drains (the log's DRAINING state is then relayed no more).
     draining_heard: bool = False
+    #: A reconnect running in the background (the link is not used meanwhile).
+    opening: Future[Outcome[AgentInfo]] | None = None
+    #: Monotonic time of its first failed call while suspect; None when not suspect.
+    suspect_since: float | None = None
+    #: Monotonic time of the last call sent before it became suspect: its agent has
+    #: heard nothing since (a reconnect's ``init`` pauses the agent, starting nothing).
+    silent_since: float = 0.0
 
     @property
     def id(self) -> int:
@@ -92,7 +111,11 @@ class NodeSlot:
 
     @property
     def usable(self) -> bool:
-        return self.link.connected and not self.removed
+        return self.link.connected and not self.removed and self.opening is None
+
+    @property
+    def suspect(self) -> bool:
+        return self.suspect_since is not None
 
 
 class Nodes:
@@ -106,8 +129,12 @@ class Nodes:
         ledger: Ledger,
         families: FamilySettings,
         versions: dict[str, str],
+        knowledge: Knowledge | None = None,
     ) -> None:
         self.settings = settings
+        self.knowledge = knowledge or Knowledge()
+        #: Calls to several agents at once, and reconnects in the background.
+        self.calls = Calls()
         self.store = store
         self.book = book
         self.ledger = ledger
@@ -158,7 +185,8 @@ class Nodes:
     # -- connecting ------------------------------------------------------------------------
 
     def refresh(self, epoch: int, force: bool = False) -> None:
-        """Pick up nodes added or removed in the log; reconnect unreachable ones when due."""
+        """Pick up nodes added or removed in the log; reconnect unreachable ones when due
+        (in the background; with ``force``, waiting for them); give up suspect ones."""
         now = time.monotonic()
         if force or now - self._last_refresh >= NODE_REFRESH:
             self._last_refresh = now
@@ -176,60 +204,71 @@ class Nodes:
                     load = NodeLoad(node.id, node.address, node.slots, node.speed or 1.0, labels)
                     self.slots[node.id] = slot = NodeSlot(link, load)
                     self.book.add_node(load)
-                self._follow(slot, node.state, dict(node.labels or {}))
-            self._poll_draining(epoch)
+                drain.follow(slot, node.state, dict(node.labels or {}))
+            drain.poll(self, epoch)
+        self._take_opened(epoch)
         for slot in self.slots.values():
-            if not slot.removed and slot.link.retry_due():
-                self.connect(slot, epoch)
+            if not slot.removed and slot.opening is None and slot.link.retry_due():
+                opening = partial(slot.link.open, self.master_id, epoch, self._init_settings())
+                slot.opening = self.calls.start(opening)
+        if force:
+            for slot in self.slots.values():
+                if slot.opening is not None:
+                    slot.opening.result()  # bounded by the call timeout
+        self._take_opened(epoch)
+        suspects.review(self, epoch)
 
-    def _follow(self, slot: NodeSlot, state: str, labels: dict[str, str]) -> None:
-        """What the log says of a node now: drained by an operator, hello, new labels."""
-        slot.load.labels = labels  # an agent's hello may bring new ones
-        if state == NodeState.DRAINING:
-            slot.draining = True
-        elif state == NodeState.ACTIVE and not slot.link.connected and slot.link.failures:
-            # Active again in the log while we had given up: the agent said hello
-            # (or the operator added it back). Try it now rather than after the backoff.
-            slot.link.next_try = 0.0
-
-    def _poll_draining(self, epoch: int) -> None:
-        """Ask each agent whether it drains, relaying ``jodl node drain`` to it.
-
-        A draining agent is asked too: the call that fails once it exited removes it.
-        """
-        for slot in list(self.slots.values()):
-            if not slot.usable:
+    def _take_opened(self, epoch: int) -> None:
+        """Apply the reconnects that ended (in the loop thread: they change the book)."""
+        for slot in self.slots.values():
+            if slot.opening is None or not slot.opening.done():
                 continue
-            draining = self.call(slot, epoch, AgentLink.draining, epoch, slot.draining)
-            if draining and not slot.draining_heard:
-                slot.draining = slot.draining_heard = True
-                self.store.update_node(slot.load.id, state=NodeState.DRAINING)
+            outcome, slot.opening = slot.opening.result(), None
+            if slot.removed:
+                slot.link.close()
+                continue
+            try:
+                self.connected(slot, epoch, outcome.get())
+            except Fenced:
+                raise  # refused for our old epoch: stop, the node is fine
+            except AgentUnavailable as exc:
+                if slot.draining:  # drained and exited (maybe while no master polled it)
+                    self.down(slot, epoch, drained=True)
+                    continue
                 log.warning(
-                    "node %s drains: nothing new goes there",
+                    "node %s %s: %s",
                     slot.link.address,
+                    "still suspect" if slot.suspect else "unreachable",
+                    exc,
                     extra={"node": slot.link.address},
                 )
+                self.mark_failed(slot)
 
-    def connect(self, slot: NodeSlot, epoch: int) -> None:
+    def mark_failed(self, slot: NodeSlot) -> None:
+        self.store.update_node(
+            slot.load.id,
+            state=NodeState.SUSPECT if slot.suspect else NodeState.UNREACHABLE,
+            last_error=slot.link.last_error,
+            failures=slot.link.failures,
+        )
+
+    def connected(self, slot: NodeSlot, epoch: int, info: AgentInfo) -> None:
+        """The agent answered ``init``: reconcile, keep what a suspect node still holds."""
         try:
-            info = slot.link.open(self.master_id, epoch, self._init_settings())
             self._reconcile(slot, epoch, info.queued)
-        except Fenced:
-            raise  # refused for our old epoch: stop, the node is fine
-        except AgentUnavailable as exc:
-            if slot.draining:  # drained and exited (maybe while no master polled it)
-                self.down(slot, epoch, drained=True)
-                return
-            log.warning(
-                "node %s unreachable: %s", slot.link.address, exc, extra={"node": slot.link.address}
-            )
-            self.store.update_node(
-                slot.load.id,
-                state=NodeState.UNREACHABLE,
-                last_error=slot.link.last_error,
-                failures=slot.link.failures,
-            )
+            if slot.suspect:
+                self._recover(slot, epoch)
+        except AgentUnavailable:
+            self.mark_failed(slot)
             return
+        if slot.suspect:
+            log.warning(
+                "node %s answers again: no longer suspect (%d executions kept)",
+                slot.link.address,
+                len(self.book.flights[slot.id]),
+                extra={"node": slot.link.address},
+            )
+            slot.suspect_since = None
         families = info.families
         slot.wrong_version = self._check_versions(slot, families)
         slot.families = set(families) - set(slot.wrong_version)
@@ -296,19 +335,64 @@ class Nodes:
                 len(given_up),
             )
 
-    # -- losing ------------------------------------------------------------------------------
+    def _recover(self, slot: NodeSlot, epoch: int) -> None:
+        """A suspect node answers again: executions its agent no longer holds (it was
+        restarted, say) are lost and their jobs placed again; the others stay."""
+        flying = list(self.book.flights[slot.id])
+        if not flying:
+            return
+        held = set(slot.link.held(epoch, flying))
+        rows = []
+        for exec_id in flying:
+            if exec_id in held:
+                continue
+            # IN_FLIGHT -> WAITING, the transition of an execution given back unstarted.
+            closed = self.book.take_back(slot.id, exec_id)
+            if closed is not None:
+                rows.append(
+                    execution_row(
+                        closed.exec_id,
+                        closed.sent,
+                        ExecState.LOST,
+                        epoch,
+                        backup=closed.backup,
+                        error="not held by the agent when it answered again",
+                    )
+                )
+        self.ledger.commit(rows)
+
+    # -- suspect, then gone: jodl/master/suspects.py ---------------------------------------
 
     def down(self, slot: NodeSlot, epoch: int, gone: bool = False, drained: bool = False) -> None:
-        """The node failed or was removed: its jobs (sent or not) go back to be placed.
-
-        A drained agent exits once it handed everything over: its node is removed.
-        """
+        """A call failed: the node is suspect (its jobs stay with it for now). Removed
+        (``gone``): its jobs (sent or not) go back to be placed. A drained agent exits
+        once it handed everything over (its failed call says so): its node is removed."""
         drained = drained or (slot.draining_heard and not gone)
         if drained:
             gone = slot.removed = True
             self.store.remove_node(slot.link.address)
             log.warning("node %s drained and gone: removed", slot.link.address)
-        reason = "node removed" if gone else f"node unreachable: {slot.link.last_error}"
+        if gone:
+            self.lose(slot, epoch, "node removed")
+            slot.suspect_since = None
+            slot.link.close()
+            if drained:
+                self.on_gone(slot.load.id)
+            return
+        if slot.suspect_since is None:
+            slot.suspect_since = time.monotonic()
+            slot.silent_since = slot.link.last_call
+            log.warning(
+                "node %s suspect: %s",
+                slot.link.address,
+                slot.link.last_error,
+                extra={"node": slot.link.address},
+            )
+        slot.link.close()
+        self.mark_failed(slot)
+
+    def lose(self, slot: NodeSlot, epoch: int, reason: str) -> None:
+        """Its executions are lost (logged), its jobs wait to be placed again."""
         lost = [
             execution_row(c.exec_id, c.sent, ExecState.LOST, epoch, backup=c.backup, error=reason)
             for c in self.book.lose(slot.load.id)
@@ -323,16 +407,6 @@ class Nodes:
             )
         slot.take_acks()
         self.ledger.commit(lost)
-        if not gone:
-            self.store.update_node(
-                slot.load.id,
-                state=NodeState.UNREACHABLE,
-                last_error=slot.link.last_error,
-                failures=slot.link.failures,
-            )
-        slot.link.close()
-        if drained:
-            self.on_gone(slot.load.id)
 
     def call(
         self,
@@ -357,6 +431,10 @@ class Nodes:
         """Cancel executions on the agent (queued ones never start; a result is dropped)."""
         if exec_ids:
             self.call(slot, epoch, AgentLink.cancel, epoch, exec_ids)
+
+    def close(self) -> None:
+        """Stop the call threads (a reconnect in flight ends by its timeout)."""
+        self.calls.close()
 
     def flush_acks(self, epoch: int) -> None:
         for slot in self.slots.values():

@@ -15,10 +15,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from .. import budget
-from ..agent.replies import FailedRow, Refused
+from ..agent.client import AgentLink
+from ..agent.replies import DoneRow, FailedRow, Refused
 from ..budget import RunBytes
 from ..exceptions import AgentUnavailable, Fenced
 from ..log.models import ExecState, utcnow
@@ -65,6 +67,18 @@ class _Batch:
     over: list[int] = field(default_factory=list)
 
 
+def _ask(
+    link: AgentLink, epoch: int, acks: list[int], failures: bool
+) -> tuple[list[DoneRow], list[FailedRow]]:
+    """Results, then failures if any may be there, of one agent (in a call thread).
+
+    Decoded and checked by the link (a bad reply: AgentUnavailable).
+    """
+    done = link.done(epoch, acks, COLLECT_LIMIT)
+    failed = link.failed(epoch, (), COLLECT_LIMIT) if failures else []
+    return done, failed
+
+
 class Outcomes:
     """Collects, commits and acknowledges outcomes; keeps runs' counts."""
 
@@ -95,22 +109,24 @@ class Outcomes:
 
     def collect(self) -> int:
         """Collect done and failed jobs from every agent (c, d); commit; ack next time."""
-        got = 0
-        for slot in list(self.nodes):
+        calls = {}
+        for slot in self.nodes:
             if not slot.usable or not (self.book.flights[slot.id] or slot.acks):
                 continue
+            acks = slot.take_acks()
+            calls[slot.id] = partial(
+                _ask, slot.link, self.epoch, acks, bool(self.book.flights[slot.id])
+            )
+        # Every agent asked at once (in the pool's threads); the book changes here only.
+        got = 0
+        for node_id, reply in self.nodes.calls.each(calls).items():
+            slot = self.nodes[node_id]
             try:
-                # Decoded and checked by the link (a bad reply: AgentUnavailable).
-                done = slot.link.done(self.epoch, slot.take_acks(), COLLECT_LIMIT)
-                failed = (
-                    slot.link.failed(self.epoch, (), COLLECT_LIMIT)
-                    if self.book.flights[slot.id]
-                    else []
-                )
+                done, failed = reply.get()
             except Fenced:
                 raise  # a newer master took over: stop
             except AgentUnavailable:
-                self.nodes.down(slot, self.epoch)
+                self.nodes.down(slot, self.epoch)  # suspect: its jobs stay for now
                 continue
             got += self.report(slot, done, failed)
         return got

@@ -1,0 +1,51 @@
+"""Draining nodes as the master sees them (see docs/architecture.md#detached-agents-and-drain).
+
+A node drains when an operator says so (``jodl node drain``: the log's DRAINING
+state) or when its agent does (SIGTERM). The master relays the first to the agent
+and hears the second through the agent's ``draining`` call, asked about once a
+second; a draining node is never a placement candidate, and its results are still
+collected and acknowledged until its agent exits.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from ..agent.client import AgentLink
+from ..log.models import NodeState
+
+if TYPE_CHECKING:
+    from .nodes import Nodes, NodeSlot
+
+log = logging.getLogger("jodl.master")
+
+
+def follow(slot: NodeSlot, state: str, labels: dict[str, str]) -> None:
+    """What the log says of a node now: drained by an operator, hello, new labels."""
+    slot.load.labels = labels  # an agent's hello may bring new ones
+    if state == NodeState.DRAINING:
+        slot.draining = True
+    elif state == NodeState.ACTIVE and not slot.link.connected and slot.link.failures:
+        # Active again in the log while we had given up: the agent said hello
+        # (or the operator added it back). Try it now rather than after the backoff.
+        slot.link.next_try = 0.0
+
+
+def poll(nodes: Nodes, epoch: int) -> None:
+    """Ask each agent whether it drains, relaying ``jodl node drain`` to it.
+
+    A draining agent is asked too: the call that fails once it exited removes it.
+    """
+    for slot in list(nodes.slots.values()):
+        if not slot.usable:
+            continue
+        draining = nodes.call(slot, epoch, AgentLink.draining, epoch, slot.draining)
+        if draining and not slot.draining_heard:
+            slot.draining = slot.draining_heard = True
+            nodes.store.update_node(slot.load.id, state=NodeState.DRAINING)
+            log.warning(
+                "node %s drains: nothing new goes there",
+                slot.link.address,
+                extra={"node": slot.link.address},
+            )
