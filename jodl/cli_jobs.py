@@ -214,7 +214,11 @@ def _run_by(holder: str, store: Any, family: str) -> None:
 )
 @click.pass_context
 def master_cmd(ctx: click.Context, takeover: bool) -> None:
-    """Run the long-lived master (scheduled cycles and on-demand jobs)."""
+    """Run the long-lived master (scheduled cycles and on-demand jobs).
+
+    On PostgreSQL a master started beside a running one stands by and takes over
+    when that one stops or its lease expires (``JODL_LEASE_TTL``).
+    """
     from .master import Master
 
     master = Master(settings_of(ctx), store=store_of(ctx), takeover=takeover)
@@ -226,6 +230,10 @@ def master_cmd(ctx: click.Context, takeover: bool) -> None:
     if ops is not None:
         stops.append(ops.close)
     try:
+        if master.store.dialect != "sqlite" and master.store.lease_holder() is not None:
+            click.echo(f"master {master.name}: standing by", err=True)
+        if not master.stand_by():
+            return
         master.start()
         # Installed applications' services (e.g. a scheduler) run beside the serve loop;
         # each is a callable start(master, settings) returning its stop function.

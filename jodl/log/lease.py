@@ -14,10 +14,9 @@ from sqlalchemy.orm import sessionmaker
 from ..exceptions import LeaseHeld
 from .models import Cluster, MasterLease, utcnow
 
-#: Seconds a master's lease lasts without renewal. The running master renews it
-#: every :data:`LEASE_RENEW` seconds (one small UPDATE); a master that stalls longer
-#: (or dies) lets another one take over.
-LEASE_SECONDS = 30.0
+#: Seconds a lease lasts without renewal unless told otherwise (``JODL_LEASE_TTL``
+#: sets the running master's: see :class:`jodl.master.leadership.Leadership`).
+LEASE_SECONDS = 5.0
 #: Seconds between two renewals by the running master: a third of the lease, so two
 #: renewals may fail (a slow disk, a busy database) before it expires.
 LEASE_RENEW = LEASE_SECONDS / 3
@@ -46,7 +45,13 @@ class Leases:
         self.engine = engine
         self.sessions = sessionmaker(engine, expire_on_commit=False)
 
-    def acquire(self, holder: str, name: str = "master", force: bool = False) -> int:
+    def acquire(
+        self,
+        holder: str,
+        name: str = "master",
+        force: bool = False,
+        ttl: float = LEASE_SECONDS,
+    ) -> int:
         """Take the lease and return the new epoch (older masters are fenced).
 
         A lease another holder renewed less than :data:`LEASE_SECONDS` ago is live:
@@ -68,7 +73,7 @@ class Leases:
                 raise LeaseHeld(lease.holder, (lease.expires_at - now).total_seconds())
             lease.epoch += 1
             lease.holder = holder
-            lease.expires_at = now + dt.timedelta(seconds=LEASE_SECONDS)
+            lease.expires_at = now + dt.timedelta(seconds=ttl)
             s.flush()
             return lease.epoch
 
@@ -80,15 +85,25 @@ class Leases:
                 return None
             return lease.holder
 
-    def renew(self, epoch: int, name: str = "master") -> bool:
+    def renew(self, epoch: int, name: str = "master", ttl: float = LEASE_SECONDS) -> bool:
         """Extend the lease of ``epoch``; False when another master has taken it (fenced)."""
         with self.engine.begin() as conn:
             res = conn.execute(
                 update(MasterLease)
                 .where(MasterLease.name == name, MasterLease.epoch == epoch)
-                .values(expires_at=utcnow() + dt.timedelta(seconds=LEASE_SECONDS))
+                .values(expires_at=utcnow() + dt.timedelta(seconds=ttl))
             )
             return res.rowcount == 1
+
+    def leases(self) -> list[tuple[str, str, int, dt.datetime]]:
+        """Every lease row: (scope, holder, epoch, expires_at), by scope (for status)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(
+                    MasterLease.name, MasterLease.holder, MasterLease.epoch, MasterLease.expires_at
+                ).order_by(MasterLease.name)
+            ).all()
+        return [(r[0], r[1], r[2], r[3]) for r in rows]
 
     def release(self, epoch: int, name: str = "master") -> None:
         """End the lease of ``epoch`` now (a clean stop): the next master need not wait."""

@@ -48,6 +48,21 @@ class RequestLog:
             )
         return [(rid, family) for rid, family in rows if rid in taken]
 
+    def free_orphans(self, leader: str) -> int:
+        """Requests taken by another master but not settled become untaken (that master
+        lost its lease: ``leader`` now holds it); how many."""
+        with self.engine.begin() as conn:
+            res = conn.execute(
+                update(RunRequest)
+                .where(
+                    RunRequest.taken_at.is_not(None),
+                    RunRequest.finished_at.is_(None),
+                    RunRequest.taken_by != leader[:255],
+                )
+                .values(taken_at=None, taken_by=None)
+            )
+            return int(res.rowcount or 0)
+
     def settle_run_request(self, request_id: int, **outcome: Any) -> None:
         """Record a request's outcome: ``run_id``, ``summary`` and ``dead``, or ``error``."""
         with self.engine.begin() as conn:

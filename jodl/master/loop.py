@@ -38,9 +38,8 @@ from typing import Any
 
 from .. import family as family_registry
 from ..config import Settings
-from ..exceptions import AgentUnavailable, Fenced, UnknownFamily
+from ..exceptions import AgentUnavailable, UnknownFamily
 from ..log.engine import make_engine
-from ..log.lease import LEASE_RENEW
 from ..log.records import PendingJob
 from ..log.store import Store
 from ..log.writer import LogWriter
@@ -51,6 +50,7 @@ from .balancer import Balancer
 from .book import JobBook
 from .dispatch import Dispatcher
 from .families import FamilySettings
+from .leadership import Leadership
 from .nodes import Nodes, NodeSlot, known_versions
 from .outcomes import Outcomes
 from .records import ActiveRun, Ledger, RunSummary
@@ -109,9 +109,9 @@ class Master:
         self.settings = settings or Settings.from_env()
         #: Take the lease even from a live master (which is then fenced): ``--takeover``.
         self.takeover = takeover
-        self._lease_renewed = 0.0
         self.store = store or Store(make_engine(self.settings.database_url))
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.leadership = Leadership(self.store, self.name, self.settings.lease_ttl, takeover)
         self.epoch = 0
         self.knowledge = Knowledge()
         self.runs: dict[int, ActiveRun] = {}
@@ -173,6 +173,8 @@ class Master:
         self._gc: tuple[int, ...] | None = None
         self._hello: Any = None
         self._idle = 0
+        #: Became leader as a standby: resume the runs the last leader left unfinished.
+        self._resume = False
 
     @property
     def nodes(self) -> dict[int, NodeSlot]:
@@ -191,12 +193,29 @@ class Master:
 
     # -- start ------------------------------------------------------------------------------
 
+    def stand_by(self, stop: threading.Event | None = None) -> bool:
+        """Wait as a standby until this master leads (True) or ``stop`` is set (False).
+
+        PostgreSQL only: a SQLite file has one master (:class:`LeaseHeld` at once).
+        """
+        if self.store.dialect == "sqlite":
+            return True  # start() takes the lease or says who holds it
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            if self.leadership.poll():
+                self._resume = True
+                return True
+            stop.wait(self.leadership.poll_every)
+        return False
+
     def start(self) -> None:
         """Take the master lease (new epoch), load what was learned, connect the agents."""
         if self._started:
             return
-        self._set_epoch(self.store.acquire_lease(self.name, force=self.takeover))
-        self._lease_renewed = time.monotonic()
+        if self.leadership.led:
+            self._set_epoch(next(iter(self.leadership.led.values())))
+        else:
+            self._set_epoch(self.leadership.take())
         self.fleet.master_id = self.name
         self.fleet.cluster = self.store.cluster_id()
         self._gc = gc.get_threshold()
@@ -228,12 +247,11 @@ class Master:
                     except AgentUnavailable:
                         pass
                 slot.link.close()
-            if self._started:
-                self._started = False
-                try:  # the next master need not wait for the lease to expire
-                    self.store.release_lease(self.epoch)
-                except Exception:  # noqa: BLE001 - the database may be gone; it expires
-                    log.warning("could not release the master lease; it expires by itself")
+            self._started = False
+            try:  # the next master need not wait for the lease to expire
+                self.leadership.release()
+            except Exception:  # noqa: BLE001 - the database may be gone; it expires
+                log.warning("could not release the master lease; it expires by itself")
 
     # -- cycles -----------------------------------------------------------------------------
 
@@ -258,6 +276,10 @@ class Master:
     def serve(self, stop: threading.Event | None = None) -> None:
         """Run until ``stop`` is set: requested cycles, feeders' on-demand jobs, the loop."""
         self.start()
+        if self._resume:
+            self._resume = False
+            for family_name in self.store.resume_after_takeover(self.name):
+                self.request_cycle(family_name)  # the last leader's unfinished runs
         stop = stop or threading.Event()
         while not stop.is_set():
             self._take_requests()
@@ -364,14 +386,10 @@ class Master:
         return min(self.settings.idle_sleep, 0.0005 * 2**self._idle, self.balancer.poll_cap())
 
     def keep_lease(self) -> None:
-        """Renew the master lease every :data:`LEASE_RENEW` seconds (one small UPDATE);
-        :class:`Fenced` when another master took it (``--takeover``) meanwhile."""
-        now = time.monotonic()
-        if now - self._lease_renewed < LEASE_RENEW:
-            return
-        if not self.store.renew_lease(self.name, self.epoch):
-            raise Fenced("another master took over this database's lease")
-        self._lease_renewed = now
+        """Renew the master lease every third of its TTL (one small UPDATE); :class:`Fenced`
+        when another master took it meanwhile, or when it could not be renewed in time
+        (see :class:`~jodl.master.leadership.Leadership`)."""
+        self.leadership.keep()
 
 
 __all__ = ["Feeder", "Master"]
