@@ -198,7 +198,9 @@ def _run_by(holder: str, store: Any, family: str) -> None:
     request_id = store.request_run(family)
     click.echo(f"a master ({holder}) runs this database: the run is asked of it", err=True)
     with progress_reporters(f"run {family}") as (_, progress):
-        row = follow(store, request_id, lambda: store.lease_holder() is not None, progress)
+        # A standby taking over counts as alive: it resumes the run.
+        alive = lambda: store.lease_holder() is not None or bool(store.masters.live())  # noqa: E731
+        row = follow(store, request_id, alive, progress)
     if row.error:
         raise JodlError(row.error)
     click.echo(row.summary)

@@ -38,10 +38,13 @@ class RunRequests(Feeder):
         self.store = store
         self.poll = poll
         self._last = 0.0
+        #: The master that takes the requests (its name, from the first claim).
+        self._taker = ""
         #: request id -> the cycle's future (from Master.request_cycle).
         self._running: dict[int, Future[RunSummary]] = {}
 
     def claim(self, master: Master, limit: int) -> list[PendingJob]:
+        self._taker = master.name
         self._settle_finished()
         now = time.monotonic()
         if now - self._last >= self.poll:
@@ -57,20 +60,22 @@ class RunRequests(Feeder):
             del self._running[request_id]
             exc = future.exception()
             if exc is not None:
-                self.store.settle_run_request(request_id, error=str(exc))
+                self.store.settle_run_request(request_id, self._taker, error=str(exc))
             else:
                 summary = future.result()
                 self.store.settle_run_request(
-                    request_id, run_id=summary.run_id, summary=summary.line(), dead=summary.dead
+                    request_id,
+                    self._taker,
+                    run_id=summary.run_id,
+                    summary=summary.line(),
+                    dead=summary.dead,
                 )
 
     def close(self) -> None:
         self._settle_finished()
-        for request_id in self._running:
-            self.store.settle_run_request(
-                request_id,
-                error="the master stopped before the run ended; it resumes on the next start",
-            )
+        # Unfinished: given back, so the next leader (a standby, or this master when
+        # started again) takes them and resumes their runs from the log.
+        self.store.give_back_run_requests(list(self._running), self._taker)
         self._running.clear()
 
 

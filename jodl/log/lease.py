@@ -7,11 +7,11 @@ import os
 import secrets
 import socket
 
-from sqlalchemy import Engine, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Connection, Engine, select, text, update
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import sessionmaker
 
-from ..exceptions import LeaseHeld
+from ..exceptions import Fenced, LeaseHeld
 from .models import Cluster, MasterLease, utcnow
 
 #: Seconds a lease lasts without renewal unless told otherwise (``JODL_LEASE_TTL``
@@ -38,6 +38,31 @@ def holder_gone(holder: str) -> bool:
     return False
 
 
+#: Milliseconds a fenced write transaction may sit idle (its process stopped) before
+#: PostgreSQL ends it, releasing the lease row it shares so a standby can take over.
+FENCE_IDLE_MS = 1000
+#: Milliseconds a standby waits for the lease row's lock before trying again later.
+TAKE_LOCK_MS = 500
+
+
+def check_fence(conn: Connection, epoch: int, name: str = "master") -> None:
+    """In a writing transaction: :class:`Fenced` unless lease ``name`` still has ``epoch``.
+
+    ``FOR SHARE`` holds the lease row until the commit, so a takeover (``FOR UPDATE``
+    in :meth:`Leases.acquire`) waits for writes in flight, and every write after it
+    sees the new epoch: a stalled leader that wakes writes nothing (PostgreSQL; a
+    SQLite file has one master). A transaction left idle by a stopped process ends
+    after :data:`FENCE_IDLE_MS`, so it cannot hold the takeover back.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {FENCE_IDLE_MS}")
+    found = conn.scalar(
+        select(MasterLease.epoch).where(MasterLease.name == name).with_for_update(read=True)
+    )
+    if found is not None and found != epoch:
+        raise Fenced(f"another master took over (epoch {found}): epoch {epoch} writes nothing")
+
+
 class Leases:
     """The master lease (one row per lease name) and the cluster id."""
 
@@ -58,9 +83,14 @@ class Leases:
         :class:`LeaseHeld` unless ``force`` (an explicit takeover). A holder on this
         host whose process is gone (killed) counts as expired at once.
         """
-        now = utcnow()
         with self.sessions() as s, s.begin():
-            lease = s.get(MasterLease, name, with_for_update=True)
+            if self.engine.dialect.name == "postgresql":
+                s.execute(text(f"SET LOCAL lock_timeout = {TAKE_LOCK_MS}"))
+            try:
+                lease = s.get(MasterLease, name, with_for_update=True)
+            except OperationalError as exc:  # a leader's write holds it: not free now
+                raise LeaseHeld(name, TAKE_LOCK_MS / 1000) from exc
+            now = utcnow()
             if lease is None:
                 lease = MasterLease(name=name, holder=holder, epoch=0, expires_at=now)
                 s.add(lease)

@@ -63,13 +63,33 @@ class RequestLog:
             )
             return int(res.rowcount or 0)
 
-    def settle_run_request(self, request_id: int, **outcome: Any) -> None:
-        """Record a request's outcome: ``run_id``, ``summary`` and ``dead``, or ``error``."""
+    def settle_run_request(self, request_id: int, taker: str, **outcome: Any) -> None:
+        """Record a request's outcome: ``run_id``, ``summary`` and ``dead``, or ``error``.
+
+        Only while ``taker`` has it: a master that lost its lease (the request was
+        freed for the next leader) changes nothing.
+        """
         with self.engine.begin() as conn:
             conn.execute(
                 update(RunRequest)
-                .where(RunRequest.id == request_id)
+                .where(RunRequest.id == request_id, RunRequest.taken_by == taker[:255])
                 .values(finished_at=utcnow(), **outcome)
+            )
+
+    def give_back(self, request_ids: list[int], taker: str) -> None:
+        """Untake requests ``taker`` took but did not finish (it stops): the next leader
+        takes them and resumes their runs."""
+        if not request_ids:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(RunRequest)
+                .where(
+                    RunRequest.id.in_(request_ids),
+                    RunRequest.taken_by == taker[:255],
+                    RunRequest.finished_at.is_(None),
+                )
+                .values(taken_at=None, taken_by=None)
             )
 
     def run_request(self, request_id: int) -> RunRequest | None:

@@ -206,8 +206,11 @@ class Store:
     def take_run_requests(self, taker: str) -> list[tuple[int, str]]:
         return self.requests.take_run_requests(taker)
 
-    def settle_run_request(self, request_id: int, **outcome: Any) -> None:
-        self.requests.settle_run_request(request_id, **outcome)
+    def settle_run_request(self, request_id: int, taker: str, **outcome: Any) -> None:
+        self.requests.settle_run_request(request_id, taker, **outcome)
+
+    def give_back_run_requests(self, request_ids: list[int], taker: str) -> None:
+        self.requests.give_back(request_ids, taker)
 
     def run_request(self, request_id: int) -> RunRequest | None:
         return self.requests.run_request(request_id)

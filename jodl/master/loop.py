@@ -188,7 +188,8 @@ class Master:
 
     def _set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-        for part in (self.ledger, self.outcomes, self.dispatcher, self.balancer, self.keeper):
+        parts = (self.ledger, self.outcomes, self.dispatcher, self.balancer, self.keeper)
+        for part in (*parts, self.writer):
             part.epoch = epoch
 
     # -- start ------------------------------------------------------------------------------
