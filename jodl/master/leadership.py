@@ -12,15 +12,17 @@ scope, :data:`WHOLE`: every family and the on-demand queue. Standby masters poll
 until it is free; the database decides (one transaction with a row lock) which
 one of them takes it.
 
-The leader renews every TTL/3. When it could not renew for :data:`STOP_SHARE` of
-the TTL it stops dispatching (:class:`~jodl.exceptions.Fenced`), before its lease
-can expire and a standby take over.
+The leader renews every TTL/3 from a thread of its own (a long step does not let
+the lease lapse; a stopped process renews nothing). When the last renewal is
+:data:`STOP_SHARE` of the TTL old, the loop stops dispatching
+(:class:`~jodl.exceptions.Fenced`), before its lease can expire and a standby take over.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 
 from ..exceptions import Fenced, LeaseHeld
@@ -71,6 +73,10 @@ class Leadership:
         #: monotonic time of the last successful renewal of every led scope.
         self.renewed = 0.0
         self._beat = 0.0
+        #: Why the renewer found a scope taken over (then the master stops), or None.
+        self._lost: str | None = None
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
 
     @property
     def poll_every(self) -> float:
@@ -133,38 +139,51 @@ class Leadership:
             self.heartbeat(force=True)
         return taken
 
+    @property
+    def lost(self) -> str | None:
+        """Why a led scope was found taken over by another master, or None."""
+        return self._lost
+
     def keep(self) -> None:
-        """Renew every led scope every TTL/3; :class:`Fenced` when one was taken over, or
-        when renewing failed for :data:`STOP_SHARE` of the TTL (stop before it expires)."""
-        now = time.monotonic()
-        if now - self.renewed < self.ttl * RENEW_SHARE:
-            return
-        try:
-            for scope, epoch in self.led.items():
-                if not self.store.renew_lease(self.name, epoch, scope, ttl=self.ttl):
-                    raise Fenced(f"another master took over {scope!r} (epoch {epoch} is old)")
-            self.heartbeat(force=True)
-        except Fenced:
+        """Called before every step: :class:`Fenced` when a led scope was taken over, or
+        when the last renewal is :data:`STOP_SHARE` of the TTL old (stop before it
+        expires). The renewals themselves run in a thread (:meth:`_renew_loop`), so a
+        long step (resuming a large run) does not let the lease lapse."""
+        if self._lost is not None:
             self.led.clear()
-            raise
-        except Exception as exc:  # noqa: BLE001 - the database may come back in time
-            if time.monotonic() - self.renewed >= self.ttl * STOP_SHARE:
-                self.led.clear()
-                raise Fenced(
-                    f"could not renew the lease for {STOP_SHARE:.0%} of its TTL ({exc}): "
-                    "stopped dispatching before it could expire"
-                ) from exc
-            log.warning("could not renew the lease (%s); trying again", exc)
-            return
-        if time.monotonic() - self.renewed >= self.ttl * STOP_SHARE:
-            # Renewed, but only after the stop point (a stalled process): a standby may
-            # have seen the lease near its end; the epoch check above says it did not
-            # take it, so leading on is safe.
-            log.warning("the lease was renewed late (%.1f s)", time.monotonic() - self.renewed)
-        self.renewed = now
+            raise Fenced(self._lost)
+        if self.led and time.monotonic() - self.renewed >= self.ttl * STOP_SHARE:
+            self.led.clear()
+            raise Fenced(
+                f"could not renew the lease for {STOP_SHARE:.0%} of its TTL: "
+                "stopped dispatching before it could expire"
+            )
+        if self.led and self._renewer is None:
+            self._stop.clear()
+            self._renewer = threading.Thread(
+                target=self._renew_loop, name="lease-renewer", daemon=True
+            )
+            self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        """Renew every led scope every TTL/3, with its own connection, until stopped."""
+        while not self._stop.wait(self.ttl * RENEW_SHARE):
+            try:
+                for scope, epoch in list(self.led.items()):
+                    if not self.store.renew_lease(self.name, epoch, scope, ttl=self.ttl):
+                        self._lost = f"another master took over {scope!r} (epoch {epoch} is old)"
+                        return
+                self.renewed = time.monotonic()
+                self.heartbeat(force=True)
+            except Exception as exc:  # noqa: BLE001 - the database may come back in time
+                log.warning("could not renew the lease (%s); trying again", exc)
 
     def release(self) -> None:
         """End every led lease now and leave the live masters (a clean stop)."""
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join(timeout=30)
+            self._renewer = None
         for scope, epoch in list(self.led.items()):
             self.store.release_lease(epoch, scope)
         self.led.clear()

@@ -217,6 +217,7 @@ class Master:
             self._set_epoch(next(iter(self.leadership.led.values())))
         else:
             self._set_epoch(self.leadership.take())
+        self.leadership.keep()  # starts renewing the lease in its own thread
         self.fleet.master_id = self.name
         self.fleet.cluster = self.store.cluster_id()
         self._gc = gc.get_threshold()
