@@ -71,11 +71,27 @@ class RunRequests(Feeder):
                     dead=summary.dead,
                 )
 
+    def take_over(self, master: Master) -> None:
+        """Adopt the requests the last leader took and did not settle: a request whose
+        family's run is unfinished follows that run (resumed by ``master``); one whose
+        run ended before its master could settle it is settled as ended (never run again).
+        """
+        self._taker = master.name
+        running = set(self.store.running_families())
+        for request_id, family in self.store.adopt_run_requests(master.name):
+            if family in running:
+                self._running[request_id] = master.request_cycle(family)
+            else:
+                self.store.settle_run_request(
+                    request_id,
+                    master.name,
+                    summary=f"run {family}: ended while its master changed (see `jodl status`)",
+                )
+
     def close(self) -> None:
         self._settle_finished()
-        # Unfinished: given back, so the next leader (a standby, or this master when
-        # started again) takes them and resumes their runs from the log.
-        self.store.give_back_run_requests(list(self._running), self._taker)
+        # Unfinished ones stay taken: the next leader adopts them (take_over) and
+        # resumes their runs from the log.
         self._running.clear()
 
 

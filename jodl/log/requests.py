@@ -48,20 +48,21 @@ class RequestLog:
             )
         return [(rid, family) for rid, family in rows if rid in taken]
 
-    def free_orphans(self, leader: str) -> int:
-        """Requests taken by another master but not settled become untaken (that master
-        lost its lease: ``leader`` now holds it); how many."""
+    def adopt(self, leader: str) -> list[tuple[int, str]]:
+        """Requests taken by another master but not settled become ``leader``'s (that
+        master lost its lease: ``leader`` holds it now); (request id, family) pairs."""
         with self.engine.begin() as conn:
-            res = conn.execute(
+            rows = conn.execute(
                 update(RunRequest)
                 .where(
                     RunRequest.taken_at.is_not(None),
                     RunRequest.finished_at.is_(None),
                     RunRequest.taken_by != leader[:255],
                 )
-                .values(taken_at=None, taken_by=None)
-            )
-            return int(res.rowcount or 0)
+                .values(taken_by=leader[:255])
+                .returning(RunRequest.id, RunRequest.family)
+            ).all()
+        return sorted((r[0], r[1]) for r in rows)
 
     def settle_run_request(self, request_id: int, taker: str, **outcome: Any) -> None:
         """Record a request's outcome: ``run_id``, ``summary`` and ``dead``, or ``error``.
@@ -74,22 +75,6 @@ class RequestLog:
                 update(RunRequest)
                 .where(RunRequest.id == request_id, RunRequest.taken_by == taker[:255])
                 .values(finished_at=utcnow(), **outcome)
-            )
-
-    def give_back(self, request_ids: list[int], taker: str) -> None:
-        """Untake requests ``taker`` took but did not finish (it stops): the next leader
-        takes them and resumes their runs."""
-        if not request_ids:
-            return
-        with self.engine.begin() as conn:
-            conn.execute(
-                update(RunRequest)
-                .where(
-                    RunRequest.id.in_(request_ids),
-                    RunRequest.taken_by == taker[:255],
-                    RunRequest.finished_at.is_(None),
-                )
-                .values(taken_at=None, taken_by=None)
             )
 
     def run_request(self, request_id: int) -> RunRequest | None:

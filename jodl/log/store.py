@@ -87,11 +87,14 @@ class Store:
         """End our lease now (a clean stop): the next master need not wait for it to expire."""
         self.leases.release(epoch, name)
 
-    def resume_after_takeover(self, leader: str) -> list[str]:
-        """A new leader's first look: requests its predecessor took but did not settle
-        are freed for it, and the families with an unfinished run are returned."""
-        self.requests.free_orphans(leader)
+    def running_families(self) -> list[str]:
+        """Names of the families with an unfinished run."""
         return self.runs.running_families()
+
+    def adopt_run_requests(self, leader: str) -> list[tuple[int, str]]:
+        """Requests another master took and did not settle become ``leader``'s:
+        (request id, family) pairs."""
+        return self.requests.adopt(leader)
 
     def cluster_id(self) -> str:
         """This database's cluster id, drawn on first use."""
@@ -208,9 +211,6 @@ class Store:
 
     def settle_run_request(self, request_id: int, taker: str, **outcome: Any) -> None:
         self.requests.settle_run_request(request_id, taker, **outcome)
-
-    def give_back_run_requests(self, request_ids: list[int], taker: str) -> None:
-        self.requests.give_back(request_ids, taker)
 
     def run_request(self, request_id: int) -> RunRequest | None:
         return self.requests.run_request(request_id)

@@ -82,6 +82,10 @@ class Feeder:
     def close(self) -> None:
         """Called by :meth:`Master.close`: stop, and give back what was taken but not run."""
 
+    def take_over(self, master: Master) -> None:
+        """Called once when ``master`` became leader after another: adopt what that one
+        took and did not finish (its unfinished runs are resumed by the master itself)."""
+
 
 def _family_versions() -> dict[str, str]:
     """Versions of the families installed with this master (checked against agents')."""
@@ -167,14 +171,14 @@ class Master:
             self.gauges,
         )
         self._requests: queue.SimpleQueue[tuple[str, Future[RunSummary]]] = queue.SimpleQueue()
-        self._waiting: dict[int, Future[RunSummary]] = {}
+        self._waiting: dict[int, list[Future[RunSummary]]] = {}
         self._families_read = time.monotonic()
         self._started = False
         self._gc: tuple[int, ...] | None = None
         self._hello: Any = None
         self._idle = 0
-        #: Became leader as a standby: resume the runs the last leader left unfinished.
-        self._resume = False
+        #: Serving starts with resuming the runs the last leader left unfinished.
+        self._resume = True
 
     @property
     def nodes(self) -> dict[int, NodeSlot]:
@@ -204,7 +208,6 @@ class Master:
         stop = stop or threading.Event()
         while not stop.is_set():
             if self.leadership.poll():
-                self._resume = True
                 return True
             stop.wait(self.leadership.poll_every)
         return False
@@ -278,10 +281,12 @@ class Master:
     def serve(self, stop: threading.Event | None = None) -> None:
         """Run until ``stop`` is set: requested cycles, feeders' on-demand jobs, the loop."""
         self.start()
-        if self._resume:
+        if self._resume:  # once per leadership: what the last leader left unfinished
             self._resume = False
-            for family_name in self.store.resume_after_takeover(self.name):
+            for family_name in self.store.running_families():
                 self.request_cycle(family_name)  # the last leader's unfinished runs
+            for feeder in self.feeders:
+                feeder.take_over(self)
         stop = stop or threading.Event()
         while not stop.is_set():
             self._take_requests()
@@ -296,8 +301,7 @@ class Master:
                 time.sleep(self.settings.idle_sleep)
             for active in [a for a in self.runs.values() if a.remaining <= 0]:
                 summary = self.keeper.finish(active)
-                future = self._waiting.pop(active.run.id, None)
-                if future is not None:
+                for future in self._waiting.pop(active.run.id, []):
                     future.set_result(summary)
 
     def _feed(self) -> None:
@@ -340,10 +344,10 @@ class Master:
                     raise UnknownFamily(f"no family {family_name!r} in the database")
                 run, resumed = self.store.open_run(family, self.epoch)
                 if run.id in self.runs:
-                    self._waiting[run.id] = future  # already running: share its outcome
+                    self._waiting[run.id].append(future)  # already running: share its outcome
                     continue
                 self.keeper.open(run, family, resumed)
-                self._waiting[run.id] = future
+                self._waiting[run.id] = [future]
             except Exception as exc:  # noqa: BLE001 - handed to the requesting thread
                 future.set_exception(exc)
 
