@@ -5,9 +5,9 @@ two stand by) and K agents, asks for a cycle of N ``mark`` jobs (each appends a
 line to a file when it really runs: the ground truth), and SIGKILLs the leader at
 random moments of the cycle, starting a new standby after each kill. For each
 kill it measures the time from the kill to the new leader's first dispatch (a
-dispatch row with a newer epoch); at the end it counts the jobs that ran again
-after their result was committed (must be 0). The last line printed is one JSON
-object with the figures.
+dispatch row with a newer epoch) and to its lease (the election alone); at the
+end it counts the jobs that ran again after their result was committed (must be
+0). The last line printed is one JSON object with the figures.
 
     python bench/failover.py --jobs 20000 --kills 10 --ttl 5
 """
@@ -101,6 +101,8 @@ def run(
         masters = [start_master(db_url, ttl, log_dir, n) for n in range(3)]
         started = len(masters)
         failovers: list[float] = []
+        #: seconds from a kill to the new leader's lease (before it resumes the run)
+        elections: list[float] = []
         committed_at_kill: set[str] = set()
         try:
             while lease() is None:
@@ -116,7 +118,10 @@ def run(
                 os.kill(pid, signal.SIGKILL)
                 killed = time.monotonic()
                 committed_at_kill |= committed()
+                elected = None
                 while True:
+                    if elected is None and (lease() or ("", epoch))[1] > epoch:
+                        elected = time.monotonic() - killed
                     with engine.connect() as conn:
                         newer = conn.scalar(
                             select(func.count()).where(Dispatch.epoch > epoch).limit(1)
@@ -127,6 +132,8 @@ def run(
                     time.sleep(0.01)
                 if newer:
                     failovers.append(time.monotonic() - killed)
+                if elected is not None:
+                    elections.append(elected)
                 masters.append(start_master(db_url, ttl, log_dir, started))
                 started += 1
             while True:
@@ -153,6 +160,8 @@ def run(
         "failover_median_s": round(statistics.median(failovers), 3) if failovers else None,
         "failover_p95_s": round(percentile(failovers, 0.95), 3) if failovers else None,
         "failover_max_s": round(max(failovers), 3) if failovers else None,
+        "election_median_s": round(statistics.median(elections), 3) if elections else None,
+        "election_max_s": round(max(elections), 3) if elections else None,
         "rerun_after_commit": len(rerun),
         "jobs_marked": len(ran),
         "run_error": row.error if row is not None else None,
