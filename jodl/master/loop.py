@@ -38,7 +38,7 @@ from typing import Any
 
 from .. import family as family_registry
 from ..config import Settings
-from ..exceptions import AgentUnavailable, UnknownFamily
+from ..exceptions import AgentUnavailable, Fenced, UnknownFamily
 from ..log.engine import make_engine
 from ..log.records import PendingJob
 from ..log.store import Store
@@ -235,6 +235,8 @@ class Master:
         """Commit what is queued, acknowledge it, and disconnect (the log stays resumable)."""
         try:
             self.writer.flush()
+        except Fenced as exc:  # another master leads now: nothing of ours is written
+            log.warning("stopped as fenced: %s", exc)
         finally:
             if self._gc is not None:
                 gc.set_threshold(*self._gc)
