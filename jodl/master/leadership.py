@@ -26,6 +26,7 @@ import threading
 import time
 
 from ..exceptions import Fenced, LeaseHeld
+from ..log.lease import holder_gone
 from ..log.store import Store
 
 log = logging.getLogger("jodl.master")
@@ -115,7 +116,8 @@ class Leadership:
         Returns the scopes taken now, with their epochs.
         """
         self.heartbeat()
-        live = self.store.masters.live()
+        # A master on this host whose process is gone (killed) is not waited for.
+        live = [m for m in self.store.masters.live() if not holder_gone(m)]
         if self.name not in live:
             live.append(self.name)
         taken: dict[str, int] = {}
