@@ -117,6 +117,9 @@ def run(
                 pid = int(holder.split(":")[1])
                 os.kill(pid, signal.SIGKILL)
                 killed = time.monotonic()
+                for proc in masters:  # reaped, as a service manager does (no zombie)
+                    if proc.pid == pid:
+                        proc.wait()
                 committed_at_kill |= committed()
                 elected = None
                 while True:
