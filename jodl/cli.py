@@ -261,6 +261,10 @@ def status(ctx: click.Context, as_json: bool, watch: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, default=str, indent=2))
         return
+    click.echo("masters:")
+    for m in data["masters"]:
+        led = " ".join(f"{scope}@{epoch}" for scope, epoch in m["scopes"].items())
+        click.echo(f"  {m['name']:24s} {m['role']:8s} {led}")
     click.echo("nodes:")
     for n in data["nodes"]:
         click.echo(

@@ -224,7 +224,9 @@ def _run_by(holder: str, store: Any, family: str) -> None:
     request_id = store.request_run(family)
     click.echo(f"a master ({holder}) runs this database: the run is asked of it", err=True)
     with progress_reporters(f"run {family}") as (_, progress):
-        row = follow(store, request_id, lambda: store.lease_holder() is not None, progress)
+        # A standby taking over counts as alive: it resumes the run.
+        alive = lambda: store.lease_holder() is not None or bool(store.masters.live())  # noqa: E731
+        row = follow(store, request_id, alive, progress)
     if row.error:
         raise JodlError(row.error)
     click.echo(row.summary)
@@ -262,7 +264,11 @@ def _cancel_run(ctx: click.Context, family: str) -> None:
 )
 @click.pass_context
 def master_cmd(ctx: click.Context, takeover: bool) -> None:
-    """Run the long-lived master (scheduled cycles and on-demand jobs)."""
+    """Run the long-lived master (scheduled cycles and on-demand jobs).
+
+    On PostgreSQL a master started beside a running one stands by and takes over
+    when that one stops or its lease expires (``JODL_LEASE_TTL``).
+    """
     from .master import Master
 
     master = Master(settings_of(ctx), store=store_of(ctx), takeover=takeover)
@@ -274,6 +280,10 @@ def master_cmd(ctx: click.Context, takeover: bool) -> None:
     if ops is not None:
         stops.append(ops.close)
     try:
+        if master.store.dialect != "sqlite" and master.store.lease_holder() is not None:
+            click.echo(f"master {master.name}: standing by", err=True)
+        if not master.stand_by():
+            return
         master.start()
         # Installed applications' services (e.g. a scheduler) run beside the serve loop;
         # each is a callable start(master, settings) returning its stop function.

@@ -44,6 +44,10 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_BATCH_SIZE = 2000
 #: Longest pause of the master loop when nothing happens (seconds).
 DEFAULT_IDLE_SLEEP = 0.05
+#: Seconds a master's leadership lease lasts without renewal. Renewed every third of
+#: it; a leader that could not renew for two thirds of it stops dispatching, so a
+#: standby may take over after at most one TTL (see docs/architecture.md).
+DEFAULT_LEASE_TTL = 5.0
 #: Default address of the master's health/metrics endpoint (loopback; empty: off).
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 #: Default address of an agent's health/metrics endpoint (loopback; empty: off). A
@@ -209,6 +213,13 @@ OPTIONS: tuple[Option, ...] = (
         "master",
     ),
     Option(
+        "JODL_LEASE_TTL",
+        str(DEFAULT_LEASE_TTL),
+        "float+",
+        "Seconds a master's leadership lasts unrenewed; standbys take over after it",
+        "master",
+    ),
+    Option(
         "JODL_NODE_BACKOFF_MAX",
         str(DEFAULT_NODE_BACKOFF_MAX),
         "float+",
@@ -305,6 +316,7 @@ class Settings:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     batch_size: int = DEFAULT_BATCH_SIZE
     idle_sleep: float = DEFAULT_IDLE_SLEEP
+    lease_ttl: float = DEFAULT_LEASE_TTL
     node_backoff_max: float = DEFAULT_NODE_BACKOFF_MAX
     node_grace: float = DEFAULT_NODE_GRACE
     register_listen: str | None = None

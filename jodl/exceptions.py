@@ -34,10 +34,10 @@ class AuthError(JodlError):
 class LeaseHeld(JodlError):
     """Another live master holds the lease of this database; this one must not act."""
 
-    def __init__(self, holder: str, seconds_left: float) -> None:
+    def __init__(self, holder: str, seconds_left: float, hint: str = "") -> None:
         super().__init__(
             f"a master ({holder}) is running on this database; only one master acts on it "
-            f"(its lease is renewed while it runs: stop it, or take over with --takeover)"
+            f"(its lease is renewed while it runs: stop it, or take over with --takeover)" + hint
         )
         self.holder = holder
         self.seconds_left = seconds_left

@@ -38,10 +38,13 @@ class RunRequests(Feeder):
         self.store = store
         self.poll = poll
         self._last = 0.0
+        #: The master that takes the requests (its name, from the first claim).
+        self._taker = ""
         #: request id -> the cycle's future (from Master.request_cycle).
         self._running: dict[int, Future[RunSummary]] = {}
 
     def claim(self, master: Master, limit: int) -> list[PendingJob]:
+        self._taker = master.name
         self._settle_finished()
         now = time.monotonic()
         if now - self._last >= self.poll:
@@ -57,20 +60,38 @@ class RunRequests(Feeder):
             del self._running[request_id]
             exc = future.exception()
             if exc is not None:
-                self.store.settle_run_request(request_id, error=str(exc))
+                self.store.settle_run_request(request_id, self._taker, error=str(exc))
             else:
                 summary = future.result()
                 self.store.settle_run_request(
-                    request_id, run_id=summary.run_id, summary=summary.line(), dead=summary.dead
+                    request_id,
+                    self._taker,
+                    run_id=summary.run_id,
+                    summary=summary.line(),
+                    dead=summary.dead,
+                )
+
+    def take_over(self, master: Master) -> None:
+        """Adopt the requests the last leader took and did not settle: a request whose
+        family's run is unfinished follows that run (resumed by ``master``); one whose
+        run ended before its master could settle it is settled as ended (never run again).
+        """
+        self._taker = master.name
+        running = set(self.store.running_families())
+        for request_id, family in self.store.adopt_run_requests(master.name):
+            if family in running:
+                self._running[request_id] = master.request_cycle(family)
+            else:
+                self.store.settle_run_request(
+                    request_id,
+                    master.name,
+                    summary=f"run {family}: ended while its master changed (see `jodl status`)",
                 )
 
     def close(self) -> None:
         self._settle_finished()
-        for request_id in self._running:
-            self.store.settle_run_request(
-                request_id,
-                error="the master stopped before the run ended; it resumes on the next start",
-            )
+        # Unfinished ones stay taken: the next leader adopts them (take_over) and
+        # resumes their runs from the log.
         self._running.clear()
 
 

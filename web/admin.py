@@ -50,6 +50,9 @@ def overview(svc: Services, runs: int = 10) -> dict[str, Any]:
         run["percent"] = round(100.0 * run["jobs_done"] / total, 1) if total else None
     for node in data["nodes"]:
         node["last_seen"] = _iso(node["last_seen"])
+    for master in data["masters"]:
+        master["started_at"] = _iso(master["started_at"])
+        master["expires_at"] = _iso(master["expires_at"])
     for run in data["runs"]:
         run["started_at"] = _iso(run["started_at"])
         run["finished_at"] = _iso(run["finished_at"])

@@ -347,6 +347,21 @@ class MasterLease(Base):
     expires_at: Mapped[dt.datetime]
 
 
+class MasterNode(Base):
+    """A live master (standby or leader): its heartbeat and the scopes it leads.
+
+    Masters whose ``expires_at`` passed are not live: rendezvous hashing of the
+    scopes (see :mod:`jodl.master.leadership`) counts live masters only.
+    """
+
+    __tablename__ = "jodl_master_node"
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    role: Mapped[str] = mapped_column(String(20), default="standby")
+    scopes: Mapped[str] = mapped_column(Text, default="")
+    started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[dt.datetime]
+
+
 class ExecIdSequence(Base):
     """The next free execution id (:class:`jodl.log.exec_ids.ExecIds` takes them in blocks)."""
 

@@ -27,6 +27,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from . import bulk
 from .learning import learn_from_executions, settle_homes, write_homes
+from .lease import check_fence
 from .models import Dispatch, Execution, Job, JobState, table_of, utcnow
 from .records import EXEC_COLUMNS, ClaimDone, ClaimFailed, OutcomeBatch
 
@@ -135,6 +136,8 @@ class Outcomes:
             row.setdefault("sent_at", now)
             row.setdefault("is_open", True)
         with self.engine.begin() as conn:
+            if rows[0].get("epoch"):
+                check_fence(conn, rows[0]["epoch"])
             bulk.insert_rows(conn, table_of(Dispatch), rows)
 
     def record(self, batch: OutcomeBatch) -> None:
@@ -151,6 +154,8 @@ class Outcomes:
         if not batch:
             return
         with self.engine.begin() as conn:
+            if batch.epoch:
+                check_fence(conn, batch.epoch)
             if batch.executions:
                 self._append(conn, batch.executions, batch.settle)
             if batch.homes:

@@ -102,6 +102,9 @@ class OutcomeBatch:
     homes: Sequence[Home | tuple[int, int | None, int | None]] = ()
     #: Jobs with no home get the node of their result.
     settle: bool = False
+    #: The writing master's lease epoch: the batch commits only while it holds the
+    #: lease (0: unfenced, e.g. the on-demand queue's own writers).
+    epoch: int = 0
 
     def __bool__(self) -> bool:
         return bool(

@@ -71,12 +71,32 @@ class RequestLog:
             )
         return [Request(*r) for r in rows if r[0] in taken]
 
-    def settle_run_request(self, request_id: int, **outcome: Any) -> None:
-        """Record a request's outcome: ``run_id``, ``summary`` and ``dead``, or ``error``."""
+    def adopt(self, leader: str) -> list[tuple[int, str]]:
+        """Requests taken by another master but not settled become ``leader``'s (that
+        master lost its lease: ``leader`` holds it now); (request id, family) pairs."""
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                update(RunRequest)
+                .where(
+                    RunRequest.taken_at.is_not(None),
+                    RunRequest.finished_at.is_(None),
+                    RunRequest.taken_by != leader[:255],
+                )
+                .values(taken_by=leader[:255])
+                .returning(RunRequest.id, RunRequest.family)
+            ).all()
+        return sorted((r[0], r[1]) for r in rows)
+
+    def settle_run_request(self, request_id: int, taker: str, **outcome: Any) -> None:
+        """Record a request's outcome: ``run_id``, ``summary`` and ``dead``, or ``error``.
+
+        Only while ``taker`` has it: a master that lost its lease (the request was
+        freed for the next leader) changes nothing.
+        """
         with self.engine.begin() as conn:
             conn.execute(
                 update(RunRequest)
-                .where(RunRequest.id == request_id)
+                .where(RunRequest.id == request_id, RunRequest.taken_by == taker[:255])
                 .values(finished_at=utcnow(), **outcome)
             )
 

@@ -280,6 +280,18 @@ class Runs:
         jobs = [by_key[key] for key in sorted(by_key)]
         return RunResults(family, found.number, found.state, jobs)
 
+    def running_families(self) -> list[str]:
+        """Names of the families with an unfinished run, by name."""
+        with self.engine.connect() as conn:
+            return sorted(
+                conn.scalars(
+                    select(Family.name)
+                    .join(Run, Run.family_id == Family.id)
+                    .where(Run.state == RunState.RUNNING)
+                    .distinct()
+                )
+            )
+
     def running_run(self, family: str) -> Run | None:
         """The family's unfinished run, if any."""
         with self.sessions() as s:

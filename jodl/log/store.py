@@ -20,7 +20,8 @@ from ..placement import Knowledge
 from .exec_ids import ExecIds
 from .jobs import JobLog
 from .learning import Learning
-from .lease import Leases
+from .lease import LEASE_SECONDS, Leases
+from .masters import MasterRegistry
 from .models import Family, FamilyOnNode, Node, RequestKind, Run, RunRequest, RunState
 from .nodes import Families, NodeLog
 from .outcomes import Outcomes
@@ -34,8 +35,9 @@ class Store:
     """The reconstruction log of one database, as named reads and writes.
 
     The parts are public for code that works with one concern only:
-    ``leases`` (the master lease, cluster id), ``exec_ids`` (the execution-id
-    sequence), ``runs``, ``outcomes`` (dispatches and outcome batches),
+    ``leases`` (the master lease, cluster id), ``masters`` (live masters),
+    ``exec_ids`` (the execution-id sequence), ``runs``,
+    ``outcomes`` (dispatches and outcome batches),
     ``learning`` (what placement learned, homes), ``families``, ``node_log``,
     ``requests`` (cycles asked of the running master) and ``reads`` (what
     applications read: results since a cursor, latest results per job, status).
@@ -46,6 +48,7 @@ class Store:
         self.dialect = engine.dialect.name
         self.sessions = sessionmaker(engine, expire_on_commit=False)
         self.leases = Leases(engine)
+        self.masters = MasterRegistry(engine)
         self.exec_ids = ExecIds(engine)
         self.runs = Runs(engine)
         self.outcomes = Outcomes(engine)
@@ -65,22 +68,35 @@ class Store:
 
     # -- master lease, epochs and execution ids ---------------------------------------
 
-    def acquire_lease(self, holder: str, name: str = "master", force: bool = False) -> int:
+    def acquire_lease(
+        self, holder: str, name: str = "master", force: bool = False, ttl: float = LEASE_SECONDS
+    ) -> int:
         """Take the master lease; the new epoch (see :meth:`Leases.acquire`)."""
-        return self.leases.acquire(holder, name, force)
+        return self.leases.acquire(holder, name, force, ttl)
 
     def lease_holder(self, name: str = "master") -> str | None:
         """Who holds a live lease; None: nobody."""
         return self.leases.holder(name)
 
-    def renew_lease(self, holder: str, epoch: int, name: str = "master") -> bool:
+    def renew_lease(
+        self, holder: str, epoch: int, name: str = "master", ttl: float = LEASE_SECONDS
+    ) -> bool:
         """Extend the lease; False when another master has taken it (we are fenced)."""
         del holder  # the epoch names the holder: a takeover makes a new one
-        return self.leases.renew(epoch, name)
+        return self.leases.renew(epoch, name, ttl)
 
     def release_lease(self, epoch: int, name: str = "master") -> None:
         """End our lease now (a clean stop): the next master need not wait for it to expire."""
         self.leases.release(epoch, name)
+
+    def running_families(self) -> list[str]:
+        """Names of the families with an unfinished run."""
+        return self.runs.running_families()
+
+    def adopt_run_requests(self, leader: str) -> list[tuple[int, str]]:
+        """Requests another master took and did not settle become ``leader``'s:
+        (request id, family) pairs."""
+        return self.requests.adopt(leader)
 
     def cluster_id(self) -> str:
         """This database's cluster id, drawn on first use."""
@@ -234,8 +250,8 @@ class Store:
         with self.engine.connect() as conn:
             return JobLog.deleted_among(conn, job_ids)
 
-    def settle_run_request(self, request_id: int, **outcome: Any) -> None:
-        self.requests.settle_run_request(request_id, **outcome)
+    def settle_run_request(self, request_id: int, taker: str, **outcome: Any) -> None:
+        self.requests.settle_run_request(request_id, taker, **outcome)
 
     def run_request(self, request_id: int) -> RunRequest | None:
         return self.requests.run_request(request_id)

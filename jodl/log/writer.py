@@ -29,6 +29,8 @@ class LogWriter:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        #: The master's lease epoch, stamped on every batch (its commit is fenced by it).
+        self.epoch = 0
         self._queue: queue.Queue[Any] = queue.Queue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
@@ -56,6 +58,7 @@ class LogWriter:
             closed=closed,
             homes=homes,
             settle=settle,
+            epoch=self.epoch,
         )
         self._queue.put((batch, after))
 

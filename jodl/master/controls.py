@@ -65,7 +65,7 @@ class Controls:
                     self._delete(request.id, request.family)
             except Exception as exc:  # noqa: BLE001 - recorded for the asking command
                 log.exception("request %d (%s %s) failed", request.id, request.kind, request.family)
-                self.store.settle_run_request(request.id, error=str(exc))
+                self.store.settle_run_request(request.id, self.taker, error=str(exc))
 
     def settle_closed(self) -> None:
         """Record the outcome of cancels whose run the loop closed (also when the master stops)."""
@@ -73,7 +73,11 @@ class Controls:
             if active.run.id not in self.runs:
                 del self._cancelling[request_id]
                 self.store.settle_run_request(
-                    request_id, run_id=active.run.id, summary=_cancelled_line(active), dead=0
+                    request_id,
+                    self.taker,
+                    run_id=active.run.id,
+                    summary=_cancelled_line(active),
+                    dead=0,
                 )
 
     def _cancel(self, request_id: int, family: str) -> None:
@@ -84,10 +88,14 @@ class Controls:
             # Not run by this master (e.g. left unfinished by a stopped one): closed here.
             run = self.store.cancel_open_run(family)
             if run is None:
-                self.store.settle_run_request(request_id, error=f"no running cycle of {family}")
+                self.store.settle_run_request(
+                    request_id, self.taker, error=f"no running cycle of {family}"
+                )
             else:
                 line = f"run {family}#{run.number} cancelled: {run.jobs_done} done"
-                self.store.settle_run_request(request_id, run_id=run.id, summary=line, dead=0)
+                self.store.settle_run_request(
+                    request_id, self.taker, run_id=run.id, summary=line, dead=0
+                )
             return
         ids = [j for j, job in self.book.jobs.items() if job.run_id == active.run.id]
         cancelled = self.outcomes.cancel(ids, "run cancelled")
@@ -110,7 +118,7 @@ class Controls:
         if cancelled:
             log.info("%d deleted jobs of %s cancelled", cancelled, family)
         self.store.settle_run_request(
-            request_id, summary=f"{cancelled} deleted jobs of {family} stopped", dead=0
+            request_id, self.taker, summary=f"{cancelled} deleted jobs of {family} stopped", dead=0
         )
 
 

@@ -40,7 +40,6 @@ from .. import family as family_registry
 from ..config import Settings
 from ..exceptions import AgentUnavailable, Fenced, UnknownFamily
 from ..log.engine import make_engine
-from ..log.lease import LEASE_RENEW
 from ..log.records import PendingJob
 from ..log.store import Store
 from ..log.writer import LogWriter
@@ -52,6 +51,7 @@ from .book import JobBook
 from .controls import Controls
 from .dispatch import Dispatcher
 from .families import FamilySettings
+from .leadership import Leadership
 from .nodes import Nodes, NodeSlot, known_versions
 from .outcomes import Outcomes
 from .records import ActiveRun, Ledger, RunSummary
@@ -83,6 +83,10 @@ class Feeder:
     def close(self) -> None:
         """Called by :meth:`Master.close`: stop, and give back what was taken but not run."""
 
+    def take_over(self, master: Master) -> None:
+        """Called once when ``master`` became leader after another: adopt what that one
+        took and did not finish (its unfinished runs are resumed by the master itself)."""
+
 
 def _family_versions() -> dict[str, str]:
     """Versions of the families installed with this master (checked against agents')."""
@@ -110,9 +114,9 @@ class Master:
         self.settings = settings or Settings.from_env()
         #: Take the lease even from a live master (which is then fenced): ``--takeover``.
         self.takeover = takeover
-        self._lease_renewed = 0.0
         self.store = store or Store(make_engine(self.settings.database_url))
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.leadership = Leadership(self.store, self.name, self.settings.lease_ttl, takeover)
         self.epoch = 0
         self.knowledge = Knowledge()
         self.runs: dict[int, ActiveRun] = {}
@@ -172,12 +176,14 @@ class Master:
         self.controls = Controls(self.store, self.book, self.outcomes, self.runs)
         self.controls.taker = self.name
         self._requests: queue.SimpleQueue[tuple[str, Future[RunSummary]]] = queue.SimpleQueue()
-        self._waiting: dict[int, Future[RunSummary]] = {}
+        self._waiting: dict[int, list[Future[RunSummary]]] = {}
         self._families_read = time.monotonic()
         self._started = False
         self._gc: tuple[int, ...] | None = None
         self._hello: Any = None
         self._idle = 0
+        #: Serving starts with resuming the runs the last leader left unfinished.
+        self._resume = True
 
     @property
     def nodes(self) -> dict[int, NodeSlot]:
@@ -191,17 +197,35 @@ class Master:
 
     def _set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-        for part in (self.ledger, self.outcomes, self.dispatcher, self.balancer, self.keeper):
+        parts = (self.ledger, self.outcomes, self.dispatcher, self.balancer, self.keeper)
+        for part in (*parts, self.writer):
             part.epoch = epoch
 
     # -- start ------------------------------------------------------------------------------
+
+    def stand_by(self, stop: threading.Event | None = None) -> bool:
+        """Wait as a standby until this master leads (True) or ``stop`` is set (False).
+
+        PostgreSQL only: a SQLite file has one master (:class:`LeaseHeld` at once).
+        """
+        if self.store.dialect == "sqlite":
+            return True  # start() takes the lease or says who holds it
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            if self.leadership.poll():
+                return True
+            stop.wait(self.leadership.poll_every)
+        return False
 
     def start(self) -> None:
         """Take the master lease (new epoch), load what was learned, connect the agents."""
         if self._started:
             return
-        self._set_epoch(self.store.acquire_lease(self.name, force=self.takeover))
-        self._lease_renewed = time.monotonic()
+        if self.leadership.led:
+            self._set_epoch(next(iter(self.leadership.led.values())))
+        else:
+            self._set_epoch(self.leadership.take())
+        self.leadership.keep()  # starts renewing the lease in its own thread
         self.fleet.master_id = self.name
         self.fleet.cluster = self.store.cluster_id()
         self._gc = gc.get_threshold()
@@ -217,6 +241,8 @@ class Master:
         try:
             self.writer.flush()
             self.controls.settle_closed()
+        except Fenced as exc:  # another master leads now: nothing of ours is written
+            log.warning("stopped as fenced: %s", exc)
         finally:
             if self._gc is not None:
                 gc.set_threshold(*self._gc)
@@ -235,12 +261,11 @@ class Master:
                         pass
                 slot.link.close()
             self.fleet.close()
-            if self._started:
-                self._started = False
-                try:  # the next master need not wait for the lease to expire
-                    self.store.release_lease(self.epoch)
-                except Exception:  # noqa: BLE001 - the database may be gone; it expires
-                    log.warning("could not release the master lease; it expires by itself")
+            self._started = False
+            try:  # the next master need not wait for the lease to expire
+                self.leadership.release()
+            except Exception:  # noqa: BLE001 - the database may be gone; it expires
+                log.warning("could not release the master lease; it expires by itself")
 
     # -- cycles -----------------------------------------------------------------------------
 
@@ -267,6 +292,12 @@ class Master:
     def serve(self, stop: threading.Event | None = None) -> None:
         """Run until ``stop`` is set: requested cycles, feeders' on-demand jobs, the loop."""
         self.start()
+        if self._resume:  # once per leadership: what the last leader left unfinished
+            self._resume = False
+            for family_name in self.store.running_families():
+                self.request_cycle(family_name)  # the last leader's unfinished runs
+            for feeder in self.feeders:
+                feeder.take_over(self)
         stop = stop or threading.Event()
         while not stop.is_set():
             self._take_requests()
@@ -282,8 +313,7 @@ class Master:
                 time.sleep(self.settings.idle_sleep)
             for active in [a for a in self.runs.values() if a.remaining <= 0]:
                 summary = self.keeper.finish(active)
-                future = self._waiting.pop(active.run.id, None)
-                if future is not None:
+                for future in self._waiting.pop(active.run.id, []):
                     future.set_result(summary)
 
     def _feed(self) -> None:
@@ -326,10 +356,10 @@ class Master:
                     raise UnknownFamily(f"no family {family_name!r} in the database")
                 run, resumed = self.store.open_run(family, self.epoch)
                 if run.id in self.runs:
-                    self._waiting[run.id] = future  # already running: share its outcome
+                    self._waiting[run.id].append(future)  # already running: share its outcome
                     continue
                 self.keeper.open(run, family, resumed)
-                self._waiting[run.id] = future
+                self._waiting[run.id] = [future]
             except Exception as exc:  # noqa: BLE001 - handed to the requesting thread
                 future.set_exception(exc)
 
@@ -375,14 +405,10 @@ class Master:
         return min(self.settings.idle_sleep, 0.0005 * 2**self._idle, self.balancer.poll_cap())
 
     def keep_lease(self) -> None:
-        """Renew the master lease every :data:`LEASE_RENEW` seconds (one small UPDATE);
-        :class:`Fenced` when another master took it (``--takeover``) meanwhile."""
-        now = time.monotonic()
-        if now - self._lease_renewed < LEASE_RENEW:
-            return
-        if not self.store.renew_lease(self.name, self.epoch):
-            raise Fenced("another master took over this database's lease")
-        self._lease_renewed = now
+        """Renew the master lease every third of its TTL (one small UPDATE); :class:`Fenced`
+        when another master took it meanwhile, or when it could not be renewed in time
+        (see :class:`~jodl.master.leadership.Leadership`)."""
+        self.leadership.keep()
 
 
 __all__ = ["Feeder", "Master"]

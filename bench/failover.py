@@ -1,0 +1,188 @@
+"""Failover of the master: leader kills at random moments of a cycle, with two standbys.
+
+Starts three ``jodl master`` processes on a fresh PostgreSQL database (one leads,
+two stand by) and K agents, asks for a cycle of N ``mark`` jobs (each appends a
+line to a file when it really runs: the ground truth), and SIGKILLs the leader at
+random moments of the cycle, starting a new standby after each kill. For each
+kill it measures the time from the kill to the new leader's first dispatch (a
+dispatch row with a newer epoch) and to its lease (the election alone); at the
+end it counts the jobs that ran again after their result was committed (must be
+0). The last line printed is one JSON object with the figures.
+
+    python bench/failover.py --jobs 20000 --kills 10 --ttl 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import DEFAULT_PG, SECRET, agents, fresh_database  # noqa: E402
+
+
+def start_master(db_url: str, ttl: float, log_dir: Path, n: int) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "JODL_DATABASE_URL": db_url,
+        "JODL_SECRET": SECRET,
+        "JODL_LEASE_TTL": str(ttl),
+        "JODL_METRICS_LISTEN": "",
+        "JODL_LOG_LEVEL": "WARNING",
+    }
+    with open(log_dir / f"master{n}.log", "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "jodl", "master"], env=env, stdout=out, stderr=out
+        )
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))]
+
+
+def run(
+    url: str, jobs: int, kills: int, ttl: float, agent_count: int, slots: int
+) -> dict[str, Any]:
+    from sqlalchemy import func, select
+
+    from jodl import Store, make_engine
+    from jodl.log.models import Dispatch, ExecState, Execution, Job, MasterLease
+    from jodl.migrate import upgrade
+
+    log_dir = Path(tempfile.mkdtemp(prefix="jodl-failover-"))
+    marks = log_dir / "marks.txt"
+    with fresh_database(url) as db_url, agents(agent_count, slots=slots) as addresses:
+        engine = make_engine(db_url)
+        upgrade(engine)
+        store = Store(engine)
+        for address in addresses:
+            store.add_node(address, slots=slots)
+        family = store.ensure_family("mark")
+        store.add_jobs(
+            family,
+            (
+                (f"m{i}", json.dumps({"key": f"m{i}", "path": str(marks), "seconds": 0.002}))
+                for i in range(jobs)
+            ),
+        )
+
+        def lease() -> tuple[str, int] | None:
+            with engine.connect() as conn:
+                row = conn.execute(
+                    select(MasterLease.holder, MasterLease.epoch).where(
+                        MasterLease.name == "master"
+                    )
+                ).first()
+            return None if row is None else (row[0], row[1])
+
+        def committed() -> set[str]:
+            with engine.connect() as conn:
+                return set(
+                    conn.scalars(
+                        select(Job.key)
+                        .join(Execution, Execution.job_id == Job.id)
+                        .where(Execution.state == ExecState.DONE)
+                    )
+                )
+
+        masters = [start_master(db_url, ttl, log_dir, n) for n in range(3)]
+        started = len(masters)
+        failovers: list[float] = []
+        #: seconds from a kill to the new leader's lease (before it resumes the run)
+        elections: list[float] = []
+        committed_at_kill: set[str] = set()
+        try:
+            while lease() is None:
+                time.sleep(0.05)
+            request = store.request_run("mark")
+            for _ in range(kills):
+                time.sleep(random.uniform(0.5, 2.0))
+                row = store.run_request(request)
+                if row is not None and row.finished_at is not None:
+                    break  # the cycle ended before this kill: more jobs needed
+                holder, epoch = lease() or ("", 0)
+                pid = int(holder.split(":")[1])
+                os.kill(pid, signal.SIGKILL)
+                killed = time.monotonic()
+                for proc in masters:  # reaped, as a service manager does (no zombie)
+                    if proc.pid == pid:
+                        proc.wait()
+                committed_at_kill |= committed()
+                elected = None
+                while True:
+                    if elected is None and (lease() or ("", epoch))[1] > epoch:
+                        elected = time.monotonic() - killed
+                    with engine.connect() as conn:
+                        newer = conn.scalar(
+                            select(func.count()).where(Dispatch.epoch > epoch).limit(1)
+                        )
+                    row = store.run_request(request)
+                    if newer or (row is not None and row.finished_at is not None):
+                        break
+                    time.sleep(0.01)
+                if newer:
+                    failovers.append(time.monotonic() - killed)
+                if elected is not None:
+                    elections.append(elected)
+                masters.append(start_master(db_url, ttl, log_dir, started))
+                started += 1
+            while True:
+                row = store.run_request(request)
+                if row is not None and row.finished_at is not None:
+                    break
+                time.sleep(0.1)
+        finally:
+            for proc in masters:
+                if proc.poll() is None:
+                    proc.terminate()
+            for proc in masters:
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        engine.dispose()
+    ran = Counter(line.split(" ")[1] for line in marks.read_text().splitlines())
+    rerun = sorted(key for key, n in ran.items() if n > 1 and key in committed_at_kill)
+    return {
+        "jobs": jobs,
+        "ttl_s": ttl,
+        "kills": len(failovers),
+        "failover_median_s": round(statistics.median(failovers), 3) if failovers else None,
+        "failover_p95_s": round(percentile(failovers, 0.95), 3) if failovers else None,
+        "failover_max_s": round(max(failovers), 3) if failovers else None,
+        "election_median_s": round(statistics.median(elections), 3) if elections else None,
+        "election_max_s": round(max(elections), 3) if elections else None,
+        "rerun_after_commit": len(rerun),
+        "jobs_marked": len(ran),
+        "run_error": row.error if row is not None else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20_000, help="mark jobs in the cycle")
+    parser.add_argument("--kills", type=int, default=5, help="leader kills (SIGKILL)")
+    parser.add_argument("--ttl", type=float, default=5.0, help="JODL_LEASE_TTL (seconds)")
+    parser.add_argument("--agents", type=int, default=2, help="agent processes")
+    parser.add_argument("--slots", type=int, default=4, help="slots per agent")
+    parser.add_argument("--database", default=os.environ.get("JODL_BENCH_DATABASE_URL", DEFAULT_PG))
+    args = parser.parse_args()
+    figures = run(args.database, args.jobs, args.kills, args.ttl, args.agents, args.slots)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""Standby masters on PostgreSQL: real ``jodl master`` processes, real agents.
+
+Ground truth is the ``mark`` family's file (one line per real run of a job) and the
+log. Several masters start at once: one leads (the lease row ``master``), the others
+stand by; when the leader is killed (SIGKILL) or stalls past its TTL (SIGSTOP), a
+standby takes over and resumes the unfinished run without running again a job whose
+result was committed, and the stalled leader, once woken, writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from agents import run_jodl, spawn_jodl, wait_for
+from sqlalchemy import func, select
+from test_crash import add_mark_jobs, check_complete, check_marks, executions, runs_by_key
+
+from jodl.log.models import Dispatch, ExecState, Execution, Job, MasterLease, MasterNode
+from jodl.log.store import Store
+from jodl.master.leadership import rendezvous
+
+postgres = pytest.mark.parametrize(
+    "db_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+
+#: The masters' lease TTL in these tests (seconds): short, so takeovers come fast.
+TTL = 2.0
+
+
+def start_masters(count: int, db_url: str, tmp_path: Path) -> list[subprocess.Popen[bytes]]:
+    env = {
+        "JODL_DATABASE_URL": db_url,
+        "JODL_LEASE_TTL": str(TTL),
+        "JODL_METRICS_LISTEN": "",
+        "JODL_CALL_TIMEOUT": "3",
+    }
+    return [
+        spawn_jodl("master", log_path=tmp_path / f"master{i}.log", env=env) for i in range(count)
+    ]
+
+
+def lease(store: Store) -> tuple[str, int] | None:
+    with store.engine.connect() as conn:
+        row = conn.execute(
+            select(MasterLease.holder, MasterLease.epoch).where(MasterLease.name == "master")
+        ).first()
+    return None if row is None else (row[0], row[1])
+
+
+def by_pid(masters: list[subprocess.Popen[bytes]], holder: str) -> subprocess.Popen[bytes]:
+    pid = int(holder.split(":")[1])
+    (found,) = [m for m in masters if m.pid == pid]
+    return found
+
+
+def committed_keys(store: Store) -> set[str]:
+    with store.engine.connect() as conn:
+        return set(
+            conn.scalars(
+                select(Job.key)
+                .join(Execution, Execution.job_id == Job.id)
+                .where(Execution.state == ExecState.DONE)
+            )
+        )
+
+
+def logs(tmp_path: Path) -> str:
+    return "\n".join(p.read_text() for p in sorted(tmp_path.glob("master*.log")))
+
+
+def wait_logged(condition, tmp_path: Path, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    """:func:`wait_for`, failing with the masters' logs (read when it fails)."""
+    try:
+        wait_for(condition, timeout=timeout, what=what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{logs(tmp_path)}") from None
+
+
+def stop_all(masters: list[subprocess.Popen[bytes]]) -> None:
+    for m in masters:
+        if m.poll() is None:
+            os.kill(m.pid, signal.SIGCONT)
+            m.kill()
+            m.wait()
+
+
+class LeaseWatch:
+    """Samples the lease row and the masters' registry every 20 ms from a thread.
+
+    ``leaders``: (time, holder, epoch) whenever the holder changed; ``epochs_by_holder``
+    maps each holder to the epochs seen with it (a holder never shares an epoch).
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.seen: list[tuple[float, str, int]] = []
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            now = lease(self.store)
+            if now is not None and (not self.seen or self.seen[-1][1:] != now):
+                if self.seen and now[1] <= self.seen[-1][2]:
+                    self.errors.append(f"epoch did not grow: {self.seen[-1]} -> {now}")
+                self.seen.append((time.monotonic(), *now))
+            time.sleep(0.02)
+
+    def close(self) -> list[tuple[float, str, int]]:
+        self.stop.set()
+        self.thread.join()
+        assert not self.errors, self.errors
+        return self.seen
+
+
+def dispatch_epochs(store: Store) -> Counter[int]:
+    with store.engine.connect() as conn:
+        return Counter(conn.scalars(select(Dispatch.epoch)))
+
+
+@postgres
+def test_three_masters_started_at_once_one_leads(store, agents, db_url, tmp_path):
+    marks = tmp_path / "marks.txt"
+    add_mark_jobs(store, marks, count=60, seconds=0.05)
+    agents(2, slots=4)
+    watch = LeaseWatch(store)
+    masters = start_masters(3, db_url, tmp_path)
+    try:
+        wait_for(lambda: lease(store) is not None, timeout=30, what="a leader")
+        wait_for(lambda: len(store.masters.live()) == 3, timeout=30, what="three live masters")
+        request = store.request_run("mark")
+        wait_for(
+            lambda: store.run_request(request).finished_at is not None,
+            timeout=60,
+            what=f"the run to finish\n{logs(tmp_path)}",
+        )
+        rows = store.masters.masters()
+        assert sorted(r.role for r in rows) == ["leader", "standby", "standby"], rows
+        shown = run_jodl("status", "--json", env={"JODL_DATABASE_URL": db_url})
+        assert shown.returncode == 0, shown.stderr
+        roles = {m["name"]: m["role"] for m in json.loads(shown.stdout)["masters"]}
+        assert sorted(roles.values()) == ["leader", "standby", "standby"], roles
+        assert all(m.poll() is None for m in masters), "standbys wait; they do not exit"
+    finally:
+        seen = watch.close()
+        stop_all(masters)
+    assert len(seen) == 1, f"one leader all along: {seen}"
+    holder, epoch = seen[0][1:]
+    leader_row = [r for r in rows if r.role == "leader"]
+    assert leader_row[0].name == holder
+    assert rendezvous("master", sorted(r.name for r in rows)) in {r.name for r in rows}
+    assert set(dispatch_epochs(store)) == {epoch}, "every dispatch carries the leader's epoch"
+    after = executions(store)
+    check_complete(store, after)
+    check_marks(store, marks, after)
+    assert set(runs_by_key(marks).values()) == {1}, "no job ran twice"
+
+
+def take_over_mid_cycle(store, agents, db_url, tmp_path, stall: bool) -> None:  # type: ignore[no-untyped-def]
+    marks = tmp_path / "marks.txt"
+    add_mark_jobs(store, marks, count=160, seconds=0.1)
+    agents(2, slots=3)
+    masters = start_masters(2, db_url, tmp_path)
+    watch = LeaseWatch(store)
+    try:
+        wait_for(lambda: lease(store) is not None, timeout=30, what="a leader")
+        wait_for(lambda: len(store.masters.live()) == 2, timeout=30, what="a standby")
+        holder, old_epoch = lease(store) or ("", 0)
+        leader = by_pid(masters, holder)
+        request = store.request_run("mark")
+        wait_for(
+            lambda: len(committed_keys(store)) >= 30,
+            timeout=60,
+            what=f"the cycle to be under way\n{logs(tmp_path)}",
+        )
+        leader.send_signal(signal.SIGSTOP if stall else signal.SIGKILL)
+        done_at_kill = committed_keys(store)
+        wait_logged(
+            lambda: (lease(store) or ("", 0))[0] != holder,
+            tmp_path,
+            timeout=10 * TTL,
+            what="a standby to take over",
+        )
+        new_holder, new_epoch = lease(store) or ("", 0)
+        assert new_epoch > old_epoch
+        with store.engine.connect() as conn:
+            old_rows_at_takeover = conn.scalar(
+                select(func.count()).where(Execution.epoch == old_epoch)
+            ) + conn.scalar(select(func.count()).where(Dispatch.epoch == old_epoch))
+        if stall:
+            leader.send_signal(signal.SIGCONT)
+            # Woken past its TTL, the old leader finds itself fenced and exits.
+            assert leader.wait(timeout=30) != 0, logs(tmp_path)
+        wait_for(
+            lambda: store.run_request(request).finished_at is not None,
+            timeout=90,
+            what=f"the new leader to finish the run\n{logs(tmp_path)}",
+        )
+        row = store.run_request(request)
+        assert row.error is None and row.dead == 0, row.summary
+        assert row.taken_by == new_holder
+    finally:
+        seen = watch.close()
+        stop_all(masters)
+    assert [s[1] for s in seen] == [holder, new_holder], seen
+    with store.engine.connect() as conn:
+        old_rows_after = conn.scalar(
+            select(func.count()).where(Execution.epoch == old_epoch)
+        ) + conn.scalar(select(func.count()).where(Dispatch.epoch == old_epoch))
+    assert old_rows_after == old_rows_at_takeover, "the old leader wrote after the takeover"
+    after = executions(store)
+    check_complete(store, after)
+    check_marks(store, marks, after)
+    ran = runs_by_key(marks)
+    again = {key for key, n in ran.items() if n > 1 and key in done_at_kill}
+    assert not again, f"jobs with a committed result ran again: {sorted(again)}"
+    assert len(ran) == 160, "no job lost"
+
+
+@postgres
+def test_leader_killed_mid_cycle_a_standby_finishes_the_run(store, agents, db_url, tmp_path):
+    take_over_mid_cycle(store, agents, db_url, tmp_path, stall=False)
+
+
+@postgres
+def test_leader_stalled_past_its_ttl_is_fenced(store, agents, db_url, tmp_path):
+    take_over_mid_cycle(store, agents, db_url, tmp_path, stall=True)
+
+
+@postgres
+def test_sigterm_hands_over_at_once(store, db_url, tmp_path):
+    masters = start_masters(2, db_url, tmp_path)
+    try:
+        wait_for(lambda: lease(store) is not None, timeout=30, what="a leader")
+        wait_for(lambda: len(store.masters.live()) == 2, timeout=30, what="a standby")
+        holder, _ = lease(store) or ("", 0)
+        leader = by_pid(masters, holder)
+        leader.send_signal(signal.SIGTERM)
+        assert leader.wait(timeout=30) == 0, logs(tmp_path)
+        with store.engine.connect() as conn:
+            left = conn.scalar(select(func.count()).where(MasterNode.name == holder))
+        assert left == 0, "a clean stop leaves the live masters"
+        # Released, not expired: the standby takes it within a poll (TTL/10), long
+        # before the TTL; checked against the TTL itself with a wide margin.
+        started = time.monotonic()
+        wait_for(lambda: (lease(store) or (holder, 0))[0] != holder, timeout=10 * TTL)
+        assert time.monotonic() - started < TTL, "handed over without waiting for the TTL"
+    finally:
+        stop_all(masters)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_second_master_on_sqlite_refuses_with_one_line(store, db_url, tmp_path):
+    env = {"JODL_DATABASE_URL": db_url, "JODL_METRICS_LISTEN": ""}
+    first = spawn_jodl("master", log_path=tmp_path / "master0.log", env=env)
+    try:
+        wait_logged(lambda: lease(store) is not None, tmp_path, 30, "the first master")
+        second = run_jodl("master", env=env, timeout=60)
+        assert second.returncode != 0
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1, second.stderr
+        assert "SQLite database has one master" in lines[0], lines[0]
+        assert first.poll() is None, "the first master goes on"
+    finally:
+        stop_all([first])
