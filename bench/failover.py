@@ -59,7 +59,7 @@ def run(
     from sqlalchemy import func, select
 
     from jodl import Store, make_engine
-    from jodl.log.models import Dispatch, ExecState, Execution, Job, MasterLease
+    from jodl.log import Dispatch, ExecState, Execution, Job, MasterLease
     from jodl.migrate import upgrade
 
     log_dir = Path(tempfile.mkdtemp(prefix="jodl-failover-"))

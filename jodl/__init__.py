@@ -13,7 +13,7 @@ module of :data:`PUBLIC_MODULES` — this package, the packages ``jodl.log``,
 ``jodl.agent``, ``jodl.master``, ``jodl.queue`` and ``jodl.placement``, and the few
 modules for settings, errors, migrations, metrics and command plug-ins. Everything
 else (``jodl.log.models``, ``jodl.agent.wire`` ...) is internal and may change;
-applications (``crawler_app``, ``web``) import public names only
+applications (the page checker, the web UI) import public names only
 (tests/test_layering.py).
 """
 

@@ -8,7 +8,8 @@ Public (``__all__`` below; docs/architecture.md#parts-and-layering): the gateway
 (:class:`Store`, :class:`Reads`, :class:`JobLog`, :func:`make_engine`), the result
 records, and the tables applications point foreign keys at or read states of
 (:class:`Base`, :data:`BigId`, :class:`Job`, :class:`Run`, :class:`Node`,
-:class:`Execution`, their ``*State`` constants, :func:`utcnow`). The modules of this
+:class:`Execution`, their ``*State`` constants, :func:`utcnow`), and the tables
+audits and benchmarks read (:class:`Dispatch`, :class:`MasterLease`). The modules of this
 package (``jodl.log.models``, ``jodl.log.store`` ...) are internal: import from here.
 """
 
@@ -17,10 +18,12 @@ from .engine import normalise_url as normalise_url
 from .jobs import JobLog as JobLog
 from .models import Base as Base
 from .models import BigId as BigId
+from .models import Dispatch as Dispatch
 from .models import ExecState as ExecState
 from .models import Execution as Execution
 from .models import Job as Job
 from .models import JobState as JobState
+from .models import MasterLease as MasterLease
 from .models import Node as Node
 from .models import NodeState as NodeState
 from .models import RequestKind as RequestKind
@@ -38,9 +41,11 @@ __all__ = [
     "Base",
     "BigId",
     "DoneResult",
+    "Dispatch",
     "ExecState",
     "Execution",
     "Job",
+    "MasterLease",
     "JobError",
     "JobLog",
     "JobResult",
