@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session
 from .config import read_values
 from .exceptions import ConfigError, JodlError
 from .log import budgets as sql
-from .log.models import Family, Run
+from .log.models import FamilyRow, Run
 from .metrics import BUDGET_EXHAUSTED, JOBS_DEFERRED
 from .options import Option, register_options
 
@@ -159,7 +159,7 @@ class Budgets:
 
 
 def cut_run(
-    s: Session, run: Run, family: Family, members: tuple[Any, ...], recent: set[int]
+    s: Session, run: Run, family: FamilyRow, members: tuple[Any, ...], recent: set[int]
 ) -> None:
     """Apply the family's jobs-per-cycle budget to a run being opened.
 
@@ -299,7 +299,7 @@ class RunBytes:
         return False
 
 
-def run_bytes(engine: Engine, family: Family, run_id: int, resumed: bool) -> RunBytes | None:
+def run_bytes(engine: Engine, family: FamilyRow, run_id: int, resumed: bool) -> RunBytes | None:
     """The byte count of a run opening (or resumed: from its logged results), or None
     when the family has no bytes budget."""
     with engine.connect() as conn:

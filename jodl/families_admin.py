@@ -24,7 +24,7 @@ from typing import Any
 
 from .exceptions import JodlError
 from .log.family_admin import FamilyAdminLog, FamilyFacts
-from .log.models import Family, JobState
+from .log.models import FamilyRow, JobState
 from .log.store import Store
 
 #: Written as a family's schedule to turn it off.
@@ -223,7 +223,7 @@ def check_schedule(value: Any) -> str | None:
     return text
 
 
-def check_strategy(name: str, params: dict[str, Any], family: Family) -> None:
+def check_strategy(name: str, params: dict[str, Any], family: FamilyRow) -> None:
     """Refuse a strategy not registered, or parameters it (or balancing) does not take."""
     from .master.rules import Tuning
     from .placement import known, strategy
@@ -364,7 +364,7 @@ class FamilyAdmin:
             raise BadSetting(f"nothing to set (settable: {', '.join(SETTABLE)})")
         clean = clean_settings(changes)
 
-        def check(family: Family) -> None:
+        def check(family: FamilyRow) -> None:
             if "strategy" in clean or "strategy_params" in clean or "timeout" in clean:
                 check_strategy(family.strategy, dict(family.strategy_params or {}), family)
 

@@ -23,7 +23,7 @@ from crawler_app.models import (
     Snapshot,
 )
 from crawler_app.pages import normalise_url
-from jodl.log.models import ExecState, Execution, Family, Job, JobState, Run
+from jodl.log.models import ExecState, Execution, FamilyRow, Job, JobState, Run
 
 pytest_plugins = ("tests.site",)
 __all__ = ["inbox"]  # the fixture, imported for pytest
@@ -101,7 +101,9 @@ def test_a_changed_page_mails_exactly_its_trackers_once(store, agents, settings,
         notes = s.scalars(select(Notification)).all()
         assert {n.state for n in notes} == {NotificationState.SENT}
         # The digests' jobs never run again.
-        states = s.scalars(select(Job.state).join(Family).where(Family.name == "notify")).all()
+        states = s.scalars(
+            select(Job.state).join(FamilyRow).where(FamilyRow.name == "notify")
+        ).all()
         assert states == [JobState.DONE, JobState.DONE]
 
 
@@ -118,12 +120,12 @@ def test_a_hosts_politeness_holds_across_agents(store, agents, settings, site, s
     for url in urls:
         add_users_tracking(store, url, ["ann@example.org"])
     with store.engine.begin() as conn:
-        family = conn.execute(select(Family).where(Family.name == "check_page")).one()
+        family = conn.execute(select(FamilyRow).where(FamilyRow.name == "check_page")).one()
         assert (family.strategy, family.strategy_params) == ("affinity", {"by": "host"})
         if strategy != "affinity":
             conn.execute(
-                Family.__table__.update()
-                .where(Family.name == "check_page")
+                FamilyRow.__table__.update()
+                .where(FamilyRow.name == "check_page")
                 .values(strategy=strategy, strategy_params={})
             )
     agents(2, env={**agent_env(), "JODL_FETCH_HOST_IN_FLIGHT": "2"})
@@ -135,8 +137,8 @@ def test_a_hosts_politeness_holds_across_agents(store, agents, settings, site, s
             conn.scalars(
                 select(Execution.node_id)
                 .join(Run, Run.id == Execution.run_id)
-                .join(Family, Family.id == Run.family_id)
-                .where(Family.name == "check_page")
+                .join(FamilyRow, FamilyRow.id == Run.family_id)
+                .where(FamilyRow.name == "check_page")
             )
         )
     seen = [r for r in site.requests() if r.target.startswith("/p")]

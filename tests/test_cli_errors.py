@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 
 from jodl.cli import main
 from jodl.log import Store
-from jodl.log.models import Family, Job, Run
+from jodl.log.models import FamilyRow, Job, Run
 
 
 @dataclass
@@ -65,7 +65,7 @@ def usage_error(result: Outcome, *needles: str) -> None:
 def counts(store: Store) -> tuple[int, int]:
     with store.engine.connect() as conn:
         return (
-            conn.scalar(select(func.count()).select_from(Family)),
+            conn.scalar(select(func.count()).select_from(FamilyRow)),
             conn.scalar(select(func.count()).select_from(Job)),
         )
 

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from jodl.cli import main
 from jodl.log import Store
-from jodl.log.models import Family, FamilyOnNode, Job
+from jodl.log.models import FamilyOnNode, FamilyRow, Job
 
 
 def jodl(store: Store, *args: str) -> Any:
@@ -38,7 +38,7 @@ def snapshot(store: Store) -> Any:
                 f.max_attempts,
                 f.idempotent,
             )
-            for f in s.scalars(select(Family).order_by(Family.id))
+            for f in s.scalars(select(FamilyRow).order_by(FamilyRow.id))
         ]
         rules = [
             (r.family_id, r.node_id, r.allowed, r.max_slots, r.conditions)

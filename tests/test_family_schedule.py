@@ -12,7 +12,7 @@ from sqlalchemy import select, update
 
 from jodl.family_schedule import RELOAD, FamilySchedules
 from jodl.log import Store
-from jodl.log.models import Family, Run, RunState
+from jodl.log.models import FamilyRow, Run, RunState
 from jodl.master import Master
 
 
@@ -21,8 +21,8 @@ def finished_runs(store: Store, family: str) -> list[Run]:
         return list(
             s.scalars(
                 select(Run)
-                .join(Family, Family.id == Run.family_id)
-                .where(Family.name == family, Run.state == RunState.FINISHED)
+                .join(FamilyRow, FamilyRow.id == Run.family_id)
+                .where(FamilyRow.name == family, Run.state == RunState.FINISHED)
                 .order_by(Run.number)
             )
         )
@@ -66,8 +66,10 @@ def test_a_bad_stored_schedule_is_said_once_and_skipped(store, settings, caplog)
     good = store.ensure_family("noop")
     store.ensure_family("sleep")
     with store.engine.begin() as conn:  # written past the checks (e.g. by SQL)
-        conn.execute(update(Family).where(Family.name == "sleep").values(schedule="61 * * * *"))
-        conn.execute(update(Family).where(Family.id == good.id).values(schedule="0 6 * * *"))
+        conn.execute(
+            update(FamilyRow).where(FamilyRow.name == "sleep").values(schedule="61 * * * *")
+        )
+        conn.execute(update(FamilyRow).where(FamilyRow.id == good.id).values(schedule="0 6 * * *"))
     schedules = FamilySchedules(Master(settings, store=store))
     caplog.set_level(logging.INFO, logger="jodl.schedule")
     schedules.sync()
@@ -78,6 +80,6 @@ def test_a_bad_stored_schedule_is_said_once_and_skipped(store, settings, caplog)
     job = schedules.scheduler.get_job("family:noop")
     assert job is not None and "hour='6'" in str(job.trigger)
     with store.engine.begin() as conn:
-        conn.execute(update(Family).values(schedule=None))
+        conn.execute(update(FamilyRow).values(schedule=None))
     schedules.sync()
     assert schedules.active == {} and schedules.scheduler.get_job("family:noop") is None

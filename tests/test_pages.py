@@ -11,7 +11,7 @@ from sqlalchemy.orm import sessionmaker
 
 from crawler_app import pages
 from crawler_app.models import Page, PageView, Tracking, User
-from jodl.log.models import Family, Job, JobState
+from jodl.log.models import FamilyRow, Job, JobState
 
 
 @pytest.fixture
@@ -22,8 +22,8 @@ def sessions(store):
 def check_jobs(session):
     return session.execute(
         select(Job.key, Job.state)
-        .join(Family, Family.id == Job.family_id)
-        .where(Family.name == pages.CHECK_FAMILY)
+        .join(FamilyRow, FamilyRow.id == Job.family_id)
+        .where(FamilyRow.name == pages.CHECK_FAMILY)
     ).all()
 
 

@@ -342,9 +342,9 @@ def test_next_check_of_each_tracked_page(store):
     # Checked in run 4 of 4, every 3rd cycle: due again in run 7, the third slot from now.
     with sessionmaker(store.engine)() as s, s.begin():
         s.execute(sql_update(Job).values(last_run_number=4).where(Job.id.in_(select(Page.job_id))))
-        from jodl.log.models import Family, Run
+        from jodl.log.models import FamilyRow, Run
 
-        fid = s.scalar(select(Family.id).where(Family.name == "check_page"))
+        fid = s.scalar(select(FamilyRow.id).where(FamilyRow.name == "check_page"))
         s.add(Run(family_id=fid, number=4, state="done", started_at=utcnow()))
     got = next_checks(store.engine, [daily, weekly], app_settings(check_spread=0), now, UTC)
     assert got[daily] == slot

@@ -15,7 +15,7 @@ from sqlalchemy.orm import sessionmaker
 
 from crawler_app.pages import add_user
 from jodl.log import Store, make_engine
-from jodl.log.models import Family, FamilyOnNode, Job
+from jodl.log.models import FamilyOnNode, FamilyRow, Job
 from jodl.migrate import upgrade
 from web.app import create_app
 from web.settings import WebSettings
@@ -60,7 +60,7 @@ def snapshot(app: Flask) -> Any:
     engine = app.extensions["jodl"].engine
     with engine.connect() as conn:
         return (
-            conn.execute(select(Family.__table__)).all(),
+            conn.execute(select(FamilyRow.__table__)).all(),
             conn.execute(select(FamilyOnNode.__table__)).all(),
             conn.execute(select(Job.__table__).order_by(Job.id)).all(),
         )

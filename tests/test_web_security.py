@@ -26,7 +26,7 @@ from webserver import EventStream, start_web
 from crawler_app.models import User
 from crawler_app.pages import add_user, set_password
 from jodl.log import make_engine
-from jodl.log.models import Family, Job
+from jodl.log.models import FamilyRow, Job
 from jodl.migrate import upgrade
 from web.app import create_app
 from web.settings import WebSettings
@@ -209,7 +209,7 @@ def test_signup_mails_a_link_that_confirms_the_address(client: FlaskClient, app:
     assert users(app)["user@example.org"].email_confirmed is True  # added by an operator
     with sessionmaker(app.extensions["jodl"].engine)() as s:
         (payload,) = s.scalars(
-            select(Job.payload).join(Family).where(Family.name == "notify")
+            select(Job.payload).join(FamilyRow).where(FamilyRow.name == "notify")
         ).all()
     mail = __import__("json").loads(payload)
     assert mail["to"] == "new@example.org"

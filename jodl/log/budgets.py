@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..exceptions import JodlError
-from .models import ExecState, Execution, Family, FamilyBudget, Job, Run
+from .models import ExecState, Execution, FamilyBudget, FamilyRow, Job, Run
 
 #: The budget columns of a family's row, as named in the CLI, errors and metrics.
 BUDGET_COLUMNS = ("jobs_per_cycle", "ondemand_per_hour", "bytes_per_cycle")
@@ -120,7 +120,7 @@ def count_claimed(conn: Any, taken: Mapping[int, int]) -> None:
 
 
 def family_name(conn: Any, family_id: int) -> str:
-    return str(conn.scalar(select(Family.name).where(Family.id == family_id)))
+    return str(conn.scalar(select(FamilyRow.name).where(FamilyRow.id == family_id)))
 
 
 class BudgetLog:
@@ -132,7 +132,7 @@ class BudgetLog:
 
     def family_names(self) -> list[str]:
         with self.sessions() as s:
-            return list(s.scalars(select(Family.name).order_by(Family.name)))
+            return list(s.scalars(select(FamilyRow.name).order_by(FamilyRow.name)))
 
     def own(self, names: Sequence[str]) -> list[tuple[str, Any]]:
         """(family, its own budgets row or None) for these families, in order."""
@@ -160,7 +160,7 @@ class BudgetLog:
                 .tuples()
                 .all()
             )
-            fids = list(conn.scalars(select(Family.id)))
+            fids = list(conn.scalars(select(FamilyRow.id)))
         return fids, own
 
     def add_row(self, family_id: int) -> None:
@@ -186,9 +186,9 @@ class BudgetLog:
             conn.execute(update(Run).where(Run.id == run_id).values(deferred=Run.deferred + count))
 
 
-def _family(s: Session, name: str) -> Family:
-    family = s.scalar(select(Family).where(Family.name == name))
+def _family(s: Session, name: str) -> FamilyRow:
+    family = s.scalar(select(FamilyRow).where(FamilyRow.name == name))
     if family is None:
-        known = ", ".join(s.scalars(select(Family.name).order_by(Family.name))) or "none"
+        known = ", ".join(s.scalars(select(FamilyRow.name).order_by(FamilyRow.name))) or "none"
         raise JodlError(f"no family {name!r} (families: {known})")
     return family

@@ -14,14 +14,14 @@ from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..exceptions import UnknownFamily
-from .models import Family, FamilyOnNode, Job, Node
+from .models import FamilyOnNode, FamilyRow, Job, Node
 
 
 @dataclass(slots=True)
 class FamilyFacts:
     """A family as stored: its row, how many jobs it has, what its jobs share, its rules."""
 
-    family: Family
+    family: FamilyRow
     jobs: int
     #: Per job field asked for: up to two distinct values among the family's jobs.
     job_values: dict[str, list[Any]]
@@ -46,14 +46,14 @@ class FamilyAdminLog:
         with self.sessions() as s:
             return [
                 self._facts(s, f, job_fields)
-                for f in s.scalars(select(Family).order_by(Family.name))
+                for f in s.scalars(select(FamilyRow).order_by(FamilyRow.name))
             ]
 
     def schedules(self) -> dict[str, str]:
         """Family name -> cron line, for the families that have a schedule."""
         with self.sessions() as s:
             rows = s.execute(
-                select(Family.name, Family.schedule).where(Family.schedule.is_not(None))
+                select(FamilyRow.name, FamilyRow.schedule).where(FamilyRow.schedule.is_not(None))
             ).all()
         return {name: cron for name, cron in rows if cron}
 
@@ -62,7 +62,7 @@ class FamilyAdminLog:
         name: str,
         family_values: Mapping[str, Any],
         job_values: Mapping[str, Any],
-        check: Callable[[Family], None],
+        check: Callable[[FamilyRow], None],
         job_fields: Sequence[str],
     ) -> FamilyFacts:
         """Set fields of the family row and of all its jobs in one transaction.
@@ -134,7 +134,7 @@ class FamilyAdminLog:
             return list(s.scalars(q))
 
     @staticmethod
-    def _facts(s: Session, family: Family, job_fields: Sequence[str]) -> FamilyFacts:
+    def _facts(s: Session, family: FamilyRow, job_fields: Sequence[str]) -> FamilyFacts:
         jobs = s.scalar(select(func.count()).where(Job.family_id == family.id)) or 0
         values = {
             name: list(
@@ -156,9 +156,9 @@ class FamilyAdminLog:
         return FamilyFacts(family=family, jobs=int(jobs), job_values=values, rules=rules)
 
 
-def _family(s: Session, name: str) -> Family:
-    family = s.scalar(select(Family).where(Family.name == name))
+def _family(s: Session, name: str) -> FamilyRow:
+    family = s.scalar(select(FamilyRow).where(FamilyRow.name == name))
     if family is None:
-        known = ", ".join(s.scalars(select(Family.name).order_by(Family.name))) or "none"
+        known = ", ".join(s.scalars(select(FamilyRow.name).order_by(FamilyRow.name))) or "none"
         raise UnknownFamily(f"no family {name!r} in the database (families: {known})")
     return family

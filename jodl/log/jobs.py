@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, and_, bindparam, insert, select, update
 
-from .models import ExecState, Execution, Family, Job, JobState, RequestKind, table_of, utcnow
+from .models import ExecState, Execution, FamilyRow, Job, JobState, RequestKind, table_of, utcnow
 from .requests import RequestLog
 
 #: Ids or keys per ``IN (...)`` list.
@@ -42,10 +42,12 @@ class JobLog:
     @staticmethod
     def family_id(conn: Connection, name: str, **fields: Any) -> int:
         """Id of the family ``name``, created with ``fields`` on first use."""
-        fid = conn.scalar(select(Family.id).where(Family.name == name))
+        fid = conn.scalar(select(FamilyRow.id).where(FamilyRow.name == name))
         if fid is None:
             fid = conn.execute(
-                insert(Family).values(name=name, created_at=utcnow(), **fields).returning(Family.id)
+                insert(FamilyRow)
+                .values(name=name, created_at=utcnow(), **fields)
+                .returning(FamilyRow.id)
             ).scalar_one()
         return int(fid)
 
@@ -156,8 +158,8 @@ class JobLog:
             part = ids[start : start + CHUNK]
             families.update(
                 conn.scalars(
-                    select(Family.name)
-                    .join(Job, Job.family_id == Family.id)
+                    select(FamilyRow.name)
+                    .join(Job, Job.family_id == FamilyRow.id)
                     .where(Job.id.in_(part), Job.state != JobState.DELETED)
                     .distinct()
                 )
@@ -191,9 +193,9 @@ class JobLog:
         for start in range(0, len(keys), CHUNK):
             for job_id, key in conn.execute(
                 select(Job.id, Job.key)
-                .join(Family, Family.id == Job.family_id)
+                .join(FamilyRow, FamilyRow.id == Job.family_id)
                 .where(
-                    Family.name == family,
+                    FamilyRow.name == family,
                     Job.key.in_(list(keys[start : start + CHUNK])),
                     Job.state != JobState.DELETED,
                 )

@@ -29,7 +29,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ..placement import RECENT_WEIGHT, Knowledge, Learned
 from . import bulk
-from .models import ExecState, Family, Job, JobOnNode, JobState, Node, Run, table_of
+from .models import ExecState, FamilyRow, Job, JobOnNode, JobState, Node, Run, table_of
 from .records import Home
 
 
@@ -56,10 +56,10 @@ class Learning:
                     JobOnNode.recent_duration,
                     JobOnNode.m2,
                     JobOnNode.last_duration,
-                    Family.name,
+                    FamilyRow.name,
                 )
                 .join(Job, Job.id == JobOnNode.job_id)
-                .join(Family, Family.id == Job.family_id)
+                .join(FamilyRow, FamilyRow.id == Job.family_id)
             )
             for job_id, node_id, count, failures, mean, recent, m2, last, fam in rows:
                 knowledge.load(

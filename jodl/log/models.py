@@ -81,7 +81,7 @@ class Node(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
-class Family(Base):
+class FamilyRow(Base):
     """A group of jobs run by one family class, with its placement and schedule."""
 
     __tablename__ = "jodl_family"

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, bindparam, insert, select, update
 from sqlalchemy.orm import sessionmaker
 
-from .models import Family, FamilyOnNode, Job, JobState, Node, NodeState, table_of
+from .models import FamilyOnNode, FamilyRow, Job, JobState, Node, NodeState, table_of
 
 
 class NodeLog:
@@ -92,18 +92,18 @@ class Families:
         self.engine = engine
         self.sessions = sessionmaker(engine, expire_on_commit=False)
 
-    def ensure_family(self, name: str, **fields: Any) -> Family:
+    def ensure_family(self, name: str, **fields: Any) -> FamilyRow:
         with self.sessions() as s, s.begin():
-            fam = s.scalar(select(Family).where(Family.name == name))
+            fam = s.scalar(select(FamilyRow).where(FamilyRow.name == name))
             if fam is None:
-                fam = Family(name=name, **fields)
+                fam = FamilyRow(name=name, **fields)
                 s.add(fam)
                 s.flush()
             return fam
 
-    def family(self, name: str) -> Family | None:
+    def family(self, name: str) -> FamilyRow | None:
         with self.sessions() as s:
-            return s.scalar(select(Family).where(Family.name == name))
+            return s.scalar(select(FamilyRow).where(FamilyRow.name == name))
 
     def family_rules(self, family_id: int) -> dict[int, FamilyOnNode]:
         with self.sessions() as s:
@@ -112,7 +112,7 @@ class Families:
 
     def add_jobs(
         self,
-        family: Family | str,
+        family: FamilyRow | str,
         jobs: Iterable[tuple[str, Any]] | Mapping[str, Any],
         priority: int | None = None,
     ) -> int:

@@ -121,7 +121,7 @@ def close_claims(
     return changed
 
 
-class Outcomes:
+class OutcomeLog:
     """The write-ahead dispatch log and the outcome batches (one transaction each)."""
 
     def __init__(self, engine: Engine) -> None:

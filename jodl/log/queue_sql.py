@@ -34,7 +34,7 @@ from ..budget import HourlyBudgets
 from . import bulk
 from .exec_ids import ExecIds
 from .listener import CHANNEL
-from .models import ExecState, Execution, Family, Job, JobState, utcnow
+from .models import ExecState, Execution, FamilyRow, Job, JobState, utcnow
 from .outcomes import close_claims
 from .queue_records import QUEUE_STATES, Claimed, QueuedJob
 from .queue_upsert import UPSERT_SQLITE, UPSERT_UNNEST
@@ -61,7 +61,7 @@ class QueueSQL:
 
     def _load_families(self) -> None:
         with self.engine.connect() as conn:
-            for fid, name in conn.execute(select(Family.id, Family.name)):
+            for fid, name in conn.execute(select(FamilyRow.id, FamilyRow.name)):
                 self._family_ids[name] = fid
                 self._family_names[fid] = name
 
@@ -74,7 +74,7 @@ class QueueSQL:
         if name not in self._family_ids and create:
             try:
                 with self.engine.begin() as conn:
-                    conn.execute(insert(Family).values(name=name))
+                    conn.execute(insert(FamilyRow).values(name=name))
             except IntegrityError:
                 pass  # created meanwhile by another process
             self._load_families()
@@ -284,8 +284,8 @@ class QueueSQL:
         """
         with self.engine.begin() as conn:
             row = conn.execute(
-                select(Job.failures, Family.max_attempts)
-                .join(Family, Family.id == Job.family_id)
+                select(Job.failures, FamilyRow.max_attempts)
+                .join(FamilyRow, FamilyRow.id == Job.family_id)
                 .where(Job.id == job_id, Job.state == JobState.CLAIMED, Job.attempts == attempt)
             ).first()
             if row is None:
@@ -321,7 +321,7 @@ class QueueSQL:
         """Queue again (or kill) claimed jobs whose lease ended before ``now``, counting a
         failure each (``max_attempts`` for families that set none); how many."""
         limit = func.coalesce(
-            select(Family.max_attempts).where(Family.id == Job.family_id).scalar_subquery(),
+            select(FamilyRow.max_attempts).where(FamilyRow.id == Job.family_id).scalar_subquery(),
             max_attempts,
         )
         stmt = (
@@ -377,17 +377,17 @@ class QueueSQL:
         """(family, state, jobs, jobs due by ``now``) of the queue's states, per family."""
         stmt = (
             select(
-                Family.name,
+                FamilyRow.name,
                 Job.state,
                 func.count(),
                 func.sum(case((Job.due_at <= now, 1), else_=0)),
             )
-            .join(Family, Family.id == Job.family_id)
+            .join(FamilyRow, FamilyRow.id == Job.family_id)
             .where(Job.state.in_(QUEUE_STATES))
-            .group_by(Family.name, Job.state)
+            .group_by(FamilyRow.name, Job.state)
         )
         if family is not None:
-            stmt = stmt.where(Family.name == family)
+            stmt = stmt.where(FamilyRow.name == family)
         with self.engine.connect() as conn:
             rows = conn.execute(stmt).all()
         return [(name, state, int(n), int(due or 0)) for name, state, n, due in rows]
@@ -399,7 +399,7 @@ class QueueSQL:
         stmt = _listing()
         stmt = stmt.where(Job.state == state if state else Job.state.in_(QUEUE_STATES))
         if family is not None:
-            stmt = stmt.where(Family.name == family)
+            stmt = stmt.where(FamilyRow.name == family)
         if key is not None:
             stmt = stmt.where(Job.key == key)
         stmt = stmt.order_by(Job.state, Job.priority.desc(), Job.due_at, Job.id).limit(limit)
@@ -448,7 +448,7 @@ class QueueSQL:
 def _listing() -> Any:
     return select(
         Job.id,
-        Family.name,
+        FamilyRow.name,
         Job.key,
         Job.state,
         Job.due_at,
@@ -458,4 +458,4 @@ def _listing() -> Any:
         Job.lease_until,
         Job.last_error,
         Job.updated_at,
-    ).join(Family, Family.id == Job.family_id)
+    ).join(FamilyRow, FamilyRow.id == Job.family_id)

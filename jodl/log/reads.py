@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, func, or_, select
 from sqlalchemy.orm import sessionmaker
 
-from .models import ExecState, Execution, Family, Job, JobState, Node, Run
+from .models import ExecState, Execution, FamilyRow, Job, JobState, Node, Run
 from .records import DoneResult, FailedAttempt, JobError, JobTiming
 
 #: Ids per ``IN (...)`` list.
@@ -54,7 +54,7 @@ class Reads:
                 counts.setdefault(fam_id, {})[state] = count
             families = [
                 {"id": f.id, "name": f.name, "strategy": f.strategy, "jobs": counts.get(f.id, {})}
-                for f in s.scalars(select(Family).order_by(Family.name))
+                for f in s.scalars(select(FamilyRow).order_by(FamilyRow.name))
             ]
             names = {f["id"]: f["name"] for f in families}
             recent = [
@@ -88,7 +88,9 @@ class Reads:
         """The name of the family a run belongs to."""
         with self.engine.connect() as conn:
             return conn.scalar(
-                select(Family.name).join(Run, Run.family_id == Family.id).where(Run.id == run_id)
+                select(FamilyRow.name)
+                .join(Run, Run.family_id == FamilyRow.id)
+                .where(Run.id == run_id)
             )
 
     def newest_run_number(self, family: str) -> int | None:
@@ -96,8 +98,8 @@ class Reads:
         with self.engine.connect() as conn:
             return conn.scalar(
                 select(func.max(Run.number))
-                .join(Family, Family.id == Run.family_id)
-                .where(Family.name == family)
+                .join(FamilyRow, FamilyRow.id == Run.family_id)
+                .where(FamilyRow.name == family)
             )
 
     def outcome_counts(self, run_ids: Sequence[int]) -> dict[int, dict[str, int]]:

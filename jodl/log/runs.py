@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from .. import budget
 from ..exceptions import JodlError
 from . import budgets
-from .models import Dispatch, ExecState, Execution, Family, Job, JobState, Run, RunState, utcnow
+from .models import Dispatch, ExecState, Execution, FamilyRow, Job, JobState, Run, RunState, utcnow
 from .records import JobResult, PendingJob, RunResults, Sent
 
 
@@ -24,7 +24,7 @@ class Runs:
         self.engine = engine
         self.sessions = sessionmaker(engine, expire_on_commit=False)
 
-    def open_run(self, family: Family, epoch: int) -> tuple[Run, bool]:
+    def open_run(self, family: FamilyRow, epoch: int) -> tuple[Run, bool]:
         """The family's unfinished run (resumed: True) or a new one with its due jobs.
 
         A run's jobs are not written one by one: the run records what fixes its
@@ -254,7 +254,9 @@ class Runs:
         """
         with self.sessions() as s:
             query = (
-                select(Run).join(Family, Family.id == Run.family_id).where(Family.name == family)
+                select(Run)
+                .join(FamilyRow, FamilyRow.id == Run.family_id)
+                .where(FamilyRow.name == family)
             )
             if run is not None:
                 query = query.where(Run.number == run)
@@ -285,8 +287,8 @@ class Runs:
         with self.engine.connect() as conn:
             return sorted(
                 conn.scalars(
-                    select(Family.name)
-                    .join(Run, Run.family_id == Family.id)
+                    select(FamilyRow.name)
+                    .join(Run, Run.family_id == FamilyRow.id)
                     .where(Run.state == RunState.RUNNING)
                     .distinct()
                 )
@@ -297,8 +299,8 @@ class Runs:
         with self.sessions() as s:
             return s.scalar(
                 select(Run)
-                .join(Family, Family.id == Run.family_id)
-                .where(Family.name == family, Run.state == RunState.RUNNING)
+                .join(FamilyRow, FamilyRow.id == Run.family_id)
+                .where(FamilyRow.name == family, Run.state == RunState.RUNNING)
                 .order_by(Run.number.desc())
                 .limit(1)
             )

@@ -22,9 +22,9 @@ from .jobs import JobLog
 from .learning import Learning
 from .lease import LEASE_SECONDS, Leases
 from .masters import MasterRegistry
-from .models import Family, FamilyOnNode, Node, RequestKind, Run, RunRequest, RunState
+from .models import FamilyOnNode, FamilyRow, Node, RequestKind, Run, RunRequest, RunState
 from .nodes import Families, NodeLog
-from .outcomes import Outcomes
+from .outcomes import OutcomeLog
 from .reads import Reads
 from .records import Home, OutcomeBatch, PendingJob, RunResults, Sent
 from .requests import Request, RequestLog
@@ -51,7 +51,7 @@ class Store:
         self.masters = MasterRegistry(engine)
         self.exec_ids = ExecIds(engine)
         self.runs = Runs(engine)
-        self.outcomes = Outcomes(engine)
+        self.outcomes = OutcomeLog(engine)
         self.learning = Learning(engine)
         self.families = Families(engine)
         self.node_log = NodeLog(engine)
@@ -108,10 +108,10 @@ class Store:
 
     # -- families, nodes and jobs ---------------------------------------------------------
 
-    def ensure_family(self, name: str, **fields: Any) -> Family:
+    def ensure_family(self, name: str, **fields: Any) -> FamilyRow:
         return self.families.ensure_family(name, **fields)
 
-    def family(self, name: str) -> Family | None:
+    def family(self, name: str) -> FamilyRow | None:
         return self.families.family(name)
 
     def family_rules(self, family_id: int) -> dict[int, FamilyOnNode]:
@@ -119,7 +119,7 @@ class Store:
 
     def add_jobs(
         self,
-        family: Family | str,
+        family: FamilyRow | str,
         jobs: Iterable[tuple[str, Any]] | Mapping[str, Any],
         priority: int | None = None,
     ) -> int:
@@ -149,7 +149,7 @@ class Store:
 
     # -- runs ---------------------------------------------------------------------------------
 
-    def open_run(self, family: Family, epoch: int) -> tuple[Run, bool]:
+    def open_run(self, family: FamilyRow, epoch: int) -> tuple[Run, bool]:
         """The family's unfinished run (resumed: True) or a new one with its due jobs."""
         return self.runs.open_run(family, epoch)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..log.models import Family, FamilyOnNode
+from ..log.models import FamilyOnNode, FamilyRow
 from ..log.store import Store
 from ..placement import Placement, strategy
 from .rules import Tuning
@@ -38,7 +38,7 @@ class FamilySettings:
     def known(self, name: str) -> bool:
         return name in self.strategies
 
-    def setup(self, family: Family, reload: bool = False) -> None:
+    def setup(self, family: FamilyRow, reload: bool = False) -> None:
         """Read ``family``'s settings and node rules (again, with ``reload``)."""
         if not reload and family.name in self.strategies:
             return

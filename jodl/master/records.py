@@ -12,7 +12,7 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ..log.models import Family, Run, utcnow
+from ..log.models import FamilyRow, Run, utcnow
 from ..log.records import ClaimDone, ClaimFailed, DeadJob, ExecutionRow, Home, PendingJob, Sent
 from ..log.writer import LogWriter
 from ..placement import JobInfo
@@ -61,7 +61,7 @@ class ActiveRun:
     """A cycle the master is running: its counts so far."""
 
     run: Run
-    family: Family
+    family: FamilyRow
     total: int
     resumed: bool
     started: float

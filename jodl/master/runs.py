@@ -8,7 +8,7 @@ from collections import defaultdict
 
 from .. import budget
 from ..agent.client import AgentLink
-from ..log.models import ExecState, Family, Run, RunState
+from ..log.models import ExecState, FamilyRow, Run, RunState
 from ..log.records import Sent
 from ..log.store import Store
 from ..metrics import MasterGauges
@@ -51,7 +51,7 @@ class RunKeeper:
         self.gauges = gauges
         self.epoch = 0
 
-    def open(self, run: Run, family: Family, resumed: bool) -> ActiveRun:
+    def open(self, run: Run, family: FamilyRow, resumed: bool) -> ActiveRun:
         """Load a run's jobs without a committed result and re-attach logged executions.
 
         The family's settings and node rules are read again: a change an operator made
