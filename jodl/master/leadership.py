@@ -154,7 +154,8 @@ class Leadership:
         if self._lost is not None:
             self.led.clear()
             raise Fenced(self._lost)
-        if self.led and time.monotonic() - self.renewed >= self.ttl * STOP_SHARE:
+        stale = time.monotonic() - self.renewed
+        if self.led and stale >= self.ttl * STOP_SHARE and not self._renew_late(stale):
             self.led.clear()
             raise Fenced(
                 f"could not renew the lease for {STOP_SHARE:.0%} of its TTL: "
@@ -166,6 +167,22 @@ class Leadership:
                 target=self._renew_loop, name="lease-renewer", daemon=True
             )
             self._renewer.start()
+
+    def _renew_late(self, stale: float) -> bool:
+        """The last renewal is too old to dispatch on (the process was stopped, say):
+        renew now, before any step. Our epoch unchanged means no other master took the
+        scope meanwhile (taking raises the epoch), so leading on is safe; otherwise, or
+        when the database does not answer, we stop."""
+        try:
+            for scope, epoch in list(self.led.items()):
+                if not self.store.renew_lease(self.name, epoch, scope, ttl=self.ttl):
+                    return False
+        except Exception as exc:  # noqa: BLE001 - no renewal: stop dispatching
+            log.warning("could not renew the lease late (%s)", exc)
+            return False
+        log.warning("lease renewed %.1fs after the last renewal: still the leader", stale)
+        self.renewed = time.monotonic()
+        return True
 
     def _renew_loop(self) -> None:
         """Renew every led scope every TTL/3, with its own connection, until stopped."""
