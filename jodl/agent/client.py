@@ -100,6 +100,8 @@ class AgentLink:
         #: What the agent said at the last ``init`` (None before the first).
         self.info: AgentInfo | None = None
         self.failures = 0
+        #: Its last failure was a reply of the wrong shape: it answers, but wrongly.
+        self.faulty = False
         self.next_try = 0.0
         self.last_error: str | None = None
         self._calls: dict[str, Callable[..., Any]] = {}
@@ -234,6 +236,7 @@ class AgentLink:
         error = f"bad reply to {name} ({exc}): the agent is faulty"
         log.warning("node %s: %s", self.address, error)
         self._fail(error)
+        self.faulty = True
         return AgentUnavailable(f"{self.address}: {error}")
 
     def _fail(self, error: str) -> None:

@@ -379,6 +379,9 @@ class Nodes:
             if drained:
                 self.on_gone(slot.load.id)
             return
+        if slot.link.faulty:  # it answers, wrongly: nothing it holds is trusted
+            slot.link.faulty = False
+            self.lose(slot, epoch, f"node faulty: {slot.link.last_error}")
         if slot.suspect_since is None:
             slot.suspect_since = time.monotonic()
             slot.silent_since = slot.link.last_call
