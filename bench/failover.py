@@ -7,9 +7,16 @@ random moments of the cycle, starting a new standby after each kill. For each
 kill it measures the time from the kill to the new leader's first dispatch (a
 dispatch row with a newer epoch) and to its lease (the election alone); at the
 end it counts the jobs that ran again after their result was committed (must be
-0). The last line printed is one JSON object with the figures.
+0).
+
+Then a restart: a single master on a run of ``--restart-jobs`` mark jobs is killed
+once it has dispatched some, and started again (as a service manager does); the
+time from that process's start to its first dispatch, and the jobs it ran again
+after their result was committed (must be 0). The last line printed is one JSON
+object with the figures of both.
 
     python bench/failover.py --jobs 20000 --kills 10 --ttl 5
+    python bench/failover.py --kills 10 --ttl 1 --restart-jobs 100000
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ def percentile(values: list[float], share: float) -> float:
 
 
 def run(
-    url: str, jobs: int, kills: int, ttl: float, agent_count: int, slots: int
+    url: str, jobs: int, kills: int, ttl: float, agent_count: int, slots: int, seconds: float
 ) -> dict[str, Any]:
     from sqlalchemy import func, select
 
@@ -74,17 +81,19 @@ def run(
         store.add_jobs(
             family,
             (
-                (f"m{i}", json.dumps({"key": f"m{i}", "path": str(marks), "seconds": 0.002}))
+                (f"m{i}", json.dumps({"key": f"m{i}", "path": str(marks), "seconds": seconds}))
                 for i in range(jobs)
             ),
         )
 
         def lease() -> tuple[str, int] | None:
+            """The newest held lease (the family's, or the whole database's)."""
             with engine.connect() as conn:
                 row = conn.execute(
-                    select(MasterLease.holder, MasterLease.epoch).where(
-                        MasterLease.name == "master"
-                    )
+                    select(MasterLease.holder, MasterLease.epoch)
+                    .where(MasterLease.holder != "")
+                    .order_by(MasterLease.epoch.desc())
+                    .limit(1)
                 ).first()
             return None if row is None else (row[0], row[1])
 
@@ -113,7 +122,9 @@ def run(
                 row = store.run_request(request)
                 if row is not None and row.finished_at is not None:
                     break  # the cycle ended before this kill: more jobs needed
-                holder, epoch = lease() or ("", 0)
+                while (held := lease()) is None:  # a family handed over is briefly free
+                    time.sleep(0.01)
+                holder, epoch = held
                 pid = int(holder.split(":")[1])
                 os.kill(pid, signal.SIGKILL)
                 killed = time.monotonic()
@@ -171,16 +182,114 @@ def run(
     }
 
 
+def restart(url: str, jobs: int, ttl: float, agent_count: int, slots: int) -> dict[str, Any]:
+    """A single master killed during a run of ``jobs`` and started again at once."""
+    from sqlalchemy import func, select
+
+    from jodl import Store, make_engine
+    from jodl.log import Dispatch, ExecState, Execution, Job
+    from jodl.migrate import upgrade
+
+    log_dir = Path(tempfile.mkdtemp(prefix="jodl-restart-"))
+    marks = log_dir / "marks.txt"
+    with fresh_database(url) as db_url, agents(agent_count, slots=slots) as addresses:
+        engine = make_engine(db_url)
+        upgrade(engine)
+        store = Store(engine)
+        for address in addresses:
+            store.add_node(address, slots=slots)
+        family = store.ensure_family("mark")
+        store.add_jobs(
+            family,
+            (
+                (f"m{i}", json.dumps({"key": f"m{i}", "path": str(marks), "seconds": 0.002}))
+                for i in range(jobs)
+            ),
+        )
+
+        def done_count() -> int:
+            with engine.connect() as conn:
+                return int(
+                    conn.scalar(select(func.count()).where(Execution.state == ExecState.DONE)) or 0
+                )
+
+        def newest_epoch() -> int:
+            with engine.connect() as conn:
+                return int(conn.scalar(select(func.max(Dispatch.epoch))) or 0)
+
+        first = start_master(db_url, ttl, log_dir, 0)
+        second: subprocess.Popen[bytes] | None = None
+        try:
+            request = store.request_run("mark")
+            # Killed after a few seconds of work: enough results committed and
+            # dispatches open that the restarted master has something to resume.
+            deadline = time.monotonic() + 120
+            while done_count() < min(jobs // 10, 5000) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            first.kill()
+            first.wait()
+            epoch = newest_epoch()
+            with engine.connect() as conn:
+                committed = set(
+                    conn.scalars(
+                        select(Job.key)
+                        .join(Execution, Execution.job_id == Job.id)
+                        .where(Execution.state == ExecState.DONE)
+                    )
+                )
+            started = time.monotonic()
+            second = start_master(db_url, ttl, log_dir, 1)
+            dispatched = None
+            while time.monotonic() - started < 120:
+                if newest_epoch() > epoch:
+                    dispatched = time.monotonic() - started
+                    break
+                time.sleep(0.005)
+            time.sleep(2.0)  # let it run on: a job rerun after its commit shows in the marks
+            row = store.run_request(request)
+        finally:
+            for proc in (first, second):
+                if proc is not None and proc.poll() is None:
+                    proc.terminate()
+                    try:
+                        proc.wait(10)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+        engine.dispose()
+    ran = Counter(line.split(" ")[1] for line in marks.read_text().splitlines())
+    rerun = [key for key, n in ran.items() if n > 1 and key in committed]
+    return {
+        "restart_jobs": jobs,
+        "restart_done_at_kill": len(committed),
+        "restart_first_dispatch_s": None if dispatched is None else round(dispatched, 3),
+        "restart_rerun_after_commit": len(rerun),
+        "restart_run_error": row.error if row is not None else None,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20_000, help="mark jobs in the cycle")
-    parser.add_argument("--kills", type=int, default=5, help="leader kills (SIGKILL)")
+    parser.add_argument("--kills", type=int, default=10, help="leader kills (SIGKILL)")
     parser.add_argument("--ttl", type=float, default=5.0, help="JODL_LEASE_TTL (seconds)")
+    parser.add_argument(
+        "--job-seconds",
+        type=float,
+        default=0.01,
+        help="each job's work in the failover cycle (long enough a cycle for the kills)",
+    )
     parser.add_argument("--agents", type=int, default=2, help="agent processes")
     parser.add_argument("--slots", type=int, default=4, help="slots per agent")
     parser.add_argument("--database", default=os.environ.get("JODL_BENCH_DATABASE_URL", DEFAULT_PG))
+    parser.add_argument(
+        "--restart-jobs", type=int, default=100_000, help="jobs of the restart run (0: none)"
+    )
     args = parser.parse_args()
-    figures = run(args.database, args.jobs, args.kills, args.ttl, args.agents, args.slots)
+    figures = run(
+        args.database, args.jobs, args.kills, args.ttl, args.agents, args.slots, args.job_seconds
+    )
+    if args.restart_jobs:
+        figures |= restart(args.database, args.restart_jobs, args.ttl, args.agents, args.slots)
     print(json.dumps(figures))
 
 

@@ -252,7 +252,7 @@ def cycle(ctx: click.Context, takeover: bool) -> None:
 
     app = AppSettings.from_env()
     store = store_of(ctx)
-    holder = None if takeover else store.lease_holder()
+    holder = None if takeover else store.running_master()
     if holder is not None:
         result = _cycle_by(holder, store)
         click.echo(result.line())
@@ -294,7 +294,7 @@ def _cycle_by(holder: str, store: Any) -> Any:
         return cycle_requests.follow(
             store.engine,
             request_id,
-            master_alive=lambda: store.lease_holder() is not None,
+            master_alive=lambda: store.running_master() is not None,
             on_step=on_step,
             progress=progress,
         )

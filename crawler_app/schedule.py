@@ -76,8 +76,12 @@ class CycleScheduler:
         timezone: Any = None,
         name: str = "master",
         request_poll: float = REQUEST_POLL,
+        leads: Callable[[str], bool] | None = None,
     ) -> None:
         self.engine = engine
+        #: Whether this master leads a family: with families spread over several
+        #: masters, the one leading the page checks runs the application's cycles.
+        self.leads = leads or (lambda _family: True)
         #: Recorded on the requests this scheduler takes.
         self.name = name
         self.request_poll = request_poll
@@ -169,7 +173,7 @@ class CycleScheduler:
         While a cycle runs here the requests are left pending (this job runs
         again in :attr:`request_poll` seconds): they wait for the cycle to end.
         """
-        if not self._lock.acquire(blocking=False):
+        if not self.leads(CHECK_FAMILY) or not self._lock.acquire(blocking=False):
             return None
         try:
             try:
@@ -187,7 +191,11 @@ class CycleScheduler:
             self._lock.release()
 
     def run_cycle(self, trigger: str = "schedule") -> CycleResult | None:
-        """Run (or resume) one application cycle unless one is running in this process."""
+        """Run (or resume) one application cycle unless one is running in this process,
+        or another master leads the page checks (its scheduler runs the cycle)."""
+        if not self.leads(CHECK_FAMILY):
+            log.info("another master leads the page checks: it runs this slot's cycle")
+            return None
         if not self._lock.acquire(blocking=False):
             self.skipped += 1
             log.warning("page check cycle still running; this slot is skipped")
@@ -331,7 +339,8 @@ def start(master: Any, library_settings: Any = None) -> Callable[[], None]:
     settings = AppSettings.from_env()
     runner = MasterRunner(master)
     name = str(getattr(master, "name", None) or "master")
-    scheduler = CycleScheduler(master.store.engine, runner, settings, name=name)
+    leads = getattr(master, "leads", None)
+    scheduler = CycleScheduler(master.store.engine, runner, settings, name=name, leads=leads)
     try:
         scheduler.start()
     except SQLAlchemyError as exc:

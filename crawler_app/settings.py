@@ -17,7 +17,7 @@ from jodl.exceptions import ConfigError
 from jodl.families_admin import cron_trigger  # one crontab reading for every schedule
 from jodl.options import Option, register_options
 
-from . import change, fetcher, politeness
+from . import change, fetch_settings, politeness
 from .guard import parse_allowlist
 
 #: Cron expression of the application cycle run by ``jodl master`` (daily at 06:00).
@@ -90,7 +90,7 @@ class AppOption(Option):
             raise ConfigError(f"{self.name}: {exc}") from None
 
 
-FS = fetcher.FetchSettings()
+FS = fetch_settings.FetchSettings()
 
 OPTIONS: tuple[Option, ...] = (
     AppOption(
@@ -311,10 +311,10 @@ class AppSettings:
             raise ConfigError(SMTP_IN_CLEAR)
         return settings
 
-    def fetch_settings(self) -> fetcher.FetchSettings:
+    def fetch_settings(self) -> fetch_settings.FetchSettings:
         """The fetcher's settings from these options."""
         try:
-            return fetcher.FetchSettings(
+            return fetch_settings.FetchSettings(
                 user_agent=self.fetch_user_agent,
                 connect_timeout=self.fetch_connect_timeout,
                 read_timeout=self.fetch_read_timeout,

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from .exceptions import JodlError as JodlError
     from .family import Family as Family
     from .family import Permanent as Permanent
+    from .family import cancelled as cancelled
+    from .family import wait_cancelled as wait_cancelled
     from .log.engine import make_engine as make_engine
     from .log.records import JobResult as JobResult
     from .log.records import RunResults as RunResults
@@ -54,6 +56,8 @@ _PUBLIC = {
     "JodlError": ("exceptions", "JodlError"),
     "Family": ("family", "Family"),
     "Permanent": ("family", "Permanent"),
+    "cancelled": ("family", "cancelled"),
+    "wait_cancelled": ("family", "wait_cancelled"),
     "Master": ("master", "Master"),
     "RunSummary": ("master", "RunSummary"),
     "Knowledge": ("placement", "Knowledge"),
@@ -108,11 +112,13 @@ __all__ = [
     "Settings",
     "Store",
     "add_jobs",
+    "cancelled",
     "collect_status",
     "connect",
     "make_engine",
     "register_strategy",
     "results",
+    "wait_cancelled",
 ]
 __version__ = "0.1.0"
 

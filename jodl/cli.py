@@ -263,8 +263,9 @@ def status(ctx: click.Context, as_json: bool, watch: bool) -> None:
         return
     click.echo("masters:")
     for m in data["masters"]:
-        led = " ".join(f"{scope}@{epoch}" for scope, epoch in m["scopes"].items())
-        click.echo(f"  {m['name']:24s} {m['role']:8s} {led}")
+        led = ", ".join("every family" if f == "*" else f for f in m["families"])
+        epoch = f" (epoch {m['epoch']})" if m["epoch"] is not None else ""
+        click.echo(f"  {m['name']:24s} {m['role']:8s} {led}{epoch}")
     click.echo("nodes:")
     for n in data["nodes"]:
         click.echo(

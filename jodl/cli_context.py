@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -119,11 +120,23 @@ def sigterm_as_interrupt() -> None:
     signal.signal(signal.SIGTERM, _interrupt)
 
 
+def sigterm_sets(stop: threading.Event) -> None:
+    """From now on the first SIGTERM sets ``stop`` (a loop ends between two steps);
+    a second one stops the program at once, as Ctrl-C does."""
+
+    def _first(_signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGTERM, _interrupt)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _first)
+
+
 __all__ = [
     "configure_logging",
     "database_error",
     "missing_sqlite_file",
     "settings_of",
     "sigterm_as_interrupt",
+    "sigterm_sets",
     "store_of",
 ]

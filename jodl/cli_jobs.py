@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 from typing import Any
 
 import click
 
-from .cli_context import settings_of, sigterm_as_interrupt, store_of
+from .cli_context import settings_of, sigterm_sets, store_of
 from .exceptions import BadPayload, JodlError
 from .progress import progress_reporters
 
@@ -193,7 +194,7 @@ def run_cmd(ctx: click.Context, words: tuple[str, ...], takeover: bool) -> None:
 
     settings = settings_of(ctx)
     store = store_of(ctx)
-    holder = None if takeover else store.lease_holder()
+    holder = None if takeover else store.running_master()
     if holder is not None:
         # One master acts per database: the running one runs the cycle, we follow it.
         _run_by(holder, store, family)
@@ -206,8 +207,10 @@ def run_cmd(ctx: click.Context, words: tuple[str, ...], takeover: bool) -> None:
         from .ops_server import serve_master
 
         ops = serve_master(master, taken=logging.INFO)  # health, metrics, profiles (HTTP)
+        stop = threading.Event()
+        sigterm_sets(stop)  # the step under way ends, then close() commits and releases
         try:
-            summary = master.run_cycle(family)
+            summary = master.run_cycle(family, stop)
         finally:
             if ops is not None:
                 ops.close()
@@ -225,7 +228,7 @@ def _run_by(holder: str, store: Any, family: str) -> None:
     click.echo(f"a master ({holder}) runs this database: the run is asked of it", err=True)
     with progress_reporters(f"run {family}") as (_, progress):
         # A standby taking over counts as alive: it resumes the run.
-        alive = lambda: store.lease_holder() is not None or bool(store.masters.live())  # noqa: E731
+        alive = lambda: store.running_master() is not None  # noqa: E731
         row = follow(store, request_id, alive, progress)
     if row.error:
         raise JodlError(row.error)
@@ -239,7 +242,7 @@ def _cancel_run(ctx: click.Context, family: str) -> None:
     from .log.models import RequestKind
 
     store = store_of(ctx)
-    holder = store.lease_holder()
+    holder = store.running_master()
     if holder is None:
         run = store.cancel_open_run(family)
         if run is None:
@@ -250,7 +253,7 @@ def _cancel_run(ctx: click.Context, family: str) -> None:
     click.echo(f"a master ({holder}) runs this database: the cancel is asked of it", err=True)
     from .run_requests import follow  # imports the master: after the request is filed
 
-    row = follow(store, request_id, lambda: store.lease_holder() is not None)
+    row = follow(store, request_id, lambda: store.running_master() is not None)
     if row.error:
         raise JodlError(row.error)
     click.echo(row.summary)
@@ -267,12 +270,14 @@ def master_cmd(ctx: click.Context, takeover: bool) -> None:
     """Run the long-lived master (scheduled cycles and on-demand jobs).
 
     On PostgreSQL a master started beside a running one stands by and takes over
-    when that one stops or its lease expires (``JODL_LEASE_TTL``).
+    when that one stops or its lease expires (``JODL_LEASE_TTL``). SIGTERM ends the
+    step under way, commits, and hands over at once (a second SIGTERM stops at once).
     """
     from .master import Master
 
     master = Master(settings_of(ctx), store=store_of(ctx), takeover=takeover)
-    sigterm_as_interrupt()
+    stop = threading.Event()
+    sigterm_sets(stop)  # the step under way ends, then close() commits and hands over
     stops = []
     from .ops_server import serve_master
 
@@ -282,29 +287,34 @@ def master_cmd(ctx: click.Context, takeover: bool) -> None:
     try:
         if master.store.dialect != "sqlite" and master.store.lease_holder() is not None:
             click.echo(f"master {master.name}: standing by", err=True)
-        if not master.stand_by():
+        if not master.stand_by(stop):
             return
         master.start()
-        # Installed applications' services (e.g. a scheduler) run beside the serve loop;
-        # each is a callable start(master, settings) returning its stop function.
-        from .plugins import load_group
-
-        for _, start in load_group("jodl.services"):
-            stops.append(start(master, master.settings))
         from .queue import Queue, QueueFeeder
         from .run_requests import RunRequests
 
         master.feeders.append(QueueFeeder(Queue(master.store)))  # on-demand jobs
         master.feeders.append(RunRequests(master.store))  # `jodl run` beside this master
-        from .family_schedule import start_family_schedules
 
-        stops.append(start_family_schedules(master))  # families' cron schedules
-        master.serve()
+        def start_services() -> None:
+            # Installed applications' services (e.g. a scheduler) run beside the serve
+            # loop; each is a callable start(master, settings) returning its stop
+            # function. Started after the first dispatch: a restarted master resumes its
+            # runs first (importing the applications takes a good part of a second).
+            from .family_schedule import start_family_schedules
+            from .plugins import load_group
+
+            for _, start in load_group("jodl.services"):
+                stops.append(start(master, master.settings))
+            stops.append(start_family_schedules(master))  # families' cron schedules
+
+        master.after_first_dispatch(start_services)
+        master.serve(stop)
     except KeyboardInterrupt:
         pass
     finally:
-        for stop in reversed(stops):
-            stop()
+        for stop_service in reversed(stops):
+            stop_service()
         master.close()
 
 

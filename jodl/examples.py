@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 from typing import Any
 
-from .family import Family, Permanent
+from .family import Family, Permanent, cancelled, wait_cancelled
 
 
 class Noop(Family):
@@ -22,14 +21,16 @@ class Noop(Family):
 
 
 class Sleep(Family):
-    """Sleeps ``payload["seconds"]`` divided by the agent's speed factor."""
+    """Sleeps ``payload["seconds"]`` divided by the agent's speed factor (less when
+    cancelled: then it returns at once)."""
 
     name = "sleep"
     idempotent = True
 
     def run(self, payload: dict[str, Any]) -> Any:
         seconds = float(payload.get("seconds", 0.0)) / float(self.context.get("speed", 1.0))
-        time.sleep(max(0.0, seconds))
+        if wait_cancelled(seconds):
+            return None  # discarded by the agent
         return {"slept": seconds}
 
 
@@ -84,14 +85,18 @@ class Mark(Family):
     ``payload["seconds"]``: the file tells which jobs really ran where and how often,
     whatever the log says. Not idempotent: a second run leaves a second mark. With
     ``payload["end"]`` true it appends ``"<node> <key> end\n"`` when the sleep is over,
-    so the file also tells which jobs ran at the same time.
+    so the file also tells which jobs ran at the same time. Cancelled, it stops at
+    once: before its start it writes nothing, during its sleep no end line.
     """
 
     name = "mark"
 
     def run(self, payload: dict[str, Any]) -> Any:
+        if cancelled():
+            return None
         self._write(payload, f"{self.context.get('node', '')} {payload['key']}\n")
-        time.sleep(max(0.0, float(payload.get("seconds", 0.0))))
+        if wait_cancelled(float(payload.get("seconds", 0.0))):
+            return None  # discarded by the agent; no end line
         if payload.get("end"):
             self._write(payload, f"{self.context.get('node', '')} {payload['key']} end\n")
         return {"marked": payload["key"]}

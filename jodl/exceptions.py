@@ -52,6 +52,10 @@ class Fenced(AgentUnavailable):
     """
 
 
+class Stopped(JodlError):
+    """A master was asked to stop (SIGTERM) before its cycle ended; the run resumes later."""
+
+
 __all__ = [
     "AgentUnavailable",
     "AuthError",
@@ -60,6 +64,7 @@ __all__ = [
     "Fenced",
     "JodlError",
     "LeaseHeld",
+    "Stopped",
     "StoreUnavailable",
     "UnknownFamily",
 ]

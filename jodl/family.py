@@ -18,11 +18,27 @@ and in the package's setup.cfg::
     [options.entry_points]
     jodl.families =
         resize = mypackage.families:Resize
+
+A running job may be cancelled (``jodl run cancel``, ``jodl jobs delete``): its
+result is discarded in any case, and a long job stops early when it looks::
+
+    def run(self, payload):
+        for chunk in chunks(payload):
+            if cancelled():              # a check between two pieces of work
+                return None
+            work(chunk)
+            if wait_cancelled(1.0):      # a pause that ends at once on cancel
+                return None
+
+An ``async def run`` has its task cancelled (``asyncio.CancelledError`` at its
+next ``await``).
 """
 
 from __future__ import annotations
 
 import inspect
+import time
+from contextvars import ContextVar
 from functools import cache
 from typing import Any, ClassVar
 
@@ -65,6 +81,43 @@ class Family:
         return inspect.iscoroutinefunction(cls.run)
 
 
+class Cancellation:
+    """How a running job hears that it was cancelled; the agent sets one per job.
+
+    This one (outside an agent, e.g. a family's own tests) is never cancelled.
+    """
+
+    __slots__ = ()
+
+    def is_set(self) -> bool:
+        """True once the job was cancelled."""
+        return False
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True (at once) when the job is or gets cancelled."""
+        time.sleep(max(0.0, seconds))
+        return False
+
+
+#: The cancellation of the job running in this thread (or asyncio task); None: none.
+current_cancellation: ContextVar[Cancellation | None] = ContextVar(
+    "jodl_cancellation", default=None
+)
+_NEVER = Cancellation()
+
+
+def cancelled() -> bool:
+    """True when the job running in this thread (or task) was cancelled: stop early,
+    its result is discarded anyway."""
+    return (current_cancellation.get() or _NEVER).is_set()
+
+
+def wait_cancelled(seconds: float) -> bool:
+    """Sleep up to ``seconds`` in a sync job; True, as soon as it happens, when the job
+    was cancelled (then stop early), False when the time was slept."""
+    return (current_cancellation.get() or _NEVER).wait(seconds)
+
+
 class Permanent(Exception):
     """Raised by a family's ``run`` for a failure that no retry will fix."""
 
@@ -83,6 +136,14 @@ def installed() -> dict[str, type[Family]]:
             continue
         found[ep.name] = cls
     return found
+
+
+def installed_class(name: str) -> type[Family] | None:
+    """The family class installed under ``name`` (None: none), importing only its module."""
+    from .plugins import load_entry
+
+    cls = load_entry(ENTRY_POINT_GROUP, name)
+    return cls if isinstance(cls, type) and issubclass(cls, Family) else None
 
 
 def load(name: str) -> type[Family]:

@@ -103,7 +103,12 @@ class FamilySchedules:
             log.info("family %s: a cycle at %r", name, cron, extra={"family": name})
 
     def cycle(self, name: str) -> None:
-        """One scheduled cycle of ``name``, run by the master; waits for its end."""
+        """One scheduled cycle of ``name``, run by the master; waits for its end.
+
+        With families spread over several masters, only the family's leader runs it
+        (every master's schedule fires)."""
+        if not self.master.leads(name):
+            return
         future = self.master.request_cycle(name)
         try:
             while True:

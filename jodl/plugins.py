@@ -65,17 +65,38 @@ def load_group(group: str) -> list[tuple[EntryPoint, Any]]:
     """Every loadable entry point of ``group`` with what it names, sorted by name."""
     found = []
     for ep in sorted(installed_entry_points(group=group), key=lambda ep: ep.name):
-        if not _wanted(ep):
-            log.debug("%s %s left out: extra %s not installed", group, ep.name, ep.extras)
-            continue
-        try:
-            found.append((ep, ep.load()))
-        except ModuleNotFoundError as exc:
-            missing = (exc.name or "").partition(".")[0]
-            if missing == ep.module.partition(".")[0]:
-                raise  # the package itself is broken, not one of its dependencies
-            log.debug("%s %s left out: %s is not installed", group, ep.name, exc.name)
+        loaded = _load(group, ep)
+        if loaded is not _LEFT_OUT:
+            found.append((ep, loaded))
     return found
 
 
-__all__ = ["extra_installed", "load_group"]
+def load_entry(group: str, name: str) -> Any:
+    """What the entry point ``name`` of ``group`` names (None: none, or left out), with
+    only its own module imported."""
+    for ep in installed_entry_points(group=group, name=name):
+        loaded = _load(group, ep)
+        if loaded is not _LEFT_OUT:
+            return loaded
+    return None
+
+
+_LEFT_OUT = object()
+
+
+def _load(group: str, ep: EntryPoint) -> Any:
+    """What ``ep`` names, or ``_LEFT_OUT`` (its extra or a dependency is not installed)."""
+    if not _wanted(ep):
+        log.debug("%s %s left out: extra %s not installed", group, ep.name, ep.extras)
+        return _LEFT_OUT
+    try:
+        return ep.load()
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if missing == ep.module.partition(".")[0]:
+            raise  # the package itself is broken, not one of its dependencies
+        log.debug("%s %s left out: %s is not installed", group, ep.name, exc.name)
+        return _LEFT_OUT
+
+
+__all__ = ["extra_installed", "load_entry", "load_group"]

@@ -49,7 +49,8 @@ class RunRequests(Feeder):
         now = time.monotonic()
         if now - self._last >= self.poll:
             self._last = now
-            for request_id, family in self.store.take_run_requests(master.name):
+            led = master.leadership.families() if master.per_family else None
+            for request_id, family in self.store.take_run_requests(master.name, led):
                 self._running[request_id] = master.request_cycle(family)
         return []
 
@@ -71,14 +72,15 @@ class RunRequests(Feeder):
                     dead=summary.dead,
                 )
 
-    def take_over(self, master: Master) -> None:
-        """Adopt the requests the last leader took and did not settle: a request whose
-        family's run is unfinished follows that run (resumed by ``master``); one whose
-        run ended before its master could settle it is settled as ended (never run again).
+    def take_over(self, master: Master, families: list[str] | None = None) -> None:
+        """Adopt the requests the last leader of ``families`` (None: of all) took and did
+        not settle: a request whose family's run is unfinished follows that run
+        (resumed by ``master``); one whose run ended before its master could settle it
+        is settled as ended (never run again).
         """
         self._taker = master.name
         running = set(self.store.running_families())
-        for request_id, family in self.store.adopt_run_requests(master.name):
+        for request_id, family in self.store.adopt_run_requests(master.name, families):
             if family in running:
                 self._running[request_id] = master.request_cycle(family)
             else:

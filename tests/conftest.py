@@ -42,7 +42,8 @@ def pg_database() -> Iterator[str]:
     if server is None:
         pytest.skip(PG_SKIP)
     name = f"jodl_t_{secrets.token_hex(6)}"
-    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    # pool_pre_ping: a test may restart the server (tests/test_pg_restart.py).
+    admin = create_engine(server, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
     try:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))

@@ -170,6 +170,19 @@ def test_cancel_drops_queued_jobs_and_discards_running_ones(client):
     assert client.wait_done(53) == {53: {"attempt": 1}}, "the cancelled queued job never ran"
 
 
+@pytest.mark.parametrize("family", ["sleep", "asleep"])
+def test_a_cancelled_running_job_stops_early_and_frees_its_slot(client, family):
+    """A job of a minute, cancelled while it runs, ends long before its minute: a sync
+    one hears it (jodl.family.wait_cancelled), an async one has its task cancelled."""
+    client.send((80, family, {"seconds": 60.0}))
+    wait_for(lambda: client.remaining()[1] == 1, timeout=20, what="the long job to start")
+    assert client.root.cancel(client.epoch, (80,)) == (80,)
+    client.wait_idle()  # within 20 s, a third of the job's minute
+    assert client.done() == {} and client.failed() == {}, "a cancelled job's outcome is dropped"
+    client.send((81, "flaky", counter("d")))
+    assert client.wait_done(81) == {81: {"attempt": 1}}, "the slot runs other work"
+
+
 def test_held_lists_what_the_agent_still_knows(client):
     client.send((60, "sleep", {"seconds": 0.2}), (61, "noop", {}))
     assert sorted(client.root.held(client.epoch, (60, 61, 62))) == [60, 61]

@@ -94,8 +94,8 @@ def test_cancel_mid_cycle_stops_the_run(store: Store, agents, db_url: str, tmp_p
     finally:
         stop(master)
     assert runs(store) == [(1, RunState.CANCELLED)]
-    # Jobs already running when the cancel came finish their sleep (a thread cannot be
-    # killed) but start nothing new: wait out longer than one job's sleep, then look.
+    # Jobs running when the cancel came stop early; nothing new starts: wait out longer
+    # than one job's sleep, then look.
     time.sleep(1.0)  # an observation window (2.5 job sleeps), not a synchronisation
     keys = marked(path)
     assert len(keys) == after_cancel, "a job started after the cancel was taken"
@@ -139,6 +139,44 @@ def test_cancel_beside_a_serving_master(store: Store, agents, db_url: str, tmp_p
         if follower is not None:
             stop(follower)
         stop(master)
+
+
+def test_cancel_stops_running_jobs_on_their_agent_and_frees_its_slots(
+    store: Store, agents, db_url: str, tmp_path: Path
+) -> None:
+    """Jobs of a minute fill both slots; ``jodl run cancel`` stops them on the agent
+    (the ``mark`` family hears it and writes no end line), so a cycle of another family
+    on the same agent runs at once instead of waiting out the minute."""
+    path = tmp_path / "marks.txt"
+    agents(1, slots=SLOTS)
+    fam = store.ensure_family("mark")
+    store.add_jobs(
+        fam,
+        (
+            (key, json.dumps({"key": key, "path": str(path), "seconds": 60.0, "end": True}))
+            for key in ("long0", "long1")
+        ),
+    )
+    store.add_jobs(store.ensure_family("sleep"), ((f"s{i}", '{"seconds": 0.1}') for i in range(4)))
+    env = {"JODL_DATABASE_URL": db_url}
+    master = spawn_jodl("run", "mark", log_path=tmp_path / "master.log", env=env)
+    try:
+        wait_for(lambda: len(marked(path)) == 2, 60, "both long jobs to start")
+        cancel = run_jodl("run", "cancel", "mark", env=env)
+        assert cancel.returncode == 0, cancel.stderr + cancel.stdout
+        assert master.wait(timeout=60) == 0
+    finally:
+        stop(master)
+    started = time.monotonic()
+    # Both slots are taken until the long jobs end: this cycle runs only on freed slots.
+    other = run_jodl("run", "sleep", env=env, timeout=50)
+    took = time.monotonic() - started
+    assert other.returncode == 0, other.stderr + other.stdout
+    assert took < 30, f"the next cycle waited {took:.0f}s for the cancelled jobs' slots"
+    lines = path.read_text().splitlines()
+    assert sorted(marked(path)) == ["long0", "long1"], lines
+    assert not [line for line in lines if line.endswith(" end")], "a cancelled job ran to its end"
+    assert executions(store, "long0") == [ExecState.CANCELLED]
 
 
 def test_cancel_without_a_master_closes_the_run(store: Store, db_url: str) -> None:

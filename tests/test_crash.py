@@ -144,7 +144,7 @@ def check_no_rerun(
 def agents_idle(store: Store, nodes: list[AgentProcess]) -> None:
     """Agent-side evidence: after the run nothing is queued or running on any agent."""
     with store.engine.connect() as conn:
-        epoch = int(conn.scalar(select(MasterLease.epoch)) or 0)
+        epoch = int(conn.scalar(select(func.max(MasterLease.epoch))) or 0)
     for agent in nodes:
         conn = connect(agent.address, Settings(call_timeout=10.0, secret=TEST_SECRET))
         try:
@@ -161,10 +161,15 @@ def done_keys(store: Store, rows: dict[int, dict[str, Any]]) -> set[str]:
 
 
 def kill_and_resume(
-    store: Store, db_url: str, failpoints: list[str], nodes: list[AgentProcess], marks: Path
+    store: Store,
+    db_url: str,
+    failpoints: list[str],
+    nodes: list[AgentProcess],
+    marks: Path,
+    extra_env: dict[str, str] | None = None,
 ) -> None:
     """Run the master once per failpoint (each must kill it), then once to the end."""
-    env = {"JODL_DATABASE_URL": db_url, "JODL_CALL_TIMEOUT": "5"}
+    env = {"JODL_DATABASE_URL": db_url, "JODL_CALL_TIMEOUT": "5", **(extra_env or {})}
     before = executions(store)
     first_new_id = next_exec_id(store)
     committed: set[str] = set()
@@ -222,6 +227,16 @@ def test_master_killed_at_every_failpoint_in_turn_finishes_once(store, agents, d
     nodes = agents(2, slots=2)
     points = [point.replace(":3", ":2") for point in FAILPOINTS]
     kill_and_resume(store, db_url, points, nodes, marks)
+
+
+def test_a_run_resumed_in_two_parts_finishes_once(store, agents, db_url, tmp_path):
+    """Batches of 4: a resumed run reads the jobs of its logged executions and a first
+    batch per agent, sends, then reads the rest (most of the run) in the same step."""
+    marks = tmp_path / "marks.txt"
+    add_mark_jobs(store, marks, count=120)
+    nodes = agents(2, slots=2)
+    points = ["after_send:3", "after_commit:4"]
+    kill_and_resume(store, db_url, points, nodes, marks, extra_env={"JODL_BATCH_SIZE": "4"})
 
 
 def fail_an_agent_mid_cycle(store, agents, db_url, tmp_path, hang: bool) -> None:  # type: ignore[no-untyped-def]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -192,3 +193,33 @@ def test_a_run_an_application_opened_is_new_to_the_master_not_resumed(store):
     assert run.id == opened.id and not resumed
     again, resumed = store.open_run(fam, 8)  # a master worked on it: now it is resumed
     assert again.id == run.id and resumed
+
+
+def test_a_large_run_sends_a_first_batch_before_placing_the_rest(store, agents, settings):
+    """The first placement of a run takes one batch per agent; the rest is placed once
+    that batch went out, and every job still runs exactly once."""
+    settings = dataclasses.replace(settings, batch_size=10)
+    add_jobs(store, "noop", 200)
+    agents(2, slots=2)
+    master = Master(settings, store=store)
+    try:
+        master.start()
+        family = store.family("noop")
+        run, _ = store.open_run(family, master.epoch)
+        active = master.keeper.open(run, family, resumed=False)
+        assert master.dispatcher.assign() == 20, "one batch of 10 per agent"
+        assert master.book.n_waiting == 180
+        assert master.dispatcher.assign() == 0, "the first batch waits queued: no more yet"
+        while active.first_send is None:
+            master.step()
+        master.step()
+        assert master.book.n_waiting == 0, "the rest placed in the step after the first send"
+        while active.remaining > 0:
+            master.step()
+        summary = master.keeper.finish(active)
+    finally:
+        master.close()
+    assert (summary.total, summary.done, summary.dead) == (200, 200, 0)
+    done = done_per_job(store, summary.run_id)
+    assert set(done) == job_ids(store, family.id)
+    assert set(done.values()) == {1}, "no job has two committed results"

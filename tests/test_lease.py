@@ -19,7 +19,7 @@ from jodl.master import Master
 
 def _expires(store: Store) -> dt.datetime:
     with store.engine.connect() as conn:
-        return conn.scalar(select(MasterLease.expires_at))
+        return conn.scalar(select(MasterLease.expires_at).where(MasterLease.name == "master"))
 
 
 def test_a_second_master_does_not_steal_a_live_lease(store, settings):

@@ -122,6 +122,44 @@ def test_an_outcome_batch_commits_results_learning_and_dead_jobs(store: Store) -
     ]
 
 
+def test_a_resumed_run_read_in_two_parts_is_the_run_read_at_once(store: Store) -> None:
+    """A first part (the oldest due, and the jobs of logged executions wherever they
+    are in that order) and the rest (``loaded`` left out) make exactly the jobs left."""
+    keys = [f"k{i:02}" for i in range(30)]
+    run_id, jobs = open_run(store, keys)
+    ids = store.next_exec_ids(6)
+    done = ["k00", "k01", "k02", "k03", "k20"]  # the oldest due are done, as after a kill
+    writer = LogWriter(store)
+    try:
+        writer.submit(
+            [
+                execution(i, jobs[k], run_id, ExecState.DONE, "{}")
+                for i, k in zip(ids, done, strict=False)
+            ]
+            + [execution(ids[5], jobs["k04"], run_id, ExecState.FAILED, None)],
+            settle=True,
+        )
+        writer.flush()
+    finally:
+        writer.close()
+    run = store.running_run("gw")
+    assert run is not None
+    whole = {j.id: j for j in store.run_jobs(run, "gw")}
+    assert sorted(whole) == sorted(jobs[k] for k in keys if k not in done)
+    sent = {jobs["k25"], jobs["k28"]}  # in flight, far down the order
+    first = store.run_jobs(run, "gw", first=4, also=sent)
+    # At least the four oldest due not done, k04 (failed once: retried) to k07, and
+    # those in flight; none of those done.
+    read = [j.key for j in first]
+    assert read[:4] == ["k04", "k05", "k06", "k07"] and read[-2:] == ["k25", "k28"]
+    assert not set(read) & set(done)
+    assert first[0].attempts == 1 and first[0].failed_on == {1}
+    rest = store.run_jobs(run, "gw", loaded={j.id for j in first})
+    assert sorted(j.id for j in first + rest) == sorted(whole)
+    assert not {j.id for j in first} & {j.id for j in rest}
+    assert all(whole[j.id] == j for j in first + rest)
+
+
 def test_a_batch_is_empty_only_when_it_holds_nothing(store: Store) -> None:
     assert not OutcomeBatch(settle=True)
     assert OutcomeBatch(closed=[1])

@@ -94,6 +94,8 @@ def test_a_detached_agent_says_hello_again_and_resumes(
         "JODL_CALL_TIMEOUT": "3",
     }
     masters = []
+    # A family for the masters to lead (a master leading nothing polls no agent).
+    family = store.ensure_family("noop")
     try:
         masters.append(spawn_jodl("master", log_path=tmp_path / "m1.log", env=env))
         wait_for(lambda: port_answers(int(listen.rpartition(":")[2])), 30, "the first master")
@@ -122,7 +124,7 @@ def test_a_detached_agent_says_hello_again_and_resumes(
             60,
             "the agent to say hello to the new master",
         )
-        store.add_jobs(store.ensure_family("noop"), ((f"k{i}", "{}") for i in range(20)))
+        store.add_jobs(family, ((f"k{i}", "{}") for i in range(20)))
         out = run_jodl("run", "noop", env=env)
         assert out.returncode == 0 and "20/20 done" in out.stdout, out.stdout + out.stderr
     finally:

@@ -111,7 +111,7 @@ def cancel_run(svc: Services, run_id: int) -> dict[str, Any]:
         raise NotFound("no such run")
     if row.state != RunState.RUNNING:
         raise Conflict(f"run {family}#{row.number} is {row.state}, not running")
-    if svc.store.lease_holder() is not None:
+    if svc.store.running_master() is not None:
         request_id = svc.store.request_run(family, RequestKind.CANCEL)
         return {
             "id": request_id,

@@ -285,7 +285,7 @@ def _refuse_second_master(cluster: Any, database: str) -> None:
     """One master per database: a second ``jodl up`` says what runs and stops."""
     from . import instance
 
-    holder = cluster.store.lease_holder()
+    holder = cluster.store.running_master()
     if holder is None:
         return
     running = instance.read()

@@ -38,6 +38,7 @@ from .replies import (
     BadReply,
     DoneRow,
     FailedRow,
+    Leader,
     Ping,
     Refused,
     Remaining,
@@ -48,6 +49,7 @@ from .replies import (
     check_flag,
     check_ids,
     check_info,
+    check_leaders,
     check_ping,
     check_refused,
     check_remaining,
@@ -77,6 +79,7 @@ CALLS = (
     "draining",
     "ping",
     "families",
+    "leaders",
 )
 
 #: A job as sent: (execution id, family name, payload JSON).
@@ -187,6 +190,10 @@ class AgentLink:
     def families(self) -> tuple[AgentFamily, ...]:
         """The families installed on the agent, with version and flags."""
         return self._request("families", check_families, ())
+
+    def leaders(self) -> tuple[Leader, ...]:
+        """Each family's leader as the agent sees it (no stamp: any master may ask)."""
+        return self._request("leaders", check_leaders, ())
 
     # -- the layers -----------------------------------------------------------------------
 

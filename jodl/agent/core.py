@@ -5,20 +5,11 @@ Results stay until the master acknowledges them after its own commit, so a maste
 killed at any moment finds them again. Every call is idempotent, keyed by
 execution ids: a call that timed out on the master may still arrive.
 
-What the agent remembers is bound to the cluster (the database) and the
-connection of the master it serves (README, "Agents that are left alone"):
-
-* ``init`` names the cluster; an agent that served another one forgets its ids,
-  results and epoch first, since a new database numbers executions from 1 again.
-* ``init`` opens a *session*; every later call carries ``(epoch, session, since)``,
-  where ``since`` is the master's time since its previous call. A call of an older
-  session (a connection the master gave up) is refused.
-* Silent for longer than the detach time, the agent starts nothing queued. The next
-  call resumes it if the master was only slow (its ``since`` covers the silence);
-  if not (this agent was frozen or cut off while the master gave up on it), the
-  call is refused and the session closed. After every ``init`` the agent starts
-  nothing until the master's next call, which cancels the executions it gave up
-  on: nothing it sent before the gap runs after its result was committed elsewhere.
+What the agent remembers is bound to the cluster (the database): ``init`` names it,
+and an agent that served another one forgets its ids, results and epochs first, since
+a new database numbers executions from 1 again. Whom it serves, and when a job may not
+start (its master silent, or paused after an init until that master's next call),
+is :mod:`jodl.agent.sessions` (README, "Agents that are left alone").
 """
 
 from __future__ import annotations
@@ -35,13 +26,15 @@ from itertools import islice
 from typing import Any
 
 from .. import family as family_registry
-from ..config import DETACH_SHARE
-from ..exceptions import JodlError, UnknownFamily
-from ..family import Family, Permanent
+from ..family import Family, current_cancellation
 from ..metrics import AGENT_JOBS_FINISHED
+from .cancel import Cancels
 from .eventloop import loop_name, new_event_loop
+from .held import Done, Failed, held_row
+from .installed import FamilyRow, Installed
 from .known import KnownIds
-from .replies import FENCED, KNOWN_ID
+from .replies import KNOWN_ID
+from .sessions import Session, Sessions, detach_time
 
 log = logging.getLogger("jodl.agent")
 _FINISHED_DONE = AGENT_JOBS_FINISHED.labels("done")
@@ -49,19 +42,11 @@ _FINISHED_FAILED = AGENT_JOBS_FINISHED.labels("failed")
 
 #: Acknowledged execution ids remembered, so a late duplicate send is not run again.
 REMEMBER_ACKED = 200_000
-#: Longest error text kept for one failure.
-MAX_ERROR = 2000
 #: A slot takes several queued jobs at once while jobs take less than this (seconds):
 #: for jobs of microseconds the hand-over through the queue cost more than the jobs.
 QUICK_JOB = 0.001
 #: ... at most this many (and never more than its share of the queue).
 QUICK_CHUNK = 32
-_RESULT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-
-Done = tuple[int, float, float, str]  # exec_id, duration, finished (unix), result JSON
-Failed = tuple[int, float, float, str, bool]  # exec_id, duration, finished, error, retryable
-#: A family as the agent reports it: name, version, is_async, idempotent.
-FamilyRow = tuple[str, str, bool, bool]
 
 
 class AgentCore:
@@ -81,31 +66,26 @@ class AgentCore:
         self.slots = slots
         self.async_slots = async_slots
         self.speed = speed
-        self.epoch = 0
-        self.master_id = ""
         #: The cluster (database) whose execution ids this agent holds; "" before any.
         self.cluster = ""
         #: JODL_AGENT_DETACH as set (None: a share of the master's give-up time).
         self.detach_setting = detach
-        #: Seconds of silence after which nothing queued starts (None: never).
-        self.detach_after: float | None = detach
-        #: The master connection (session) whose calls are accepted; grows with each init.
-        self._session = 0
-        #: Monotonic time of the last accepted call.
-        self._heard = time.monotonic()
-        #: Nothing queued starts: set by init until the master's next call, and by a
-        #: call that arrives after a gap the master did not account for.
-        self._paused = False
-        self._classes = family_registry.installed() if families is None else families
-        self._instances: dict[str, Family] = {}
+        #: The masters' sessions and the leader of each family (under ``_cond``).
+        self.sessions = Sessions()
+        self.sessions.detach_after = detach
+        classes = family_registry.installed() if families is None else families
+        self.installed = Installed(classes, name, {"speed": speed, "node": name})
         self._cond = threading.Condition()
         self._queue: deque[tuple[int, str, str]] = deque()
         self._aqueue: deque[tuple[int, str, str]] = deque()
         self._running: set[int] = set()
         self._done: dict[int, Done] = {}
         self._failed: dict[int, Failed] = {}
-        self._cancelled: set[int] = set()
+        #: execution id -> its family, from its send until it is acknowledged or dropped.
+        self._family_of: dict[int, str] = {}
         self._acked: OrderedDict[int, None] = OrderedDict()
+        #: Running jobs that were cancelled; they hear it (jodl.family.cancelled).
+        self._cancels = Cancels()
         #: Moving mean of the slots' job durations (seconds), for :data:`QUICK_JOB`.
         self._recent = 1.0
         self._closing = False
@@ -120,39 +100,29 @@ class AgentCore:
         self._async_thread = threading.Thread(target=self._run_loop, name="async", daemon=True)
         self._async_thread.start()
 
-    # -- families -------------------------------------------------------------------
-
     def family_list(self) -> tuple[FamilyRow, ...]:
-        return tuple(
-            (name, str(cls.version), cls.is_async(), bool(cls.idempotent))
-            for name, cls in sorted(self._classes.items())
-        )
-
-    def _family(self, name: str) -> Family:
-        inst = self._instances.get(name)
-        if inst is None:
-            cls = self._classes.get(name)
-            if cls is None:
-                raise UnknownFamily(f"unknown family {name!r} on agent {self.name}")
-            with self._cond:
-                inst = self._instances.get(name)
-                if inst is None:
-                    inst = cls({"speed": self.speed, "node": self.name})
-                    self._instances[name] = inst
-        return inst
+        return self.installed.rows()
 
     # -- protocol ---------------------------------------------------------------------
 
-    def check_epoch(self, epoch: int) -> None:
-        if epoch < self.epoch:
-            raise JodlError(f"{FENCED} {epoch} is older than {self.epoch}")
-        self.epoch = epoch
+    @property
+    def epoch(self) -> int:
+        """The newest epoch a master served this agent at."""
+        return self.sessions.top
+
+    @property
+    def detach_after(self) -> float | None:
+        """Seconds of silence after which a session's jobs start nothing (None: never)."""
+        return self.sessions.detach_after
 
     def init(self, master_id: str, epoch: int, settings_json: str) -> str:
-        """Serve a master: bind to its cluster, open a session, pause until its next call.
+        """Serve a master: bind to its cluster, open a session for the families it leads
+        (``families`` in the settings; every family when absent), pause them until its
+        next call.
 
-        The answer lists the executions queued here (not started), so the master can
-        cancel those it gave up on with its next call (which resumes the agent).
+        The answer lists the executions of those families queued here (not started),
+        so the master can cancel those it gave up on with its next call (which
+        resumes them).
         """
         try:
             options = json.loads(settings_json or "{}")
@@ -162,6 +132,11 @@ class AgentCore:
             options = {}
         cluster = str(options.get("cluster") or "")
         give_up = options.get("give_up")
+        led = options.get("families")
+        if isinstance(led, list) and all(type(f) is str for f in led):
+            families: Iterable[str] = led
+        else:
+            families = self.installed.classes
         with self._cond:
             if cluster and self.cluster and cluster != self.cluster:
                 log.warning(
@@ -174,14 +149,11 @@ class AgentCore:
                 self._forget_locked()
             if cluster:
                 self.cluster = cluster
-            self.check_epoch(epoch)
-            self.detach_after = self._detach_time(give_up)
-            self.master_id = master_id
-            self._session += 1
-            self._heard = time.monotonic()
-            self._paused = True
-            queued = [job[0] for job in self._queue] + [job[0] for job in self._aqueue]
-            session = self._session
+            detach = detach_time(self.detach_setting, give_up, self.name)
+            opened = self.sessions.open(master_id, epoch, families)
+            self.sessions.detach_after = detach
+            owns = self.sessions.owns
+            queued = [job[0] for job in self._queues() if owns(opened, job[1])]
         return json.dumps(
             {
                 "name": self.name,
@@ -194,76 +166,50 @@ class AgentCore:
                     n: {"version": v, "async": a, "idempotent": i}
                     for n, v, a, i in self.family_list()
                 },
-                "session": session,
+                "session": opened.number,
                 "detach": self.detach_after,
                 "queued": queued,
             }
         )
 
-    def _detach_time(self, give_up: Any) -> float | None:
-        if type(give_up) not in (int, float) or give_up <= 0:
-            return self.detach_setting
-        if self.detach_setting is None:
-            return float(give_up) * DETACH_SHARE
-        if self.detach_setting >= give_up:
-            raise JodlError(
-                f"agent {self.name}: JODL_AGENT_DETACH ({self.detach_setting:g}s) must be "
-                f"shorter than the master's JODL_CALL_TIMEOUT ({give_up:g}s)"
-            )
-        return self.detach_setting
-
     def _forget_locked(self) -> None:
         """Drop every id of the old cluster; results of jobs still running are discarded."""
-        self._cancelled.update(self._running)
+        for exec_id in self._running:
+            self._cancels.cancel(exec_id)
         self._queue.clear()
         self._aqueue.clear()
         self._done.clear()
         self._failed.clear()
         self._acked.clear()
-        self.epoch = 0
+        self._family_of.clear()
+        self.sessions.clear()
 
-    def hear(self, epoch: int, session: int | None, since: float) -> bool:
-        """Accept a call of the master (fencing, session, gap); True: resume after it.
+    def hear(self, epoch: int, session: int | None, since: float) -> tuple[Session | None, bool]:
+        """Accept a call of a master (fencing, session, gap): its session, and whether
+        to resume that session's families after the call.
 
-        ``session`` None and ``since`` 0 for a caller that does not send them.
+        ``session`` None and ``since`` 0 for a caller that does not send them (it is
+        only fenced by the newest epoch, and its calls are not scoped to families).
         """
         with self._cond:
-            self.check_epoch(epoch)
-            if session is not None and session != self._session:
-                raise JodlError(f"stale connection: session {session} was replaced; init again")
-            now = time.monotonic()
-            gap = now - self._heard - since
-            if self.detach_after is not None and gap > self.detach_after:
-                # Frozen or cut off while the master gave up on this node: it may have
-                # run our queued jobs elsewhere. Only a new init (which cancels them) helps.
-                self._paused = True
-                self._session += 1
-                raise JodlError(
-                    f"detached: {gap:.1f}s without the master (more than "
-                    f"{self.detach_after:g}s); init again"
-                )
-            silent = self.detach_after is not None and now - self._heard > self.detach_after
-            self._heard = now
-            if silent and not self._paused:  # the master was only slow: carry on
+            current, woke = self.sessions.hear(epoch, session, since)
+            if woke:  # the master was only slow: carry on
                 self._cond.notify_all()
                 self._loop.call_soon_threadsafe(self._wake_async)
-            return self._paused
+            return current, current is not None and current.paused
 
-    def resume(self) -> None:
-        """Start queued jobs again (after the first call of a new session)."""
+    def resume(self, session: Session | None = None) -> None:
+        """Start the session's queued jobs (after the first call of a new session);
+        no session: every session's."""
         with self._cond:
-            self._paused = False
+            for paused in (session,) if session is not None else self.sessions.by_number.values():
+                paused.paused = False
             self._cond.notify_all()
         self._loop.call_soon_threadsafe(self._wake_async)
 
-    def _halted_locked(self) -> bool:
-        """Starts nothing: paused, or silent for longer than the detach time."""
-        if self._paused:
-            return True
-        limit = self.detach_after
-        return limit is not None and time.monotonic() - self._heard > limit
-
-    def send(self, jobs: Iterable[tuple[int, str, str]]) -> tuple[tuple[int, str], ...]:
+    def send(
+        self, jobs: Iterable[tuple[int, str, str]], session: Session | None = None
+    ) -> tuple[tuple[int, str], ...]:
         """Queue jobs; return (exec_id, error) for the refused ones.
 
         An id queued, running or held here is a repeated send and ignored; one that
@@ -286,10 +232,13 @@ class AgentCore:
                         refused.append((exec_id, f"{KNOWN_ID} {self.name}: {exec_id}"))
                     continue  # queued, running or held: a repeated send of the same one
                 batch.add(exec_id)
-                cls = self._classes.get(fam)
+                cls = self.installed.classes.get(fam)
                 if cls is None:
                     refused.append((exec_id, f"unknown family {fam!r} on agent {self.name}"))
                     continue
+                if session is not None:  # a family nobody leads yet: this session's
+                    self.sessions.owner.setdefault(fam, session.number)
+                self._family_of[exec_id] = fam
                 (async_jobs if cls.is_async() else sync_jobs).append(job)
             self._queue.extend(sync_jobs)
             self._aqueue.extend(async_jobs)
@@ -307,16 +256,28 @@ class AgentCore:
         yield from self._aqueue
 
     def silence(self) -> tuple[bool, float, float | None]:
-        """(served by a master yet, seconds since its last call, the detach time)."""
+        """(served by a master yet, seconds since any master's last call, the detach time)."""
         with self._cond:
-            return self._session > 0, time.monotonic() - self._heard, self.detach_after
+            sessions = self.sessions
+            return sessions.opened > 0, time.monotonic() - sessions.last_heard, self.detach_after
 
-    def take(self, which: str, ack: Iterable[int], limit: int) -> tuple[Any, ...]:
-        """Forget acknowledged ids, then return up to ``limit`` held results of ``which``."""
+    def take(
+        self, which: str, ack: Iterable[int], limit: int, session: Session | None = None
+    ) -> tuple[Any, ...]:
+        """Forget acknowledged ids, then return up to ``limit`` held results of ``which``
+        (of the families ``session`` leads)."""
         with self._cond:
             self._ack_locked(ack)
             held = self._done if which == "done" else self._failed
-            return tuple(islice(held.values(), limit))
+            if self.sessions.sole(session):
+                return tuple(islice(held.values(), limit))
+            mine = self._mine(session)
+            return tuple(islice((row for row in held.values() if mine(row[0])), limit))
+
+    def _mine(self, session: Session | None) -> Any:
+        """A test of an execution id: does ``session`` lead its family now."""
+        owns, family_of = self.sessions.owns, self._family_of
+        return lambda exec_id: owns(session, family_of.get(exec_id))
 
     def ack(self, ids: Iterable[int]) -> int:
         with self._cond:
@@ -327,6 +288,7 @@ class AgentCore:
         for exec_id in ids:
             if self._done.pop(exec_id, None) or self._failed.pop(exec_id, None) is not None:
                 count += 1
+                self._family_of.pop(exec_id, None)
             self._acked[exec_id] = None
         while len(self._acked) > REMEMBER_ACKED:
             self._acked.popitem(last=False)
@@ -341,10 +303,17 @@ class AgentCore:
                 len(self._failed),
             )
 
-    def take_back(self, count: int, ids: Iterable[int] = ()) -> tuple[int, ...]:
-        """Hand back unstarted jobs: the given ids, or else the last ``count`` queued."""
+    def take_back(
+        self, count: int, ids: Iterable[int] = (), session: Session | None = None
+    ) -> tuple[int, ...]:
+        """Hand back unstarted jobs (of the families ``session`` leads): the given ids,
+        or else the last ``count`` queued."""
         wanted = set(ids)
         with self._cond:
+            sole = self.sessions.sole(session)
+            if not sole:
+                mine = self._mine(session)
+                wanted = {exec_id for exec_id in wanted if mine(exec_id)}
             out: list[int] = []
             for queue in (self._queue, self._aqueue):
                 if wanted:
@@ -352,26 +321,44 @@ class AgentCore:
                     out.extend(job[0] for job in queue if job[0] in wanted)
                     queue.clear()
                     queue.extend(keep)
-                else:
+                elif sole:
                     while queue and len(out) < count:
                         out.append(queue.pop()[0])
+                elif count > len(out):
+                    ours = [job for job in queue if mine(job[0])][len(out) - count :]
+                    chosen = {job[0] for job in ours}
+                    out.extend(job[0] for job in reversed(ours))
+                    kept = [job for job in queue if job[0] not in chosen]
+                    queue.clear()
+                    queue.extend(kept)
             for exec_id in out:
                 self._acked[exec_id] = None  # a late duplicate send must not run it here
+                self._family_of.pop(exec_id, None)
             return tuple(out)
 
-    def cancel(self, ids: Iterable[int]) -> tuple[int, ...]:
-        """Drop queued jobs and discard the results of running ones."""
+    def cancel(self, ids: Iterable[int], session: Session | None = None) -> tuple[int, ...]:
+        """Drop queued jobs and discard the results of running ones (of the families
+        ``session`` leads; ids this agent never had are only remembered as finished)."""
         wanted = set(ids)
-        taken = set(self.take_back(0, wanted)) if wanted else set()
+        taken = set(self.take_back(0, wanted, session)) if wanted else set()
         with self._cond:
+            mine = self._mine(session)
             for exec_id in wanted:
+                if exec_id in self._family_of and not mine(exec_id):
+                    continue  # another master's family now: not ours to cancel
                 if exec_id in self._running:
-                    self._cancelled.add(exec_id)
+                    self._cancels.cancel(exec_id)  # it stops early if it looks
                     taken.add(exec_id)
                 if self._done.pop(exec_id, None) or self._failed.pop(exec_id, None):
                     taken.add(exec_id)
+                    self._family_of.pop(exec_id, None)
                 self._acked[exec_id] = None
         return tuple(sorted(taken))
+
+    def leaders(self) -> tuple[tuple[str, int, str], ...]:
+        """(family, epoch, master) of each family this agent was sent, as it sees them."""
+        with self._cond:
+            return self.sessions.leaders()
 
     def held(self, ids: Iterable[int]) -> tuple[int, ...]:
         """Which of ``ids`` this agent still queues, runs or holds a result for."""
@@ -392,43 +379,46 @@ class AgentCore:
     ) -> None:
         """Hold one outcome (under the lock) for the master to collect."""
         self._running.discard(exec_id)
-        if exec_id in self._cancelled:
-            self._cancelled.discard(exec_id)
-            return
-        finished = time.time()
-        if error is None:
-            try:
-                text = _RESULT.encode(outcome)
-            except (TypeError, ValueError) as exc:
-                error, text = exc, ""
-            else:
-                self._done[exec_id] = (exec_id, duration, finished, text)
-                _FINISHED_DONE.inc()
-                return
-        _FINISHED_FAILED.inc()
-        retryable = not isinstance(error, Permanent | UnknownFamily)
-        message = f"{type(error).__name__}: {error}"[:MAX_ERROR]
-        self._failed[exec_id] = (exec_id, duration, finished, message, retryable)
+        if self._cancels.finished(exec_id):
+            self._family_of.pop(exec_id, None)
+            return  # cancelled while it ran: discarded
+        row = held_row(exec_id, duration, outcome, error)
+        if len(row) == 4:
+            self._done[exec_id] = row
+            _FINISHED_DONE.inc()
+        else:
+            self._failed[exec_id] = row
+            _FINISHED_FAILED.inc()
 
     def _worker(self) -> None:
         cond, queue, running = self._cond, self._queue, self._running
+        heard = self._cancels.of(0)  # this slot's, pointed at each job it runs
+        current_cancellation.set(heard)
         while True:
             with cond:
-                while not queue or self._halted_locked():
+                while (first := self.sessions.startable(queue)) is None:
                     if self._closing:
                         return
                     # A silence is noticed at the next job; resume() and send() notify.
                     cond.wait(self.detach_after if queue else None)
-                take = 1
-                if self._recent < QUICK_JOB:
-                    take = max(1, min(QUICK_CHUNK, len(queue) // max(1, self.slots)))
-                jobs = [queue.popleft() for _ in range(take)]
+                if first:  # jobs of a stopped session ahead: this one alone
+                    jobs = [queue[first]]
+                    del queue[first]
+                else:
+                    take = 1
+                    if self._recent < QUICK_JOB:
+                        take = max(1, min(QUICK_CHUNK, len(queue) // max(1, self.slots)))
+                    family = queue[0][1]
+                    jobs = [queue.popleft()]
+                    while len(jobs) < take and queue and queue[0][1] == family:
+                        jobs.append(queue.popleft())
                 running.update(job[0] for job in jobs)
             outcomes: list[tuple[int, float, Any, Exception | None]] = []
             for exec_id, fam, payload in jobs:
                 started = time.perf_counter()
+                heard.exec_id = exec_id
                 try:
-                    result = self._family(fam).run(json.loads(payload))
+                    result = self.installed.instance(fam).run(json.loads(payload))
                 except Exception as exc:  # noqa: BLE001 - every failure is reported to the master
                     log.debug(
                         "job %s failed: %s",
@@ -463,10 +453,12 @@ class AgentCore:
             while True:
                 await sem.acquire()
                 with self._cond:
-                    if not self._aqueue or self._halted_locked():
+                    first = self.sessions.startable(self._aqueue)
+                    if first is None:
                         sem.release()
                         break
-                    exec_id, fam, payload = self._aqueue.popleft()
+                    exec_id, fam, payload = self._aqueue[first]
+                    del self._aqueue[first]
                     self._running.add(exec_id)
                 task = asyncio.ensure_future(self._run_async(exec_id, fam, payload, sem))
                 tasks.add(task)
@@ -476,9 +468,11 @@ class AgentCore:
         self, exec_id: int, fam: str, payload: str, sem: asyncio.Semaphore
     ) -> None:
         started = time.perf_counter()
+        current_cancellation.set(self._cancels.of(exec_id))  # in this task's own context
+        self._cancels.track(exec_id, asyncio.current_task())  # type: ignore[arg-type]
         try:
-            result = await self._family(fam).run(json.loads(payload))
-        except Exception as exc:  # noqa: BLE001
+            result = await self.installed.instance(fam).run(json.loads(payload))
+        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - cancelled: discarded
             self._finish(exec_id, started, None, exc)
         else:
             self._finish(exec_id, started, result, None)

@@ -88,6 +88,15 @@ class AgentFamily(NamedTuple):
     idempotent: bool  #: may run twice (backup copies)
 
 
+class Leader(NamedTuple):
+    """A family as an agent sees its leader: the newest epoch it was led at, and by
+    which master ("" when that master's session ended)."""
+
+    family: str
+    epoch: int
+    master: str
+
+
 @dataclass(frozen=True, slots=True)
 class AgentInfo:
     """What ``init`` says about the agent."""
@@ -255,6 +264,20 @@ def check_families(value: Any) -> tuple[AgentFamily, ...]:
     ):
         raise BadReply("families: a tuple of (name, version, is_async, idempotent) expected")
     return tuple(AgentFamily(f[0], f[1], f[2], len(f) == 4 and f[3]) for f in value)
+
+
+def check_leaders(value: Any) -> tuple[Leader, ...]:
+    """(family, epoch, master) rows (``leaders``)."""
+    if type(value) is not tuple or any(
+        type(f) is not tuple
+        or len(f) != 3
+        or type(f[0]) is not str
+        or type(f[1]) is not int
+        or type(f[2]) is not str
+        for f in value
+    ):
+        raise BadReply("leaders: a tuple of (family, epoch, master) expected")
+    return tuple(Leader(*f) for f in value)
 
 
 def check_flag(value: Any) -> bool:

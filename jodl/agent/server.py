@@ -22,6 +22,7 @@ from .auth import require_auth
 from .codec import decode_ids, decode_jobs, encode_done, encode_failed
 from .core import AgentCore, Done, Failed, FamilyRow
 from .drain import Drain
+from .sessions import Session
 from .wire import STRICT_CONFIG, GuardedServer, split_address
 
 # Arguments are checked by exact type, never converted: int() or str() of a netref
@@ -68,7 +69,7 @@ def _jobs(values: Any) -> list[tuple[int, str, str]]:
 class AgentService(rpyc.Service):
     """The calls a master may make. Arguments are checked to be value types.
 
-    Every call but ``ping``, ``families`` and ``init`` starts with a *stamp*: the
+    Every call but ``ping``, ``families``, ``leaders`` and ``init`` starts with a *stamp*: the
     master's epoch, or ``(epoch, session, since)`` (see the module docstring).
     """
 
@@ -77,7 +78,7 @@ class AgentService(rpyc.Service):
         self._core = core
         self.drain = Drain(core)
 
-    def _heard(self, stamp: Any) -> bool:
+    def _heard(self, stamp: Any) -> tuple[Session | None, bool]:
         if type(stamp) is int:
             return self._core.hear(stamp, None, 0.0)
         if (
@@ -90,13 +91,14 @@ class AgentService(rpyc.Service):
             raise TypeError("the stamp is an epoch or a plain tuple (epoch, session, since)")
         return self._core.hear(stamp[0], stamp[1], max(0.0, float(stamp[2])))
 
-    def _call(self, stamp: Any, fn: Any, *args: Any) -> Any:
-        resume = self._heard(stamp)
+    def _call(self, stamp: Any, fn: Any, *args: Any, scoped: bool = False) -> Any:
+        """``fn(*args)`` for the stamp's session (``scoped``: passed as ``session``)."""
+        session, resume = self._heard(stamp)
         try:
-            return fn(*args)
+            return fn(*args, session=session) if scoped else fn(*args)
         finally:
             if resume:  # after the call: what it cancels must not start in between
-                self._core.resume()
+                self._core.resume(session)
 
     def exposed_ping(self) -> tuple[str, int, float]:
         return (self._core.name, self._core.epoch, time.time())
@@ -104,25 +106,33 @@ class AgentService(rpyc.Service):
     def exposed_families(self) -> tuple[FamilyRow, ...]:
         return self._core.family_list()
 
+    def exposed_leaders(self) -> tuple[tuple[str, int, str], ...]:
+        """(family, epoch, master) of each family as this agent sees its leaders."""
+        return self._core.leaders()
+
     def exposed_init(self, master_id: str, epoch: int, settings_json: str) -> str:
         return self._core.init(
             _str(master_id, "master id"), _int(epoch, "epoch"), _str(settings_json, "settings")
         )
 
     def exposed_send(self, epoch: Any, jobs: tuple) -> tuple[tuple[int, str], ...]:
-        return self._call(epoch, self._core.send, _jobs(jobs))
+        return self._call(epoch, self._core.send, _jobs(jobs), scoped=True)
 
     def exposed_done(
         self, epoch: Any, ack: tuple | str, limit: int, framed: bool = False
     ) -> tuple[Done, ...] | str:
         """Held results (acknowledging ``ack`` first); one framed str when ``framed``."""
-        rows = self._call(epoch, self._core.take, "done", _ids(ack), _int(limit, "limit"))
+        rows = self._call(
+            epoch, self._core.take, "done", _ids(ack), _int(limit, "limit"), scoped=True
+        )
         return encode_done(rows) if framed is True else rows
 
     def exposed_failed(
         self, epoch: Any, ack: tuple | str, limit: int, framed: bool = False
     ) -> tuple[Failed, ...] | str:
-        rows = self._call(epoch, self._core.take, "failed", _ids(ack), _int(limit, "limit"))
+        rows = self._call(
+            epoch, self._core.take, "failed", _ids(ack), _int(limit, "limit"), scoped=True
+        )
         return encode_failed(rows) if framed is True else rows
 
     def exposed_ack(self, epoch: Any, ids: tuple) -> int:
@@ -132,10 +142,10 @@ class AgentService(rpyc.Service):
         return self._call(epoch, self._core.remaining)
 
     def exposed_take_back(self, epoch: Any, count: int, ids: tuple) -> tuple[int, ...]:
-        return self._call(epoch, self._core.take_back, _int(count, "count"), _ids(ids))
+        return self._call(epoch, self._core.take_back, _int(count, "count"), _ids(ids), scoped=True)
 
     def exposed_cancel(self, epoch: Any, ids: tuple) -> tuple[int, ...]:
-        return self._call(epoch, self._core.cancel, _ids(ids))
+        return self._call(epoch, self._core.cancel, _ids(ids), scoped=True)
 
     def exposed_held(self, epoch: Any, ids: tuple) -> tuple[int, ...]:
         return self._call(epoch, self._core.held, _ids(ids))

@@ -1,4 +1,5 @@
-"""Which master leads: the master lease, its epochs, and the cluster's identity."""
+"""Which master leads what: the leases of scopes (a family, or everything), their
+epochs, and the cluster's identity."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import datetime as dt
 import os
 import secrets
 import socket
+from collections.abc import Sequence
 
-from sqlalchemy import Connection, Engine, select, text, update
+from sqlalchemy import Connection, Engine, func, select, text, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import sessionmaker
 
@@ -41,89 +43,209 @@ def holder_gone(holder: str) -> bool:
 #: Milliseconds a fenced write transaction may sit idle (its process stopped) before
 #: PostgreSQL ends it, releasing the lease row it shares so a standby can take over.
 FENCE_IDLE_MS = 1000
-#: Milliseconds a standby waits for the lease row's lock before trying again later.
+#: Milliseconds a standby waits for the lease rows' locks before trying again later.
 TAKE_LOCK_MS = 500
+#: The lease of a master that leads everything (a SQLite file's, a one-shot run's).
+WHOLE = "master"
+#: The prefix of a family's lease: ``family:NAME``.
+FAMILY = "family:"
+#: The row whose epoch is the last one drawn. Every take draws the next one, so an
+#: epoch names one master's term across all the scopes it leads.
+COUNTER = "~epochs"
+#: The holder of a lease given up or taken away: free for anyone.
+VACANT = ""
 
 
-def check_fence(conn: Connection, epoch: int, name: str = "master") -> None:
-    """In a writing transaction: :class:`Fenced` unless lease ``name`` still has ``epoch``.
+def family_scope(family: str) -> str:
+    """The lease scope of ``family``."""
+    return FAMILY + family
 
-    ``FOR SHARE`` holds the lease row until the commit, so a takeover (``FOR UPDATE``
-    in :meth:`Leases.acquire`) waits for writes in flight, and every write after it
-    sees the new epoch: a stalled leader that wakes writes nothing (PostgreSQL; a
-    SQLite file has one master). A transaction left idle by a stopped process ends
-    after :data:`FENCE_IDLE_MS`, so it cannot hold the takeover back.
+
+def check_fence(conn: Connection, epoch: int) -> None:
+    """In a writing transaction: :class:`Fenced` unless a lease row still has ``epoch``.
+
+    All the scopes a master leads carry its one epoch, and taking any of them from it
+    (after it expired, or with ``--takeover``) re-stamps all of them (:meth:`Leases.take`),
+    so one row found is enough. ``FOR SHARE`` holds that row until the commit, so a
+    takeover (``FOR UPDATE`` on every row of the old epoch) waits for writes in
+    flight, and every write after it sees the change: a stalled leader that wakes
+    writes nothing (PostgreSQL; a SQLite file has one master). A transaction left
+    idle by a stopped process ends after :data:`FENCE_IDLE_MS`, so it cannot hold the
+    takeover back.
     """
     if conn.dialect.name == "postgresql":
         conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {FENCE_IDLE_MS}")
     found = conn.scalar(
-        select(MasterLease.epoch).where(MasterLease.name == name).with_for_update(read=True)
+        select(MasterLease.epoch)
+        .where(MasterLease.epoch == epoch, MasterLease.name != COUNTER)
+        .limit(1)
+        .with_for_update(read=True)
     )
-    if found is not None and found != epoch:
-        raise Fenced(f"another master took over (epoch {found}): epoch {epoch} writes nothing")
+    if found is None:
+        newest = conn.scalar(select(func.max(MasterLease.epoch)))
+        raise Fenced(f"another master took over (epoch {newest}): epoch {epoch} writes nothing")
 
 
 class Leases:
-    """The master lease (one row per lease name) and the cluster id."""
+    """The leases of the scopes masters lead (one row each), and the cluster id."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.sessions = sessionmaker(engine, expire_on_commit=False)
 
-    def acquire(
+    def take(
         self,
         holder: str,
-        name: str = "master",
+        wanted: Sequence[str],
+        kept: Sequence[str] = (),
+        epoch: int = 0,
         force: bool = False,
         ttl: float = LEASE_SECONDS,
-    ) -> int:
-        """Take the lease and return the new epoch (older masters are fenced).
+    ) -> tuple[int, list[str], dict[str, tuple[str, float]]]:
+        """Take the free scopes of ``wanted`` in one transaction: (the new epoch, the
+        scopes taken, holder and seconds left of each scope found held).
 
-        A lease another holder renewed less than :data:`LEASE_SECONDS` ago is live:
-        :class:`LeaseHeld` unless ``force`` (an explicit takeover). A holder on this
-        host whose process is gone (killed) counts as expired at once.
+        A scope is free when vacant, expired, held by ``holder`` itself, or held by a
+        process of this host that is gone (killed); ``force`` takes live ones too. A
+        family's scope is not free while another holder's :data:`WHOLE` lease lives,
+        and :data:`WHOLE` not while another holder's family lease does. When anything
+        is taken, a new epoch is drawn and stamped on the taken scopes and on ``kept``
+        (the scopes ``holder`` leads at ``epoch``: :class:`Fenced` if one was taken
+        from it); every other scope of a master a scope was taken from is vacated and
+        re-stamped, so that master's writes are refused (:func:`check_fence`). With
+        nothing free: ``(epoch, [], held)``, and nothing changes.
         """
+        try:
+            return self._take(holder, wanted, kept, epoch, force, ttl)
+        except OperationalError:  # a leader's write holds a row: not free now
+            return epoch, [], {"": ("a writing master", TAKE_LOCK_MS / 1000)}
+        except IntegrityError:  # another master added the same row meanwhile: next time
+            return epoch, [], {"": ("another master", TAKE_LOCK_MS / 1000)}
+
+    def _take(
+        self,
+        holder: str,
+        wanted: Sequence[str],
+        kept: Sequence[str],
+        epoch: int,
+        force: bool,
+        ttl: float,
+    ) -> tuple[int, list[str], dict[str, tuple[str, float]]]:
         with self.sessions() as s, s.begin():
             if self.engine.dialect.name == "postgresql":
                 s.execute(text(f"SET LOCAL lock_timeout = {TAKE_LOCK_MS}"))
-            try:
-                lease = s.get(MasterLease, name, with_for_update=True)
-            except OperationalError as exc:  # a leader's write holds it: not free now
-                raise LeaseHeld(name, TAKE_LOCK_MS / 1000) from exc
+            counter = s.get(MasterLease, COUNTER, with_for_update=True)
             now = utcnow()
-            if lease is None:
-                lease = MasterLease(name=name, holder=holder, epoch=0, expires_at=now)
-                s.add(lease)
-            elif (
-                not force
-                and lease.holder != holder
-                and lease.expires_at > now
-                and not holder_gone(lease.holder)
-            ):
-                raise LeaseHeld(lease.holder, (lease.expires_at - now).total_seconds())
-            lease.epoch += 1
-            lease.holder = holder
-            lease.expires_at = now + dt.timedelta(seconds=ttl)
+            if counter is None:
+                last = s.scalar(select(func.max(MasterLease.epoch))) or 0
+                counter = MasterLease(name=COUNTER, holder=VACANT, epoch=last, expires_at=now)
+                s.add(counter)
+            rows = {
+                row.name: row
+                for row in s.scalars(
+                    select(MasterLease).where(MasterLease.name != COUNTER).with_for_update()
+                )
+            }
+
+            def live_other(row: MasterLease | None) -> bool:
+                return (
+                    row is not None
+                    and row.holder not in (VACANT, holder)
+                    and row.expires_at > now
+                    and not holder_gone(row.holder)
+                )
+
+            held: dict[str, tuple[str, float]] = {}
+            free: list[str] = []
+            for scope in wanted:
+                row = rows.get(scope)
+                if scope == WHOLE:
+                    blocking = [r for r in rows.values() if live_other(r)]
+                else:
+                    blocking = [
+                        r for r in (row, rows.get(WHOLE)) if r is not None and live_other(r)
+                    ]
+                if blocking and not force:
+                    first = blocking[0]
+                    held[scope] = (first.holder, (first.expires_at - now).total_seconds())
+                else:
+                    free.append(scope)
+            if not free:
+                return epoch, [], held
+            for scope in kept:
+                row = rows.get(scope)
+                if row is None or row.epoch != epoch or row.holder != holder:
+                    raise Fenced(f"{scope!r} was taken over: epoch {epoch} is old")
+            counter.epoch += 1
+            new = counter.epoch
+            expires = now + dt.timedelta(seconds=ttl)
+            # The masters whose scopes are taken lose all they lead (their epoch ends).
+            ended = {
+                rows[scope].epoch
+                for scope in free
+                if scope in rows and rows[scope].holder not in (VACANT, holder)
+            }
+            if WHOLE in free:  # everything: every family's leader ends too
+                ended |= {r.epoch for r in rows.values() if r.holder not in (VACANT, holder)}
+            for row in rows.values():
+                if row.epoch in ended and row.name not in free:
+                    row.holder, row.epoch, row.expires_at = VACANT, new, now
+            for scope in (*free, *kept):
+                row = rows.get(scope)
+                if row is None:
+                    s.add(MasterLease(name=scope, holder=holder, epoch=new, expires_at=expires))
+                else:
+                    row.holder, row.epoch, row.expires_at = holder, new, expires
             s.flush()
-            return lease.epoch
+            return new, free, held
 
-    def holder(self, name: str = "master") -> str | None:
-        """Who holds a live lease (renewed, its process not known to be gone); None: nobody."""
+    def acquire(
+        self,
+        holder: str,
+        name: str = WHOLE,
+        force: bool = False,
+        ttl: float = LEASE_SECONDS,
+    ) -> int:
+        """Take one scope (by default :data:`WHOLE`) and return the new epoch, or
+        :class:`LeaseHeld` when another master's lease on it lives (see :meth:`take`)."""
+        epoch, taken, held = self.take(holder, [name], force=force, ttl=ttl)
+        if not taken:
+            who, left = next(iter(held.values()))
+            raise LeaseHeld(who, left)
+        return epoch
+
+    def holder(self, name: str | None = None) -> str | None:
+        """Who holds a live lease on ``name`` (None: on any scope); None: nobody."""
         with self.sessions() as s:
-            lease = s.get(MasterLease, name)
-            if lease is None or lease.expires_at <= utcnow() or holder_gone(lease.holder):
-                return None
-            return lease.holder
+            query = select(MasterLease).where(
+                MasterLease.name != COUNTER,
+                MasterLease.holder != VACANT,
+                MasterLease.expires_at > utcnow(),
+            )
+            if name is not None:
+                query = query.where(MasterLease.name == name)
+            for lease in s.scalars(query.order_by(MasterLease.name)):
+                if not holder_gone(lease.holder):
+                    return lease.holder
+            return None
 
-    def renew(self, epoch: int, name: str = "master", ttl: float = LEASE_SECONDS) -> bool:
-        """Extend the lease of ``epoch``; False when another master has taken it (fenced)."""
+    def renew(
+        self, epoch: int, names: str | Sequence[str] = WHOLE, ttl: float = LEASE_SECONDS
+    ) -> bool:
+        """Extend the leases of ``epoch`` on ``names``; False when another master has
+        taken one of them (we are fenced)."""
+        scopes = [names] if isinstance(names, str) else list(names)
         with self.engine.begin() as conn:
             res = conn.execute(
                 update(MasterLease)
-                .where(MasterLease.name == name, MasterLease.epoch == epoch)
+                .where(
+                    MasterLease.name.in_(scopes),
+                    MasterLease.epoch == epoch,
+                    MasterLease.holder != VACANT,
+                )
                 .values(expires_at=utcnow() + dt.timedelta(seconds=ttl))
             )
-            return res.rowcount == 1
+            return res.rowcount == len(scopes)
 
     def leases(self) -> list[tuple[str, str, int, dt.datetime]]:
         """Every lease row: (scope, holder, epoch, expires_at), by scope (for status)."""
@@ -131,17 +253,21 @@ class Leases:
             rows = conn.execute(
                 select(
                     MasterLease.name, MasterLease.holder, MasterLease.epoch, MasterLease.expires_at
-                ).order_by(MasterLease.name)
+                )
+                .where(MasterLease.name != COUNTER)
+                .order_by(MasterLease.name)
             ).all()
         return [(r[0], r[1], r[2], r[3]) for r in rows]
 
-    def release(self, epoch: int, name: str = "master") -> None:
-        """End the lease of ``epoch`` now (a clean stop): the next master need not wait."""
+    def release(self, epoch: int, names: str | Sequence[str] = WHOLE) -> None:
+        """Give up the leases of ``epoch`` on ``names`` now (a clean stop, or a family
+        handed to another master): the next master need not wait for them to expire."""
+        scopes = [names] if isinstance(names, str) else list(names)
         with self.engine.begin() as conn:
             conn.execute(
                 update(MasterLease)
-                .where(MasterLease.name == name, MasterLease.epoch == epoch)
-                .values(expires_at=utcnow())
+                .where(MasterLease.name.in_(scopes), MasterLease.epoch == epoch)
+                .values(holder=VACANT, expires_at=utcnow())
             )
 
     def cluster_id(self) -> str:

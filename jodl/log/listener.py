@@ -56,6 +56,7 @@ class Listener:
         """Close the connection; the listener is broken from then on."""
         self.broken = True
         try:
-            self._raw.close()
+            # Invalidated, not closed: a lost connection has no transaction to roll back.
+            self._raw.invalidate()
         except Exception:  # noqa: BLE001
             pass

@@ -44,21 +44,31 @@ class RequestLog:
         if rows:
             conn.execute(insert(RunRequest), rows)
 
-    def take_run_requests(self, taker: str) -> list[tuple[int, str]]:
-        """Take every untaken request for a cycle: (request id, family) pairs, oldest first."""
-        return [(r.id, r.family) for r in self.take_requests(taker, (RequestKind.RUN,))]
+    def take_run_requests(
+        self, taker: str, families: Sequence[str] | None = None
+    ) -> list[tuple[int, str]]:
+        """Take every untaken request for a cycle (of ``families``; None: of any):
+        (request id, family) pairs, oldest first."""
+        requests = self.take_requests(taker, (RequestKind.RUN,), families)
+        return [(r.id, r.family) for r in requests]
 
-    def take_requests(self, taker: str, kinds: Sequence[str]) -> list[Request]:
-        """Take every untaken request of these kinds for ``taker``, oldest first.
+    def take_requests(
+        self, taker: str, kinds: Sequence[str], families: Sequence[str] | None = None
+    ) -> list[Request]:
+        """Take every untaken request of these kinds (about ``families``; None: any
+        family) for ``taker``, oldest first.
 
         A conditional UPDATE: of two masters taking at once, one gets each request.
         """
+        if families is not None and not families:
+            return []
+        query = select(RunRequest.id, RunRequest.family, RunRequest.kind).where(
+            RunRequest.taken_at.is_(None), RunRequest.kind.in_(list(kinds))
+        )
+        if families is not None:
+            query = query.where(RunRequest.family.in_(list(families)))
         with self.engine.begin() as conn:
-            rows = conn.execute(
-                select(RunRequest.id, RunRequest.family, RunRequest.kind)
-                .where(RunRequest.taken_at.is_(None), RunRequest.kind.in_(list(kinds)))
-                .order_by(RunRequest.id)
-            ).all()
+            rows = conn.execute(query.order_by(RunRequest.id)).all()
             if not rows:
                 return []
             taken = set(
@@ -71,9 +81,13 @@ class RequestLog:
             )
         return [Request(*r) for r in rows if r[0] in taken]
 
-    def adopt(self, leader: str) -> list[tuple[int, str]]:
+    def adopt(self, leader: str, families: Sequence[str] | None = None) -> list[tuple[int, str]]:
         """Requests taken by another master but not settled become ``leader``'s (that
-        master lost its lease: ``leader`` holds it now); (request id, family) pairs."""
+        master lost the lease of their family, of ``families``: ``leader`` holds it now);
+        (request id, family) pairs."""
+        if families is not None and not families:
+            return []
+        about = () if families is None else (RunRequest.family.in_(list(families)),)
         with self.engine.begin() as conn:
             rows = conn.execute(
                 update(RunRequest)
@@ -81,6 +95,7 @@ class RequestLog:
                     RunRequest.taken_at.is_not(None),
                     RunRequest.finished_at.is_(None),
                     RunRequest.taken_by != leader[:255],
+                    *about,
                 )
                 .values(taken_by=leader[:255])
                 .returning(RunRequest.id, RunRequest.family)

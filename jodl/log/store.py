@@ -10,17 +10,17 @@ Each table and the module holding its statements: docs/architecture.md#the-recon
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..placement import Knowledge
 from .exec_ids import ExecIds
 from .jobs import JobLog
 from .learning import Learning
-from .lease import LEASE_SECONDS, Leases
+from .lease import LEASE_SECONDS, WHOLE, Leases, holder_gone
 from .masters import MasterRegistry
 from .models import FamilyOnNode, FamilyRow, Node, RequestKind, Run, RunRequest, RunState
 from .nodes import Families, NodeLog
@@ -69,34 +69,50 @@ class Store:
     # -- master lease, epochs and execution ids ---------------------------------------
 
     def acquire_lease(
-        self, holder: str, name: str = "master", force: bool = False, ttl: float = LEASE_SECONDS
+        self, holder: str, name: str = WHOLE, force: bool = False, ttl: float = LEASE_SECONDS
     ) -> int:
-        """Take the master lease; the new epoch (see :meth:`Leases.acquire`)."""
+        """Take one lease (by default the whole database's); the new epoch (see
+        :meth:`Leases.acquire`)."""
         return self.leases.acquire(holder, name, force, ttl)
 
-    def lease_holder(self, name: str = "master") -> str | None:
-        """Who holds a live lease; None: nobody."""
+    def lease_holder(self, name: str | None = None) -> str | None:
+        """Who holds a live lease on ``name`` (None: any; a master runs); None: nobody."""
         return self.leases.holder(name)
 
+    def running_master(self) -> str | None:
+        """A master that runs on this database (one holding a lease, else a live
+        standby, which leads a family as soon as there is one); None: nobody."""
+        holder = self.leases.holder()
+        if holder is not None:
+            return holder
+        return next((m for m in self.masters.live() if not holder_gone(m)), None)
+
     def renew_lease(
-        self, holder: str, epoch: int, name: str = "master", ttl: float = LEASE_SECONDS
+        self, holder: str, epoch: int, name: str | Sequence[str] = WHOLE, ttl: float = LEASE_SECONDS
     ) -> bool:
-        """Extend the lease; False when another master has taken it (we are fenced)."""
+        """Extend our leases; False when another master has taken one (we are fenced)."""
         del holder  # the epoch names the holder: a takeover makes a new one
         return self.leases.renew(epoch, name, ttl)
 
-    def release_lease(self, epoch: int, name: str = "master") -> None:
-        """End our lease now (a clean stop): the next master need not wait for it to expire."""
+    def release_lease(self, epoch: int, name: str | Sequence[str] = WHOLE) -> None:
+        """End our leases now (a clean stop): the next master need not wait for them."""
         self.leases.release(epoch, name)
 
     def running_families(self) -> list[str]:
         """Names of the families with an unfinished run."""
         return self.runs.running_families()
 
-    def adopt_run_requests(self, leader: str) -> list[tuple[int, str]]:
-        """Requests another master took and did not settle become ``leader``'s:
-        (request id, family) pairs."""
-        return self.requests.adopt(leader)
+    def family_names(self) -> list[str]:
+        """Names of every family, sorted (what serving masters spread among them)."""
+        with self.engine.connect() as conn:
+            return list(conn.scalars(select(FamilyRow.name).order_by(FamilyRow.name)))
+
+    def adopt_run_requests(
+        self, leader: str, families: Sequence[str] | None = None
+    ) -> list[tuple[int, str]]:
+        """Requests another master took and did not settle become ``leader``'s (of
+        ``families``; None: all): (request id, family) pairs."""
+        return self.requests.adopt(leader, families)
 
     def cluster_id(self) -> str:
         """This database's cluster id, drawn on first use."""
@@ -153,9 +169,18 @@ class Store:
         """The family's unfinished run (resumed: True) or a new one with its due jobs."""
         return self.runs.open_run(family, epoch)
 
-    def run_jobs(self, run: Run, family_name: str) -> list[PendingJob]:
-        """Jobs of ``run`` with no committed result, with their attempts so far in it."""
-        return self.runs.run_jobs(run, family_name)
+    def run_jobs(
+        self,
+        run: Run,
+        family_name: str,
+        first: int | None = None,
+        also: Collection[int] = (),
+        loaded: Collection[int] = (),
+    ) -> list[PendingJob]:
+        """Jobs of ``run`` with no committed result, with their attempts so far in it
+        (``first``: only the oldest due so many and those in ``also``; ``loaded``: ids
+        left out)."""
+        return self.runs.run_jobs(run, family_name, first, also, loaded)
 
     def sent_executions(self, run_ids: Sequence[int | None]) -> list[Sent]:
         """Executions of open dispatches of these runs (None: on-demand) with no outcome."""
@@ -229,11 +254,15 @@ class Store:
     def request_run(self, family: str, kind: str = RequestKind.RUN) -> int:
         return self.requests.request_run(family, kind)
 
-    def take_run_requests(self, taker: str) -> list[tuple[int, str]]:
-        return self.requests.take_run_requests(taker)
+    def take_run_requests(
+        self, taker: str, families: Sequence[str] | None = None
+    ) -> list[tuple[int, str]]:
+        return self.requests.take_run_requests(taker, families)
 
-    def take_requests(self, taker: str, kinds: Sequence[str]) -> list[Request]:
-        return self.requests.take_requests(taker, kinds)
+    def take_requests(
+        self, taker: str, kinds: Sequence[str], families: Sequence[str] | None = None
+    ) -> list[Request]:
+        return self.requests.take_requests(taker, kinds, families)
 
     # -- deleting jobs -----------------------------------------------------------------------
 

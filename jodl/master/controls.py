@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from ..log.models import RequestKind
 from ..log.store import Store
@@ -46,6 +47,8 @@ class Controls:
         self.runs = runs
         self.poll_every = poll
         self.taker = ""
+        #: The families this master leads (None: every one): only their requests are taken.
+        self.led: Callable[[], list[str] | None] = lambda: None
         self._last = 0.0
         #: request id -> the run it cancelled, settled once the loop closed that run.
         self._cancelling: dict[int, ActiveRun] = {}
@@ -57,7 +60,7 @@ class Controls:
         if now - self._last < self.poll_every:
             return
         self._last = now
-        for request in self.store.take_requests(self.taker, KINDS):
+        for request in self.store.take_requests(self.taker, KINDS, self.led()):
             try:
                 if request.kind == RequestKind.CANCEL:
                     self._cancel(request.id, request.family)

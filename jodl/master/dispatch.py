@@ -17,10 +17,10 @@ from typing import Any
 from .. import failpoint
 from ..exceptions import AgentUnavailable, Fenced
 from ..log.models import utcnow
-from ..log.records import Sent
+from ..log.records import PendingJob, Sent
 from ..log.store import Store
 from ..metrics import count_sent
-from ..placement import JobInfo, Knowledge
+from ..placement import JobInfo, Knowledge, NodeLoad
 from .book import JobBook
 from .families import FamilySettings
 from .nodes import Nodes, NodeSlot
@@ -56,27 +56,69 @@ class Dispatcher:
     # -- assign ------------------------------------------------------------------------------
 
     def assign(self) -> int:
-        """Place every job waiting for a node with its family's strategy."""
+        """Place every job waiting for a node with its family's strategy.
+
+        While a run has sent nothing yet (it just opened, or a new master resumed it),
+        its family's jobs are placed only until a first batch (:meth:`first_batch`)
+        waits queued on its nodes, so the agents get work at once; the rest is placed
+        in the first step after that batch went out, with it counted in. Placing
+        100,000 jobs takes most of a second, all of it before the first send otherwise.
+        The cost: a run's first batch is its oldest due jobs, not the strategy's first
+        choices among all of them.
+        """
         if not self.book.has_waiting():
             return 0
-        by_family: dict[str, list[JobInfo]] = {}
+        by_family: dict[str, list[PendingJob]] = {}
         for job in self.book.waiting_jobs():
-            by_family.setdefault(job.family, []).append(job_info(job))
+            by_family.setdefault(job.family, []).append(job)
+        room = self._first_room(set(by_family))
         placed = 0
-        for fam, infos in by_family.items():
+        for fam, jobs in by_family.items():
             loads = self.nodes.candidates(fam)
             if not loads:
                 continue
-            infos = self._retry_in_place(infos)  # failed there fewer than K times: once more
-            pairs = self.families.strategies[fam].place(
-                infos, lambda _job, ls=loads: ls, self.knowledge
-            )
-            for info, load in pairs:
-                # place() already counted the job into load.queued_*; remember by how much
-                expected = self.knowledge.expected(info, load)
-                self.book.place(info.id, load.id, expected, counted=True)
-                placed += 1
+            if fam in room:
+                placed_now = self._place(fam, jobs[: max(0, room[fam])], loads)
+                if placed_now or room[fam] <= 0:
+                    placed += placed_now
+                    continue
+                jobs = jobs[room[fam] :]  # the strategy left the first ones: try all
+            placed += self._place(fam, jobs, loads)
         return placed
+
+    def _place(self, fam: str, jobs: list[PendingJob], loads: list[NodeLoad]) -> int:
+        infos = self._retry_in_place([job_info(job) for job in jobs])  # failed there < K times
+        pairs = self.families.strategies[fam].place(
+            infos, lambda _job, ls=loads: ls, self.knowledge
+        )
+        for info, load in pairs:
+            # place() already counted the job into load.queued_*; remember by how much
+            expected = self.knowledge.expected(info, load)
+            self.book.place(info.id, load.id, expected, counted=True)
+        return len(pairs) + len(jobs) - len(infos)  # with those put back where they failed
+
+    def resuming(self) -> bool:
+        """A run resumed from the log has sent nothing yet (its first step collects first)."""
+        return any(a.resumed and a.first_send is None for a in self.runs.values())
+
+    def first_batch(self) -> int:
+        """How many jobs of a run are placed before its first send: one send per agent."""
+        return self.batch_size * max(1, len(self.nodes.usable()))
+
+    def _first_room(self, families: set[str]) -> dict[str, int]:
+        """Of ``families``, those with a run that has sent nothing yet -> how many more
+        of their jobs to place now (a first batch less those queued on nodes)."""
+        fresh = {a.family.name for a in self.runs.values() if a.first_send is None} & families
+        if not fresh:
+            return {}
+        room = dict.fromkeys(fresh, self.first_batch())
+        jobs = self.book.jobs
+        for queue in self.book.queues.values():
+            for job_id in queue:
+                fam = jobs[job_id].family
+                if fam in room:
+                    room[fam] -= 1
+        return room
 
     def _retry_in_place(self, jobs: list[JobInfo]) -> list[JobInfo]:
         """Put jobs that failed on a node fewer than K times back on it; return the others."""

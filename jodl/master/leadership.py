@@ -1,16 +1,19 @@
 """Which scopes this master leads, kept with leases in the database (docs/architecture.md).
 
-A *scope* is what one leader runs alone. Each scope has a lease row (holder, epoch,
-expiry) in ``jodl_master_lease``; the epoch grows with every change of holder and is
-the fencing token stamped on agent calls. Live masters register a heartbeat in
-``jodl_master_node``. A free (or expired) scope is taken by the master rendezvous
-hashing picks among live masters, so adding or removing a master moves only its
-share; a live lease is never taken unless ``takeover``.
+A *scope* is what one leader runs alone: a family (``family:NAME``: its cycles and
+its on-demand jobs), or :data:`WHOLE`, everything at once (the one master of a SQLite
+file, a one-shot ``jodl run``). Each scope has a lease row (holder, epoch, expiry) in
+``jodl_master_lease``. Every take draws a new epoch from one counter and stamps it on
+all the scopes the master leads, so a master has one epoch at a time, stamped on
+its agent calls and checked by every write (:func:`jodl.log.lease.check_fence`).
 
-Agents keep one session and one epoch per agent, so today the master leads one
-scope, :data:`WHOLE`: every family and the on-demand queue. Standby masters poll
-until it is free; the database decides (one transaction with a row lock) which
-one of them takes it.
+Serving masters on PostgreSQL spread the families: each registers a heartbeat in
+``jodl_master_node``, and a family is led by the live master rendezvous hashing
+picks for it, so a master joining or leaving moves only its share. A master hands
+a family to the master hashing picks once the family is idle (no run open, nothing
+held): a family never moves in the middle of a run, except when its master stops
+or dies, and then the next one resumes the run from the log. A live lease is never
+taken unless ``takeover``.
 
 The leader renews every TTL/3 from a thread of its own (a long step does not let
 the lease lapse; a stopped process renews nothing). When the last renewal is
@@ -24,15 +27,13 @@ import hashlib
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 
 from ..exceptions import Fenced, LeaseHeld
-from ..log.lease import holder_gone
+from ..log.lease import FAMILY, WHOLE, family_scope, holder_gone
 from ..log.store import Store
 
 log = logging.getLogger("jodl.master")
-
-#: The scope of a master that leads the whole database (families and queue).
-WHOLE = "master"
 #: Share of the TTL after the last successful renewal at which a leader stops
 #: dispatching: two thirds, so it has stopped a third of a TTL before a standby may
 #: take its lease (clocks of one host, or NTP-synchronised hosts, differ far less).
@@ -54,7 +55,7 @@ def rendezvous(scope: str, masters: list[str]) -> str | None:
 class Leadership:
     """The leases this master holds: taken, renewed in time, released on a clean stop.
 
-    ``led``: scope -> epoch of every scope this master leads now.
+    ``led``: scope -> epoch of every scope this master leads now (one epoch for all).
     """
 
     def __init__(
@@ -63,19 +64,21 @@ class Leadership:
         name: str,
         ttl: float,
         takeover: bool = False,
-        scopes: tuple[str, ...] = (WHOLE,),
     ) -> None:
         self.store = store
         self.name = name
         self.ttl = ttl
         self.takeover = takeover
-        self.scopes = scopes
         self.led: dict[str, int] = {}
+        #: The epoch of every led scope (0 before the first take).
+        self.epoch = 0
         #: monotonic time of the last successful renewal of every led scope.
         self.renewed = 0.0
         self._beat = 0.0
         #: Why the renewer found a scope taken over (then the master stops), or None.
         self._lost: str | None = None
+        #: Taking and giving change ``led`` and the epoch under it; the renewer reads both.
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
 
@@ -85,6 +88,16 @@ class Leadership:
 
     def role(self) -> str:
         return "leader" if self.led else "standby"
+
+    def leads(self, family: str) -> bool:
+        """Whether this master runs ``family`` (its scope, or everything)."""
+        return WHOLE in self.led or family_scope(family) in self.led
+
+    def families(self) -> list[str] | None:
+        """The families this master leads, by name; None: every one (:data:`WHOLE`)."""
+        if WHOLE in self.led:
+            return None
+        return sorted(scope[len(FAMILY) :] for scope in self.led if scope.startswith(FAMILY))
 
     def heartbeat(self, force: bool = False) -> None:
         """Register this master as live (every TTL/3 at most)."""
@@ -105,41 +118,82 @@ class Leadership:
                 exc.seconds_left,
                 "; a SQLite database has one master: use PostgreSQL for standby masters",
             ) from None
-        self.led[WHOLE] = epoch
-        self.renewed = time.monotonic()
+        with self._lock:
+            self.led = {WHOLE: epoch}
+            self.epoch = epoch
+            self.renewed = time.monotonic()
         self.heartbeat(force=True)
         return epoch
 
-    def poll(self) -> dict[str, int]:
-        """A standby's look: take every free scope rendezvous hashing gives this master.
-
-        Returns the scopes taken now, with their epochs.
-        """
-        self.heartbeat()
-        # A master on this host whose process is gone (killed) is not waited for.
+    def live(self) -> list[str]:
+        """The live masters (this one included): their heartbeats, less those of this
+        host whose process is gone (killed), which are not waited for."""
         live = [m for m in self.store.masters.live() if not holder_gone(m)]
         if self.name not in live:
             live.append(self.name)
-        taken: dict[str, int] = {}
-        for scope in self.scopes:
-            if scope in self.led:
-                continue
-            if not self.takeover and rendezvous(scope, live) != self.name:
-                # Another live master's share: ours only once that master stops
-                # heartbeating (then it leaves ``live``).
-                continue
-            try:
-                epoch = self.store.acquire_lease(
-                    self.name, scope, force=self.takeover, ttl=self.ttl
-                )
-            except LeaseHeld:
-                continue
-            taken[scope] = self.led[scope] = epoch
-            log.warning("master %s leads %s now (epoch %d)", self.name, scope, epoch)
-        if taken:
-            self.renewed = time.monotonic()
-            self.heartbeat(force=True)
-        return taken
+        return live
+
+    def plan(
+        self, families: Iterable[str], idle: Callable[[str], bool]
+    ) -> tuple[list[str], list[str]]:
+        """(families to take, families to hand over): those rendezvous hashing gives
+        this master and it does not lead, and those it leads that hashing gives
+        another live master and that are ``idle`` (no run open, nothing held)."""
+        self.heartbeat()
+        live = self.live()
+        want, give = [], []
+        for family in families:
+            scope = family_scope(family)
+            mine = self.takeover or rendezvous(scope, live) == self.name
+            if scope not in self.led and WHOLE not in self.led and mine:
+                want.append(family)
+            elif scope in self.led and not mine and idle(family):
+                give.append(family)
+        return want, give
+
+    def gain(self, families: Iterable[str]) -> list[str]:
+        """Take the leases of ``families`` that are free (one new epoch for every led
+        scope: only between steps, with the log writer flushed); the families taken.
+
+        :class:`Fenced` when a scope this master leads was taken from it meanwhile.
+        """
+        wanted = [family_scope(f) for f in families]
+        if not wanted:
+            return []
+        with self._lock:
+            epoch, taken, _ = self.store.leases.take(
+                self.name, wanted, list(self.led), self.epoch, self.takeover, self.ttl
+            )
+            if taken:
+                self.led = {scope: epoch for scope in (*self.led, *taken)}
+                self.epoch = epoch
+                self.renewed = time.monotonic()
+        if not taken:
+            return []
+        self.heartbeat(force=True)
+        names = [scope[len(FAMILY) :] for scope in taken]
+        log.warning("master %s leads %s now (epoch %d)", self.name, ", ".join(sorted(names)), epoch)
+        return names
+
+    def give(self, families: Iterable[str]) -> None:
+        """Hand ``families`` over: their leases end now, for the master hashing picks."""
+        scopes = [family_scope(f) for f in families if family_scope(f) in self.led]
+        if not scopes:
+            return
+        with self._lock:
+            self.store.release_lease(self.epoch, scopes)
+            for scope in scopes:
+                del self.led[scope]
+        self.heartbeat(force=True)
+        log.warning(
+            "master %s hands over %s", self.name, ", ".join(s[len(FAMILY) :] for s in scopes)
+        )
+
+    def poll(self, families: Iterable[str] = ()) -> list[str]:
+        """A standby's look: take the free families rendezvous hashing gives this master;
+        the families taken now."""
+        want, _ = self.plan(families, lambda _family: False)
+        return self.gain(want)
 
     @property
     def lost(self) -> str | None:
@@ -170,29 +224,35 @@ class Leadership:
 
     def _renew_late(self, stale: float) -> bool:
         """The last renewal is too old to dispatch on (the process was stopped, say):
-        renew now, before any step. Our epoch unchanged means no other master took the
+        renew now, before any step. Our epoch unchanged means no other master took a
         scope meanwhile (taking raises the epoch), so leading on is safe; otherwise, or
         when the database does not answer, we stop."""
         try:
-            for scope, epoch in list(self.led.items()):
-                if not self.store.renew_lease(self.name, epoch, scope, ttl=self.ttl):
-                    return False
+            if not self._renew():
+                return False
         except Exception as exc:  # noqa: BLE001 - no renewal: stop dispatching
             log.warning("could not renew the lease late (%s)", exc)
             return False
         log.warning("lease renewed %.1fs after the last renewal: still the leader", stale)
-        self.renewed = time.monotonic()
         return True
+
+    def _renew(self) -> bool:
+        """Renew every led scope at once; False when one was taken over."""
+        with self._lock:
+            if not self.led:
+                return True
+            if not self.store.renew_lease(self.name, self.epoch, list(self.led), ttl=self.ttl):
+                return False
+            self.renewed = time.monotonic()
+            return True
 
     def _renew_loop(self) -> None:
         """Renew every led scope every TTL/3, with its own connection, until stopped."""
         while not self._stop.wait(self.ttl * RENEW_SHARE):
             try:
-                for scope, epoch in list(self.led.items()):
-                    if not self.store.renew_lease(self.name, epoch, scope, ttl=self.ttl):
-                        self._lost = f"another master took over {scope!r} (epoch {epoch} is old)"
-                        return
-                self.renewed = time.monotonic()
+                if not self._renew():
+                    self._lost = f"another master took over (epoch {self.epoch} is old)"
+                    return
                 self.heartbeat(force=True)
             except Exception as exc:  # noqa: BLE001 - the database may come back in time
                 log.warning("could not renew the lease (%s); trying again", exc)
@@ -203,8 +263,8 @@ class Leadership:
         if self._renewer is not None:
             self._renewer.join(timeout=30)
             self._renewer = None
-        for scope, epoch in list(self.led.items()):
-            self.store.release_lease(epoch, scope)
+        if self.led:
+            self.store.release_lease(self.epoch, list(self.led))
         self.led.clear()
         self.store.masters.leave(self.name)
 

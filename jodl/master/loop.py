@@ -7,20 +7,19 @@
     assign           place jobs that need a node (new, failed elsewhere, node gone)
     send             log the executions (write-ahead), then one send call per agent
     collect          one call per agent; commit results and failures; ack them next time
+                     (before assign and send while a resumed run has sent nothing yet)
+    load_rest        the rest of a resumed run's jobs, once its first batch went out
     balance          an idle agent takes unstarted jobs from the one expected to end last
     check_timeouts   take jobs back from an agent past its family's timeout
     review_durations trial moves decided; slow jobs get a trial move for their next run
     run_backups      near a cycle's end, backup copies of stragglers (idempotent families)
 
 Each job's whereabouts are in the :class:`~jodl.master.book.JobBook`; the steps are
-done by components given the book: :class:`~jodl.master.nodes.Nodes`,
-:class:`~jodl.master.dispatch.Dispatcher`, :class:`~jodl.master.outcomes.Outcomes`
-and :class:`~jodl.master.balancer.Balancer`.
-
-Every decision is committed to the reconstruction log before it is acted on (sends)
-or before it is acknowledged (results), so :meth:`Master.run_cycle` on a new master
-resumes an unfinished run: it asks agents which logged executions they still hold
-and re-runs only jobs with no committed result.
+done by components given the book (:class:`~jodl.master.nodes.Nodes`, ``Dispatcher``,
+``Outcomes``, ``Balancer``). Every decision is committed to the reconstruction log
+before it is acted on (sends) or acknowledged (results), so :meth:`Master.run_cycle`
+on a new master resumes an unfinished run: it asks agents which logged executions
+they still hold and re-runs only jobs with no committed result.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from typing import Any
 
 from .. import family as family_registry
 from ..config import Settings
-from ..exceptions import AgentUnavailable, Fenced, UnknownFamily
+from ..exceptions import AgentUnavailable, Fenced, Stopped, UnknownFamily
 from ..log.engine import make_engine
 from ..log.records import PendingJob
 from ..log.store import Store
@@ -46,16 +45,21 @@ from ..log.writer import LogWriter
 from ..metrics import LOOP_STEP, MasterGauges
 from ..placement import Knowledge
 from ..registry import serve_hello
+from . import sharing
+from .asking import ask_leader
 from .balancer import Balancer
 from .book import JobBook
 from .controls import Controls
 from .dispatch import Dispatcher
 from .families import FamilySettings
+from .feeder import Feeder
 from .leadership import Leadership
-from .nodes import Nodes, NodeSlot, known_versions
+from .nodes import Nodes, NodeSlot
+from .outage import LeaseLapsed, is_outage, lease_lapsed, reason
 from .outcomes import Outcomes
 from .records import ActiveRun, Ledger, RunSummary
 from .runs import RunKeeper
+from .versions import InstalledVersions, Versions, known_versions
 
 log = logging.getLogger("jodl.master")
 
@@ -67,34 +71,6 @@ FAMILY_REFRESH = 5.0
 #: a collection every 700 of them, each walking the master's large state, took
 #: about a third of its time. Restored by :meth:`Master.close`.
 GC_THRESHOLD = 50_000
-
-
-class Feeder:
-    """A source of on-demand jobs for :meth:`Master.serve` (e.g. the on-demand queue).
-
-    ``claim`` is called once per loop step from the master's thread and returns
-    jobs (with ``run_id`` None and ``claim`` set to their claimed attempt) that
-    the master places and runs like jobs of a cycle.
-    """
-
-    def claim(self, master: Master, limit: int) -> list[PendingJob]:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Called by :meth:`Master.close`: stop, and give back what was taken but not run."""
-
-    def take_over(self, master: Master) -> None:
-        """Called once when ``master`` became leader after another: adopt what that one
-        took and did not finish (its unfinished runs are resumed by the master itself)."""
-
-
-def _family_versions() -> dict[str, str]:
-    """Versions of the families installed with this master (checked against agents')."""
-    try:
-        return known_versions(family_registry.installed())
-    except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop the master
-        log.warning("could not load the installed families (%s): versions not checked", exc)
-        return {}
 
 
 class Master:
@@ -116,19 +92,36 @@ class Master:
         self.takeover = takeover
         self.store = store or Store(make_engine(self.settings.database_url))
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.feeders: list[Feeder] = []
+        self._progress = progress
+        self._family_classes = family_classes
+        self._requests: queue.Queue[tuple[str, Future[RunSummary]]] = queue.Queue()
+        #: Requests taken when the database stopped answering: taken again first.
+        self._again: list[tuple[str, Future[RunSummary]]] = []
+        self._waiting: dict[int, list[Future[RunSummary]]] = {}
+        self._hello: Any = None
+        #: A share of the families (PostgreSQL, :meth:`stand_by`), else everything.
+        self.per_family = False
+        self.next_lead = 0.0
+        #: Called after the serve loop's first step (:meth:`after_first_dispatch`).
+        self._deferred: list[Callable[[], None]] = []
+        self.build()
+
+    def build(self) -> None:
+        """The parts that lead: made anew after a database outage (nothing in memory is
+        trusted across one; see :mod:`jodl.master.outage`)."""
+        takeover, progress, family_classes = self.takeover, self._progress, self._family_classes
         self.leadership = Leadership(self.store, self.name, self.settings.lease_ttl, takeover)
         self.epoch = 0
         self.knowledge = Knowledge()
         self.runs: dict[int, ActiveRun] = {}
-        self.feeders: list[Feeder] = []
         self.writer = LogWriter(self.store)
         self.book = JobBook()
         self.ledger = Ledger(self.book, self.writer)
         self.families = FamilySettings(self.store, self.settings.max_attempts)
+        versions: Versions = InstalledVersions()
         if family_classes is not None:
             versions = known_versions(family_classes)
-        else:
-            versions = _family_versions()
         self.fleet = Nodes(
             self.settings, self.store, self.book, self.ledger, self.families, versions,
             self.knowledge,
@@ -172,15 +165,14 @@ class Master:
             self.runs,
             self.gauges,
         )
+        self.keeper.first_batch = self.dispatcher.first_batch
         #: `jodl run cancel` and `jodl jobs delete` asked of this master (through the log).
         self.controls = Controls(self.store, self.book, self.outcomes, self.runs)
         self.controls.taker = self.name
-        self._requests: queue.SimpleQueue[tuple[str, Future[RunSummary]]] = queue.SimpleQueue()
-        self._waiting: dict[int, list[Future[RunSummary]]] = {}
+        self.controls.led = self.leadership.families
         self._families_read = time.monotonic()
         self._started = False
         self._gc: tuple[int, ...] | None = None
-        self._hello: Any = None
         self._idle = 0
         #: Serving starts with resuming the runs the last leader left unfinished.
         self._resume = True
@@ -195,62 +187,79 @@ class Master:
         """Every job this master holds, by id (read only: the job book changes them)."""
         return self.book.jobs
 
-    def _set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         parts = (self.ledger, self.outcomes, self.dispatcher, self.balancer, self.keeper)
         for part in (*parts, self.writer):
             part.epoch = epoch
+        self.fleet.led = self.leadership.families()
+
+    def requested(self) -> set[str]:
+        """Families whose cycle is asked of this master and not opened yet."""
+        return {name for name, _ in list(self._requests.queue)}
+
+    def leads(self, family: str) -> bool:
+        """Whether this master runs ``family`` now (its share, or everything)."""
+        return not self.per_family or self.leadership.leads(family)
 
     # -- start ------------------------------------------------------------------------------
 
     def stand_by(self, stop: threading.Event | None = None) -> bool:
-        """Wait as a standby until this master leads (True) or ``stop`` is set (False).
+        """Wait as a standby until this master leads a share of the families (True)
+        or ``stop`` is set (False); from then on :meth:`serve` keeps the share right.
 
         PostgreSQL only: a SQLite file has one master (:class:`LeaseHeld` at once).
         """
-        if self.store.dialect == "sqlite":
-            return True  # start() takes the lease or says who holds it
-        stop = stop or threading.Event()
-        while not stop.is_set():
-            if self.leadership.poll():
-                return True
-            stop.wait(self.leadership.poll_every)
-        return False
+        return sharing.stand_by(self, stop)
 
     def start(self) -> None:
         """Take the master lease (new epoch), load what was learned, connect the agents."""
         if self._started:
             return
-        if self.leadership.led:
-            self._set_epoch(next(iter(self.leadership.led.values())))
-        else:
-            self._set_epoch(self.leadership.take())
+        if not self.leadership.led:
+            self.leadership.take()
+        self.set_epoch(self.leadership.epoch)
         self.leadership.keep()  # starts renewing the lease in its own thread
         self.fleet.master_id = self.name
         self.fleet.cluster = self.store.cluster_id()
         self._gc = gc.get_threshold()
         gc.set_threshold(max(GC_THRESHOLD, self._gc[0]), *self._gc[1:])
         self.store.load_knowledge(self.knowledge)
-        if self.settings.register_listen and self._hello is None:
-            self._hello = serve_hello(self.settings, self.store, self.settings.register_listen)
+        self._listen_for_hellos()
         self._started = True
         self.fleet.refresh(self.epoch, force=True)
 
+    def _listen_for_hellos(self) -> None:
+        """Agents' hellos (``JODL_REGISTER_LISTEN``) are recorded as nodes from now on."""
+        if self.settings.register_listen and self._hello is None:
+            self._hello = serve_hello(self.settings, self.store, self.settings.register_listen)
+
     def close(self) -> None:
         """Commit what is queued, acknowledge it, and disconnect (the log stays resumable)."""
+        self.let_go(final=True)
+
+    def let_go(self, final: bool) -> None:
+        """Commit what can be, acknowledge what was committed, disconnect, release the
+        lease; ``final``: the feeders and the registration endpoint stop too."""
         try:
             self.writer.flush()
             self.controls.settle_closed()
         except Fenced as exc:  # another master leads now: nothing of ours is written
             log.warning("stopped as fenced: %s", exc)
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            # Uncommitted results stay unacknowledged on the agents: the next leader
+            # collects them again.
+            log.warning("stopped: the database does not answer (%s)", reason(exc))
         finally:
             if self._gc is not None:
                 gc.set_threshold(*self._gc)
                 self._gc = None
             self.writer.close()
-            for feeder in self.feeders:  # after the commits: results in hand count
+            for feeder in self.feeders if final else ():  # after the commits
                 feeder.close()
-            if self._hello is not None:
+            if final and self._hello is not None:
                 self._hello.close()
                 self._hello = None
             for slot in self.fleet:
@@ -269,8 +278,30 @@ class Master:
 
     # -- cycles -----------------------------------------------------------------------------
 
-    def run_cycle(self, family_name: str) -> RunSummary:
-        """Run (or resume) one cycle of ``family_name`` until every due job is done or dead."""
+    def run_cycle(self, family_name: str, stop: threading.Event | None = None) -> RunSummary:
+        """Run (or resume) one cycle of ``family_name`` until every due job is done or dead.
+
+        ``stop`` set (SIGTERM) ends it between two steps with :class:`Stopped`; the run
+        stays open in the log, and :meth:`close` commits what came in, so the next
+        master resumes it.
+        """
+        while True:
+            try:
+                summary = self._run_cycle(family_name, stop)
+                break
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                sharing.rejoin(self, exc, stop)  # then the run is resumed from the log
+        try:  # after the run closed: an outage now must not open the next run
+            self.controls.settle_closed()  # a cancel of this run is answered now
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            log.warning("a cancel of this run was not answered: %s", reason(exc))
+        return summary
+
+    def _run_cycle(self, family_name: str, stop: threading.Event | None) -> RunSummary:
         self.start()
         family = self.store.family(family_name)
         if family is None:
@@ -278,28 +309,56 @@ class Master:
         run, resumed = self.store.open_run(family, self.epoch)
         active = self.keeper.open(run, family, resumed)
         while active.remaining > 0:
+            if stop is not None and stop.is_set():
+                raise Stopped(
+                    f"stopped: run {family_name}#{run.number} left unfinished "
+                    f"({active.done} of {active.total} done); the next master resumes it"
+                )
             self.step()
-        summary = self.keeper.finish(active)
-        self.controls.settle_closed()  # a cancel of this run is answered now
-        return summary
+        return self.keeper.finish(active)
 
     def request_cycle(self, family_name: str) -> Future[RunSummary]:
-        """Ask a serving master (any thread) to run a cycle; the future gets the summary."""
+        """Ask a serving master (any thread) to run a cycle; the future gets the summary.
+
+        A family another master leads is asked of that one through the log.
+        """
+        if not self.leads(family_name):
+            return ask_leader(self.store, family_name)
         future: Future[RunSummary] = Future()
         self._requests.put((family_name, future))
         return future
 
     def serve(self, stop: threading.Event | None = None) -> None:
-        """Run until ``stop`` is set: requested cycles, feeders' on-demand jobs, the loop."""
+        """Run until ``stop`` is set: requested cycles, feeders' on-demand jobs, the loop.
+
+        ``stop`` is looked at between two steps, so a step is never cut short (SIGTERM
+        sets it); :meth:`close` then commits, acknowledges and releases the lease.
+        A database outage stops dispatching until the database answers
+        (:mod:`jodl.master.outage`); then this master leads again, or stands by.
+        """
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            try:
+                self._serve(stop)
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                sharing.rejoin(self, exc, stop)
+
+    def after_first_dispatch(self, start: Callable[[], None]) -> None:
+        """Call ``start`` in :meth:`serve` after its first step (which sends what the
+        resumed runs have ready): applications' services wait, so a restarted master's
+        first dispatch is not behind their imports."""
+        self._deferred.append(start)
+
+    def _serve(self, stop: threading.Event) -> None:
         self.start()
         if self._resume:  # once per leadership: what the last leader left unfinished
             self._resume = False
-            for family_name in self.store.running_families():
-                self.request_cycle(family_name)  # the last leader's unfinished runs
-            for feeder in self.feeders:
-                feeder.take_over(self)
-        stop = stop or threading.Event()
+            sharing.adopt(self, self.leadership.families())
         while not stop.is_set():
+            if self.per_family:
+                sharing.lead(self)
             self._take_requests()
             self.refresh_families()
             self._feed()
@@ -311,10 +370,15 @@ class Master:
                 self.fleet.refresh(self.epoch)
                 self.gauges.maybe_update(self)
                 time.sleep(self.settings.idle_sleep)
+            self._start_deferred()
             for active in [a for a in self.runs.values() if a.remaining <= 0]:
                 summary = self.keeper.finish(active)
                 for future in self._waiting.pop(active.run.id, []):
                     future.set_result(summary)
+
+    def _start_deferred(self) -> None:
+        while self._deferred:
+            self._deferred.pop(0)()
 
     def _feed(self) -> None:
         """On-demand jobs the feeders claimed start waiting in the book."""
@@ -344,12 +408,15 @@ class Master:
 
     def _take_requests(self) -> None:
         while True:
-            try:
-                family_name, future = self._requests.get_nowait()
-            except queue.Empty:
-                return
-            if not future.set_running_or_notify_cancel():
-                continue
+            if self._again:  # taken before an outage: already running
+                family_name, future = self._again.pop()
+            else:
+                try:
+                    family_name, future = self._requests.get_nowait()
+                except queue.Empty:
+                    return
+                if not future.set_running_or_notify_cancel():
+                    continue
             try:
                 family = self.store.family(family_name)
                 if family is None:
@@ -359,8 +426,12 @@ class Master:
                     self._waiting[run.id].append(future)  # already running: share its outcome
                     continue
                 self.keeper.open(run, family, resumed)
-                self._waiting[run.id] = [future]
+                # Futures of a run resumed after an outage wait on with the new ones.
+                self._waiting.setdefault(run.id, []).append(future)
             except Exception as exc:  # noqa: BLE001 - handed to the requesting thread
+                if is_outage(exc):
+                    self._again.append((family_name, future))
+                    raise
                 future.set_exception(exc)
 
     def cancel(self, job_ids: list[int], reason: str = "job deleted") -> int:
@@ -379,9 +450,15 @@ class Master:
         self.keep_lease()
         self.controls.poll()
         self.fleet.refresh(self.epoch)
+        # A resumed run's first send waits for what the agents finished meanwhile: until
+        # collected, those jobs fill the agents' room, so a send before it is empty.
+        collect_first = self.dispatcher.resuming()
+        got = self.outcomes.collect() if collect_first else 0
         self.dispatcher.assign()
         sent = self.dispatcher.send()
-        got = self.outcomes.collect()
+        if not collect_first:
+            got = self.outcomes.collect()
+        self.keeper.load_rest()  # of runs resumed in two parts: after their first send
         self.balancer.balance()
         self.balancer.check_timeouts()
         self.balancer.trials.review_durations()
@@ -405,10 +482,16 @@ class Master:
         return min(self.settings.idle_sleep, 0.0005 * 2**self._idle, self.balancer.poll_cap())
 
     def keep_lease(self) -> None:
-        """Renew the master lease every third of its TTL (one small UPDATE); :class:`Fenced`
-        when another master took it meanwhile, or when it could not be renewed in time
-        (see :class:`~jodl.master.leadership.Leadership`)."""
-        self.leadership.keep()
+        """:class:`Fenced` when another master took a lease or one could not be renewed
+        in time (:class:`~jodl.master.leadership.Leadership`); :class:`LeaseLapsed` when
+        none was taken (the database did not answer: this master leads again once it
+        does)."""
+        try:
+            self.leadership.keep()
+        except Fenced as exc:
+            if self.leadership.lost is None and lease_lapsed(self.store, self.epoch):
+                raise LeaseLapsed(str(exc)) from None
+            raise
 
 
 __all__ = ["Feeder", "Master"]

@@ -20,7 +20,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
@@ -28,10 +28,9 @@ from typing import Concatenate, ParamSpec, TypeVar
 
 from ..agent.client import AgentLink
 from ..agent.local import make_link
-from ..agent.replies import AgentFamily, AgentInfo
+from ..agent.replies import AgentInfo
 from ..config import Settings
 from ..exceptions import AgentUnavailable, Fenced
-from ..family import Family as FamilyClass
 from ..log.models import ExecState, NodeState, utcnow
 from ..log.store import Store
 from ..placement import Knowledge, NodeLoad
@@ -41,6 +40,7 @@ from .calls import Calls, Outcome
 from .families import FamilySettings
 from .records import Ledger, execution_row
 from .rules import REMOVED, UNREACHABLE, USABLE, allows
+from .versions import Versions
 
 _R = TypeVar("_R")
 _P = ParamSpec("_P")
@@ -74,6 +74,8 @@ class NodeSlot:
     idempotent: set[str] = field(default_factory=set)
     #: family -> the version the agent reported, for those another version than known.
     wrong_version: dict[str, str] = field(default_factory=dict)
+    #: family -> the version the agent reported, not yet checked (:mod:`.versions`).
+    unchecked: dict[str, str] = field(default_factory=dict)
     #: Drains (``jodl node drain`` or SIGTERM on the agent): nothing new is sent there,
     #: its results are still collected; once its agent exits the node is removed.
     draining: bool = False
@@ -128,7 +130,7 @@ class Nodes:
         book: JobBook,
         ledger: Ledger,
         families: FamilySettings,
-        versions: dict[str, str],
+        versions: Versions,
         knowledge: Knowledge | None = None,
     ) -> None:
         self.settings = settings
@@ -144,6 +146,8 @@ class Nodes:
         self.slots: dict[int, NodeSlot] = {}
         self.master_id = ""
         self.cluster = ""
+        #: The families this master leads, told to agents at init (None: every one).
+        self.led: list[str] | None = None
         self._last_refresh = 0.0
         #: Called with a node's id when it is removed for good (its homes are freed).
         self.on_gone: Callable[[int], None] = lambda _node_id: None
@@ -166,6 +170,8 @@ class Nodes:
         """May ``slot`` run ``family`` now: the agent has it (at the known version),
         FamilyOnNode allows, not late."""
         if not slot.usable or family not in slot.families or slot.late or slot.draining:
+            return False
+        if family in slot.unchecked and not self._same_version(slot, family):
             return False
         rule = self.families.rule(family, slot.load.id)
         if rule is None:
@@ -212,11 +218,30 @@ class Nodes:
                 opening = partial(slot.link.open, self.master_id, epoch, self._init_settings())
                 slot.opening = self.calls.start(opening)
         if force:
-            for slot in self.slots.values():
-                if slot.opening is not None:
-                    slot.opening.result()  # bounded by the call timeout
+            self._await_opened()
         self._take_opened(epoch)
         suspects.review(self, epoch)
+
+    def reopen(self, epoch: int, wait: bool = False) -> None:
+        """This master's epoch or families changed: every connected agent opens a new
+        session (in the background; the node gets nothing meanwhile), so it takes the
+        newly led families' executions and fences their old leader. ``wait``: until
+        every agent answered (at most a call timeout), before a run is resumed and
+        asks them what they hold."""
+        for slot in self.slots.values():
+            if slot.removed or slot.opening is not None or not slot.link.connected:
+                continue
+            init = partial(slot.link.init, self.master_id, epoch, self._init_settings())
+            slot.opening = self.calls.start(init)
+        if wait:
+            self._await_opened()
+            self._take_opened(epoch)
+
+    def _await_opened(self) -> None:
+        """Wait for every connection or new session under way (each within a call timeout)."""
+        for slot in self.slots.values():
+            if slot.opening is not None:
+                slot.opening.result()
 
     def _take_opened(self, epoch: int) -> None:
         """Apply the reconnects that ended (in the loop thread: they change the book)."""
@@ -270,8 +295,9 @@ class Nodes:
             )
             slot.suspect_since = None
         families = info.families
-        slot.wrong_version = self._check_versions(slot, families)
-        slot.families = set(families) - set(slot.wrong_version)
+        slot.wrong_version = {}
+        slot.unchecked = {name: fam.version for name, fam in families.items()}
+        slot.families = set(families)
         slot.idempotent = {name for name, fam in families.items() if fam.idempotent}
         slot.async_families = {name for name, fam in families.items() if fam.is_async}
         slot.async_slots = info.async_slots
@@ -292,32 +318,39 @@ class Nodes:
             extra={"node": slot.link.address},
         )
 
-    def _check_versions(
-        self, slot: NodeSlot, families: Mapping[str, AgentFamily]
-    ) -> dict[str, str]:
-        """Families the agent has at another version than this master knows: not sent there."""
-        wrong = {}
-        for name, fam in families.items():
-            known = self.versions.get(name)
-            theirs = fam.version
-            if known is not None and theirs != known:
-                wrong[name] = theirs
-                log.error(
-                    "node %s has family %s at version %s, this master knows version %s: "
-                    "no %s jobs go there until both run the same version",
-                    slot.link.address,
-                    name,
-                    theirs or "?",
-                    known,
-                    name,
-                    extra={"node": slot.link.address, "family": name},
-                )
-        return wrong
+    def _same_version(self, slot: NodeSlot, name: str) -> bool:
+        """Checked once per connection, when a job of ``name`` may first go to ``slot``:
+        the agent runs the family at the version this master knows (or it knows none);
+        else it is not sent there."""
+        theirs = slot.unchecked.pop(name)
+        known = self.versions.get(name)
+        if known is None or theirs == known:
+            return True
+        slot.wrong_version[name] = theirs
+        slot.families.discard(name)
+        log.error(
+            "node %s has family %s at version %s, this master knows version %s: "
+            "no %s jobs go there until both run the same version",
+            slot.link.address,
+            name,
+            theirs or "?",
+            known,
+            name,
+            extra={"node": slot.link.address, "family": name},
+        )
+        return False
 
     def _init_settings(self) -> str:
         """What ``init`` tells an agent: who we are, our cluster, and when we give up."""
         give_up = self.settings.call_timeout
-        return json.dumps({"master": self.master_id, "cluster": self.cluster, "give_up": give_up})
+        told: dict[str, object] = {
+            "master": self.master_id,
+            "cluster": self.cluster,
+            "give_up": give_up,
+        }
+        if self.led is not None:
+            told["families"] = self.led
+        return json.dumps(told)
 
     def _reconcile(self, slot: NodeSlot, epoch: int, queued: tuple[int, ...]) -> None:
         """Cancel on a (re)connected agent what it queues but the log has settled.
@@ -448,8 +481,3 @@ class Nodes:
                     raise
                 except AgentUnavailable:
                     self.down(slot, epoch)
-
-
-def known_versions(classes: dict[str, type[FamilyClass]]) -> dict[str, str]:
-    """family -> version of the family classes this master knows."""
-    return {name: str(cls.version) for name, cls in classes.items()}

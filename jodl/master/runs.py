@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from functools import partial
 
 from .. import budget
-from ..agent.client import AgentLink
+from ..exceptions import AgentUnavailable, Fenced
 from ..log.models import ExecState, FamilyRow, Run, RunState
 from ..log.records import Sent
 from ..log.store import Store
@@ -50,15 +52,35 @@ class RunKeeper:
         self.runs = runs
         self.gauges = gauges
         self.epoch = 0
+        #: How many jobs of a resumed run to read before its first send (one batch per agent).
+        self.first_batch: Callable[[], int] = lambda: 0
+        #: run -> ids of its jobs read so far, for runs whose rest is still to be read.
+        self.rest: dict[int, set[int]] = {}
 
     def open(self, run: Run, family: FamilyRow, resumed: bool) -> ActiveRun:
         """Load a run's jobs without a committed result and re-attach logged executions.
 
         The family's settings and node rules are read again: a change an operator made
         (``jodl family set|allow|deny``) holds from the next cycle on.
+
+        A resumed run opens in two parts, so a restarted master sends within its first
+        step: here the jobs of the logged executions (re-attached before any of them is
+        placed again) and a first batch of the others; the rest, and the trial moves,
+        at the end of the first step (:meth:`load_rest`), once that batch went out.
+        Reading 100,000 jobs takes about half a second. The cost: jobs of the first
+        batch get no new trial move.
         """
         self.families.setup(family, reload=True)
-        jobs = self.store.run_jobs(run, family.name)
+        counter = budget.run_bytes(self.store.engine, family, run.id, resumed)
+        sents: list[Sent] = []
+        if resumed:
+            sents = self.store.sent_executions([run.id])
+            jobs = self.store.run_jobs(
+                run, family.name, first=self.first_batch(), also={x.job_id for x in sents}
+            )
+            self.rest[run.id] = {job.id for job in jobs}
+        else:
+            jobs = self.store.run_jobs(run, family.name)
         done_before = 0
         if resumed:
             done_before, _ = self.store.count_run(run.id)
@@ -75,11 +97,11 @@ class RunKeeper:
         for job in jobs:
             self.book.hold(job)
         if resumed:
-            self._reattach(run.id)
-        counter = budget.run_bytes(self.store.engine, family, run.id, resumed)
+            self._reattach(sents)
         if counter is not None:
             self.outcomes.run_bytes[run.id] = counter
-        self.balancer.trials.make_trial_moves(active, jobs)
+        if not resumed:
+            self.balancer.trials.make_trial_moves(active, jobs)
         if counter is not None and counter.stopped:
             self.outcomes.hold_back(run.id)
         log.info(
@@ -92,20 +114,50 @@ class RunKeeper:
         )
         return active
 
-    def _reattach(self, run_id: int | None) -> None:
+    def load_rest(self) -> None:
+        """Read the rest of each run resumed in two parts (:meth:`open`) into the book:
+        at the end of every step, before any run's end is looked at."""
+        for run_id, loaded in list(self.rest.items()):
+            active = self.runs.get(run_id)
+            if active is None or active.cancelled:  # cancelled: the rest stays due
+                del self.rest[run_id]
+                continue
+            del self.rest[run_id]
+            jobs = self.store.run_jobs(active.run, active.family.name, loaded=loaded)
+            active.total += len(jobs)
+            active.remaining += len(jobs)
+            for job in jobs:
+                self.book.hold(job)
+            held = [j for i in loaded if (j := self.book.jobs.get(i)) is not None]
+            self.balancer.trials.make_trial_moves(active, held + jobs)
+            counter = self.outcomes.run_bytes.get(run_id)
+            if counter is not None and counter.stopped:
+                self.outcomes.hold_back(run_id)
+
+    def _reattach(self, sents: list[Sent]) -> None:
         """After a restart: keep executions agents still hold, close the others as lost."""
         lost = []
         attached: dict[int, Sent] = {}
         by_node: dict[int, list[Sent]] = defaultdict(list)
-        for sent in self.store.sent_executions([run_id]):
+        for sent in sents:
             by_node[sent.node_id].append(sent)
+        asks = {}  # one call per agent, all at once: a frozen agent delays nobody
+        for node_id, sents in by_node.items():
+            slot = self.nodes.get(node_id)
+            if slot is not None and slot.usable:
+                ids = [x.exec_id for x in sents]
+                asks[node_id] = partial(slot.link.held, self.epoch, ids)
+        replies = self.nodes.calls.each(asks)
         for node_id, sents in by_node.items():
             slot = self.nodes.get(node_id)
             held: set[int] = set()
-            if slot is not None and slot.usable:
-                ids = [x.exec_id for x in sents]
-                got = self.nodes.call(slot, self.epoch, AgentLink.held, self.epoch, ids)
-                held = set(got or ())
+            if node_id in replies and slot is not None:
+                try:
+                    held = set(replies[node_id].get() or ())
+                except Fenced:
+                    raise  # a newer master took over: stop
+                except AgentUnavailable:  # suspect: what it held is lost below
+                    self.nodes.down(slot, self.epoch)
             for sent in sents:
                 job = self.book.jobs.get(sent.job_id)
                 if sent.exec_id in held and job is not None and slot is not None:

@@ -69,7 +69,8 @@ class QueueFeeder(Feeder):
         if now >= self._next_check:
             self._next_check = now + self.check_interval
             self.check(master)
-        families = tuple(sorted({f for s in master.nodes.values() if s.usable for f in s.families}))
+        usable = {f for s in master.nodes.values() if s.usable for f in s.families}
+        families = tuple(sorted(f for f in usable if master.leads(f)))
         if not self.prefetch:
             got = (
                 self.queue.claim(min(limit, CLAIM_BATCH), self.lease, families) if families else []
@@ -83,6 +84,10 @@ class QueueFeeder(Feeder):
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="queue-claims", daemon=True)
                 self._thread.start()
+        foreign = [(job.id, job.attempt) for job in got if not master.leads(job.family)]
+        if foreign:  # claimed before their family moved to another master: theirs now
+            self.queue.release(foreign)
+            got = [job for job in got if master.leads(job.family)]
         for job in got:
             self.held[job.id] = job.attempt
         return [

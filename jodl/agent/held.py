@@ -1,0 +1,36 @@
+"""What an agent holds for the master: its rows of results and failures."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from ..exceptions import UnknownFamily
+from ..family import Permanent
+
+#: Longest error text kept for one failure.
+MAX_ERROR = 2000
+_RESULT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+Done = tuple[int, float, float, str]  # exec_id, duration, finished (unix), result JSON
+Failed = tuple[int, float, float, str, bool]  # exec_id, duration, finished, error, retryable
+
+
+def held_row(
+    exec_id: int, duration: float, outcome: Any, error: BaseException | None
+) -> Done | Failed:
+    """The row an agent holds for one run: a :data:`Done` with the result as JSON, or a
+    :data:`Failed` (a result that is not JSON fails the job too)."""
+    finished = time.time()
+    if error is None:
+        try:
+            return (exec_id, duration, finished, _RESULT.encode(outcome))
+        except (TypeError, ValueError) as exc:
+            error = exc
+    retryable = not isinstance(error, Permanent | UnknownFamily)
+    message = f"{type(error).__name__}: {error}"[:MAX_ERROR]
+    return (exec_id, duration, finished, message, retryable)
+
+
+__all__ = ["MAX_ERROR", "Done", "Failed", "held_row"]

@@ -1,0 +1,214 @@
+"""Whom an agent serves: a session per master connection, and the leader of each family.
+
+Several masters may share an agent, each leading its own families (one leader per
+family, docs/architecture.md#several-masters). Every ``init`` opens a session for a
+master and names the families it leads at its epoch; an execution belongs to the
+session that leads its family *now*, whichever session sent it. So a master that
+takes a family over collects the results its predecessor's executions left here,
+and only it can cancel them or take them back.
+
+Every call after ``init`` carries ``(epoch, session, since)``, where ``since`` is the
+master's time since its previous call; a call of an older session (a connection the
+master gave up) is refused. A session silent for longer than the detach time starts
+nothing of its families. Its next call resumes it if the master was only slow (its
+``since`` covers the silence); if not (this agent was frozen or cut off while the
+master gave up on it), the call is refused and the session closed. After every
+``init`` the session's families start nothing until the master's next call, which
+cancels the executions it gave up on: nothing it sent before the gap runs after its
+result was committed elsewhere.
+
+Fencing is per family: a session naming a family at an epoch older than the one
+the family was last led at is refused (:data:`~jodl.agent.replies.FENCED`), and so is
+every later call of a session one of whose families another master took since.
+Each session is *detached* on its own: a silent master stops the start of its
+families' jobs, not of the others'.
+
+Everything here runs under the agent core's lock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import DETACH_SHARE
+from ..exceptions import JodlError
+from .replies import FENCED
+
+
+@dataclass
+class Session:
+    """One master connection, from its ``init`` on."""
+
+    number: int
+    master_id: str
+    epoch: int
+    families: frozenset[str]
+    #: Monotonic time of its last accepted call.
+    heard: float
+    #: Its families' jobs start nothing: set by init until the master's next call.
+    paused: bool = True
+
+
+class Sessions:
+    """The agent's sessions, and which one leads each family (by its epoch)."""
+
+    def __init__(self) -> None:
+        self.by_number: dict[int, Session] = {}
+        #: family -> number of the session that leads it.
+        self.owner: dict[str, int] = {}
+        #: family -> the newest epoch it was led at (never goes down).
+        self.epochs: dict[str, int] = {}
+        #: The newest epoch seen (``ping`` shows it).
+        self.top = 0
+        self._counter = 0
+        #: Monotonic time of the last accepted call of any session.
+        self.last_heard = time.monotonic()
+        #: Seconds of silence after which a session's families start nothing (None: never).
+        self.detach_after: float | None = None
+
+    @property
+    def opened(self) -> int:
+        """How many sessions were ever opened (0: never served)."""
+        return self._counter
+
+    def open(self, master_id: str, epoch: int, families: Iterable[str]) -> Session:
+        """A new session of ``master_id`` leading ``families`` at ``epoch`` (its earlier
+        sessions end); :data:`FENCED` if one of them was led at a newer epoch."""
+        wanted = frozenset(families)
+        for family in sorted(wanted):
+            newer = self.epochs.get(family, 0)
+            if newer > epoch:
+                raise JodlError(f"{FENCED} {epoch} is older than {newer} (family {family})")
+        for number, old in list(self.by_number.items()):
+            if old.master_id == master_id:
+                del self.by_number[number]
+        self._counter += 1
+        now = time.monotonic()
+        session = Session(self._counter, master_id, epoch, wanted, now)
+        self.by_number[session.number] = session
+        for family in wanted:
+            self.epochs[family] = epoch
+            self.owner[family] = session.number
+        self.top = max(self.top, epoch)
+        self.last_heard = now
+        return session
+
+    def check(self, session: Session) -> None:
+        """:data:`FENCED` when another master took one of the session's families."""
+        for family in session.families:
+            newer = self.epochs.get(family, 0)
+            if newer > session.epoch:
+                raise JodlError(
+                    f"{FENCED} {session.epoch} is older than {newer} (family {family} "
+                    "is led by another master now)"
+                )
+
+    def hear(self, epoch: int, number: int | None, since: float) -> tuple[Session | None, bool]:
+        """Accept a call (fencing, session, gap): its session (None: an unscoped caller)
+        and whether the call woke it from a silence the master accounts for.
+
+        ``number`` None for a caller that sends no session: it is fenced by the newest
+        epoch only, and stands for the newest session of its epoch, if any.
+        """
+        if number is None:
+            if epoch < self.top:
+                raise JodlError(f"{FENCED} {epoch} is older than {self.top}")
+            ours = [n for n, s in self.by_number.items() if s.epoch == epoch]
+            if not ours:
+                return None, False
+            number, since = max(ours), float("inf")
+        current = self.by_number.get(number)
+        if current is None or current.epoch != epoch:
+            raise JodlError(f"stale connection: session {number} was replaced; init again")
+        self.check(current)
+        now = time.monotonic()
+        gap = now - current.heard - since
+        limit = self.detach_after
+        if limit is not None and gap > limit:
+            # Frozen or cut off while the master gave up on this node: it may have run
+            # our queued jobs elsewhere. Only a new init (which cancels them) helps.
+            self.end(current)
+            raise JodlError(
+                f"detached: {gap:.1f}s without the master (more than {limit:g}s); init again"
+            )
+        silent = limit is not None and now - current.heard > limit
+        current.heard = self.last_heard = now
+        return current, silent and not current.paused
+
+    def end(self, session: Session) -> None:
+        """Close ``session`` (detached): its families start nothing until a new init."""
+        self.by_number.pop(session.number, None)
+
+    def owns(self, session: Session | None, family: str | None) -> bool:
+        """Whether ``session`` leads ``family`` now (no session: an unscoped caller)."""
+        return session is None or (family is not None and self.owner.get(family) == session.number)
+
+    def sole(self, session: Session | None) -> bool:
+        """Whether ``session`` leads every family anything was sent for (no filtering)."""
+        return session is None or all(n == session.number for n in self.owner.values())
+
+    def halted(self, family: str, now: float) -> bool:
+        """Whether jobs of ``family`` must not start: its leader's session is gone,
+        paused after init, or silent for longer than the detach time."""
+        session = self.by_number.get(self.owner.get(family, 0))
+        if session is None:
+            return True
+        if session.paused:
+            return True
+        limit = self.detach_after
+        return limit is not None and now - session.heard > limit
+
+    def startable(self, queue: deque[tuple[int, str, str]]) -> int | None:
+        """Index of the first queued job that may start now (its family's leader has a
+        live session, not paused), or None."""
+        if not queue:
+            return None
+        now = time.monotonic()
+        if not self.halted(queue[0][1], now):
+            return 0
+        stopped = {queue[0][1]}
+        for index, job in enumerate(queue):
+            if job[1] in stopped:
+                continue
+            if not self.halted(job[1], now):
+                return index
+            stopped.add(job[1])
+        return None
+
+    def leaders(self) -> tuple[tuple[str, int, str], ...]:
+        """(family, epoch, master) of every family as this agent sees it, by family."""
+        rows = []
+        for family, epoch in sorted(self.epochs.items()):
+            session = self.by_number.get(self.owner.get(family, 0))
+            rows.append((family, epoch, session.master_id if session is not None else ""))
+        return tuple(rows)
+
+    def clear(self) -> None:
+        """Forget every session and epoch (the agent serves another cluster now)."""
+        self.by_number.clear()
+        self.owner.clear()
+        self.epochs.clear()
+        self.top = 0
+
+
+def detach_time(setting: float | None, give_up: Any, agent: str) -> float | None:
+    """Seconds of silence after which a session's jobs start nothing: ``setting``
+    (``JODL_AGENT_DETACH``), else a share of the master's give-up time ``give_up``;
+    refused when not shorter than it (the master would give up first)."""
+    if type(give_up) not in (int, float) or give_up <= 0:
+        return setting
+    if setting is None:
+        return float(give_up) * DETACH_SHARE
+    if setting >= give_up:
+        raise JodlError(
+            f"agent {agent}: JODL_AGENT_DETACH ({setting:g}s) must be "
+            f"shorter than the master's JODL_CALL_TIMEOUT ({give_up:g}s)"
+        )
+    return setting
+
+
+__all__ = ["Session", "Sessions", "detach_time"]

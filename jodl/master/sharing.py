@@ -1,0 +1,132 @@
+"""A serving master's share of the families (docs/architecture.md#several-masters), and
+leading again after a database outage (docs/architecture.md#database-outages).
+
+Functions over a :class:`~jodl.master.loop.Master` on PostgreSQL whose families are
+spread over several masters (:class:`~jodl.master.leadership.Leadership` decides which
+are this master's share): wait for a share, take and hand over families between
+steps, and resume what a newly led family's last leader left.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from ..exceptions import Fenced, LeaseHeld, Stopped
+from .outage import RETRY_EVERY, is_outage, lease_lapsed, reason
+
+if TYPE_CHECKING:
+    from .loop import Master
+
+log = logging.getLogger("jodl.master")
+
+
+def stand_by(master: Master, stop: threading.Event | None = None) -> bool:
+    """Wait until ``master`` leads a share of the families (True) or ``stop`` is set
+    (False); from then on it is a master of a share (``per_family``)."""
+    if master.store.dialect == "sqlite":
+        return True  # start() takes the lease or says who holds it
+    master.per_family = True
+    master._listen_for_hellos()  # agents register with standbys too
+    stop = stop or threading.Event()
+    while not stop.is_set():
+        try:
+            if master.leadership.poll(master.store.family_names()):
+                return True
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            log.warning("standing by: the database does not answer (%s)", reason(exc))
+        stop.wait(master.leadership.poll_every)
+    return False
+
+
+def rejoin(master: Master, exc: BaseException, stop: threading.Event | None) -> None:
+    """After a database outage: ``master`` lets go of its agents and leases, then stands
+    by until it leads again (:class:`Stopped` when ``stop`` is set first).
+    :class:`Fenced` when another master took over meanwhile (the database ended the
+    connection of a stopped process, say): then it stops as any fenced master."""
+    if not lease_lapsed(master.store, master.epoch):
+        raise Fenced(f"another master took over: epoch {master.epoch} stops") from exc
+    log.warning("the database does not answer (%s): stopped dispatching", reason(exc))
+    master.let_go(final=False)
+    master.store.engine.dispose()  # pooled connections of before the outage are dead
+    stop = stop or threading.Event()
+    while not stop.is_set():
+        try:
+            master.build()
+            if lead_again(master, stop):
+                master.start()
+                log.warning("the database answers again: leading (epoch %d)", master.epoch)
+                return
+        except Exception as again:
+            if not is_outage(again):
+                raise
+            master.let_go(final=False)
+            stop.wait(RETRY_EVERY)
+    raise Stopped("stopped while the database did not answer")
+
+
+def lead_again(master: Master, stop: threading.Event) -> bool:
+    """After an outage: stand by for a share of the families (a master of a share), or
+    take the whole database's lease once it is free (True) or ``stop`` is set first
+    (False)."""
+    if master.per_family:
+        return stand_by(master, stop)
+    while not stop.is_set():
+        try:
+            master.leadership.take()
+            return True
+        except LeaseHeld:
+            stop.wait(master.leadership.poll_every)
+    return False
+
+
+def adopt(master: Master, families: list[str] | None) -> None:
+    """Newly led ``families`` (None: everything): resume the runs their last leader
+    left unfinished, and adopt what it took."""
+    for family_name in master.store.running_families():
+        if families is None or family_name in families:
+            master.request_cycle(family_name)
+    for feeder in master.feeders:
+        feeder.take_over(master, families)
+
+
+def lead(master: Master) -> None:
+    """Every poll of the leases (TTL/10), between steps: take the families hashing gives
+    this master and that are free, hand over the idle ones it gives another live one."""
+    now = time.monotonic()
+    if now < master.next_lead:
+        return
+    master.next_lead = now + master.leadership.poll_every
+    leadership = master.leadership
+    want, give = leadership.plan(master.store.family_names(), lambda f: idle(master, f))
+    if give:
+        master.writer.flush()
+        master.fleet.led = [f for f in leadership.families() or () if f not in give]
+        # New sessions without them first (nothing is sent on the old ones), so the
+        # next leader's newer epoch does not fence this master on the agents.
+        master.fleet.reopen(master.epoch)
+        leadership.give(give)
+    if want:
+        master.writer.flush()  # the epoch changes: nothing of the old one in flight
+        taken = leadership.gain(want)
+        if taken:
+            master.set_epoch(leadership.epoch)
+            # Agents learn the epoch and the families before the runs are resumed.
+            master.fleet.reopen(master.epoch, wait=True)
+            adopt(master, taken)
+
+
+def idle(master: Master, family: str) -> bool:
+    """Nothing of ``family`` runs or waits in ``master``: it can move to another one."""
+    if any(a.family.name == family for a in master.runs.values()):
+        return False
+    if family in master.requested():
+        return False
+    return not any(job.family == family for job in master.book.jobs.values())
+
+
+__all__ = ["adopt", "idle", "lead", "lead_again", "rejoin", "stand_by"]
