@@ -36,10 +36,12 @@ postgres = pytest.mark.parametrize(
 TTL = 2.0
 
 
-def start_masters(count: int, db_url: str, tmp_path: Path) -> list[subprocess.Popen[bytes]]:
+def start_masters(
+    count: int, db_url: str, tmp_path: Path, ttl: float = TTL
+) -> list[subprocess.Popen[bytes]]:
     env = {
         "JODL_DATABASE_URL": db_url,
-        "JODL_LEASE_TTL": str(TTL),
+        "JODL_LEASE_TTL": str(ttl),
         "JODL_METRICS_LISTEN": "",
         "JODL_CALL_TIMEOUT": "3",
     }
