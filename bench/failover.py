@@ -3,7 +3,9 @@
 Starts three ``jodl master`` processes on a fresh PostgreSQL database (one leads,
 two stand by) and K agents, asks for a cycle of N ``mark`` jobs (each appends a
 line to a file when it really runs: the ground truth), and SIGKILLs the leader at
-random moments of the cycle, starting a new standby after each kill. For each
+random moments of the cycle, starting a new standby after each kill (``--signal
+STOP`` freezes it instead, killed once the others took over: its process still
+exists, so its lease must expire, as for a master on another host). For each
 kill it measures the time from the kill to the new leader's first dispatch (a
 dispatch row with a newer epoch) and to its lease (the election alone); at the
 end it counts the jobs that ran again after their result was committed (must be
@@ -17,6 +19,7 @@ object with the figures of both.
 
     python bench/failover.py --jobs 20000 --kills 10 --ttl 5
     python bench/failover.py --kills 10 --ttl 1 --restart-jobs 100000
+    python bench/failover.py --signal STOP --restart-jobs 0
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,31 +65,98 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))]
 
 
-def run(
-    url: str, jobs: int, kills: int, ttl: float, agent_count: int, slots: int, seconds: float
-) -> dict[str, Any]:
-    from sqlalchemy import func, select
-
+@contextmanager
+def mark_cycle(
+    url: str, jobs: int, agent_count: int, slots: int, seconds: float, prefix: str
+) -> Iterator[tuple[str, Any, Path, Path]]:
+    """A fresh database with ``jobs`` mark jobs of ``seconds`` each and running agents:
+    (database URL, store, folder of the masters' logs, the marks file)."""
     from jodl import Store, make_engine
-    from jodl.log import Dispatch, ExecState, Execution, Job, MasterLease
     from jodl.migrate import upgrade
 
-    log_dir = Path(tempfile.mkdtemp(prefix="jodl-failover-"))
+    log_dir = Path(tempfile.mkdtemp(prefix=prefix))
     marks = log_dir / "marks.txt"
     with fresh_database(url) as db_url, agents(agent_count, slots=slots) as addresses:
         engine = make_engine(db_url)
-        upgrade(engine)
-        store = Store(engine)
-        for address in addresses:
-            store.add_node(address, slots=slots)
-        family = store.ensure_family("mark")
-        store.add_jobs(
-            family,
-            (
-                (f"m{i}", json.dumps({"key": f"m{i}", "path": str(marks), "seconds": seconds}))
-                for i in range(jobs)
-            ),
+        try:
+            upgrade(engine)
+            store = Store(engine)
+            for address in addresses:
+                store.add_node(address, slots=slots)
+            family = store.ensure_family("mark")
+            store.add_jobs(
+                family,
+                (
+                    (f"m{i}", json.dumps({"key": f"m{i}", "path": str(marks), "seconds": seconds}))
+                    for i in range(jobs)
+                ),
+            )
+            yield db_url, store, log_dir, marks
+        finally:
+            engine.dispose()
+
+
+def committed_keys(engine: Any) -> set[str]:
+    """Keys of the jobs with a committed result."""
+    from sqlalchemy import select
+
+    from jodl.log import ExecState, Execution, Job
+
+    with engine.connect() as conn:
+        return set(
+            conn.scalars(
+                select(Job.key)
+                .join(Execution, Execution.job_id == Job.id)
+                .where(Execution.state == ExecState.DONE)
+            )
         )
+
+
+def rerun_after(ran: Counter[str], committed: set[str]) -> int:
+    """Jobs that ran more than once (marks) although a result of theirs was committed."""
+    return sum(1 for key, n in ran.items() if n > 1 and key in committed)
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to every master still running, SIGKILL to those still there after 10 s."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def reap(masters: list[subprocess.Popen[bytes]], pid: int) -> None:
+    """Wait for the killed master ``pid``, as a service manager does (no zombie)."""
+    for proc in masters:
+        if proc.pid == pid:
+            proc.wait()
+
+
+def run(
+    url: str,
+    jobs: int,
+    kills: int,
+    ttl: float,
+    agent_count: int,
+    slots: int,
+    seconds: float,
+    how: signal.Signals = signal.SIGKILL,
+) -> dict[str, Any]:
+    from sqlalchemy import func, select
+
+    from jodl.log import Dispatch, MasterLease
+
+    with mark_cycle(url, jobs, agent_count, slots, seconds, "jodl-failover-") as (
+        db_url,
+        store,
+        log_dir,
+        marks,
+    ):
+        engine = store.engine
 
         def lease() -> tuple[str, int] | None:
             """The newest held lease (the family's, or the whole database's)."""
@@ -96,16 +168,6 @@ def run(
                     .limit(1)
                 ).first()
             return None if row is None else (row[0], row[1])
-
-        def committed() -> set[str]:
-            with engine.connect() as conn:
-                return set(
-                    conn.scalars(
-                        select(Job.key)
-                        .join(Execution, Execution.job_id == Job.id)
-                        .where(Execution.state == ExecState.DONE)
-                    )
-                )
 
         masters = [start_master(db_url, ttl, log_dir, n) for n in range(3)]
         started = len(masters)
@@ -126,12 +188,11 @@ def run(
                     time.sleep(0.01)
                 holder, epoch = held
                 pid = int(holder.split(":")[1])
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, how)
                 killed = time.monotonic()
-                for proc in masters:  # reaped, as a service manager does (no zombie)
-                    if proc.pid == pid:
-                        proc.wait()
-                committed_at_kill |= committed()
+                if how == signal.SIGKILL:
+                    reap(masters, pid)
+                committed_at_kill |= committed_keys(engine)
                 elected = None
                 while True:
                     if elected is None and (lease() or ("", epoch))[1] > epoch:
@@ -146,6 +207,9 @@ def run(
                     time.sleep(0.01)
                 if newer:
                     failovers.append(time.monotonic() - killed)
+                if how == signal.SIGSTOP:  # frozen until the others took over: now gone
+                    os.kill(pid, signal.SIGKILL)
+                    reap(masters, pid)
                 if elected is not None:
                     elections.append(elected)
                 masters.append(start_master(db_url, ttl, log_dir, started))
@@ -156,27 +220,19 @@ def run(
                     break
                 time.sleep(0.1)
         finally:
-            for proc in masters:
-                if proc.poll() is None:
-                    proc.terminate()
-            for proc in masters:
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-        engine.dispose()
+            stop_all(masters)
     ran = Counter(line.split(" ")[1] for line in marks.read_text().splitlines())
-    rerun = sorted(key for key, n in ran.items() if n > 1 and key in committed_at_kill)
     return {
         "jobs": jobs,
         "ttl_s": ttl,
+        "signal": how.name,
         "kills": len(failovers),
         "failover_median_s": round(statistics.median(failovers), 3) if failovers else None,
         "failover_p95_s": round(percentile(failovers, 0.95), 3) if failovers else None,
         "failover_max_s": round(max(failovers), 3) if failovers else None,
         "election_median_s": round(statistics.median(elections), 3) if elections else None,
         "election_max_s": round(max(elections), 3) if elections else None,
-        "rerun_after_commit": len(rerun),
+        "rerun_after_commit": rerun_after(ran, committed_at_kill),
         "jobs_marked": len(ran),
         "run_error": row.error if row is not None else None,
     }
@@ -186,26 +242,15 @@ def restart(url: str, jobs: int, ttl: float, agent_count: int, slots: int) -> di
     """A single master killed during a run of ``jobs`` and started again at once."""
     from sqlalchemy import func, select
 
-    from jodl import Store, make_engine
-    from jodl.log import Dispatch, ExecState, Execution, Job
-    from jodl.migrate import upgrade
+    from jodl.log import Dispatch, ExecState, Execution
 
-    log_dir = Path(tempfile.mkdtemp(prefix="jodl-restart-"))
-    marks = log_dir / "marks.txt"
-    with fresh_database(url) as db_url, agents(agent_count, slots=slots) as addresses:
-        engine = make_engine(db_url)
-        upgrade(engine)
-        store = Store(engine)
-        for address in addresses:
-            store.add_node(address, slots=slots)
-        family = store.ensure_family("mark")
-        store.add_jobs(
-            family,
-            (
-                (f"m{i}", json.dumps({"key": f"m{i}", "path": str(marks), "seconds": 0.002}))
-                for i in range(jobs)
-            ),
-        )
+    with mark_cycle(url, jobs, agent_count, slots, 0.002, "jodl-restart-") as (
+        db_url,
+        store,
+        log_dir,
+        marks,
+    ):
+        engine = store.engine
 
         def done_count() -> int:
             with engine.connect() as conn:
@@ -229,14 +274,7 @@ def restart(url: str, jobs: int, ttl: float, agent_count: int, slots: int) -> di
             first.kill()
             first.wait()
             epoch = newest_epoch()
-            with engine.connect() as conn:
-                committed = set(
-                    conn.scalars(
-                        select(Job.key)
-                        .join(Execution, Execution.job_id == Job.id)
-                        .where(Execution.state == ExecState.DONE)
-                    )
-                )
+            committed = committed_keys(engine)
             started = time.monotonic()
             second = start_master(db_url, ttl, log_dir, 1)
             dispatched = None
@@ -248,21 +286,13 @@ def restart(url: str, jobs: int, ttl: float, agent_count: int, slots: int) -> di
             time.sleep(2.0)  # let it run on: a job rerun after its commit shows in the marks
             row = store.run_request(request)
         finally:
-            for proc in (first, second):
-                if proc is not None and proc.poll() is None:
-                    proc.terminate()
-                    try:
-                        proc.wait(10)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-        engine.dispose()
+            stop_all([p for p in (first, second) if p is not None])
     ran = Counter(line.split(" ")[1] for line in marks.read_text().splitlines())
-    rerun = [key for key, n in ran.items() if n > 1 and key in committed]
     return {
         "restart_jobs": jobs,
         "restart_done_at_kill": len(committed),
         "restart_first_dispatch_s": None if dispatched is None else round(dispatched, 3),
-        "restart_rerun_after_commit": len(rerun),
+        "restart_rerun_after_commit": rerun_after(ran, committed),
         "restart_run_error": row.error if row is not None else None,
     }
 
@@ -270,7 +300,14 @@ def restart(url: str, jobs: int, ttl: float, agent_count: int, slots: int) -> di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20_000, help="mark jobs in the cycle")
-    parser.add_argument("--kills", type=int, default=10, help="leader kills (SIGKILL)")
+    parser.add_argument("--kills", type=int, default=10, help="leader kills")
+    parser.add_argument(
+        "--signal",
+        choices=("KILL", "STOP"),
+        default="KILL",
+        help="KILL: the leader dies (a dead master of this host is seen at once); STOP: it "
+        "hangs, as a master on another host that died would look (its lease must expire)",
+    )
     parser.add_argument("--ttl", type=float, default=5.0, help="JODL_LEASE_TTL (seconds)")
     parser.add_argument(
         "--job-seconds",
@@ -286,7 +323,14 @@ def main() -> None:
     )
     args = parser.parse_args()
     figures = run(
-        args.database, args.jobs, args.kills, args.ttl, args.agents, args.slots, args.job_seconds
+        args.database,
+        args.jobs,
+        args.kills,
+        args.ttl,
+        args.agents,
+        args.slots,
+        args.job_seconds,
+        signal.Signals[f"SIG{args.signal}"],
     )
     if args.restart_jobs:
         figures |= restart(args.database, args.restart_jobs, args.ttl, args.agents, args.slots)
