@@ -6,6 +6,7 @@ import datetime as dt
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from agents import wait_for
@@ -15,6 +16,7 @@ from jodl.exceptions import Fenced, LeaseHeld
 from jodl.log.models import MasterLease, utcnow
 from jodl.log.store import Store
 from jodl.master import Master
+from jodl.master.leadership import EXPIRY_SLACK, Leadership
 
 
 def _expires(store: Store) -> dt.datetime:
@@ -126,3 +128,21 @@ def test_a_cycle_asked_of_the_serving_master_is_run_by_it(store, settings, agent
         thread.join(timeout=30)
         master.close()
     assert all(total == 6 for _, total in seen)
+
+
+def test_a_standby_looks_again_as_the_refused_lease_expires(store):
+    leader = Leadership(store, "leader", ttl=5.0)
+    standby = Leadership(store, "standby", ttl=5.0)
+    assert leader.gain(["f"]) == ["f"]
+    assert standby.next_look() == standby.poll_every, "nothing refused yet: the poll"
+    with store.engine.begin() as conn:  # the leader hung: its lease ends in 0.2 s
+        soon = utcnow() + dt.timedelta(seconds=0.2)
+        conn.execute(
+            update(MasterLease).where(MasterLease.holder == "leader").values(expires_at=soon)
+        )
+    assert standby.gain(["f"]) == []
+    wait = standby.next_look()
+    assert 0 < wait <= 0.2 + EXPIRY_SLACK < standby.poll_every, "woken as it expires"
+    time.sleep(wait)
+    assert standby.gain(["f"]) == ["f"], "taken at the first look after the expiry"
+    assert standby.next_look() == standby.poll_every

@@ -47,10 +47,16 @@ class MasterRegistry:
 
     def live(self) -> list[str]:
         """Names of the masters whose heartbeat has not expired, sorted."""
+        return sorted(self.live_for())
+
+    def live_for(self) -> dict[str, float]:
+        """The masters whose heartbeat has not expired: name -> seconds it has left."""
+        now = utcnow()
         with self.engine.connect() as conn:
-            return sorted(
-                conn.scalars(select(MasterNode.name).where(MasterNode.expires_at > utcnow()))
-            )
+            rows = conn.execute(
+                select(MasterNode.name, MasterNode.expires_at).where(MasterNode.expires_at > now)
+            ).all()
+        return {name: (expires - now).total_seconds() for name, expires in rows}
 
     def leave(self, name: str) -> None:
         """Remove ``name`` (a clean stop): the others rebalance its scopes at once."""

@@ -43,6 +43,9 @@ RENEW_SHARE = 1 / 3
 #: Share of the TTL between two looks of a standby at the leases: a takeover waits at
 #: most this long after the lease expired.
 POLL_SHARE = 1 / 10
+#: Seconds after a refused lease's expiry at which a standby looks again: the expiry
+#: is compared with this host's clock, so a little later than it is enough.
+EXPIRY_SLACK = 0.02
 
 
 def rendezvous(scope: str, masters: list[str]) -> str | None:
@@ -77,6 +80,10 @@ class Leadership:
         self._beat = 0.0
         #: Why the renewer found a scope taken over (then the master stops), or None.
         self._lost: str | None = None
+        #: Monotonic times at which the soonest lease refused at the last take expires,
+        #: and the soonest heartbeat of another live master (:meth:`next_look`).
+        self._free_at: float | None = None
+        self._lapse_at: float | None = None
         #: Taking and giving change ``led`` and the epoch under it; the renewer reads both.
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -85,6 +92,21 @@ class Leadership:
     @property
     def poll_every(self) -> float:
         return self.ttl * POLL_SHARE
+
+    def next_look(self) -> float:
+        """Seconds until the next look at the leases: every :attr:`poll_every`, but at
+        once after the soonest expiry of a lease this master was refused or of another
+        master's heartbeat (a hung leader's families are taken as its lease and its
+        heartbeat lapse, not up to one poll later)."""
+        now = time.monotonic()
+        soon = [
+            at
+            for at in (self._free_at, self._lapse_at)
+            if at is not None and at + EXPIRY_SLACK >= now  # else looked at then
+        ]
+        if not soon:
+            return self.poll_every
+        return min(self.poll_every, min(soon) - now + EXPIRY_SLACK)
 
     def role(self) -> str:
         return "leader" if self.led else "standby"
@@ -111,6 +133,7 @@ class Leadership:
         try:
             epoch = self.store.acquire_lease(self.name, WHOLE, force=self.takeover, ttl=self.ttl)
         except LeaseHeld as exc:
+            self.refused(exc.seconds_left)
             if self.store.dialect != "sqlite":
                 raise
             raise LeaseHeld(
@@ -128,7 +151,11 @@ class Leadership:
     def live(self) -> list[str]:
         """The live masters (this one included): their heartbeats, less those of this
         host whose process is gone (killed), which are not waited for."""
-        live = [m for m in self.store.masters.live() if not holder_gone(m)]
+        left = self.store.masters.live_for()
+        live = [m for m in sorted(left) if not holder_gone(m)]
+        others = [left[m] for m in live if m != self.name]
+        # The live masters change when the first other heartbeat lapses (a hung master).
+        self._lapse_at = time.monotonic() + min(others) if others else None
         if self.name not in live:
             live.append(self.name)
         return live
@@ -161,9 +188,10 @@ class Leadership:
         if not wanted:
             return []
         with self._lock:
-            epoch, taken, _ = self.store.leases.take(
+            epoch, taken, held = self.store.leases.take(
                 self.name, wanted, list(self.led), self.epoch, self.takeover, self.ttl
             )
+            self.refused(min((left for _, left in held.values()), default=None))
             if taken:
                 self.led = {scope: epoch for scope in (*self.led, *taken)}
                 self.epoch = epoch
@@ -174,6 +202,10 @@ class Leadership:
         names = [scope[len(FAMILY) :] for scope in taken]
         log.warning("master %s leads %s now (epoch %d)", self.name, ", ".join(sorted(names)), epoch)
         return names
+
+    def refused(self, seconds_left: float | None) -> None:
+        """A lease this master wants is held for ``seconds_left`` more (None: none is)."""
+        self._free_at = None if seconds_left is None else time.monotonic() + seconds_left
 
     def give(self, families: Iterable[str]) -> None:
         """Hand ``families`` over: their leases end now, for the master hashing picks."""

@@ -39,7 +39,7 @@ def stand_by(master: Master, stop: threading.Event | None = None) -> bool:
             if not is_outage(exc):
                 raise
             log.warning("standing by: the database does not answer (%s)", reason(exc))
-        stop.wait(master.leadership.poll_every)
+        stop.wait(master.leadership.next_look())
     return False
 
 
@@ -80,7 +80,7 @@ def lead_again(master: Master, stop: threading.Event) -> bool:
             master.leadership.take()
             return True
         except LeaseHeld:
-            stop.wait(master.leadership.poll_every)
+            stop.wait(master.leadership.next_look())
     return False
 
 
@@ -95,12 +95,11 @@ def adopt(master: Master, families: list[str] | None) -> None:
 
 
 def lead(master: Master) -> None:
-    """Every poll of the leases (TTL/10), between steps: take the families hashing gives
-    this master and that are free, hand over the idle ones it gives another live one."""
-    now = time.monotonic()
-    if now < master.next_lead:
+    """At every look at the leases (TTL/10, or as a refused lease expires), between
+    steps: take the free families hashing gives this master, hand over the idle ones
+    it gives another live master."""
+    if time.monotonic() < master.next_lead:
         return
-    master.next_lead = now + master.leadership.poll_every
     leadership = master.leadership
     want, give = leadership.plan(master.store.family_names(), lambda f: idle(master, f))
     if give:
@@ -118,6 +117,7 @@ def lead(master: Master) -> None:
             # Agents learn the epoch and the families before the runs are resumed.
             master.fleet.reopen(master.epoch, wait=True)
             adopt(master, taken)
+    master.next_lead = time.monotonic() + leadership.next_look()
 
 
 def idle(master: Master, family: str) -> bool:
