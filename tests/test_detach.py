@@ -24,6 +24,7 @@ from test_standby import (
     lease,
     logs,
     postgres,
+    run_finished,
     settled,
     start_masters,
     stop_all,
@@ -164,14 +165,7 @@ def test_a_frozen_leaders_agents_start_nothing_until_a_standby_leads(
         sent = dispatched(store, epoch)
         leader.send_signal(signal.SIGCONT)
         assert leader.wait(timeout=30) != 0, "woken after the takeover, it stops (fenced)"
-        wait_logged(
-            lambda: store.run_request(request).finished_at is not None,
-            tmp_path,
-            90,
-            "the standby to finish the run",
-        )
-        row = store.run_request(request)
-        assert row.error is None and row.dead == 0, row.summary
+        run_finished(store, request, tmp_path, "the standby to finish the run")
     finally:
         stop_all(masters)
     quiet = [(t, n) for t, n, who in samples if t >= QUIET_AFTER and who == holder]

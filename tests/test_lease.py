@@ -8,11 +8,13 @@ import subprocess
 import sys
 import time
 
+import psycopg
 import pytest
 from agents import wait_for
 from sqlalchemy import select, update
 
 from jodl.exceptions import Fenced, LeaseHeld
+from jodl.log.lease import check_fence
 from jodl.log.models import MasterLease, utcnow
 from jodl.log.store import Store
 from jodl.master import Master
@@ -146,3 +148,34 @@ def test_a_standby_looks_again_as_the_refused_lease_expires(store):
     time.sleep(wait)
     assert standby.gain(["f"]) == ["f"], "taken at the first look after the expiry"
     assert standby.next_look() == standby.poll_every
+
+
+@pytest.mark.parametrize(
+    "db_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+def test_a_takeover_ends_the_write_of_a_leader_stopped_mid_statement(store):
+    # The leader's write transaction shares its lease row, then stops in the middle of
+    # a COPY (its process frozen): not idle, so no idle timeout ends it.
+    leader = Leadership(store, "leader", ttl=1.0)
+    standby = Leadership(store, "standby", ttl=5.0)
+    assert leader.gain(["f"]) == ["f"]
+    conn = store.engine.connect()
+    conn.begin()
+    check_fence(conn, leader.epoch)
+    conn.exec_driver_sql("CREATE TEMP TABLE stuck (x int)")
+    copying = conn.connection.driver_connection.cursor().copy("COPY stuck FROM STDIN")
+    copy = copying.__enter__()
+    copy.write_row((1,))
+    try:
+        assert standby.gain(["f"]) == [], "a live lease: its write is left alone"
+        time.sleep(1.0)  # the lease expires
+        assert standby.gain(["f"]) == ["f"], "taken: the stopped write was ended"
+        with pytest.raises(psycopg.OperationalError, match="terminat"):
+            copying.__exit__(None, None, None)
+    finally:
+        conn.invalidate()
+        conn.close()
+    with store.engine.connect() as check:
+        assert check.scalar(select(MasterLease.holder).where(MasterLease.name == "family:f")) == (
+            "standby"
+        )

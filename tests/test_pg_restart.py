@@ -22,14 +22,13 @@ import os
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 from agents import spawn_jodl, wait_for
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from test_crash import add_mark_jobs, check_complete, check_marks, executions, runs_by_key
-from test_standby import committed_keys, lease, logs, stop_all
+from test_standby import committed_keys, lease, logs, start_masters, stop_all
 
 from jodl.log.store import Store
 
@@ -108,18 +107,6 @@ def finished(store: Store, request: int, masters: list) -> bool:  # type: ignore
     if all(m.poll() is not None for m in masters):
         raise AssertionError("every master exited")
     return store.run_request(request).finished_at is not None
-
-
-def start_masters(count: int, db_url: str, tmp_path: Path, ttl: float) -> list:  # type: ignore[type-arg]
-    env = {
-        "JODL_DATABASE_URL": db_url,
-        "JODL_LEASE_TTL": str(ttl),
-        "JODL_METRICS_LISTEN": "",
-        "JODL_CALL_TIMEOUT": "3",
-    }
-    return [
-        spawn_jodl("master", log_path=tmp_path / f"master{i}.log", env=env) for i in range(count)
-    ]
 
 
 def cycle_across_a_restart(store, agents, db_url, tmp_path, masters_count, ttl) -> float:  # type: ignore[no-untyped-def]

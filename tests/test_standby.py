@@ -18,6 +18,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agents import run_jodl, spawn_jodl, wait_for
@@ -106,6 +107,15 @@ def wait_logged(condition, tmp_path: Path, timeout: float, what: str) -> None:  
         wait_for(condition, timeout=timeout, what=what)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{logs(tmp_path)}") from None
+
+
+def run_finished(store: Store, request: int, tmp_path: Path, what: str) -> Any:
+    """Wait for the run asked by ``request`` to finish (failing with the masters' logs);
+    its request row, which says the run ended without an error or a dead job."""
+    wait_logged(lambda: store.run_request(request).finished_at is not None, tmp_path, 90, what)
+    row = store.run_request(request)
+    assert row.error is None and row.dead == 0, row.summary
+    return row
 
 
 def stop_all(masters: list[subprocess.Popen[bytes]]) -> None:
@@ -231,13 +241,7 @@ def take_over_mid_cycle(store, agents, db_url, tmp_path, stall: bool, after: int
             leader.send_signal(signal.SIGCONT)
             # Woken past its TTL, the old leader finds itself fenced and exits.
             assert leader.wait(timeout=30) != 0, logs(tmp_path)
-        wait_for(
-            lambda: store.run_request(request).finished_at is not None,
-            timeout=90,
-            what=f"the new leader to finish the run\n{logs(tmp_path)}",
-        )
-        row = store.run_request(request)
-        assert row.error is None and row.dead == 0, row.summary
+        row = run_finished(store, request, tmp_path, "the new leader to finish the run")
         assert row.taken_by == new_holder
     finally:
         seen = watch.close()
@@ -310,14 +314,7 @@ def test_sigterm_mid_cycle_ends_the_step_and_a_standby_finishes(store, agents, d
             lambda: (lease(store) or (holder, 0))[0] != holder, tmp_path, 10 * TTL, "a takeover"
         )
         assert time.monotonic() - exited < TTL, "handed over without waiting for the TTL"
-        wait_logged(
-            lambda: store.run_request(request).finished_at is not None,
-            tmp_path,
-            90,
-            "the new leader to finish the run",
-        )
-        row = store.run_request(request)
-        assert row.error is None and row.dead == 0, row.summary
+        run_finished(store, request, tmp_path, "the new leader to finish the run")
     finally:
         seen = watch.close()
         stop_all(masters)

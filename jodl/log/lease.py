@@ -4,17 +4,20 @@ epochs, and the cluster's identity."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import secrets
 import socket
 from collections.abc import Sequence
 
 from sqlalchemy import Connection, Engine, func, select, text, update
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import sessionmaker
 
 from ..exceptions import Fenced, LeaseHeld
 from .models import Cluster, MasterLease, utcnow
+
+log = logging.getLogger("jodl.master")
 
 #: Seconds a lease lasts without renewal unless told otherwise (``JODL_LEASE_TTL``
 #: sets the running master's: see :class:`jodl.master.leadership.Leadership`).
@@ -54,11 +57,18 @@ FAMILY = "family:"
 COUNTER = "~epochs"
 #: The holder of a lease given up or taken away: free for anyone.
 VACANT = ""
+#: The prefix of a writing transaction's ``application_name``, before its epoch.
+WRITER = "jodl-epoch:"
 
 
 def family_scope(family: str) -> str:
     """The lease scope of ``family``."""
     return FAMILY + family
+
+
+def writer_name(epoch: int) -> str:
+    """The ``application_name`` of a writing transaction of the master of ``epoch``."""
+    return f"{WRITER}{epoch}"
 
 
 def check_fence(conn: Connection, epoch: int) -> None:
@@ -70,11 +80,20 @@ def check_fence(conn: Connection, epoch: int) -> None:
     takeover (``FOR UPDATE`` on every row of the old epoch) waits for writes in
     flight, and every write after it sees the change: a stalled leader that wakes
     writes nothing (PostgreSQL; a SQLite file has one master). A transaction left
-    idle by a stopped process ends after :data:`FENCE_IDLE_MS`, so it cannot hold the
-    takeover back.
+    idle by a stopped process ends after :data:`FENCE_IDLE_MS`; one stopped in the
+    middle of a statement (a COPY waiting for rows from a frozen process is not idle)
+    is ended by the takeover itself. Either way it cannot hold the takeover back.
     """
     if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {FENCE_IDLE_MS}")
+        # The transaction is named after its epoch: a takeover that finds it holding
+        # the lease row past the lease's expiry ends it (:meth:`Leases.end_writers`).
+        conn.execute(
+            text(
+                "SELECT set_config('idle_in_transaction_session_timeout', :idle, true),"
+                " set_config('application_name', :name, true)"
+            ),
+            {"idle": str(FENCE_IDLE_MS), "name": writer_name(epoch)},
+        )
     found = conn.scalar(
         select(MasterLease.epoch)
         .where(MasterLease.epoch == epoch, MasterLease.name != COUNTER)
@@ -115,12 +134,55 @@ class Leases:
         re-stamped, so that master's writes are refused (:func:`check_fence`). With
         nothing free: ``(epoch, [], held)``, and nothing changes.
         """
-        try:
-            return self._take(holder, wanted, kept, epoch, force, ttl)
-        except OperationalError:  # a leader's write holds a row: not free now
-            return epoch, [], {"": ("a writing master", TAKE_LOCK_MS / 1000)}
-        except IntegrityError:  # another master added the same row meanwhile: next time
-            return epoch, [], {"": ("another master", TAKE_LOCK_MS / 1000)}
+        for attempt in range(2):
+            try:
+                return self._take(holder, wanted, kept, epoch, force, ttl)
+            except OperationalError:  # a leader's write holds a row: not free now
+                # Unless that leader's lease is over: then its write is ended, as a
+                # stopped process's would be, and the take tried once more.
+                if attempt or not self.end_writers(holder, wanted, force):
+                    break
+            except IntegrityError:  # another master added the same row meanwhile: next time
+                return epoch, [], {"": ("another master", TAKE_LOCK_MS / 1000)}
+        return epoch, [], {"": ("a writing master", TAKE_LOCK_MS / 1000)}
+
+    def end_writers(self, holder: str, wanted: Sequence[str], force: bool = False) -> int:
+        """End the write transactions of the masters whose leases on ``wanted`` are over
+        (expired, their process gone, or any other holder's with ``force``): a master
+        stopped in the middle of a write holds the lease row it shares for as long as it
+        is stopped. Its write is rolled back, so it is fenced all the same. How many
+        were ended (PostgreSQL; 0 elsewhere, or when not allowed to)."""
+        if self.engine.dialect.name != "postgresql":
+            return 0
+        now = utcnow()
+        with self.engine.connect() as conn:  # a plain read waits for no row lock
+            rows = conn.execute(
+                select(MasterLease.holder, MasterLease.epoch, MasterLease.expires_at).where(
+                    MasterLease.name.in_(list(wanted)), MasterLease.holder != VACANT
+                )
+            ).all()
+            over = {
+                writer_name(epoch)
+                for who, epoch, expires in rows
+                if who != holder and (force or expires <= now or holder_gone(who))
+            }
+            if not over:
+                return 0
+            try:
+                ended = conn.scalar(
+                    text(
+                        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))"
+                        " FROM pg_stat_activity WHERE application_name = ANY(:names)"
+                        " AND pid <> pg_backend_pid()"
+                    ),
+                    {"names": sorted(over)},
+                )
+            except DBAPIError as exc:  # not allowed to: the lease waits for the write
+                log.warning("could not end a stopped master's write: %s", exc)
+                return 0
+        if ended:
+            log.warning("ended %d write(s) of a master whose lease is over", ended)
+        return int(ended or 0)
 
     def _take(
         self,
