@@ -11,18 +11,10 @@ agents are, so a job whose result was committed never runs again.
 
 from __future__ import annotations
 
-import logging
-from typing import TYPE_CHECKING
-
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, PendingRollbackError
 
 from ..exceptions import Fenced, StoreUnavailable
 from ..log.store import Store
-
-if TYPE_CHECKING:
-    pass
-
-log = logging.getLogger("jodl.master")
 
 #: Seconds between two looks at a database that does not answer: short, since the
 #: lease the master held is free again after one TTL anyway.
