@@ -90,14 +90,16 @@ def test_a_killed_master_on_this_host_does_not_hold_the_lease(store, settings):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     holder = f"{socket.gethostname()}:{gone.pid}"
-    Master(settings, store=store, name=holder).start()  # never closed: as if SIGKILLed
-    assert store.lease_holder() is None
+    dead = Master(settings, store=store, name=holder)
+    dead.start()  # never closed: as if SIGKILLed
     master = Master(settings, store=Store(store.engine), name="next")
     try:
+        assert store.lease_holder() is None
         master.start()
         assert store.lease_holder() == "next"
     finally:
         master.close()
+        dead.leadership.stop_renewing()  # a killed process renews nothing either
 
 
 def test_a_cycle_asked_of_the_serving_master_is_run_by_it(store, settings, agents):

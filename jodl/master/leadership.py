@@ -289,12 +289,16 @@ class Leadership:
             except Exception as exc:  # noqa: BLE001 - the database may come back in time
                 log.warning("could not renew the lease (%s); trying again", exc)
 
-    def release(self) -> None:
-        """End every led lease now and leave the live masters (a clean stop)."""
+    def stop_renewing(self) -> None:
+        """Stop the renewer thread; the leases stay until they expire."""
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join(timeout=30)
             self._renewer = None
+
+    def release(self) -> None:
+        """End every led lease now and leave the live masters (a clean stop)."""
+        self.stop_renewing()
         if self.led:
             self.store.release_lease(self.epoch, list(self.led))
         self.led.clear()
