@@ -49,6 +49,18 @@ def fresh_database(url: str) -> Iterator[str]:
         admin.dispose()
 
 
+def stop_all(procs: list[subprocess.Popen[bytes]], wait: float = 10) -> None:
+    """SIGTERM to every process still running, SIGKILL to those still there after ``wait``."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def wait_port(port: int, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -95,10 +107,4 @@ def agents(
             wait_port(int(address.rsplit(":", 1)[1]))
         yield addresses
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs, wait=5)

@@ -42,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import DEFAULT_PG, SECRET, agents, fresh_database  # noqa: E402
+from _common import DEFAULT_PG, SECRET, agents, fresh_database, stop_all  # noqa: E402
 
 
 def start_master(db_url: str, ttl: float, log_dir: Path, n: int) -> subprocess.Popen[bytes]:
@@ -115,18 +115,6 @@ def committed_keys(engine: Any) -> set[str]:
 def rerun_after(ran: Counter[str], committed: set[str]) -> int:
     """Jobs that ran more than once (marks) although a result of theirs was committed."""
     return sum(1 for key, n in ran.items() if n > 1 and key in committed)
-
-
-def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM to every master still running, SIGKILL to those still there after 10 s."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def reap(masters: list[subprocess.Popen[bytes]], pid: int) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import DEFAULT_PG, SECRET, agents, fresh_database  # noqa: E402
+from _common import DEFAULT_PG, SECRET, agents, fresh_database, stop_all  # noqa: E402
 
 #: Jobs per enqueue call.
 ENQUEUE_BATCH = 5000
@@ -197,13 +197,7 @@ def run_pgqueuer(url: str, jobs: int, workers: int, batch: int) -> dict[str, flo
                 time.sleep(0.02)
             seconds = time.perf_counter() - started
         finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_all(procs)
     return {"seconds": seconds, "enqueue_seconds": enqueued, "jobs_per_s": jobs / seconds}
 
 
