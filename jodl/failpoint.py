@@ -6,16 +6,41 @@ Points in the master: ``before_send`` (nothing logged or sent), ``after_log``
 (executions logged, nothing sent),
 ``after_send`` (sent, nothing collected), ``before_commit`` (results collected
 from agents, not yet committed), ``after_commit`` (committed, not acknowledged).
+On the path of a node given up on: ``lost_queued`` (its executions closed as lost
+and handed to the log writer), ``giveups_committed`` (those rows committed, nothing
+placed again logged yet), ``replacements_logged`` (the dispatches that place its
+jobs again logged, nothing sent), ``replacements_sent`` (and sent).
+
+``JODL_FAILPOINT_SLOW=commit_lost:SECONDS`` makes the log writer take that long to
+commit a batch that closes executions as lost (as under load), so a kill lands
+while those rows are still on their way.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 _spec = os.environ.get("JODL_FAILPOINT", "")
 _name, _, _count = _spec.partition(":")
 _left = int(_count or 1) if _name else 0
+
+
+_slow_spec = os.environ.get("JODL_FAILPOINT_SLOW", "")
+_slow_name, _, _slow_for = _slow_spec.partition(":")
+
+
+def slow(name: str) -> bool:
+    """Whether ``JODL_FAILPOINT_SLOW=NAME:SECONDS`` arms ``name`` (the caller then
+    calls :func:`wait`, e.g. only for the batches the point is about)."""
+    return name == _slow_name
+
+
+def wait(name: str) -> None:
+    """Sleep the armed seconds at ``name`` (a slow disk or a loaded database)."""
+    if name == _slow_name:
+        time.sleep(float(_slow_for or 1))
 
 
 def hit(name: str) -> None:

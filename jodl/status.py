@@ -20,16 +20,23 @@ def collect(store: Store, runs: int = 10) -> dict[str, Any]:
 def masters(store: Store) -> list[dict[str, Any]]:
     """Every registered master: name, role (leader/standby, or gone when its heartbeat
     expired), the scopes it leads with their epochs, the families it leads (``"*"``:
-    every one), its epoch, and when its heartbeat ends."""
-    epochs = {(holder, scope): epoch for scope, holder, epoch, _ in store.leases.leases()}
+    every one), its epoch, and when its heartbeat ends.
+
+    What a master leads is read from the lease rows, not from its heartbeat: a leader
+    stopped past its lease and taken over still says it leads until it notices, while
+    a scope's row names one holder only, so no family ever shows two leaders."""
+    held: dict[str, dict[str, int]] = {}
+    for scope, holder, epoch, _ in store.leases.leases():
+        held.setdefault(holder, {})[scope] = epoch
     out = []
     for m in store.masters.masters():
-        scopes = {scope: epochs.get((m.name, scope)) for scope in m.scopes}
+        scopes: dict[str, int | None] = dict(held.get(m.name, {}))
         families = sorted(s[len(FAMILY) :] for s in scopes if s.startswith(FAMILY))
+        role = "gone" if not m.live else ("leader" if scopes else "standby")
         out.append(
             {
                 "name": m.name,
-                "role": m.role if m.live else "gone",
+                "role": role,
                 "scopes": scopes,
                 "families": ["*"] if WHOLE in scopes else families,
                 "epoch": max((e for e in scopes.values() if e is not None), default=None),

@@ -239,8 +239,14 @@ def take_over_mid_cycle(store, agents, db_url, tmp_path, stall: bool, after: int
             ) + conn.scalar(select(func.count()).where(Dispatch.epoch == old_epoch))
         if stall:
             leader.send_signal(signal.SIGCONT)
-            # Woken past its TTL, the old leader finds itself fenced and exits.
-            assert leader.wait(timeout=30) != 0, logs(tmp_path)
+            # Woken past its TTL, the old leader finds itself fenced and stands by.
+            wait_logged(
+                lambda: "stops, standing by" in logs(tmp_path),
+                tmp_path,
+                30,
+                "the old leader to stand by",
+            )
+            assert leader.poll() is None, logs(tmp_path)
         row = run_finished(store, request, tmp_path, "the new leader to finish the run")
         assert row.taken_by == new_holder
     finally:

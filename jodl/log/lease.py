@@ -59,6 +59,8 @@ COUNTER = "~epochs"
 VACANT = ""
 #: The prefix of a writing transaction's ``application_name``, before its epoch.
 WRITER = "jodl-epoch:"
+#: Key of a connection's ``info``: the epoch its transaction proved (:func:`check_fence`).
+CHECKED = "jodl_fence_checked"
 
 
 def family_scope(family: str) -> str:
@@ -103,6 +105,7 @@ def check_fence(conn: Connection, epoch: int) -> None:
     if found is None:
         newest = conn.scalar(select(func.max(MasterLease.epoch)))
         raise Fenced(f"another master took over (epoch {newest}): epoch {epoch} writes nothing")
+    conn.info[CHECKED] = epoch  # the rest of this transaction need not prove it again
 
 
 class Leases:

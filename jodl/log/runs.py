@@ -183,7 +183,7 @@ class Runs:
         with self.engine.begin() as conn:
             conn.execute(
                 update(Run)
-                .where(Run.id == run_id)
+                .where(Run.id == run_id, Run.state == RunState.RUNNING)  # a closed run's are final
                 .values(jobs_done=done, jobs_failed=failed, jobs_dead=dead)
             )
 

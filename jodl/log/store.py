@@ -10,7 +10,7 @@ Each table and the module holding its statements: docs/architecture.md#the-recon
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Engine, select
@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..placement import Knowledge
 from .exec_ids import ExecIds
+from .fence import fenced
 from .jobs import JobLog
 from .learning import Learning
 from .lease import LEASE_SECONDS, WHOLE, Leases, holder_gone
@@ -43,20 +44,34 @@ class Store:
     applications read: results since a cursor, latest results per job, status).
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, epoch: Callable[[], int] | None = None) -> None:
+        """``epoch``: where a master reads its lease epoch; every writing transaction
+        then proves it (:mod:`jodl.log.fence`), except takes and renewals of leases,
+        which prove it their own way, and heartbeats, which any master writes."""
         self.engine = engine
         self.dialect = engine.dialect.name
-        self.sessions = sessionmaker(engine, expire_on_commit=False)
+        #: The engine the gateways use: ``engine`` itself, or its fenced view.
+        self.fenced_engine = engine if epoch is None else fenced(engine, epoch)
+        writes = self.fenced_engine
+        self.sessions = sessionmaker(writes, expire_on_commit=False)
         self.leases = Leases(engine)
         self.masters = MasterRegistry(engine)
-        self.exec_ids = ExecIds(engine)
-        self.runs = Runs(engine)
-        self.outcomes = OutcomeLog(engine)
-        self.learning = Learning(engine)
-        self.families = Families(engine)
-        self.node_log = NodeLog(engine)
-        self.requests = RequestLog(engine)
+        self.exec_ids = ExecIds(writes)
+        self.runs = Runs(writes)
+        self.outcomes = OutcomeLog(writes)
+        self.learning = Learning(writes)
+        self.families = Families(writes)
+        self.node_log = NodeLog(writes)
+        self.requests = RequestLog(writes)
         self.reads = Reads(engine)
+
+    def fenced(self, epoch: Callable[[], int]) -> Store:
+        """This database as the master whose lease epoch ``epoch()`` reads writes it."""
+        return Store(self.engine, epoch)
+
+    def unfenced(self) -> Store:
+        """This database for writes any master may make (a node's hello, say)."""
+        return self if self.fenced_engine is self.engine else Store(self.engine)
 
     def session(self) -> Session:
         return self.sessions()

@@ -18,6 +18,7 @@ from typing import Any
 
 from .. import failpoint
 from ..metrics import WRITER_COMMIT
+from .models import ExecState
 from .records import ClaimDone, ClaimFailed, DeadJob, ExecutionRow, Home, OutcomeBatch, split_claims
 from .store import Store
 
@@ -92,6 +93,10 @@ class LogWriter:
                 batch, after = item
                 try:
                     failpoint.hit("before_commit")
+                    if failpoint.slow("commit_lost") and any(
+                        row.state == ExecState.LOST for row in batch.executions
+                    ):
+                        failpoint.wait("commit_lost")
                     started = time.perf_counter()
                     self.store.record_outcomes(batch)
                     WRITER_COMMIT.observe(time.perf_counter() - started)

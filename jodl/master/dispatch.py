@@ -187,8 +187,11 @@ class Dispatcher:
             sents[node_id] = [s for group in per_run.values() for s in group]
         failpoint.hit("before_send")
         count_sent(wires.values())
+        replacing = self.nodes.ledger.settle_giveups()  # what these replace is closed first
         self.store.record_dispatches(dispatches)  # write-ahead: committed before agents see jobs
         failpoint.hit("after_log")
+        if replacing:
+            failpoint.hit("replacements_logged")
         now = time.perf_counter()
         calls = {}
         for node_id, wire in wires.items():
@@ -212,6 +215,8 @@ class Dispatcher:
             if refused:
                 self.outcomes.refused(slot, refused)
         failpoint.hit("after_send")
+        if replacing:
+            failpoint.hit("replacements_sent")
         return total
 
     def _room(self, slot: NodeSlot) -> int:

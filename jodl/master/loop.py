@@ -90,7 +90,10 @@ class Master:
         self.settings = settings or Settings.from_env()
         #: Take the lease even from a live master (which is then fenced): ``--takeover``.
         self.takeover = takeover
-        self.store = store or Store(make_engine(self.settings.database_url))
+        database = store or Store(make_engine(self.settings.database_url))
+        #: Every write proves this master's lease epoch (:mod:`jodl.log.fence`): once
+        #: another master took over, none is made, whatever step it is in.
+        self.store = database.fenced(lambda: self.leadership.epoch)
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.feeders: list[Feeder] = []
         self._progress = progress
@@ -232,7 +235,9 @@ class Master:
     def _listen_for_hellos(self) -> None:
         """Agents' hellos (``JODL_REGISTER_LISTEN``) are recorded as nodes from now on."""
         if self.settings.register_listen and self._hello is None:
-            self._hello = serve_hello(self.settings, self.store, self.settings.register_listen)
+            self._hello = serve_hello(
+                self.settings, self.store.unfenced(), self.settings.register_listen
+            )
 
     def close(self) -> None:
         """Commit what is queued, acknowledge it, and disconnect (the log stays resumable)."""
@@ -334,14 +339,16 @@ class Master:
         ``stop`` is looked at between two steps, so a step is never cut short (SIGTERM
         sets it); :meth:`close` then commits, acknowledges and releases the lease.
         A database outage stops dispatching until the database answers
-        (:mod:`jodl.master.outage`); then this master leads again, or stands by.
+        (:mod:`jodl.master.outage`); then this master leads again, or stands by. A
+        master of a share that finds itself fenced (a write or an agent refused its
+        epoch: another master took over) stops at once and stands by.
         """
         stop = stop or threading.Event()
         while not stop.is_set():
             try:
                 self._serve(stop)
             except Exception as exc:
-                if not is_outage(exc):
+                if not (is_outage(exc) or (self.per_family and isinstance(exc, Fenced))):
                     raise
                 sharing.rejoin(self, exc, stop)
 

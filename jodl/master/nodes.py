@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Concatenate, ParamSpec, TypeVar
 
+from .. import failpoint
 from ..agent.client import AgentLink
 from ..agent.local import make_link
 from ..agent.replies import AgentInfo
@@ -62,6 +63,9 @@ class NodeSlot:
     #: The log writer adds to it from its thread, hence the lock.
     acks: list[int] = field(default_factory=list)
     ack_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Execution ids whose outcome was collected and is not acknowledged yet: the agent
+    #: reports them again on every call until then, and the repeats are skipped.
+    reported: set[int] = field(default_factory=set)
     removed: bool = False
     #: Past a family's timeout: no new jobs until it reports a result or runs nothing.
     late: bool = False
@@ -100,6 +104,7 @@ class NodeSlot:
     def take_acks(self) -> list[int]:
         with self.ack_lock:
             acks, self.acks = self.acks, []
+        self.reported.difference_update(acks)
         return acks
 
     def observe(self, durations: list[float]) -> None:
@@ -443,6 +448,8 @@ class Nodes:
             )
         slot.take_acks()
         self.ledger.commit(lost)
+        if lost:
+            failpoint.hit("lost_queued")  # handed to the log writer, maybe not committed
 
     def call(
         self,

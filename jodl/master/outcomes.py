@@ -141,6 +141,10 @@ class Outcomes:
 
     def report(self, slot: NodeSlot, done: Any, failed: Any) -> int:
         """Commit what ``slot`` reported; update knowledge, runs and the book."""
+        seen = slot.reported
+        if seen:  # reported before, their commit under way: not again
+            done = [row for row in done if row[0] not in seen]
+            failed = [row for row in failed if row[0] not in seen]
         if not done and not failed:
             return 0
         batch = _Batch()
@@ -154,6 +158,7 @@ class Outcomes:
             batch.finished, batch.n_done, batch.dead, batch.retry, batch.claims, self.book.jobs
         )
         acks = batch.acks
+        seen.update(acks)
         # Acknowledged to the agent on a later call, once the writer has committed.
         self.ledger.commit(
             batch.rows, batch.dead, batch.claims, after=lambda: slot.add_acks(acks),
@@ -319,7 +324,7 @@ class Outcomes:
             return 0
         active.remaining -= len(ids)
         active.total -= len(ids)
-        budget.record_deferred(self.store.engine, run_id, active.family.name, len(ids))
+        budget.record_deferred(self.store.fenced_engine, run_id, active.family.name, len(ids))
         log.info(
             "run %s#%d: bytes budget spent, %d jobs wait for the next run",
             active.family.name,

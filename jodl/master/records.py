@@ -12,7 +12,8 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ..log.models import FamilyRow, Run, utcnow
+from .. import failpoint
+from ..log.models import ExecState, FamilyRow, Run, utcnow
 from ..log.records import ClaimDone, ClaimFailed, DeadJob, ExecutionRow, Home, PendingJob, Sent
 from ..log.writer import LogWriter
 from ..placement import JobInfo
@@ -125,13 +126,29 @@ def execution_row(
     )
 
 
+#: Outcomes after which the execution may still run on its agent (given up on, not
+#: reported): a replacement must not be logged before they are (:meth:`Ledger.settle_giveups`).
+GIVE_UPS = frozenset({ExecState.LOST, ExecState.TAKEN_BACK, ExecState.CANCELLED})
+
+
 class Ledger:
-    """Closes executions in the book into rows and commits them through the log writer."""
+    """Closes executions in the book into rows and commits them through the log writer.
+
+    Order of the log's writes: an execution given up on (lost with its node, taken
+    back, cancelled) is committed before any dispatch that replaces it
+    (:meth:`settle_giveups`, called by the send step). A master killed between the
+    two therefore leaves either the old execution open and no replacement (the next
+    master asks its agent), or the old one closed (its agent cancels it when it
+    connects again): never two open executions of one job that a resumed master
+    would take for a backup copy and its original.
+    """
 
     def __init__(self, book: JobBook, writer: LogWriter) -> None:
         self.book = book
         self.writer = writer
         self.epoch = 0
+        #: A batch with a given-up execution was handed to the writer and may be uncommitted.
+        self.giveups_pending = False
 
     def commit(
         self,
@@ -143,7 +160,20 @@ class Ledger:
     ) -> None:
         """Commit outcome rows (and the dispatches they close) through the log writer."""
         closed = self.book.take_closed_dispatches()
+        if not self.giveups_pending:
+            self.giveups_pending = any(row.state in GIVE_UPS for row in rows)
         self.writer.submit(rows, dead, claims, closed, after, settle=settle)
+
+    def settle_giveups(self) -> bool:
+        """Wait until every given-up execution handed to the writer is committed: before
+        a dispatch that may replace one is logged (a rare wait: after a loss or a steal).
+        True when there were some."""
+        if not self.giveups_pending:
+            return False
+        self.writer.flush()
+        self.giveups_pending = False
+        failpoint.hit("giveups_committed")
+        return True
 
     def write_homes(self) -> None:
         """Hand the homes decided since the last call to the log writer (committed in order)."""

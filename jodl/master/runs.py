@@ -9,6 +9,7 @@ from collections.abc import Callable
 from functools import partial
 
 from .. import budget
+from ..agent.client import AgentLink
 from ..exceptions import AgentUnavailable, Fenced
 from ..log.models import ExecState, FamilyRow, Run, RunState
 from ..log.records import Sent
@@ -71,7 +72,7 @@ class RunKeeper:
         batch get no new trial move.
         """
         self.families.setup(family, reload=True)
-        counter = budget.run_bytes(self.store.engine, family, run.id, resumed)
+        counter = budget.run_bytes(self.store.fenced_engine, family, run.id, resumed)
         sents: list[Sent] = []
         if resumed:
             sents = self.store.sent_executions([run.id])
@@ -135,20 +136,26 @@ class RunKeeper:
                 self.outcomes.hold_back(run_id)
 
     def _reattach(self, sents: list[Sent]) -> None:
-        """After a restart: keep executions agents still hold, close the others as lost."""
-        lost = []
-        attached: dict[int, Sent] = {}
+        """After a restart: keep executions agents still hold, close the others as lost.
+
+        Two held executions of one job are a backup copy and its original only where
+        backups are allowed (an idempotent family); otherwise the job has one
+        execution too many (a master died between two writes): :meth:`_one_copy`.
+        Every execution is attached before any is closed, so a dispatch closes only
+        once none of its executions is held.
+        """
         by_node: dict[int, list[Sent]] = defaultdict(list)
         for sent in sents:
             by_node[sent.node_id].append(sent)
         asks = {}  # one call per agent, all at once: a frozen agent delays nobody
-        for node_id, sents in by_node.items():
+        for node_id, group in by_node.items():
             slot = self.nodes.get(node_id)
             if slot is not None and slot.usable:
-                ids = [x.exec_id for x in sents]
-                asks[node_id] = partial(slot.link.held, self.epoch, ids)
+                asks[node_id] = partial(slot.link.held, self.epoch, [x.exec_id for x in group])
         replies = self.nodes.calls.each(asks)
-        for node_id, sents in by_node.items():
+        copies: dict[int, list[Sent]] = defaultdict(list)
+        gone: list[tuple[Sent, str, str | None]] = []  # (execution, state, error)
+        for node_id, group in by_node.items():
             slot = self.nodes.get(node_id)
             held: set[int] = set()
             if node_id in replies and slot is not None:
@@ -158,28 +165,56 @@ class RunKeeper:
                     raise  # a newer master took over: stop
                 except AgentUnavailable:  # suspect: what it held is lost below
                     self.nodes.down(slot, self.epoch)
-            for sent in sents:
-                job = self.book.jobs.get(sent.job_id)
-                if sent.exec_id in held and job is not None and slot is not None:
-                    first = attached.get(job.id)
-                    if first is not None:  # a backup copy and its original: both run on
-                        self.book.add_backup(sent, first.exec_id, first.node_id)
-                        continue
-                    expected = self.knowledge.expected(job_info(job), slot.load)
-                    self.book.attach(sent, expected)
-                    attached[job.id] = sent
+            for sent in group:
+                if sent.exec_id in held and sent.job_id in self.book.jobs:
+                    copies[sent.job_id].append(sent)
                 else:
-                    self.book.lost_after_restart(sent)
-                    lost.append(
-                        execution_row(
-                            sent.exec_id,
-                            sent,
-                            ExecState.LOST,
-                            self.epoch,
-                            error="not held by its agent after a restart",
-                        )
-                    )
-        self.ledger.commit(lost)
+                    gone.append((sent, ExecState.LOST, "not held by its agent after a restart"))
+        for job_id, held_copies in copies.items():
+            job = self.book.jobs[job_id]
+            if len(held_copies) > 1 and not self._backups_allowed(job.family, held_copies):
+                held_copies, given_back = self._one_copy(held_copies)
+                gone += [(x, ExecState.TAKEN_BACK, None) for x in given_back]
+            first = None
+            for sent in held_copies:
+                if first is not None:  # a backup copy and its original: both run on
+                    self.book.add_backup(sent, first.exec_id, first.node_id)
+                    continue
+                slot = self.nodes[sent.node_id]
+                self.book.attach(sent, self.knowledge.expected(job_info(job), slot.load))
+                first = sent
+        rows = []
+        for sent, state, error in gone:
+            self.book.lost_after_restart(sent)
+            rows.append(execution_row(sent.exec_id, sent, state, self.epoch, error=error))
+        self.ledger.commit(rows)
+
+    def _backups_allowed(self, family: str, held: list[Sent]) -> bool:
+        """Whether copies of a ``family`` job may run side by side (as backups do)."""
+        if not self.families.tuned(family).idempotent:
+            return False
+        return all(family in self.nodes[x.node_id].idempotent for x in held)
+
+    def _one_copy(self, held: list[Sent]) -> tuple[list[Sent], list[Sent]]:
+        """Two or more open executions of a job that must not run twice: every agent is
+        asked to give back its copy unstarted; (copies that started, copies given back).
+        None started: the job is placed again, once their closing rows are committed.
+        More than one started: nothing can undo that; they are kept as copies."""
+        given: set[int] = set()
+        for sent in held:
+            back = self.nodes.call(
+                self.nodes[sent.node_id], self.epoch, AgentLink.take_back, self.epoch, 0,
+                [sent.exec_id],
+            )  # fmt: skip
+            given.update(back or ())
+        started = [x for x in held if x.exec_id not in given]
+        if len(started) > 1:
+            log.error(
+                "job %d: %d executions had started before this master resumed the run",
+                held[0].job_id,
+                len(started),
+            )
+        return started, [x for x in held if x.exec_id in given]
 
     def finish(self, active: ActiveRun) -> RunSummary:
         """Close a run whose jobs are all done or dead: commit, acknowledge, summarise."""

@@ -44,15 +44,19 @@ def stand_by(master: Master, stop: threading.Event | None = None) -> bool:
 
 
 def rejoin(master: Master, exc: BaseException, stop: threading.Event | None) -> None:
-    """After a database outage: ``master`` lets go of its agents and leases, then stands
-    by until it leads again (:class:`Stopped` when ``stop`` is set first).
-    :class:`Fenced` when another master took over meanwhile (the database ended the
-    connection of a stopped process, say): then it stops as any fenced master."""
+    """After a database outage, or once fenced (another master took over its leases):
+    ``master`` lets go of its agents and leases, then stands by until it leads again
+    (:class:`Stopped` when ``stop`` is set first). A master of the whole database (a
+    SQLite file's, a one-shot run's) that was taken over stops: :class:`Fenced`."""
     if not lease_lapsed(master.store, master.epoch):
-        raise Fenced(f"another master took over: epoch {master.epoch} stops") from exc
-    log.warning("the database does not answer (%s): stopped dispatching", reason(exc))
-    master.let_go(final=False)
-    master.store.engine.dispose()  # pooled connections of before the outage are dead
+        if not master.per_family:
+            raise Fenced(f"another master took over: epoch {master.epoch} stops") from exc
+        log.warning("taken over (%s): epoch %d stops, standing by", exc, master.epoch)
+        master.let_go(final=False)  # writes nothing: every write of the old epoch is refused
+    else:
+        log.warning("the database does not answer (%s): stopped dispatching", reason(exc))
+        master.let_go(final=False)
+        master.store.engine.dispose()  # pooled connections of before the outage are dead
     stop = stop or threading.Event()
     while not stop.is_set():
         try:

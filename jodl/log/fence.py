@@ -1,0 +1,57 @@
+"""The fence on a leading master's writes: each writing transaction proves its epoch.
+
+A master's :class:`~jodl.log.store.Store` runs its statements on a view of the engine
+(:func:`fenced`) that knows where to read the master's epoch. Before the first
+statement of a transaction that writes (INSERT, UPDATE, DELETE, COPY), the same
+transaction runs :func:`~jodl.log.lease.check_fence`: a lease row must still carry
+that epoch, and it stays share-locked until the commit, so a takeover waits for the
+write or ends it, and every write after a takeover is refused with
+:class:`~jodl.exceptions.Fenced`. Run progress, run ends, node states, learning and
+requests are fenced so without a check of their own; the outcome and dispatch
+batches check the epoch stamped on them (:func:`check_fence` marks the transaction,
+so it is checked once).
+
+Epoch 0 (a standby that leads nothing, a command-line tool) writes unfenced.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Connection, Engine, event
+
+from .lease import CHECKED, check_fence
+
+#: The execution option that carries the epoch source of a fenced engine.
+OPTION = "jodl_fence"
+#: A statement that writes: its first keyword, past a leading WITH of CTEs.
+_WRITE = re.compile(r"\s*(?:WITH\b.*?)?\b(?:INSERT|UPDATE|DELETE|MERGE|COPY)\b", re.I | re.S)
+
+
+def fenced(engine: Engine, epoch: Callable[[], int]) -> Engine:
+    """A view of ``engine`` (same pool) whose writing transactions prove ``epoch()``."""
+    if not event.contains(engine, "before_cursor_execute", _before_execute):
+        event.listen(engine, "before_cursor_execute", _before_execute)
+        event.listen(engine, "begin", _begin)
+    return engine.execution_options(**{OPTION: epoch})
+
+
+def _begin(conn: Connection) -> None:
+    conn.info.pop(CHECKED, None)  # a new transaction proves its epoch again
+
+
+def _before_execute(
+    conn: Connection, cursor: Any, statement: str, parameters: Any, context: Any, many: bool
+) -> None:
+    source = conn.get_execution_options().get(OPTION)
+    if source is None:
+        return
+    epoch = source()
+    if not epoch or conn.info.get(CHECKED) == epoch or not _WRITE.match(statement):
+        return
+    check_fence(conn, epoch)
+
+
+__all__ = ["OPTION", "fenced"]

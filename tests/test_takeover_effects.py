@@ -1,0 +1,213 @@
+"""Effects once across takeovers, judged by the marks jobs leave in a file.
+
+The path of a node given up on writes twice: its executions closed as lost (through
+the log writer), then the dispatches that place its jobs again. A master killed
+between any two of those writes, or after the send that follows them (failpoints
+``lost_queued``, ``giveups_committed``, ``replacements_logged``,
+``replacements_sent``), must leave a log from which the next master, one-shot or
+serving, finishes the run without starting again a job whose result was committed,
+and without letting the thawed agent run its queued copies.
+
+A leader stopped past its lease and thawed after its standby finished the run
+writes nothing more (the run's row, the nodes' rows and the old epoch's rows are
+as the standby left them), rejoins as a standby, and never shows as a second leader.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agents import spawn_jodl, wait_for
+from sqlalchemy import func, select
+from test_crash import add_mark_jobs, check_complete, check_marks, executions
+from test_standby import (
+    committed_keys,
+    lease,
+    logs,
+    run_finished,
+    settled,
+    start_masters,
+    stop_all,
+)
+
+from jodl.log.models import Dispatch, Execution, Node, Run
+from jodl.log.store import Store
+from jodl.status import masters as status_masters
+
+postgres = pytest.mark.parametrize(
+    "db_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+
+#: Agents' job slots: also how many of a frozen agent's jobs may be mid-start or
+#: mid-run when it froze (each ran once there and may run once more elsewhere).
+SLOTS = 3
+JOBS = 150
+SECONDS = 0.05
+#: The masters' call timeout (seconds): a frozen agent is given up on soon after.
+CALL_TIMEOUT = "2"
+
+KILL_POINTS = ["lost_queued", "giveups_committed", "replacements_logged", "replacements_sent"]
+
+
+def marks_of(path: Path) -> list[tuple[str, str]]:
+    """(agent port, job key) of every mark line, in the order written."""
+    if not path.exists():
+        return []
+    return [
+        (node.rpartition(":")[2], key)
+        for node, key, *_ in (line.split(" ") for line in path.read_text().splitlines())
+    ]
+
+
+def master_env(db_url: str, **more: str) -> dict[str, str]:
+    return {
+        "JODL_DATABASE_URL": db_url,
+        "JODL_LEASE_TTL": "2",
+        "JODL_METRICS_LISTEN": "",
+        "JODL_CALL_TIMEOUT": CALL_TIMEOUT,
+        # Lost rows take 1.5 s to commit (as under load): the kill lands before.
+        "JODL_FAILPOINT_SLOW": "commit_lost:1.5",
+        **more,
+    }
+
+
+def freeze_when_busy(path: Path, agent: Any) -> None:
+    """SIGSTOP ``agent`` once it has run some jobs (it holds a queue of them)."""
+    wait_for(
+        lambda: sum(1 for port, _ in marks_of(path) if port == str(agent.port)) >= 10,
+        60,
+        "the agent to be frozen to run some jobs",
+    )
+    os.kill(agent.pid, signal.SIGSTOP)
+
+
+def judge(store: Store, path: Path, frozen_port: int, committed: set[str], at: int) -> None:
+    """No job whose result was committed when the master died started again, but for
+    the frozen agent's jobs caught between leaving its queue and their first line."""
+    after = executions(store)
+    check_complete(store, after)
+    check_marks(store, path, after)
+    marks = marks_of(path)
+    again = [(port, key) for port, key in marks[at:] if key in committed]
+    assert len(again) <= SLOTS and {p for p, _ in again} <= {str(frozen_port)}, (
+        f"jobs with a committed result started again: {again}"
+    )
+    twice = {key for key, n in Counter(key for _, key in marks).items() if n > 1}
+    # Each slot of the frozen agent: a job that ran there when it froze, and one that
+    # had left its queue; anything more is a copy run twice.
+    assert len(twice) <= 2 * SLOTS, f"jobs ran twice: {sorted(twice)}"
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # PostgreSQL: serving, below
+def test_one_shot_master_killed_on_the_gone_node_path(
+    store: Store, agents: Any, db_url: str, tmp_path: Path, point: str
+) -> None:
+    path = tmp_path / "marks.txt"
+    add_mark_jobs(store, path, count=JOBS, seconds=SECONDS)
+    frozen, _ = agents(2, slots=SLOTS)
+    env = master_env(db_url)
+    first = spawn_jodl(
+        "run", "mark", log_path=tmp_path / "master0.log", env={**env, "JODL_FAILPOINT": point}
+    )
+    try:
+        freeze_when_busy(path, frozen)
+        assert first.wait(timeout=60) == -signal.SIGKILL, logs(tmp_path)
+        committed, at = committed_keys(store), len(marks_of(path))
+        os.kill(frozen.pid, signal.SIGCONT)
+        again = spawn_jodl("run", "mark", log_path=tmp_path / "master1.log", env=env)
+        assert again.wait(timeout=120) == 0, logs(tmp_path)
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+        stop_all([first])
+    judge(store, path, frozen.port, committed, at)
+
+
+@postgres
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_serving_leader_killed_on_the_gone_node_path_a_standby_finishes(
+    store: Store, agents: Any, db_url: str, tmp_path: Path, point: str
+) -> None:
+    path = tmp_path / "marks.txt"
+    add_mark_jobs(store, path, count=JOBS, seconds=SECONDS)
+    frozen, _ = agents(2, slots=SLOTS)
+    env = master_env(db_url)
+    masters = [
+        spawn_jodl(
+            "master", log_path=tmp_path / "master0.log", env={**env, "JODL_FAILPOINT": point}
+        )
+    ]
+    try:
+        holder, _ = settled(store, 1)
+        request = store.request_run("mark")
+        # The standby joins with the run open: the family stays with its leader.
+        masters.append(spawn_jodl("master", log_path=tmp_path / "master1.log", env=env))
+        freeze_when_busy(path, frozen)
+        assert masters[0].wait(timeout=60) == -signal.SIGKILL, logs(tmp_path)
+        committed, at = committed_keys(store), len(marks_of(path))
+        os.kill(frozen.pid, signal.SIGCONT)
+        row = run_finished(store, request, tmp_path, "the standby to finish the run")
+        assert row.taken_by != holder
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+        stop_all(masters)
+    judge(store, path, frozen.port, committed, at)
+
+
+def old_epoch_rows(store: Store, epoch: int) -> int:
+    with store.engine.connect() as conn:
+        return conn.scalar(select(func.count()).where(Execution.epoch == epoch)) + conn.scalar(
+            select(func.count()).where(Dispatch.epoch == epoch)
+        )
+
+
+def snapshot(store: Store, epoch: int) -> tuple[Any, ...]:
+    """What a fenced master must leave alone: runs, nodes, its epoch's rows."""
+    with store.engine.connect() as conn:
+        runs = conn.execute(select(Run.__table__).order_by(Run.id)).all()
+        nodes = conn.execute(select(Node.__table__).order_by(Node.id)).all()
+    return runs, nodes, old_epoch_rows(store, epoch)
+
+
+@postgres
+def test_a_leader_thawed_after_its_standby_finished_writes_nothing_and_stands_by(
+    store: Store, agents: Any, db_url: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "marks.txt"
+    add_mark_jobs(store, path, count=120, seconds=SECONDS)
+    agents(2, slots=SLOTS)
+    masters: list[subprocess.Popen[bytes]] = start_masters(2, db_url, tmp_path)
+    try:
+        holder, epoch = settled(store, 2)
+        (leader,) = [m for m in masters if m.pid == int(holder.split(":")[1])]
+        request = store.request_run("mark")
+        wait_for(lambda: len(committed_keys(store)) >= 20, 60, "the cycle to be under way")
+        leader.send_signal(signal.SIGSTOP)
+        run_finished(store, request, tmp_path, "the standby to finish the run")
+        before = snapshot(store, epoch)
+        leader.send_signal(signal.SIGCONT)
+        # Thawed, it finds its epoch refused and stands by again (still running).
+        wait_for(
+            lambda: (
+                "stops, standing by"
+                in (tmp_path / f"master{masters.index(leader)}.log").read_text()
+            ),
+            30,
+            f"the thawed leader to stand by\n{logs(tmp_path)}",
+        )
+        assert leader.poll() is None, logs(tmp_path)
+        wait_for(lambda: holder in store.masters.live(), 30, "the thawed master's heartbeat again")
+        assert snapshot(store, epoch) == before, "the thawed leader wrote after the takeover"
+        # Once it stands by, the family may move back to it, with a new epoch.
+        leaders = [m for m in status_masters(store) if "mark" in m["families"]]
+        assert len(leaders) <= 1, leaders
+        assert all(m["epoch"] > epoch for m in leaders), leaders
+        assert (lease(store) or ("", epoch + 1))[1] > epoch
+    finally:
+        stop_all(masters)
