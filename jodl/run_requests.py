@@ -10,21 +10,29 @@ run's progress and outcome to the command.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
 
 from .exceptions import JodlError
+from .log.lease import LEASE_SECONDS
 from .log.models import RunRequest
 from .log.records import PendingJob
 from .log.store import Store
 from .master import Feeder, Master, RunSummary
+from .master.outage import RETRY_EVERY, is_outage, reason
+
+log = logging.getLogger("jodl")
 
 #: Seconds between two looks for requests by the serving master.
 REQUEST_POLL = 1.0
 #: Seconds between two looks at a followed request by the asking command.
 FOLLOW_POLL = 0.3
+#: Seconds without any master (no lease, no live standby) before a followed request
+#: is given up on: two default lease TTLs, the time masters take to lead again after
+#: a database restart.
+MASTER_GRACE = 2 * LEASE_SECONDS
 
 
 class RunRequests(Feeder):
@@ -105,23 +113,50 @@ def follow(
 ) -> RunRequest:
     """Wait for request ``request_id`` to end, reporting its run's progress; the request.
 
-    :class:`JodlError` when the master stops without recording an outcome.
+    :class:`JodlError` when no master has run for :data:`MASTER_GRACE` seconds and the
+    request has no outcome. A database that stops answering (a restart, a failover)
+    is waited for, as the masters wait for it.
     """
-    row: Any = None
+    outage = False
+    alive_at = time.monotonic()
     while True:
-        row = store.run_request(request_id)
-        if row is None:
-            raise JodlError(f"run request {request_id} disappeared")
-        if row.finished_at is not None:
+        try:
+            row = _look(store, request_id, progress)
+            alive = row is None and master_alive()
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            if not outage:
+                log.warning("the database does not answer (%s): waiting for it", reason(exc))
+            outage = True
+            alive_at = time.monotonic()  # masters lead again once it answers
+            time.sleep(RETRY_EVERY)
+            continue
+        outage = False
+        if row is not None:
             return row
-        if row.taken_at is not None and progress is not None:
-            run = store.running_run(row.family)
-            if run is not None and run.jobs_total:
-                done, _ = store.count_run(run.id)
-                progress(min(done, run.jobs_total), run.jobs_total)
-        if not master_alive():
+        if alive:
+            alive_at = time.monotonic()
+        elif time.monotonic() - alive_at > MASTER_GRACE:
             row = store.run_request(request_id)
             if row is not None and row.finished_at is not None:
                 return row
             raise JodlError("the running master stopped before the run ended")
         time.sleep(FOLLOW_POLL)
+
+
+def _look(
+    store: Store, request_id: int, progress: Callable[[int, int], None] | None
+) -> RunRequest | None:
+    """One look at a followed request: the request once it ended, else None."""
+    row = store.run_request(request_id)
+    if row is None:
+        raise JodlError(f"run request {request_id} disappeared")
+    if row.finished_at is not None:
+        return row
+    if row.taken_at is not None and progress is not None:
+        run = store.running_run(row.family)
+        if run is not None and run.jobs_total:
+            done, _ = store.count_run(run.id)
+            progress(min(done, run.jobs_total), run.jobs_total)
+    return None
