@@ -211,3 +211,32 @@ def test_a_leader_thawed_after_its_standby_finished_writes_nothing_and_stands_by
         assert (lease(store) or ("", epoch + 1))[1] > epoch
     finally:
         stop_all(masters)
+
+
+def test_a_serving_master_takes_each_result_once(
+    store: Store, settings: Any, agents: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An agent reports a result on every call until it is acknowledged, and the ack
+    waits for the log writer's commit: the repeats are skipped, not taken for results
+    nobody awaited."""
+    import logging
+    import threading
+
+    from jodl.master import Master
+
+    store.add_jobs("noop", {f"k{i}": {} for i in range(3000)})
+    agents(2)
+    master = Master(settings, store=store, name="serving")
+    master.start()
+    stop = threading.Event()
+    thread = threading.Thread(target=master.serve, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="jodl.master"):
+            summary = master.request_cycle("noop").result(timeout=120)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        master.close()
+    assert summary.done == 3000
+    assert not [r for r in caplog.records if "not awaited" in r.getMessage()]
