@@ -164,7 +164,9 @@ def test_a_frozen_leaders_agents_start_nothing_until_a_standby_leads(
             time.sleep(0.05)
         sent = dispatched(store, epoch)
         leader.send_signal(signal.SIGCONT)
-        assert leader.wait(timeout=30) != 0, "woken after the takeover, it stops (fenced)"
+        # Woken after the takeover, it finds itself fenced and stands by.
+        wait_logged(lambda: "stops, standing by" in logs(tmp_path), tmp_path, 30, "it to stand by")
+        assert leader.poll() is None, logs(tmp_path)
         run_finished(store, request, tmp_path, "the standby to finish the run")
     finally:
         stop_all(masters)

@@ -10,6 +10,7 @@ Each table and the module holding its statements: docs/architecture.md#the-recon
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -50,6 +51,10 @@ class Store:
         which prove it their own way, and heartbeats, which any master writes."""
         self.engine = engine
         self.dialect = engine.dialect.name
+        self._bind(epoch)
+
+    def _bind(self, epoch: Callable[[], int] | None) -> None:
+        engine = self.engine
         #: The engine the gateways use: ``engine`` itself, or its fenced view.
         self.fenced_engine = engine if epoch is None else fenced(engine, epoch)
         writes = self.fenced_engine
@@ -65,13 +70,16 @@ class Store:
         self.requests = RequestLog(writes)
         self.reads = Reads(engine)
 
-    def fenced(self, epoch: Callable[[], int]) -> Store:
-        """This database as the master whose lease epoch ``epoch()`` reads writes it."""
-        return Store(self.engine, epoch)
+    def fenced(self, epoch: Callable[[], int] | None) -> Store:
+        """This store (a copy, of the same class) as the master whose lease epoch
+        ``epoch()`` reads writes it; None: unfenced."""
+        twin = copy.copy(self)
+        twin._bind(epoch)
+        return twin
 
     def unfenced(self) -> Store:
         """This database for writes any master may make (a node's hello, say)."""
-        return self if self.fenced_engine is self.engine else Store(self.engine)
+        return self if self.fenced_engine is self.engine else self.fenced(None)
 
     def session(self) -> Session:
         return self.sessions()
