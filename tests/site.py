@@ -116,7 +116,7 @@ def _page(
 
 @dataclass
 class _Maker:
-    make: Callable[[int], Mapping[str, Any]]
+    make: Callable[[int, dict[str, str]], Mapping[str, Any]]
     count: int = 0
 
 
@@ -237,8 +237,12 @@ class TestSite:
             self._makers.pop(path, None)
             self._pages[path] = page
 
-    def set_maker(self, path: str, maker: Callable[[int], Mapping[str, Any]]) -> None:
-        """Serve at ``path`` what ``maker(n)`` says for the n-th request to it (from 0).
+    def set_maker(
+        self, path: str, maker: Callable[[int, dict[str, str]], Mapping[str, Any]]
+    ) -> None:
+        """Serve at ``path`` what ``maker(n, headers)`` says for the n-th request to it.
+
+        ``n`` counts from 0; ``headers`` are the request's (names in lower case).
 
         ``maker`` returns :meth:`set_page`'s keyword arguments (``body``, ``status``,
         ``headers`` ...); it is called once per request, in the handler's thread, so
@@ -317,7 +321,7 @@ class TestSite:
             if maker is not None:
                 count, maker.count = maker.count, maker.count + 1
         if maker is not None:
-            page = _page(**{"body": "", **maker.make(count)})
+            page = _page(**{"body": "", **maker.make(count, request_headers)})
         if page is None:
             page = Page(b"not found", 404, {"Content-Type": "text/plain"})
         if page.delay:

@@ -19,22 +19,22 @@ def doc(body: str, head: str = "") -> str:
     return f"<html><head><title>Shop</title>{head}</head><body>{body}</body></html>"
 
 
-def per_request(seed: int) -> dict[str, Callable[[int], dict[str, str]]]:
+def per_request(seed: int) -> dict[str, Callable[[int, dict[str, str]], dict[str, str]]]:
     """Pages that differ on every request: what each serves for its n-th request."""
     banners = ["Sale on shoes", "New: umbrellas", "Free delivery"]
     pick = random.Random(seed)
     return {
         # A clock and a visit counter: new text on every fetch.
-        "/clock": lambda n: {
+        "/clock": lambda n, _: {
             "body": doc(f"{ARTICLE}<p>Server time 12:{n % 60:02d}:{n * 7 % 60:02d}</p>")
         },
-        "/counter": lambda n: {"body": doc(f"{ARTICLE}<footer>{1000 + n * 37} visits</footer>")},
+        "/counter": lambda n, _: {"body": doc(f"{ARTICLE}<footer>{1000 + n * 37} visits</footer>")},
         # A rotating block: one of three banners at random.
-        "/rotating": lambda n: {
+        "/rotating": lambda n, _: {
             "body": doc(f"<div class=banner>{pick.choice(banners)}</div>{ARTICLE}")
         },
         # A page flipping between two states (A/B test).
-        "/flip": lambda n: {
+        "/flip": lambda n, _: {
             "body": doc(ARTICLE + pick.choice(["<p>Variant A</p>", "<p>Variant B</p>"]))
         },
     }
@@ -70,7 +70,7 @@ def test_noisy_pages_never_alert_while_real_edits_do(store, agents, settings, si
     article = {"text": ARTICLE}  # the clock ticks on every request; the article is edited once
     site.set_maker(
         "/clock-article",
-        lambda n: {"body": doc(f"<article>{article['text']}</article><p>time {n}</p>")},
+        lambda n, _: {"body": doc(f"<article>{article['text']}</article><p>time {n}</p>")},
     )
     add_users_tracking(store, site.url("/clock-article"), ["part@example.org"], selector="article")
     # The whole page too: its clock is learned as noise, the edit still comes through.
