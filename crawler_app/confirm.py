@@ -49,13 +49,15 @@ class Known:
 
     fingerprints: frozenset[str]
     model: Model
+    #: False for a one-off fetch (the web UI's): a first fetch is taken as it is.
+    learn: bool = True
 
     @classmethod
     def from_payload(cls, value: Any) -> Known:
-        """From the payload's per-view value: a list of fingerprints, or a dict."""
+        """From the payload's per-view value: a dict, or a list of fingerprints (one-off)."""
         if isinstance(value, dict):
             return cls(frozenset(value.get("known") or ()), Model.from_json(value.get("model")))
-        return cls(frozenset(value or ()), Model())
+        return cls(frozenset(value or ()), Model(), learn=False)
 
 
 @dataclass
@@ -80,7 +82,7 @@ class ViewCheck:
             return
         self.keys.append(text_keys(text))
         if not model.has_base:
-            if len(self.keys) > BASELINE_FETCHES:
+            if len(self.keys) > BASELINE_FETCHES or not self.known.learn:
                 learned = judge(model, self.keys).model
                 self.model = learned.rebased(self.keys[-1])
                 self.verdict = BASELINE
