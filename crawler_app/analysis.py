@@ -1,10 +1,11 @@
-"""Analysis of check results: each fetch through the confirmed-change rule.
+"""Analysis of check results: each view's verdict stored.
 
-A ``check_page`` result updates its page (status, validators, title, error) and
-each of the page's views (whole page, CSS selectors): a view's first text is its
-baseline, a new text is pending until seen again (then a confirmed change and a
-snapshot), anything seen before or a failed fetch changes nothing
-(:mod:`crawler_app.change`).
+A ``check_page`` result updates its page (status, validators, title, error, the
+script-built flag) and each of the page's views (whole page, CSS selectors). The
+agent judged each view over the fetches of its check (:mod:`crawler_app.confirm`):
+a ``baseline`` or a ``change`` becomes a snapshot (a change is notified), and
+what the fetches taught about the view's noise is kept in its model; a failed
+fetch or a ``304`` changes nothing.
 """
 
 from __future__ import annotations
@@ -18,17 +19,19 @@ from sqlalchemy.orm import Session
 
 from jodl.log import utcnow
 
-from . import change
-from .models import WHOLE_PAGE, AppCycle, Page, PageView, Snapshot, compress, decompress
+from . import confirm
+from .models import WHOLE_PAGE, AppCycle, Page, PageView, Snapshot, compress
 
 # Columns read and written per page and per view. The chunk is applied with plain
 # rows and one executemany per table: ORM objects cost more than the analysis itself.
 _PAGE = Page.__table__
 _VIEW = PageView.__table__
 _PAGE_SET = ("etag", "last_modified", "title", "fingerprint", "last_status", "last_error",
-             "last_checked_at", "last_changed_at", "analysed_cycle_id")  # fmt: skip
-_VIEW_SET = ("fingerprint", "recent", "pending", "pending_text", "pending_since",
-             "last_changed_at")  # fmt: skip
+             "last_checked_at", "last_changed_at", "analysed_cycle_id", "script_page")  # fmt: skip
+_VIEW_SET = ("fingerprint", "recent", "model", "last_changed_at")
+#: Exact fingerprints of fetches judged the same as a view's baseline, kept so the next
+#: fetch with one of them is settled at once (an A/B variant, a CDN edge's stamp).
+KNOWN_FINGERPRINTS = 8
 
 
 def _updates(table: Any, names: tuple[str, ...]) -> Any:
@@ -40,7 +43,7 @@ def _updates(table: Any, names: tuple[str, ...]) -> Any:
     )
 
 
-def apply_chunk(s: Session, cycle_id: int, rows: list[Any], flip_window: int) -> None:
+def apply_chunk(s: Session, cycle_id: int, rows: list[Any]) -> None:
     """Apply one chunk of check results (execution id, job id, result JSON, finished).
 
     Pages already analysed for this cycle are skipped; the cycle's counts grow in
@@ -76,7 +79,7 @@ def apply_chunk(s: Session, cycle_id: int, rows: list[Any], flip_window: int) ->
             result = {"ok": False, "error": "internal_error", "error_message": "bad result"}
         page_views = views.get(page["id"], [])
         before = [dict(v) for v in page_views]
-        changed = apply_result(cycle_id, page, page_views, result, finished, flip_window, snapshots)
+        changed = apply_result(cycle_id, page, page_views, result, finished, snapshots)
         changed_views.extend(v for v, old in zip(page_views, before, strict=True) if v != old)
         counts["checked"] += 1
         counts["not_modified"] += bool(result.get("not_modified"))
@@ -108,78 +111,66 @@ def apply_result(
     views: list[dict[str, Any]],
     result: dict[str, Any],
     finished: dt.datetime | None,
-    flip_window: int,
     snapshots: list[dict[str, Any]],
 ) -> int:
     """Apply one ``check_page`` result to its page and views; how many views changed.
 
     ``page`` and ``views`` are rows (dicts of :class:`Page` and :class:`PageView`
     columns), changed in place; new :class:`Snapshot` rows are appended to
-    ``snapshots``. Each view goes through the confirmed-change rule
-    (:func:`crawler_app.change.decide`): a failed fetch counts as nothing, a
-    ``304`` means "the text fetched last", a confirmed or first state becomes a
-    snapshot, a new text is kept as pending.
+    ``snapshots``. A failed fetch (an error page included) and a ``304`` leave the
+    views as they are.
     """
     now = finished or utcnow()
     ok = bool(result.get("ok"))
     not_modified = bool(result.get("not_modified"))
     page["last_checked_at"] = now
     page["last_status"] = result.get("status")
-    if ok:
-        page["last_error"] = None
-        if not not_modified:
-            page["etag"] = result.get("etag")
-            page["last_modified"] = result.get("last_modified")
-            page["title"] = (result.get("title") or None) and result["title"][:300]
-            whole = (result.get("views") or {}).get(WHOLE_PAGE) or {}
-            page["fingerprint"] = whole.get("fingerprint") or page["fingerprint"]
-    else:
+    if "script_page" in result:
+        page["script_page"] = bool(result["script_page"])
+    if not ok:
         code = result.get("error") or "error"
         page["last_error"] = f"{code}: {result.get('error_message') or ''}".strip()
+        return 0
+    page["last_error"] = None
+    if not_modified:
+        return 0
+    page["etag"] = result.get("etag")
+    page["last_modified"] = result.get("last_modified")
+    page["title"] = (result.get("title") or None) and result["title"][:300]
     seen = result.get("views") or {}
+    whole = seen.get(WHOLE_PAGE) or {}
+    page["fingerprint"] = whole.get("fingerprint") or page["fingerprint"]
     changed = 0
     for view in views:
-        fetched = seen.get(view["selector"]) or {}
-        pending = view["pending"]
-        if not ok:
-            new = None
-        elif not_modified:
-            new = pending or view["fingerprint"]
-        elif view["selector"] not in seen or fetched.get("error"):
-            continue  # a view added after the payload was made, or a bad selector
-        else:
-            new = fetched.get("fingerprint")
-        current = view["fingerprint"]
-        history = [current, *(view["recent"] or [])] if current else []
-        decision = change.decide(new, history, pending, flip_window=flip_window)
+        fetched = seen.get(view["selector"])
+        if not fetched or fetched.get("error") or not fetched.get("verdict"):
+            continue  # a view added after the payload was made, a bad selector, no text
+        verdict, new = fetched["verdict"], fetched["fingerprint"]
+        if fetched.get("model"):
+            view["model"] = fetched["model"]
+        if verdict in (confirm.SAME, confirm.NOISE):
+            if new != view["fingerprint"] and new not in (view["recent"] or []):
+                view["recent"] = [new, *(view["recent"] or [])][:KNOWN_FINGERPRINTS]
+            continue
         text = fetched.get("text")
-        if decision.store_snapshot and new is not None:
-            if text is None and new == pending:
-                text = decompress(view["pending_text"])
-            kind = "baseline" if decision.verdict == change.BASELINE else "change"
-            snapshots.append(
-                {
-                    "page_id": page["id"],
-                    "selector": view["selector"],
-                    "cycle_id": cycle_id,
-                    "taken_at": now,
-                    "status": result.get("status"),
-                    "kind": kind,
-                    "fingerprint": new,
-                    "text_z": compress(text),
-                    "chars": len(text or ""),
-                }
-            )
-            if current:
-                window = max(1, flip_window)
-                view["recent"] = [current, *(view["recent"] or [])][:window]
-            view["fingerprint"] = new
-            if kind == "change":
-                view["last_changed_at"] = now
-                page["last_changed_at"] = now
-                changed += 1
-        if decision.pending != pending:
-            view["pending"] = decision.pending
-            view["pending_text"] = compress(text) if decision.pending else None
-            view["pending_since"] = now if decision.pending else None
+        kind = "change" if verdict == confirm.CHANGE and view["fingerprint"] else "baseline"
+        snapshots.append(
+            {
+                "page_id": page["id"],
+                "selector": view["selector"],
+                "cycle_id": cycle_id,
+                "taken_at": now,
+                "status": result.get("status"),
+                "kind": kind,
+                "fingerprint": new,
+                "text_z": compress(text),
+                "chars": len(text or ""),
+            }
+        )
+        view["fingerprint"] = new
+        view["recent"] = []
+        if kind == "change":
+            view["last_changed_at"] = now
+            page["last_changed_at"] = now
+            changed += 1
     return changed

@@ -3,9 +3,10 @@
 ::
 
     prepare                jobs in line with the trackings; payloads carry validators,
-                           known fingerprints and (scheduled cycles) spread start times
-    check                  one JODL cycle of ``check_page`` on the agents
-    analyse                results -> confirmed-change rule -> views, snapshots, pages
+                           each view's baseline and model, (scheduled cycles) start times
+    check                  one JODL cycle of ``check_page`` on the agents (a page that
+                           differs is fetched again in the same job to confirm it)
+    analyse                verdicts -> views, snapshots, pages
                            (:mod:`crawler_app.analysis`)
     prepare_notifications  one digest per user with confirmed changes: a row with an
                            idempotency key and a ``notify`` job, committed together
@@ -221,27 +222,27 @@ class PageCycle:
             wanted: dict[int, set[str]] = {}
             for page_id, selector in s.execute(select(Tracking.page_id, Tracking.selector)):
                 wanted.setdefault(page_id, set()).add(selector or WHOLE_PAGE)
-            known: dict[tuple[int, str], tuple[list[str], bool]] = {}
-            for page_id, selector, fp, pending, recent in s.execute(
+            known: dict[tuple[int, str], dict[str, Any]] = {}
+            for page_id, selector, fp, recent, model in s.execute(
                 select(
                     PageView.page_id,
                     PageView.selector,
                     PageView.fingerprint,
-                    PageView.pending,
                     PageView.recent,
+                    PageView.model,
                 )
             ):
-                fps = [f for f in (fp, pending, *(recent or [])) if f]
-                known[(page_id, selector)] = (fps, fp is not None or pending is not None)
+                if fp is not None and model:
+                    known[(page_id, selector)] = {"known": [fp, *(recent or [])], "model": model}
             start = _unix(cycle.started_at)
             rows = []
             for page_id, url, job_id, etag, last_modified in pages:
-                views: dict[str, list[str]] = {}
+                views: dict[str, dict[str, Any]] = {}
                 every_view_known = True
                 for selector in sorted(wanted.get(page_id, {WHOLE_PAGE})):
-                    fps, has_state = known.get((page_id, selector), ([], False))
-                    views[selector] = fps
-                    every_view_known &= has_state
+                    state = known.get((page_id, selector))
+                    views[selector] = state or {"known": []}
+                    every_view_known &= state is not None
                 payload: dict[str, Any] = {"url": url, "views": views}
                 # A 304 tells nothing about a view never seen: fetch in full then.
                 if every_view_known:
@@ -305,7 +306,7 @@ class PageCycle:
                 if not rows:
                     break
                 last = rows[-1].exec_id
-                apply_chunk(s, cycle.id, rows, self.settings.flip_window)
+                apply_chunk(s, cycle.id, rows)
         with self.sessions() as s, s.begin():
             # Jobs that failed every attempt: the page records why (never a change).
             errors = self.store.reads.dead_in_run(run_id, s.connection())

@@ -32,11 +32,14 @@ from jodl import Family, Permanent
 from jodl.config import Settings
 from jodl.log import make_engine, utcnow
 
+from .confirm import BASELINE_FETCHES, Known, ViewCheck
 from .fetcher import THREAD_PARSE_BYTES, Fetcher
 from .metrics import FETCHES, NOTIFICATIONS
 from .models import DigestClaim, DigestClaimState
+from .pagekind import built_by_script, error_page
 from .settings import SMTP_IN_CLEAR, AppSettings
 from .text import SelectorError, extract, fingerprint
+from .variance import Model
 
 #: Longest wait before a spread check starts (guards against a clock far off).
 MAX_START_DELAY = 3600.0
@@ -49,48 +52,49 @@ _COPIED = (
 )  # fmt: skip
 
 
-def _view(
-    text: str, matches: int | None, known: list[str], limit: int, fp: str | None = None
-) -> dict[str, Any]:
+def _view(text: str, matches: int | None, limit: int, fp: str | None = None) -> dict[str, Any]:
     truncated = len(text) > limit
     if truncated:
         text = text[:limit].rstrip()
     if fp is None or truncated:
         # ``text`` comes from extract(), already normalised, unless it was cut here.
         fp = fingerprint(text, normalised=not truncated)
-    out: dict[str, Any] = {"fingerprint": fp, "chars": len(text), "matches": matches}
+    out: dict[str, Any] = {"fingerprint": fp, "chars": len(text), "matches": matches, "text": text}
     if truncated:
         out["truncated"] = True
-    if fp not in known:
-        out["text"] = text
     return out
 
 
-def _selector_views(
-    body: bytes, content_type: str | None, wanted: dict[str, list[str]], limit: int
-) -> dict[str, dict[str, Any]]:
+def _selector_texts(
+    body: bytes, content_type: str | None, selectors: list[str]
+) -> dict[str, tuple[str, int | None] | str]:
+    """Each selector's text and match count, or the selector's error message."""
     if not content_type:
         content_type = "text/html" if body.lstrip()[:1] == b"<" else "text/plain"
-    views: dict[str, dict[str, Any]] = {}
-    for selector, known in wanted.items():
+    found: dict[str, tuple[str, int | None] | str] = {}
+    for selector in selectors:
         try:
             page = extract(body, content_type, selector=selector)
         except SelectorError as exc:
-            views[selector] = {"error": str(exc)}
+            found[selector] = str(exc)
             continue
-        views[selector] = _view(page.text, page.selector_matches, known, limit)
-    return views
+        found[selector] = (page.text, page.selector_matches)
+    return found
 
 
 class CheckPage(Family):
-    """Fetch one page with its stored validators; fingerprint each requested view.
+    """Fetch one page with its stored validators; judge each requested view.
 
     Payload: ``url``; ``etag`` and ``last_modified`` as the server sent them last;
-    ``views``: ``{selector: [known fingerprints]}`` (``""`` is the whole page);
-    ``start_at``: Unix time before which the fetch does not start (spread).
-    Result: the fetcher's status fields plus ``views``: ``{selector: {fingerprint,
-    chars, matches, text?}}`` (``text`` only for an unknown fingerprint). Fetch
-    errors are results (``ok`` false, ``error`` code and message), not failures.
+    ``views``: ``{selector: {"known": [fingerprints], "model": {...}}}`` (``""`` is
+    the whole page; see :mod:`crawler_app.confirm`); ``start_at``: Unix time before
+    which the fetch does not start (spread). A view that differs from its baseline
+    has the page fetched again (``JODL_CONFIRM_DELAY``, ``JODL_CONFIRM_FETCHES``).
+    Result: the fetcher's status fields of the last fetch, ``fetches``, and
+    ``views``: ``{selector: {fingerprint, chars, matches, verdict, text?, model?}}``
+    (``text`` only for a new baseline). Fetch errors, and a 200 page that reads as
+    an error page (``error_page``), are results (``ok`` false), not failures;
+    ``script_page`` says the page builds its text with scripts.
     """
 
     name = "check_page"
@@ -113,9 +117,39 @@ class CheckPage(Family):
                 await asyncio.sleep(delay)
         if self._fetcher is None:
             self._fetcher = Fetcher(self.fetch_settings)
-        wanted: dict[str, list[str]] = dict(payload.get("views") or {"": []})
+        wanted = {
+            sel: Known.from_payload(v) for sel, v in (payload.get("views") or {"": []}).items()
+        }
+        checks = {
+            sel: ViewCheck(known, self.settings.confirm_fetches) for sel, known in wanted.items()
+        }
+        out = await self._fetch(url, payload.get("etag"), payload.get("last_modified"), checks)
+        if not out.get("ok") or out.get("not_modified"):
+            return out
+        fetches = 1
+        views = out["views"]
+        # Fetched again, unconditionally, while a view differs from its baseline.
+        while not all(c.settled for c in checks.values()) and fetches <= max(
+            self.settings.confirm_fetches, BASELINE_FETCHES
+        ):
+            await asyncio.sleep(self.settings.confirm_delay)
+            fetches += 1
+            again = await self._fetch(url, None, None, checks)
+            if again.get("ok") and not again.get("not_modified"):
+                views.update(again["views"])
+        out["fetches"] = fetches
+        for check in checks.values():
+            check.finish()
+        out["views"] = {sel: checks[sel].result(view) for sel, view in views.items()}
+        return out
+
+    async def _fetch(
+        self, url: str, etag: str | None, last_modified: str | None, checks: dict[str, ViewCheck]
+    ) -> dict[str, Any]:
+        """One fetch; each view's text goes to its check (an error page counts as an error)."""
+        assert self._fetcher is not None
         result, body = await self._fetcher.fetch_with_body(
-            url, etag=payload.get("etag"), last_modified=payload.get("last_modified")
+            url, etag=etag, last_modified=last_modified
         )
         out = {key: result.get(key) for key in _COPIED}
         out["redirects"] = len(result.get("redirects") or ())
@@ -123,21 +157,36 @@ class CheckPage(Family):
         if not result.get("ok") or result.get("not_modified"):
             return out
         limit = self.fetch_settings.max_text_chars
-        views: dict[str, dict[str, Any]] = {}
-        if "" in wanted:
-            text = result.get("text") or ""
+        texts: dict[str, tuple[str, int | None, str | None]] = {}
+        if "" in checks:
             # The fetcher fingerprinted the same (already cut) text.
-            views[""] = _view(text, None, wanted[""], limit, result.get("fingerprint"))
-        others = {sel: known for sel, known in wanted.items() if sel}
+            texts[""] = (result.get("text") or "", None, result.get("fingerprint"))
+        others = [sel for sel in checks if sel]
+        views: dict[str, dict[str, Any]] = {}
         if others and body is not None:
             if len(body) > THREAD_PARSE_BYTES:
-                views.update(
-                    await asyncio.to_thread(
-                        _selector_views, body, result.get("content_type"), others, limit
-                    )
+                found = await asyncio.to_thread(
+                    _selector_texts, body, result.get("content_type"), others
                 )
             else:
-                views.update(_selector_views(body, result.get("content_type"), others, limit))
+                found = _selector_texts(body, result.get("content_type"), others)
+            for sel, value in found.items():
+                if isinstance(value, str):
+                    views[sel] = {"error": value}
+                else:
+                    texts[sel] = (value[0], value[1], None)
+        whole = result.get("text") or ""
+        model = checks[""].known.model if "" in checks else Model()
+        out["script_page"] = built_by_script(body, whole)
+        why = error_page(result.get("title"), whole, model)
+        if why is not None:
+            out.update(ok=False, error="error_page", error_message=why)
+            return out
+        for sel, (text, matches, fp) in texts.items():
+            view = _view(text, matches, limit, fp)
+            if view["text"]:  # an empty selector match is no state of the view
+                checks[sel].add(view["text"], view["fingerprint"])
+            views[sel] = view
         out["views"] = views
         return out
 

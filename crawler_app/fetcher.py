@@ -74,6 +74,7 @@ ERROR_CODES = (
     "too_many_redirects",
     "http_error",  # an answer other than 2xx, 3xx redirect or 304
     "bad_selector",  # the CSS selector cannot be parsed
+    "error_page",  # a 2xx answer that reads as an error or maintenance page, or is blank
     "internal_error",  # a bug: reported, never raised
 )
 

@@ -96,6 +96,8 @@ class Page(Base):
     #: Fingerprint of the whole page's text as last fetched.
     fingerprint: Mapped[str | None] = mapped_column(String(64))
     title: Mapped[str | None] = mapped_column(String(300))
+    #: The last full fetch had scripts and almost no visible text (crawler_app.pagekind).
+    script_page: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     #: HTTP status of the last fetch (None: no answer).
     last_status: Mapped[int | None] = mapped_column(Integer)
     #: ``code: message`` of the last failed fetch; None after a good one.
@@ -122,7 +124,7 @@ class Tracking(Base):
 
 
 class PageView(Base):
-    """A page seen through one selector: the state of the confirmed-change rule."""
+    """A page seen through one selector: its current text and what varies on it."""
 
     __tablename__ = "app_page_view"
     __table_args__ = (
@@ -134,12 +136,11 @@ class PageView(Base):
     selector: Mapped[str] = mapped_column(String(SELECTOR_LENGTH), default=WHOLE_PAGE)
     #: Fingerprint of the current (confirmed) text; None before the first good fetch.
     fingerprint: Mapped[str | None] = mapped_column(String(64))
-    #: Earlier confirmed fingerprints, newest first (to recognise a page flipping back).
+    #: Exact fingerprints of fetches judged the same as the current text, newest first.
     recent: Mapped[list[str]] = mapped_column(JSON, default=list)
-    #: A new text seen once and not yet confirmed, with its text for the snapshot.
-    pending: Mapped[str | None] = mapped_column(String(64))
-    pending_text: Mapped[bytes | None] = mapped_column(LargeBinary)
-    pending_since: Mapped[dt.datetime | None]
+    #: What is learned of the view: its baseline's line keys and what varies on it
+    #: (:class:`crawler_app.variance.Model`); None before the first baseline.
+    model: Mapped[dict[str, str] | None] = mapped_column(JSON)
     last_changed_at: Mapped[dt.datetime | None]
 
 

@@ -17,7 +17,7 @@ from jodl.exceptions import ConfigError
 from jodl.families_admin import cron_trigger  # one crontab reading for every schedule
 from jodl.options import Option, register_options
 
-from . import change, fetch_settings, politeness
+from . import confirm, fetch_settings, politeness
 from .guard import parse_allowlist
 
 #: Cron expression of the application cycle run by ``jodl master`` (daily at 06:00).
@@ -118,11 +118,18 @@ OPTIONS: tuple[Option, ...] = (
         "master",
     ),
     AppOption(
-        "JODL_FLIP_WINDOW",
-        str(change.DEFAULT_FLIP_WINDOW),
+        "JODL_CONFIRM_DELAY",
+        str(confirm.DEFAULT_CONFIRM_DELAY),
+        "float0",
+        "Seconds before a page that differs from its baseline is fetched again",
+        "agent",
+    ),
+    AppOption(
+        "JODL_CONFIRM_FETCHES",
+        str(confirm.DEFAULT_CONFIRM_FETCHES),
         "int0",
-        "Earlier states a page may flip back to without that counting as a change",
-        "master",
+        "Fetches one check may add to confirm a difference (see docs/change-detection.md)",
+        "agent",
     ),
     AppOption(
         "JODL_MAIL_FROM", DEFAULT_MAIL_FROM, "str", "From: address of the digest e-mails", "master"
@@ -267,7 +274,8 @@ class AppSettings:
     schedule: str = DEFAULT_SCHEDULE
     check_spread: float = DEFAULT_CHECK_SPREAD
     snapshot_retention: int = DEFAULT_SNAPSHOT_RETENTION
-    flip_window: int = change.DEFAULT_FLIP_WINDOW
+    confirm_delay: float = confirm.DEFAULT_CONFIRM_DELAY
+    confirm_fetches: int = confirm.DEFAULT_CONFIRM_FETCHES
     mail_from: str = DEFAULT_MAIL_FROM
     app_url: str | None = None
     smtp_host: str = "localhost"

@@ -3,7 +3,8 @@
 The inbox is an aiosmtpd server on a free loopback port that keeps every message
 it accepts. Agents for the page checker get the allowlist for 127.0.0.0/8 (so the
 tests' local site is reachable; everything else private stays refused), no
-per-host spacing, and the inbox as their SMTP server.
+per-host spacing, a short delay before a confirming fetch, and the inbox as
+their SMTP server.
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ def agent_env(inbox: Inbox | None = None, allow: str | None = "127.0.0.0/8") -> 
         "JODL_FETCH_HOST_IN_FLIGHT": "8",
         "JODL_FETCH_CONNECT_TIMEOUT": "5",
         "JODL_FETCH_TOTAL_TIMEOUT": "10",
+        # A difference is confirmed by fetching again within the check: soon, in tests.
+        "JODL_CONFIRM_DELAY": "0.05",
     }
     if allow is not None:
         env["JODL_FETCH_ALLOW"] = allow

@@ -2,10 +2,11 @@
 
 A threaded HTTP/1.1 server on 127.0.0.1 (or another loopback address) and a
 free port. Each path serves what the test set: body, status, headers, latency,
-a slow (dripping) or huge body; ETag / Last-Modified validators are honoured
-with ``304 Not Modified``. Every request is logged per path (method, headers,
-status, whether a body was sent, how many body bytes went out, start and end
-times), so a test can assert what the server saw.
+a slow (dripping) or huge body, or what a function makes for each request;
+ETag / Last-Modified validators are honoured with ``304 Not Modified``. Every
+request is logged per path (method, headers, status, whether a body was sent,
+how many body bytes went out, start and end times), so a test can assert what
+the server saw.
 
 Use the fixtures by naming this module as a plugin in the test module (import
 ``TestSite`` for annotations only, under ``TYPE_CHECKING``, so pytest can
@@ -34,6 +35,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -95,6 +97,29 @@ class _Server(ThreadingHTTPServer):
     site: TestSite
 
 
+def _page(
+    body: str | bytes = "",
+    status: int = 200,
+    headers: Mapping[str, str] | None = None,
+    content_type: str | None = "text/html; charset=utf-8",
+    delay: float = 0.0,
+    drip: float = 0.0,
+    size: int | None = None,
+    send_length: bool = True,
+) -> Page:
+    all_headers = dict(headers or {})
+    if content_type is not None:
+        all_headers.setdefault("Content-Type", content_type)
+    data = body.encode("utf-8") if isinstance(body, str) else body
+    return Page(data, status, all_headers, delay, drip, size, send_length)
+
+
+@dataclass
+class _Maker:
+    make: Callable[[int, dict[str, str]], Mapping[str, Any]]
+    count: int = 0
+
+
 def _not_modified(page: Page, request_headers: Mapping[str, str]) -> bool:
     etag = page.headers.get("ETag")
     if_none_match = request_headers.get("if-none-match")
@@ -133,6 +158,7 @@ class TestSite:
         self.tls = tls
         self.port = 0
         self._pages: dict[str, Page] = {}
+        self._makers: dict[str, _Maker] = {}
         self._log: list[Request] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -206,13 +232,25 @@ class TestSite:
         ``send_length=False`` omits Content-Length and closes the connection
         after the body.
         """
-        all_headers = dict(headers or {})
-        if content_type is not None:
-            all_headers.setdefault("Content-Type", content_type)
-        data = body.encode("utf-8") if isinstance(body, str) else body
-        page = Page(data, status, all_headers, delay, drip, size, send_length)
+        page = _page(body, status, headers, content_type, delay, drip, size, send_length)
         with self._lock:
+            self._makers.pop(path, None)
             self._pages[path] = page
+
+    def set_maker(
+        self, path: str, maker: Callable[[int, dict[str, str]], Mapping[str, Any]]
+    ) -> None:
+        """Serve at ``path`` what ``maker(n, headers)`` says for the n-th request to it.
+
+        ``n`` counts from 0; ``headers`` are the request's (names in lower case).
+
+        ``maker`` returns :meth:`set_page`'s keyword arguments (``body``, ``status``,
+        ``headers`` ...); it is called once per request, in the handler's thread, so
+        a page can differ on every request (a clock, a random banner).
+        """
+        with self._lock:
+            self._pages.pop(path, None)
+            self._makers[path] = _Maker(maker)
 
     def set_redirect(self, path: str, location: str, status: int = 302) -> None:
         """Answer ``path`` with a redirect to ``location`` (any string, sent as is)."""
@@ -226,6 +264,7 @@ class TestSite:
         """Answer ``path`` with 404 again."""
         with self._lock:
             self._pages.pop(path, None)
+            self._makers.pop(path, None)
 
     # --- what the site saw ---
 
@@ -278,6 +317,11 @@ class TestSite:
         path = urlsplit(handler.path).path
         with self._lock:
             page = self._pages.get(path)
+            maker = self._makers.get(path)
+            if maker is not None:
+                count, maker.count = maker.count, maker.count + 1
+        if maker is not None:
+            page = _page(**{"body": "", **maker.make(count, request_headers)})
         if page is None:
             page = Page(b"not found", 404, {"Content-Type": "text/plain"})
         if page.delay:

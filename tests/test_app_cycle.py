@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
 
 from crawler_app import mail
+from crawler_app.confirm import DEFAULT_CONFIRM_FETCHES
 from crawler_app.families import Notify
 from crawler_app.models import (
     AppCycle,
@@ -69,14 +70,12 @@ def test_a_changed_page_mails_exactly_its_trackers_once(store, agents, settings,
         ),
         headers={"ETag": '"a2"'},
     )
-    second = run_app_cycle(store, settings)  # seen once: a candidate, nobody told yet
-    assert (second.changed, second.notifications) == (0, 0)
-    assert inbox.mails == []
-    third = run_app_cycle(store, settings)  # seen again (a 304 for ETag "a2"): confirmed
-    assert (third.changed, third.notifications, third.sent) == (1, 2, 2)
-    assert third.not_modified == 2
-    fourth = run_app_cycle(store, settings)
-    assert (fourth.changed, fourth.notifications) == (0, 0)
+    # Seen, fetched again to confirm it within the check, mailed in the same cycle.
+    second = run_app_cycle(store, settings)
+    assert (second.changed, second.notifications, second.sent) == (1, 2, 2)
+    assert second.not_modified == 1  # /b
+    third = run_app_cycle(store, settings)  # a 304 for ETag "a2": nothing new
+    assert (third.changed, third.notifications, third.not_modified) == (0, 0, 2)
 
     assert inbox.per_recipient() == {"ann@example.org": 1, "bob@example.org": 1}
     mail = inbox.to("ann@example.org")[0]
@@ -85,10 +84,11 @@ def test_a_changed_page_mails_exactly_its_trackers_once(store, agents, settings,
     assert "- second story" in mail.text
     assert "+ a brand new story" in mail.text
     assert "Math.random" not in mail.text
-    assert mail.message_id.startswith(f"<digest-{third.id}-")
+    assert mail.message_id.startswith(f"<digest-{second.id}-")
     assert "a brand new story" in mail.html
-    # One fetch of /a per cycle for its three trackers.
-    assert len(site.requests("/a")) == 4
+    # One check of /a per cycle for its three trackers: a baseline (two fetches, to learn
+    # what varies), a confirmed change (the fetch and its confirming fetches), a 304.
+    assert len(site.requests("/a")) == 2 + (1 + DEFAULT_CONFIRM_FETCHES) + 1
     page = page_row(store, a)
     assert page.etag == '"a2"'
     assert page.last_changed_at is not None
@@ -254,7 +254,6 @@ def test_a_kill_and_restart_at_each_step_sends_no_duplicate_mail(
     run_app_cycle(store, settings)
     for name in ("p", "q"):
         site.set_page(f"/{name}", html(name, "v2"), headers={"ETag": '"2"'})
-    run_app_cycle(store, settings)  # candidates; the next cycle confirms and mails
     env = {"JODL_DATABASE_URL": db_url, "JODL_MAIL_FROM": "JODL <jodl@example.org>"}
     for point in KILL_CHAIN:
         killed = run_jodl("cycle", env={**env, "JODL_FAILPOINT": point})
@@ -303,8 +302,7 @@ def test_snapshots_are_kept_up_to_the_retention_limit(store, agents, settings, s
     run_app_cycle(store, settings, app)
     for version in (1, 2, 3):
         site.set_page("/r", html("R", f"version {version}"))
-        run_app_cycle(store, settings, app)  # a candidate
-        assert run_app_cycle(store, settings, app).changed == 1  # confirmed
+        assert run_app_cycle(store, settings, app).changed == 1  # confirmed at once
     with sessionmaker(store.engine)() as s:
         kept = s.scalars(select(Snapshot).order_by(Snapshot.id)).all()
         assert [snap.text for snap in kept] == ["version 2", "version 3"]

@@ -1,178 +1,113 @@
-"""Confirmed change detection: noise and flips never alert, a real edit does, once."""
+"""Change detection within one check: what varies is learned, a real edit is confirmed.
+
+:class:`~crawler_app.confirm.ViewCheck` is fed the texts of a check's fetches, as
+the agent feeds it; the end-to-end runs with real agents are in test_noise.py
+and test_detection.py.
+"""
 
 from __future__ import annotations
-
-import asyncio
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crawler_app.change import (
-    BASELINE,
-    CANDIDATE,
-    CONFIRMED,
-    EMPTY_FINGERPRINT,
-    FLIP,
-    IGNORED,
-    UNCHANGED,
-    decide,
-    diff,
-    short_diff,
-)
-from crawler_app.fetcher import Fetcher, FetchSettings
+from crawler_app.change import diff, short_diff
+from crawler_app.confirm import BASELINE, CHANGE, NOISE, SAME, Known, ViewCheck
+from crawler_app.pagekind import built_by_script, error_page
 from crawler_app.text import fingerprint
+from crawler_app.variance import Model, text_keys
 
-if TYPE_CHECKING:
-    from tests.site import TestSite
-
-pytest_plugins = ("tests.site",)
-
-
-@dataclass
-class Tracked:
-    """What the application stores for one page between cycles."""
-
-    history: list[str] = field(default_factory=list)  # snapshot fingerprints, newest first
-    pending: str | None = None
-    last_fetched: str | None = None
-    verdicts: list[str] = field(default_factory=list)
-    notifications: int = 0
-
-    def check(self, text: str | None, *, not_modified: bool = False) -> str:
-        new = self.last_fetched if not_modified else (None if text is None else fingerprint(text))
-        decision = decide(new, self.history, self.pending)
-        self.pending = decision.pending
-        if new is not None:
-            self.last_fetched = new
-        if decision.store_snapshot:
-            assert new is not None
-            self.history.insert(0, new)
-        self.notifications += decision.notify
-        self.verdicts.append(decision.verdict)
-        return decision.verdict
+CONFIRMS = 4
+PAGE = "Shop\nOpening hours\nMon-Fri 9-17\nSat 10-14\nAd: shoes\nServer time 12:00:01"
 
 
-def test_the_rule_step_by_step() -> None:
-    a, b, c = fingerprint("A"), fingerprint("B"), fingerprint("C")
-    assert decide(a, []).verdict == BASELINE and decide(a, []).store_snapshot
-    assert decide(a, [a]).verdict == UNCHANGED
-    first = decide(b, [a])
-    assert (first.verdict, first.pending, first.notify) == (CANDIDATE, b, False)
-    second = decide(b, [a], pending=b)
-    assert (second.verdict, second.pending, second.notify, second.store_snapshot) == (
-        CONFIRMED,
-        None,
-        True,
-        True,
+def check(model: Model, *texts: str, known: frozenset[str] = frozenset()) -> ViewCheck:
+    """A view's check fed ``texts`` until it settles (as the agent stops fetching)."""
+    view = ViewCheck(Known(known, model), CONFIRMS)
+    for text in texts:
+        view.add(text, fingerprint(text, normalised=True))
+        if view.settled:
+            break
+    view.finish()
+    return view
+
+
+def baseline(*texts: str) -> Model:
+    view = check(Model(), *texts)
+    assert view.verdict == BASELINE and view.model is not None
+    return view.model
+
+
+def test_a_baseline_comes_from_two_fetches_and_learns_what_varies_between_them() -> None:
+    model = baseline(PAGE, PAGE.replace("shoes", "hats").replace("00:01", "00:07"))
+    assert model.has_base and len(model.vary) == 2 and len(model.tpl) == 1
+    # Another ad and another time: noise at the first fetch, nothing fetched again.
+    again = check(model, PAGE.replace("shoes", "boots").replace("00:01", "03:33"))
+    assert (again.verdict, len(again.texts)) == (SAME, 1)
+
+
+def test_a_rotating_slot_first_seen_varying_is_noise() -> None:
+    model = baseline(PAGE, PAGE)
+    ads = [PAGE.replace("shoes", ad) for ad in ("hats", "boots", "socks")]
+    view = check(model, *ads)
+    assert view.verdict == NOISE and len(view.texts) == 2
+    assert view.model is not None and check(view.model, PAGE.replace("shoes", "belts")).verdict in (
+        SAME,
+        NOISE,
     )
-    assert decide(c, [a], pending=b) == decide(c, [a])  # another new text restarts the wait
-    assert decide(a, [b, a], pending=c).verdict == FLIP
-    assert decide(a, [b, a], pending=c).pending is None
-    assert decide(a, [a], pending=b).pending is None  # back to the snapshot: noise dropped
 
 
-def test_errors_and_empty_bodies_never_count_and_keep_the_candidate() -> None:
-    a, b = fingerprint("A"), fingerprint("B")
-    for new in (None, EMPTY_FINGERPRINT, fingerprint("")):
-        decision = decide(new, [a], pending=b)
-        assert (decision.verdict, decision.pending, decision.notify) == (IGNORED, b, False)
-    assert decide(None, []).store_snapshot is False
+def test_an_edit_in_a_stable_line_is_a_change_after_every_confirming_fetch() -> None:
+    model = baseline(PAGE, PAGE.replace("00:01", "00:02"))
+    edited = [PAGE.replace("10-14", "closed").replace("00:01", f"01:0{i}") for i in range(9)]
+    view = check(model, *edited)
+    assert view.verdict == CHANGE and len(view.texts) == 1 + CONFIRMS
+    assert view.model is not None and "closed" in view.texts[-1]
 
 
-def test_a_noisy_page_never_confirms_over_ten_cycles() -> None:
-    page = Tracked()
-    for cycle in range(10):
-        page.check(f"Prices: tea 3\nGenerated at 10:{cycle:02d}")
-    assert page.notifications == 0
-    assert page.verdicts == [BASELINE] + [CANDIDATE] * 9
-    assert len(page.history) == 1
+def test_a_new_block_and_a_removed_block_are_changes() -> None:
+    model = baseline(PAGE, PAGE)
+    assert check(model, *[PAGE + "\nNew: umbrellas"] * 9).verdict == CHANGE
+    assert check(model, *[PAGE.replace("Sat 10-14\n", "")] * 9).verdict == CHANGE
 
 
-def test_a_page_flipping_between_states_never_confirms() -> None:
-    page = Tracked()
-    for cycle in range(10):
-        page.check("Banner: summer sale" if cycle % 2 else "Banner: free shipping")
-    assert page.notifications == 0
-    assert page.verdicts == [BASELINE] + [CANDIDATE, UNCHANGED] * 4 + [CANDIDATE]
+def test_a_banner_that_comes_and_goes_is_noise_and_learned() -> None:
+    model = baseline(PAGE, PAGE)
+    banner = "We use cookies. Accept?\n" + PAGE
+    view = check(model, banner, banner, PAGE)
+    assert view.verdict == NOISE and view.model is not None
+    assert check(view.model, banner).verdict == SAME
 
 
-def test_a_slow_flip_confirms_once_then_is_recognised() -> None:
-    page = Tracked()
-    states = ["A", "A", "B", "B", "A", "A", "B", "B", "A", "A"]  # each state held two cycles
-    for text in states:
-        page.check(text)
-    # The first switch to B looks like an edit; every later switch is a known state.
-    assert page.notifications == 1
-    assert page.verdicts[4:] == [FLIP, FLIP, UNCHANGED, UNCHANGED, FLIP, FLIP]
+def test_a_relative_date_that_ticks_is_never_a_change() -> None:
+    model = baseline(PAGE + "\nPosted 3 days ago", PAGE + "\nPosted 3 days ago")
+    assert check(model, PAGE + "\nPosted 4 days ago").verdict == SAME
 
 
-def test_errors_between_sightings_do_not_reset_confirmation() -> None:
-    page = Tracked()
-    for text in ["old", "old", "new", None, "", "new"]:
-        page.check(text)
-    assert page.verdicts == [BASELINE, UNCHANGED, CANDIDATE, IGNORED, IGNORED, CONFIRMED]
-    assert page.notifications == 1
+@given(st.lists(st.sampled_from(["A", "B", "C"]), min_size=1, max_size=1 + CONFIRMS))
+def test_a_change_is_backed_by_every_fetch_of_its_check(variants: list[str]) -> None:
+    model = baseline(PAGE, PAGE)
+    texts = [PAGE + f"\nVariant {v}" for v in variants]
+    view = check(model, *texts)
+    if view.verdict == CHANGE:  # the same new line in every fetch made
+        assert len(set(view.texts)) == 1
+    else:
+        assert view.verdict == NOISE and len(set(view.texts)) > 1
 
 
-def test_a_real_edit_confirms_on_the_second_fetch_and_alerts_once() -> None:
-    page = Tracked()
-    texts = ["Opening hours: 9-17"] * 3 + ["Opening hours: 10-18"] * 7
-    for text in texts:
-        page.check(text)
-    assert page.verdicts == [BASELINE, UNCHANGED, UNCHANGED, CANDIDATE, CONFIRMED] + [UNCHANGED] * 5
-    assert page.notifications == 1
+def test_error_pages_served_with_200_are_told_from_content() -> None:
+    model = Model().rebased(text_keys(PAGE))
+    assert error_page("Down", "We are down for maintenance. Back soon.", model)
+    assert error_page(None, "502 Bad Gateway", Model())
+    assert error_page(None, "  ", model)
+    # A page that keeps its content and adds a notice is content.
+    assert error_page(None, PAGE + "\nScheduled maintenance on Sunday", model) is None
+    assert error_page(None, PAGE, model) is None
 
 
-@given(st.lists(st.sampled_from(["A", "B", "C", None]), max_size=30))
-def test_every_notification_is_backed_by_two_equal_fetches_in_a_row(
-    texts: list[str | None],
-) -> None:
-    page = Tracked()
-    seen: list[str] = []  # successful fetch texts, in order
-    for text in texts:
-        verdict = page.check(text)
-        if text is not None:
-            seen.append(text)
-        if verdict == CONFIRMED:
-            assert len(seen) >= 2 and seen[-1] == seen[-2]
-            assert len(page.history) >= 2 and page.history[0] != page.history[1]
-    assert page.notifications == page.verdicts.count(CONFIRMED)
-
-
-def test_fetched_pages_over_ten_cycles(site: TestSite) -> None:
-    """Noise, flips and an edit served by a real site, fetched with validators."""
-    config = FetchSettings(allow_networks=("127.0.0.0/8",), per_host_interval=0)
-    pages = {name: Tracked() for name in ("/clock", "/flip", "/edited")}
-    validators: dict[str, dict[str, Any]] = {name: {} for name in pages}
-
-    def serve(cycle: int) -> None:
-        site.set_page("/clock", f"<p>News</p><p>Rendered at 12:{cycle:02d}</p>")
-        flip_text = "Variant A" if cycle % 2 else "Variant B"
-        site.set_page("/flip", f"<p>{flip_text}</p>", headers={"ETag": f'"{flip_text}"'})
-        body = "Price: 12" if cycle < 6 else "Price: 15"
-        site.set_page("/edited", f"<p>{body}</p>", headers={"ETag": f'"{body}"'})
-
-    async def run_cycles() -> None:
-        async with Fetcher(config) as fetcher:
-            for cycle in range(10):
-                serve(cycle)
-                for name, page in pages.items():
-                    result = await fetcher.fetch(site.url(name), **validators[name])
-                    assert result["ok"], result
-                    if not result["not_modified"]:
-                        validators[name] = {"etag": result["etag"]}
-                    page.check(result["text"], not_modified=result["not_modified"])
-
-    asyncio.run(run_cycles())
-    assert pages["/clock"].notifications == 0
-    assert pages["/flip"].notifications == 0
-    assert pages["/edited"].notifications == 1
-    assert pages["/edited"].verdicts[6:8] == [CANDIDATE, CONFIRMED]
-    # The unchanged cycles of /edited were answered 304 without a body.
-    not_modified = [r for r in site.wait_requests("/edited", 10) if r.status == 304]
-    assert len(not_modified) == 8 and not any(r.body_sent for r in not_modified)
+def test_a_page_built_by_its_scripts_is_recognised() -> None:
+    assert built_by_script(b"<div id=app></div><script src=app.js></script>", "")
+    assert not built_by_script(b"<p>plenty of text</p><script></script>", "x" * 500)
+    assert not built_by_script(b"<p>short</p>", "short")
 
 
 def test_diff_is_unified_and_limited() -> None:

@@ -159,3 +159,113 @@ def test_the_robots_settings_reach_the_cache(site: TestSite) -> None:
 
     cache = asyncio.run(main())
     assert (cache.budget, cache.ttl, cache.failure_ttl) == (12345, 60, 0)
+
+
+# --- RFC 9309's own examples, served by the local site and read through the fetcher ---------
+
+
+def verdicts(site: TestSite, robots: str, agent: str, paths: list[str]) -> dict[str, bool]:
+    """Which of ``paths`` the fetcher, calling itself ``agent``, fetches under ``robots``."""
+    site.set_robots(robots)
+    for path in paths:
+        site.set_page(path, "<p>x</p>")
+    config = dataclasses.replace(FAST, user_agent=f"{agent}/1.0 (test)")
+    results = fetch_in_turn(RobotsCache(), [site.url(p) for p in paths], config)
+    for result in results:
+        assert result["ok"] or result["error"] == "robots_disallowed", result
+    allowed = {p: bool(r["ok"]) for p, r in zip(paths, results, strict=True)}
+    fetched = {r.path for r in site.requests() if r.path != "/robots.txt"}
+    assert {p for p, ok in allowed.items() if ok} == fetched  # refused URLs are never asked
+    site.clear_log()
+    return allowed
+
+
+# RFC 9309, 5.1 (its closing "EOF" line included).
+RFC_5_1 = """\
+User-Agent: *
+Disallow: *.gif$
+Disallow: /example/
+Allow: /publications/
+
+User-Agent: foobot
+Disallow:/
+Allow:/example/page.html
+Allow:/example/allowed.gif
+
+User-Agent: barbot
+User-Agent: bazbot
+Disallow: /example/page.html
+
+User-Agent: quxbot
+
+EOF
+"""
+
+
+def test_rfc9309_simple_example_groups_per_agent(site: TestSite) -> None:
+    paths = ["/example/page.html", "/example/allowed.gif", "/img/a.gif", "/publications/x",
+             "/other"]  # fmt: skip
+    assert verdicts(site, RFC_5_1, "otherbot", paths) == {
+        "/example/page.html": False, "/example/allowed.gif": False, "/img/a.gif": False,
+        "/publications/x": True, "/other": True,
+    }  # fmt: skip
+    assert verdicts(site, RFC_5_1, "foobot", paths) == {
+        "/example/page.html": True, "/example/allowed.gif": True, "/img/a.gif": False,
+        "/publications/x": False, "/other": False,
+    }  # fmt: skip
+    for agent in ("barbot", "bazbot"):  # one group, two user-agent lines; no fallback to *
+        assert verdicts(site, RFC_5_1, agent, paths) == {
+            "/example/page.html": False, "/example/allowed.gif": True, "/img/a.gif": True,
+            "/publications/x": True, "/other": True,
+        }  # fmt: skip
+    assert set(verdicts(site, RFC_5_1, "quxbot", paths).values()) == {True}  # empty group
+
+
+def test_rfc9309_longest_match_wins(site: TestSite) -> None:
+    # RFC 9309, 5.2.
+    robots = "User-Agent: foobot\nAllow: /example/page/\nDisallow: /example/page/disallowed.gif\n"
+    paths = ["/example/page/", "/example/page/other.gif", "/example/page/disallowed.gif"]
+    assert verdicts(site, robots, "foobot", paths) == {
+        "/example/page/": True, "/example/page/other.gif": True,
+        "/example/page/disallowed.gif": False,
+    }  # fmt: skip
+
+
+def test_rfc9309_special_characters(site: TestSite) -> None:
+    # RFC 9309, 2.2.3: "*" any sequence, "$" the end of the pattern, "#" a comment.
+    robots = (
+        "User-Agent: *\nDisallow: /\n"
+        "Allow: /this/*/exactly\n"
+        "Allow: /this/path/exactly$\n"
+        "Disallow: /this/path/exactly/ # a comment is not part of the rule\n"
+    )
+    paths = ["/this/a/b/exactly", "/this/path/exactly", "/this/path/exactly/", "/that"]
+    assert verdicts(site, robots, "JODL-PageChecker", paths) == {
+        "/this/a/b/exactly": True, "/this/path/exactly": True,
+        "/this/path/exactly/": False, "/that": False,
+    }  # fmt: skip
+
+
+def test_rfc9309_an_equivalent_allow_wins_and_wildcards_end_anchors(site: TestSite) -> None:
+    # RFC 9309, 2.2.2: of an equivalent allow and disallow rule, allow is used.
+    robots = (
+        "User-agent: *\nDisallow: /*.json$\nDisallow: /priv/\nAllow: /priv/ok.html\n"
+        "Disallow: /same\nAllow: /same\n"
+    )
+    paths = ["/data.json", "/data.json.html", "/priv/ok.html", "/priv/secret.html", "/same"]
+    assert verdicts(site, robots, "JODL-PageChecker", paths) == {
+        "/data.json": False, "/data.json.html": True, "/priv/ok.html": True,
+        "/priv/secret.html": False, "/same": True,
+    }  # fmt: skip
+
+
+def test_rfc9309_groups_of_one_agent_are_combined(site: TestSite) -> None:
+    # RFC 9309, 2.2.1: several groups for one product token count as one.
+    robots = (
+        "user-agent: ExampleBot\ndisallow: /foo\ndisallow: /bar\n\n"
+        "user-agent: ExampleBot\ndisallow: /baz\n"
+    )
+    paths = ["/foo", "/bar", "/baz", "/qux"]
+    assert verdicts(site, robots, "ExampleBot", paths) == {
+        "/foo": False, "/bar": False, "/baz": False, "/qux": True,
+    }  # fmt: skip
