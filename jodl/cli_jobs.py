@@ -229,12 +229,21 @@ def _run_by(holder: str, store: Any, family: str) -> None:
     with progress_reporters(f"run {family}") as (_, progress):
         # A standby taking over counts as alive: it resumes the run.
         alive = lambda: store.running_master() is not None  # noqa: E731
-        row = follow(store, request_id, alive, progress)
+        row = follow(store, request_id, alive, progress, note=_noter(family))
     if row.error:
         raise JodlError(row.error)
     click.echo(row.summary)
     if row.dead:
         sys.exit(3)
+
+
+def _noter(family: str) -> Any:
+    """Prints why no agent serves the followed run, and when one does again."""
+
+    def note(why: str | None) -> None:
+        click.echo(f"run {family}: {why or 'an agent serves it now'}", err=True)
+
+    return note
 
 
 def _cancel_run(ctx: click.Context, family: str) -> None:

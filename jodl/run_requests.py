@@ -102,12 +102,15 @@ def follow(
     request_id: int,
     master_alive: Callable[[], bool],
     progress: Callable[[int, int], None] | None = None,
+    note: Callable[[str | None], None] | None = None,
 ) -> RunRequest:
-    """Wait for request ``request_id`` to end, reporting its run's progress; the request.
+    """Wait for request ``request_id`` to end, reporting its run's progress (and to
+    ``note``, each change of why no agent serves it); the request.
 
     :class:`JodlError` when the master stops without recording an outcome.
     """
     row: Any = None
+    said: str | None = None
     while True:
         row = store.run_request(request_id)
         if row is None:
@@ -119,6 +122,9 @@ def follow(
             if run is not None and run.jobs_total:
                 done, _ = store.count_run(run.id)
                 progress(min(done, run.jobs_total), run.jobs_total)
+            if run is not None and note is not None and run.unserved != said:
+                said = run.unserved
+                note(said)
         if not master_alive():
             row = store.run_request(request_id)
             if row is not None and row.finished_at is not None:

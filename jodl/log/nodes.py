@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -9,7 +10,16 @@ from typing import Any
 from sqlalchemy import Connection, Engine, bindparam, insert, select, update
 from sqlalchemy.orm import sessionmaker
 
-from .models import FamilyOnNode, FamilyRow, Job, JobState, Node, NodeState, table_of
+from .models import (
+    FamilyOnNode,
+    FamilyRow,
+    Job,
+    JobState,
+    Node,
+    NodeState,
+    table_of,
+    utcnow,
+)
 
 
 class NodeLog:
@@ -83,6 +93,37 @@ class NodeLog:
     def update_node(self, node_id: int, **values: Any) -> None:
         with self.engine.begin() as conn:
             conn.execute(update(Node).where(Node.id == node_id).values(**values))
+
+    def ask_reload(self, address: str | None = None) -> list[str]:
+        """Ask the agent at ``address`` (None: of every live node) to reload its families;
+        the addresses asked (none: no such live node). The running master relays it."""
+        live = Node.state.in_((NodeState.ACTIVE, NodeState.UNREACHABLE, NodeState.SUSPECT))
+        where = [live] if address is None else [live, Node.address == address]
+        with self.engine.begin() as conn:
+            asked = list(conn.scalars(select(Node.address).where(*where).order_by(Node.id)))
+            if asked:
+                conn.execute(
+                    update(Node).where(Node.address.in_(asked)).values(reload_asked_at=utcnow())
+                )
+        return asked
+
+    def reloads_asked(self) -> dict[int, dt.datetime]:
+        """node id -> when its reload was asked, for the nodes whose reload is not relayed yet."""
+        with self.engine.connect() as conn:
+            return dict(
+                conn.execute(  # type: ignore[arg-type]
+                    select(Node.id, Node.reload_asked_at).where(Node.reload_asked_at.is_not(None))
+                ).all()
+            )
+
+    def reload_relayed(self, node_id: int, asked_at: dt.datetime) -> None:
+        """The master relayed the reload asked at ``asked_at`` (a later ask stays)."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(Node)
+                .where(Node.id == node_id, Node.reload_asked_at == asked_at)
+                .values(reload_asked_at=None)
+            )
 
 
 class Families:

@@ -10,6 +10,7 @@ Each table and the module holding its statements: docs/architecture.md#the-recon
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -163,6 +164,17 @@ class Store:
     def update_node(self, node_id: int, **values: Any) -> None:
         self.node_log.update_node(node_id, **values)
 
+    def ask_reload(self, address: str | None = None) -> list[str]:
+        """Ask the agent at ``address`` (None: every live node's) to reload its installed
+        families; the addresses asked. The running master relays it within a second."""
+        return self.node_log.ask_reload(address)
+
+    def reloads_asked(self) -> dict[int, dt.datetime]:
+        return self.node_log.reloads_asked()
+
+    def reload_relayed(self, node_id: int, asked_at: dt.datetime) -> None:
+        self.node_log.reload_relayed(node_id, asked_at)
+
     # -- runs ---------------------------------------------------------------------------------
 
     def open_run(self, family: FamilyRow, epoch: int) -> tuple[Run, bool]:
@@ -197,6 +209,10 @@ class Store:
 
     def count_run(self, run_id: int) -> tuple[int, int]:
         return self.runs.count_run(run_id)
+
+    def set_run_unserved(self, run_id: int, why: str | None) -> None:
+        """Why no live agent runs the open run's jobs now (None: one does)."""
+        self.runs.set_unserved(run_id, why)
 
     def finish_run(
         self,
