@@ -373,7 +373,10 @@ def test_a_straggler_gets_a_backup_and_the_first_result_wins(db: Any, spawn_agen
 def test_no_backups_for_a_family_not_idempotent(db: Any, spawn_agent: Spawn) -> None:
     store, _ = db
     start(spawn_agent, store, 0.02, 1.0)
-    add_sleep_jobs(store, [0.02] * 2, strategy_params={"explore": 0, "steal_margin": 100})
+    # The class Sleep says idempotent; the operator's setting turns backups off.
+    add_sleep_jobs(
+        store, [0.02] * 2, idempotent=False, strategy_params={"explore": 0, "steal_margin": 100}
+    )
     summary = cycle(db)
     assert summary.done == 2
     assert not any(e.backup for e in executions(store, summary.run_id))

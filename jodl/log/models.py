@@ -95,7 +95,10 @@ class FamilyRow(Base):
     schedule: Mapped[str | None] = mapped_column(String(100))
     max_attempts: Mapped[int | None] = mapped_column(Integer)
     timeout: Mapped[float | None] = mapped_column(Float)
-    idempotent: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: None: as the family class declares (``Family.idempotent``, the one source of
+    #: truth); False: an operator turned backup copies off (``jodl family set
+    #: --idempotent false``). True never allows what the class forbids.
+    idempotent: Mapped[bool | None] = mapped_column(Boolean, default=None)
     settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 

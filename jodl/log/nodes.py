@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, bindparam, insert, select, update
 from sqlalchemy.orm import sessionmaker
 
+from ..exceptions import BadPayload, UnknownFamily
 from .models import (
     FamilyOnNode,
     FamilyRow,
@@ -126,6 +127,23 @@ class NodeLog:
             )
 
 
+def _payload_json(key: Any, payload: Any) -> str:
+    """A job's payload as JSON text of an object; :class:`BadPayload` naming the job."""
+    if isinstance(payload, Mapping):
+        return json.dumps(dict(payload))
+    if isinstance(payload, str):
+        try:
+            value = json.loads(payload)
+        except ValueError:
+            raise BadPayload(f"payload of job {key!r} is not JSON: {payload[:80]!r}") from None
+        if isinstance(value, dict):
+            return payload
+        payload = value
+    raise BadPayload(
+        f"payload of job {key!r} must be a JSON object (a dict), not {type(payload).__name__}"
+    )
+
+
 class Families:
     """Reads and writes of families and of their jobs' definitions."""
 
@@ -156,19 +174,30 @@ class Families:
         family: FamilyRow | str,
         jobs: Iterable[tuple[str, Any]] | Mapping[str, Any],
         priority: int | None = None,
+        create: bool = False,
     ) -> int:
-        """Add jobs to a family (created if it is new, given by name); the number added.
+        """Add jobs to a family; the number added.
 
+        ``family`` is a row, or a name: of a family in the database, else
+        :class:`UnknownFamily` unless ``create`` (then it is created).
         ``jobs`` maps each job's key to its payload, as a mapping or (key, payload)
-        pairs; a payload is a dict (encoded to JSON here) or JSON text. One
-        transaction: all are added or none; keys the family already has are kept.
-        New jobs take the family's job defaults (``jodl family set``) where set.
+        pairs; a payload is a dict (encoded to JSON here) or the JSON text of an
+        object: anything else is refused (:class:`BadPayload` naming the key) before
+        anything is written. One transaction: all are added or none; keys the
+        family already has are kept. New jobs take the family's job defaults
+        (``jodl family set``) where set.
         """
-        if isinstance(family, str):
-            family = self.ensure_family(family)
-        defaults = (family.settings or {}).get("job_defaults") or {}
         pairs = jobs.items() if isinstance(jobs, Mapping) else jobs
-        encoded = ((k, p if isinstance(p, str) else json.dumps(p)) for k, p in pairs)
+        encoded = [(k, _payload_json(k, p)) for k, p in pairs]
+        if isinstance(family, str):
+            found = self.family(family) if not create else self.ensure_family(family)
+            if found is None:
+                raise UnknownFamily(
+                    f"no family {family!r} in the database: create it with "
+                    "add_jobs(..., create=True) or add its jobs with `jodl jobs add`"
+                )
+            family = found
+        defaults = (family.settings or {}).get("job_defaults") or {}
         rows = [
             {
                 "family_id": family.id,

@@ -139,9 +139,12 @@ class Store:
         family: FamilyRow | str,
         jobs: Iterable[tuple[str, Any]] | Mapping[str, Any],
         priority: int | None = None,
+        create: bool = False,
     ) -> int:
-        """Add jobs to a family; the number added (see :meth:`Families.add_jobs`)."""
-        return self.families.add_jobs(family, jobs, priority)
+        """Add jobs to a family; the number added (see :meth:`Families.add_jobs`): a
+        family named that is not in the database is refused unless ``create``; a
+        payload that is not a JSON object is refused, and nothing is added."""
+        return self.families.add_jobs(family, jobs, priority, create)
 
     def nodes(self, include_removed: bool = False) -> list[Node]:
         return self.node_log.nodes(include_removed)
