@@ -199,6 +199,7 @@ def run_cmd(ctx: click.Context, words: tuple[str, ...], takeover: bool) -> None:
         # One master acts per database: the running one runs the cycle, we follow it.
         _run_by(holder, store, family)
         return
+    _require_auth(settings)
     if store.family(family) and not settings.register_listen and not store.nodes():
         # Nothing could ever run the jobs: say so instead of waiting forever.
         raise JodlError("no agent nodes registered: add one with `jodl node add HOST:PORT`")
@@ -218,6 +219,14 @@ def run_cmd(ctx: click.Context, words: tuple[str, ...], takeover: bool) -> None:
     click.echo(summary.line())
     if summary.dead:
         sys.exit(3)
+
+
+def _require_auth(settings: Any) -> None:
+    """A master calls its agents over the network: without a secret (or TLS) it could
+    never connect to one, so it refuses to start (one line) instead of retrying."""
+    from .agent.auth import require_auth
+
+    require_auth(settings, "refusing to start the master")
 
 
 def _run_by(holder: str, store: Any, family: str) -> None:
@@ -284,6 +293,7 @@ def master_cmd(ctx: click.Context, takeover: bool) -> None:
     """
     from .master import Master
 
+    _require_auth(settings_of(ctx))
     master = Master(settings_of(ctx), store=store_of(ctx), takeover=takeover)
     stop = threading.Event()
     sigterm_sets(stop)  # the step under way ends, then close() commits and hands over
