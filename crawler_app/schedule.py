@@ -145,6 +145,10 @@ class CycleScheduler:
             id=REQUEST_JOB_ID,
             name="operators' cycle requests",
             replace_existing=True,
+            # While a requested cycle runs, the next polls find the lock taken and return
+            # at once; with one instance APScheduler would warn of each of them
+            # ("maximum number of running instances reached").
+            max_instances=2,
         )
         self.scheduler.start()
         if self.trigger is None:

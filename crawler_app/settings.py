@@ -15,7 +15,7 @@ from typing import Any
 from jodl.config import read_values
 from jodl.exceptions import ConfigError
 from jodl.families_admin import cron_trigger  # one crontab reading for every schedule
-from jodl.options import Option, register_options
+from jodl.options import Option, register_check, register_options
 
 from . import confirm, fetch_settings, politeness
 from .guard import parse_allowlist
@@ -342,3 +342,11 @@ class AppSettings:
             )
         except ValueError as exc:
             raise ConfigError(f"JODL_FETCH_*: {exc}") from None
+
+
+def _check(env: Mapping[str, str]) -> None:
+    """``jodl config``'s check of the page checker's settings across values."""
+    AppSettings.from_env(env)
+
+
+register_check(_check)

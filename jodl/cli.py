@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import threading
+import time
 from typing import Any
 
 import click
@@ -124,7 +126,8 @@ def agent(
     labels: tuple[str, ...],
 ) -> None:
     """Serve jobs to the master (rpyc). SIGTERM drains: the agent exits once its results
-    are acknowledged (a second SIGTERM exits at once)."""
+    are acknowledged (a second SIGTERM exits at once). SIGHUP reloads the installed
+    families (a package installed since is served; held results are kept)."""
     from .agent.server import make_server
 
     settings = settings_of(ctx).replace(
@@ -156,7 +159,12 @@ def agent(
             return
         server.drain.start("SIGTERM")
 
+    def reload_families(*_: object) -> None:
+        # Off the signal handler: importing packages there could deadlock the import lock.
+        threading.Thread(target=server.core.reload, args=("SIGHUP",), daemon=True).start()
+
     signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGHUP, reload_families)
     server.drain.exit_when_drained(server.close)  # asked by SIGTERM or by the master
     from .ops_server import serve_agent
 
@@ -230,6 +238,44 @@ def node_drain(ctx: click.Context, address: str) -> None:
     click.echo(f"node {address} draining")
 
 
+#: Seconds ``jodl node reload`` waits for the running master to relay the reload.
+RELOAD_WAIT = 15.0
+
+
+@node.command("reload")
+@click.argument("address", required=False)
+@click.pass_context
+def node_reload(ctx: click.Context, address: str | None) -> None:
+    """Make the agent at HOST:PORT (default: every live node's) read its installed
+    families again, e.g. after installing a package with a family. The running master
+    relays it; queued, running and held jobs are kept."""
+    store = store_of(ctx)
+    asked = store.ask_reload(address)
+    if not asked:
+        raise JodlError(f"no live node {address!r}" if address else "no live nodes: add one first")
+    if store.running_master() is None:
+        click.echo(
+            f"reload asked of {len(asked)} node(s): no master runs now; "
+            "the next one relays it when it starts"
+        )
+        return
+    deadline = time.monotonic() + RELOAD_WAIT
+    waiting = {n.id for n in store.nodes() if n.address in asked}
+    while waiting and time.monotonic() < deadline:
+        time.sleep(0.2)
+        waiting &= set(store.reloads_asked())
+    for n in store.nodes():
+        if n.address in asked and n.id not in waiting:
+            names = ", ".join(f"{k} {v.get('version', '?')}" for k, v in sorted(n.families.items()))
+            click.echo(f"node {n.address} reloaded: {names or 'no families'}")
+    if waiting:
+        late = sorted(n.address for n in store.nodes() if n.id in waiting)
+        raise JodlError(
+            f"not reloaded within {RELOAD_WAIT:.0f} s: {', '.join(late)} (not reachable, "
+            "or no master relays it); it is relayed when the node answers"
+        )
+
+
 @node.command("list")
 @click.pass_context
 def node_list(ctx: click.Context) -> None:
@@ -268,8 +314,10 @@ def status(ctx: click.Context, as_json: bool, watch: bool) -> None:
         click.echo(f"  {m['name']:24s} {m['role']:8s} {led}{epoch}")
     click.echo("nodes:")
     for n in data["nodes"]:
+        families = ",".join(n["families"]) or "-"
         click.echo(
-            f"  {n['address']:24s} {n['state']:12s} slots={n['slots']} speed={n['speed']:.2f}"
+            f"  {n['address']:24s} {n['state']:12s} slots={n['slots']} speed={n['speed']:.2f} "
+            f"families={families}"
         )
     click.echo("families:")
     for f in data["families"]:
@@ -293,6 +341,8 @@ def status(ctx: click.Context, as_json: bool, watch: bool) -> None:
             f"done={r['jobs_done']}/{r['jobs_total']} failed={r['jobs_failed']} "
             f"dead={r['jobs_dead']}{ratio}"
         )
+        if r.get("unserved") and r["state"] == "running":
+            click.echo(f"      {r['unserved']}")
 
 
 def load_apps(group: click.Group) -> None:

@@ -7,7 +7,6 @@ These are the public helpers an application's commands use (entry-point group
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from typing import TYPE_CHECKING, Any
@@ -48,22 +47,11 @@ def settings_of(ctx: click.Context) -> Settings:
 
 
 def missing_sqlite_file(url: str) -> str | None:
-    """The path of a SQLite database file that does not exist yet (None: not that case).
+    """The path of a SQLite database file that does not exist yet (None: not that case);
+    see :func:`jodl.log.engine.missing_sqlite_file`."""
+    from .log.engine import missing_sqlite_file as missing
 
-    Opening it would create an empty file: a read must not leave one behind.
-    """
-    from sqlalchemy.engine import make_url
-
-    try:
-        parsed = make_url(url)
-    except Exception:  # noqa: BLE001 - reported when the engine is made
-        return None
-    path = parsed.database
-    if not parsed.drivername.startswith("sqlite") or not path or path == ":memory:":
-        return None
-    if path.startswith("file:"):
-        return None  # a URI filename: its own mode decides
-    return None if os.path.exists(path) else path
+    return missing(url)
 
 
 def store_of(ctx: click.Context, create: bool = False) -> Store:

@@ -75,6 +75,15 @@ def register(main: click.Group, store_of: Callable[[click.Context], Any]) -> Non
                 f"max_attempts={f.max_attempts or '-'} idempotent={str(f.idempotent).lower()}"
             )
 
+    @family.command("remove")
+    @click.argument("name")
+    @click.pass_context
+    def family_remove(ctx: click.Context, name: str) -> None:
+        """Remove NAME once its jobs are deleted (`jodl jobs delete`), with its runs,
+        results and node rules."""
+        gone = admin(ctx).remove(name)
+        click.echo(f"family {name} removed" + (f" ({gone} deleted jobs with it)" if gone else ""))
+
     @family.command("show")
     @click.argument("name")
     @click.option("--json", "as_json", is_flag=True, help="One JSON document.")
@@ -91,7 +100,11 @@ def register(main: click.Group, store_of: Callable[[click.Context], Any]) -> Non
     @click.argument("name")
     @click.option("--timeout", default=None, help="Seconds before a job is taken back ('none').")
     @click.option("--max-attempts", default=None, help="Attempts before a job is dead ('none').")
-    @click.option("--idempotent", default=None, help="true/false: backups of stragglers allowed.")
+    @click.option(
+        "--idempotent",
+        default=None,
+        help="true/false: backups of stragglers allowed; none: as the family class says.",
+    )
     @click.option("--strategy", default=None, help="Placement strategy (registered name).")
     @click.option("--params", default=None, help="The strategy's parameters, a JSON object.")
     @click.option("--every-n-cycles", default=None, help="Its jobs run every N-th cycle.")

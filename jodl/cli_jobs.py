@@ -199,6 +199,7 @@ def run_cmd(ctx: click.Context, words: tuple[str, ...], takeover: bool) -> None:
         # One master acts per database: the running one runs the cycle, we follow it.
         _run_by(holder, store, family)
         return
+    _require_auth(settings)
     if store.family(family) and not settings.register_listen and not store.nodes():
         # Nothing could ever run the jobs: say so instead of waiting forever.
         raise JodlError("no agent nodes registered: add one with `jodl node add HOST:PORT`")
@@ -220,6 +221,14 @@ def run_cmd(ctx: click.Context, words: tuple[str, ...], takeover: bool) -> None:
         sys.exit(3)
 
 
+def _require_auth(settings: Any) -> None:
+    """A master calls its agents over the network: without a secret (or TLS) it could
+    never connect to one, so it refuses to start (one line) instead of retrying."""
+    from .agent.auth import require_auth
+
+    require_auth(settings, "refusing to start the master")
+
+
 def _run_by(holder: str, store: Any, family: str) -> None:
     """Ask the running master ``holder`` for a cycle of ``family``; follow it to its end."""
     from .run_requests import follow
@@ -229,12 +238,21 @@ def _run_by(holder: str, store: Any, family: str) -> None:
     with progress_reporters(f"run {family}") as (_, progress):
         # A standby taking over counts as alive: it resumes the run.
         alive = lambda: store.running_master() is not None  # noqa: E731
-        row = follow(store, request_id, alive, progress)
+        row = follow(store, request_id, alive, progress, note=_noter(family))
     if row.error:
         raise JodlError(row.error)
     click.echo(row.summary)
     if row.dead:
         sys.exit(3)
+
+
+def _noter(family: str) -> Any:
+    """Prints why no agent serves the followed run, and when one does again."""
+
+    def note(why: str | None) -> None:
+        click.echo(f"run {family}: {why or 'an agent serves it now'}", err=True)
+
+    return note
 
 
 def _cancel_run(ctx: click.Context, family: str) -> None:
@@ -275,6 +293,7 @@ def master_cmd(ctx: click.Context, takeover: bool) -> None:
     """
     from .master import Master
 
+    _require_auth(settings_of(ctx))
     master = Master(settings_of(ctx), store=store_of(ctx), takeover=takeover)
     stop = threading.Event()
     sigterm_sets(stop)  # the step under way ends, then close() commits and hands over

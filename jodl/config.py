@@ -20,6 +20,7 @@ from .options import (
     host_port,
     load_declared_options,
     read_file,
+    registered_checks,
     registered_options,
 )
 from .options import markdown_table as options_table
@@ -415,6 +416,8 @@ def effective(env: Mapping[str, str] | None = None) -> list[Effective]:
             text = "(set)"
         out.append(Effective(opt, text, source))
     Settings.from_env(env)  # the checks across settings (e.g. TLS: all three or none)
+    for check in registered_checks():  # the applications' own (e.g. JODL_FETCH_ALLOW)
+        check(env)
     return out
 
 

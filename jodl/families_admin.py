@@ -193,6 +193,23 @@ def _number(name: str, value: Any, *, whole: bool, least: float, none: bool) -> 
     return number
 
 
+def _idempotent(family: FamilyRow) -> bool:
+    """Whether the family's jobs may run twice: as its class installed here declares
+    (:attr:`jodl.family.Family.idempotent`, which the master follows on each agent),
+    unless an operator turned it off. Without the class here: the row's setting."""
+    if family.idempotent is False:
+        return False
+    from .family import installed_class
+
+    try:
+        cls = installed_class(family.name)
+    except Exception:  # noqa: BLE001 - a broken package: its row decides
+        cls = None
+    if cls is None:
+        return bool(family.idempotent)
+    return bool(cls.idempotent)
+
+
 def _flag(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -260,7 +277,9 @@ def clean_settings(changes: dict[str, Any]) -> dict[str, Any]:
         elif name == "max_attempts":
             out[name] = _number(name, value, whole=True, least=1, none=True)
         elif name == "idempotent":
-            out[name] = _flag(name, value)
+            # "none": no override, the family class decides (Family.idempotent).
+            follows = value is None or str(value).strip().lower() in ("none", "class")
+            out[name] = None if follows else _flag(name, value)
         elif name == "strategy":
             if not isinstance(value, str) or not value.strip():
                 raise BadSetting("strategy: the name of a placement strategy")
@@ -340,7 +359,7 @@ class FamilyAdmin:
             schedule=family.schedule,
             timeout=family.timeout,
             max_attempts=family.max_attempts,
-            idempotent=bool(family.idempotent),
+            idempotent=_idempotent(family),
             jobs=facts.jobs,
             job_settings=shared,
             nodes=tuple(rules),
@@ -365,6 +384,11 @@ class FamilyAdmin:
         clean = clean_settings(changes)
 
         def check(family: FamilyRow) -> None:
+            if clean.get("idempotent") is True and not _idempotent(family):
+                raise BadSetting(
+                    f"idempotent: the class of {name} says its jobs must not run twice "
+                    "(Family.idempotent = False); only the class can allow it"
+                )
             if "strategy" in clean or "strategy_params" in clean or "timeout" in clean:
                 check_strategy(family.strategy, dict(family.strategy_params or {}), family)
 
@@ -403,6 +427,12 @@ class FamilyAdmin:
         node_ids = list(dict.fromkeys(ids[a] for a in addresses))
         facts = self.log.set_rules(name, node_ids, allowed, max_slots, conditions, JOB_FIELDS)
         return self._info(facts)
+
+    def remove(self, name: str) -> int:
+        """Remove a family whose jobs are all deleted (and that runs no cycle now), with
+        its runs and results; how many deleted jobs went with it. A family that still
+        has jobs or a running run is refused with the reason, nothing removed."""
+        return self.log.remove(name)
 
     def jobs(self, name: str, state: str | None = None, limit: int = 50) -> list[JobRow]:
         """Jobs of the family (in one state if given), oldest first, at most ``limit``."""

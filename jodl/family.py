@@ -138,6 +138,32 @@ def installed() -> dict[str, type[Family]]:
     return found
 
 
+def reload_installed() -> dict[str, type[Family]]:
+    """Families installed now, read again: entry points found anew (a package installed
+    since), and the modules of other distributions' families imported again (a package
+    upgraded since). This library's own families are not re-imported.
+
+    A module that fails to import raises, and nothing changes for the caller.
+    """
+    import importlib
+    import sys
+    from importlib.metadata import entry_points
+
+    from .plugins import extra_installed
+
+    importlib.invalidate_caches()
+    own = (__name__.partition(".")[0],)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        module = sys.modules.get(ep.module)
+        dist = getattr(ep, "dist", None)
+        if module is None or (dist is not None and dist.name in own):
+            continue
+        importlib.reload(module)
+    installed.cache_clear()
+    extra_installed.cache_clear()
+    return installed()
+
+
 def installed_class(name: str) -> type[Family] | None:
     """The family class installed under ``name`` (None: none), importing only its module."""
     from .plugins import load_entry

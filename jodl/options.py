@@ -190,6 +190,23 @@ def _module_rank(module: str) -> tuple[int, str]:
     return (0 if module.partition(".")[0] == "jodl" else 1), module
 
 
+#: Checks across a module's settings (e.g. a network list, TLS with a password), each
+#: given the environment and raising :class:`ConfigError`: ``jodl config`` runs them all.
+_CHECKS: list[Callable[[Any], None]] = []
+
+
+def register_check(check: Callable[[Any], None]) -> None:
+    """Let a module add the checks its settings need beyond each value's type: called
+    by ``jodl config`` with the environment (a mapping), it raises :class:`ConfigError`
+    naming the variable."""
+    if check not in _CHECKS:
+        _CHECKS.append(check)
+
+
+def registered_checks() -> tuple[Callable[[Any], None], ...]:
+    return tuple(_CHECKS)
+
+
 def registered_options() -> tuple[Option, ...]:
     """The options registered so far, in the table's order."""
     return tuple(opt for module in sorted(_EXTRA, key=_module_rank) for opt in _EXTRA[module])
@@ -215,4 +232,11 @@ def markdown_table(options: Iterable[Option]) -> str:
     return "\n".join(rows)
 
 
-__all__ = ["OPTIONS_GROUP", "Option", "register_options", "registered_options"]
+__all__ = [
+    "OPTIONS_GROUP",
+    "Option",
+    "register_check",
+    "register_options",
+    "registered_checks",
+    "registered_options",
+]

@@ -110,8 +110,10 @@ def follow(
     request_id: int,
     master_alive: Callable[[], bool],
     progress: Callable[[int, int], None] | None = None,
+    note: Callable[[str | None], None] | None = None,
 ) -> RunRequest:
-    """Wait for request ``request_id`` to end, reporting its run's progress; the request.
+    """Wait for request ``request_id`` to end, reporting its run's progress (and to
+    ``note``, each change of why no agent serves it); the request.
 
     :class:`JodlError` when no master has run for :data:`MASTER_GRACE` seconds and the
     request has no outcome. A database that stops answering (a restart, a failover)
@@ -119,9 +121,16 @@ def follow(
     """
     outage = False
     alive_at = time.monotonic()
+    said: list[str | None] = [None]
+
+    def tell(unserved: str | None) -> None:
+        if note is not None and unserved != said[0]:
+            said[0] = unserved
+            note(unserved)
+
     while True:
         try:
-            row = _look(store, request_id, progress)
+            row = _look(store, request_id, progress, tell)
             alive = row is None and master_alive()
         except Exception as exc:
             if not is_outage(exc):
@@ -146,17 +155,23 @@ def follow(
 
 
 def _look(
-    store: Store, request_id: int, progress: Callable[[int, int], None] | None
+    store: Store,
+    request_id: int,
+    progress: Callable[[int, int], None] | None,
+    tell: Callable[[str | None], None],
 ) -> RunRequest | None:
-    """One look at a followed request: the request once it ended, else None."""
+    """One look at a followed request: the request once it ended, else None (its run's
+    progress and why no agent serves it, if so, reported meanwhile)."""
     row = store.run_request(request_id)
     if row is None:
         raise JodlError(f"run request {request_id} disappeared")
     if row.finished_at is not None:
         return row
-    if row.taken_at is not None and progress is not None:
+    if row.taken_at is not None:
         run = store.running_run(row.family)
-        if run is not None and run.jobs_total:
+        if run is not None and progress is not None and run.jobs_total:
             done, _ = store.count_run(run.id)
             progress(min(done, run.jobs_total), run.jobs_total)
+        if run is not None:
+            tell(run.unserved)
     return None

@@ -157,7 +157,9 @@ def test_strict_affinity_keeps_a_hosts_jobs_on_one_node(
 def test_agent_past_its_timeout_loses_its_jobs(db: Any, spawn_agent: Spawn) -> None:
     store, _ = db
     stuck, ok = start(spawn_agent, store, 0.005, 1.0)
-    add_sleep_jobs(store, [0.05] * 6, timeout=0.5, strategy_params={"explore": 0})
+    # No backup copies (Sleep is idempotent): the late jobs must meet their timeout.
+    no_backups = {"explore": 0, "backup_factor": 1e6}
+    add_sleep_jobs(store, [0.05] * 6, timeout=0.5, strategy_params=no_backups)
     summary = cycle(db)
     assert summary.done == 6 and summary.dead == 0
     rows = executions(store, summary.run_id)
@@ -231,7 +233,9 @@ def test_job_slower_than_before_moves_for_good_to_a_faster_node(
 ) -> None:
     store, _ = db
     a, _b = start(spawn_agent, store, 1.0, 1.0)
-    add_sleep_jobs(store, [0.03] * 4, strategy_params={"explore": 0, "stickiness": 5})
+    # No backup copies (Sleep is idempotent): the slow node's results must count.
+    params = {"explore": 0, "stickiness": 5, "backup_factor": 1e6}
+    add_sleep_jobs(store, [0.03] * 4, strategy_params=params)
     for _ in range(3):
         cycle(db)
     a_id = node_id(store, a)
@@ -373,7 +377,10 @@ def test_a_straggler_gets_a_backup_and_the_first_result_wins(db: Any, spawn_agen
 def test_no_backups_for_a_family_not_idempotent(db: Any, spawn_agent: Spawn) -> None:
     store, _ = db
     start(spawn_agent, store, 0.02, 1.0)
-    add_sleep_jobs(store, [0.02] * 2, strategy_params={"explore": 0, "steal_margin": 100})
+    # The class Sleep says idempotent; the operator's setting turns backups off.
+    add_sleep_jobs(
+        store, [0.02] * 2, idempotent=False, strategy_params={"explore": 0, "steal_margin": 100}
+    )
     summary = cycle(db)
     assert summary.done == 2
     assert not any(e.backup for e in executions(store, summary.run_id))

@@ -107,7 +107,7 @@ def test_a_cycle_asked_of_the_serving_master_is_run_by_it(store, settings, agent
 
     from jodl.run_requests import RunRequests, follow
 
-    store.add_jobs("noop", {f"k{i}": {} for i in range(6)})
+    store.add_jobs("noop", {f"k{i}": {} for i in range(6)}, create=True)
     agents(1)
     master = Master(settings, store=store, name="serving")
     master.feeders.append(RunRequests(store, poll=0.05))

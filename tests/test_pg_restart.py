@@ -2,42 +2,40 @@
 
 Real ``jodl master`` processes and real agents run ``mark`` jobs (one line per real
 run in a marks file); the database server is restarted while the cycle is under way
-(``pg_ctlcluster ... main restart``, which ends every connection). The masters lose
-their connections, their lease renewals fail for a few seconds, and the leader may
-stop dispatching (at 2/3 of its TTL); once the server answers again it leads on, or
-a standby takes over, and the run finishes: every job has exactly one committed
-result and one mark line, and the log agrees with the marks.
+(``pg_ctl restart -m fast``, which ends every connection). The masters lose their
+connections, their lease renewals fail for a few seconds, and the leader may stop
+dispatching (at 2/3 of its TTL); once the server answers again it leads on, or a
+standby takes over, and the run finishes: every job has exactly one committed result
+and one mark line, and the log agrees with the marks.
 
-The restart ends the connections of *every* client of this server: tests of this
-file are marked ``pg_restart`` and kept in a file of their own, and the restart is
-the brief one of the cluster's own tool. Run serially (as CI does), they disturb
-nobody. Where the server cannot be restarted from here (not root, another host, no
-``pg_ctlcluster``) they fail with the reason: a skipped test would hide a promise
-that was never checked.
+The server restarted is a throwaway cluster of this file's own (``tests/pg_cluster.py``:
+initdb into a temporary folder, a free port), never the machine's server named by
+``JODL_TEST_DATABASE_URL``, whose other clients would lose their connections. The
+tests need PostgreSQL's server binaries (``initdb``, ``pg_ctl``); where they are
+missing the tests fail with the reason, since a skipped test would hide a promise that
+was never checked (they are skipped, as every PostgreSQL test is, when
+``JODL_TEST_DATABASE_URL`` is unset).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
+import secrets
 import time
+from collections.abc import Iterator
 
 import pytest
 from agents import spawn_jodl, wait_for
-from sqlalchemy.engine import make_url
+from pg_cluster import ClusterUnavailable, ThrowawayCluster
+from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 from test_crash import add_mark_jobs, check_complete, check_marks, executions, runs_by_key
 from test_standby import committed_keys, lease, logs, start_masters, stop_all
 
+from jodl.log import normalise_url
 from jodl.log.store import Store
 
-pytestmark = [
-    pytest.mark.pg_restart,
-    pytest.mark.parametrize(
-        "db_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
-    ),
-]
+pytestmark = [pytest.mark.pg_restart, pytest.mark.postgres]
 
 #: Jobs of the cycle and each one's sleep: about six seconds of work on six slots, so
 #: the restart (two or three seconds here) falls well inside the cycle.
@@ -49,34 +47,39 @@ UNDER_WAY = 30
 BACK_WITHIN = 60.0
 
 
-def cluster_of(db_url: str) -> tuple[str, str]:
-    """The (version, name) of the local cluster serving ``db_url``; fails with the reason
-    when it cannot be restarted from this process."""
-    host = make_url(db_url).host or "localhost"
-    if host not in ("127.0.0.1", "localhost", "::1") and not host.startswith("/"):
-        pytest.fail(f"PostgreSQL at {host} is not on this machine: it cannot be restarted here")
-    if shutil.which("pg_ctlcluster") is None:
-        pytest.fail("pg_ctlcluster is not installed: PostgreSQL cannot be restarted here")
-    if os.geteuid() != 0:
-        pytest.fail("restarting PostgreSQL (pg_ctlcluster) needs root; run the tests as root")
-    versions = sorted(os.listdir("/etc/postgresql")) if os.path.isdir("/etc/postgresql") else []
-    if len(versions) != 1:
-        pytest.fail(f"expected one PostgreSQL version in /etc/postgresql, found {versions}")
-    return versions[0], "main"
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ThrowawayCluster]:
+    """This file's own PostgreSQL server, the one its tests restart."""
+    if not os.environ.get("JODL_TEST_DATABASE_URL", "").strip():
+        pytest.skip("JODL_TEST_DATABASE_URL is not set: PostgreSQL tests skipped (CI sets it)")
+    try:
+        made = ThrowawayCluster.create()
+    except ClusterUnavailable as exc:
+        pytest.fail(f"no throwaway PostgreSQL cluster for the restart tests: {exc}")
+    yield made
+    made.remove()
 
 
-def restart_postgres(cluster: tuple[str, str], store: Store) -> float:
+@pytest.fixture
+def db_url(cluster: ThrowawayCluster) -> Iterator[str]:
+    """A fresh database on the throwaway cluster (instead of conftest's two databases)."""
+    name = f"jodl_t_{secrets.token_hex(6)}"
+    admin = create_engine(cluster.url(), isolation_level="AUTOCOMMIT", pool_pre_ping=True)
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        yield cluster.url(name)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def restart_postgres(cluster: ThrowawayCluster, store: Store) -> float:
     """Restart the server (fast: connections are ended) and wait until it answers;
     the seconds it took."""
     started = time.monotonic()
-    done = subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", *cluster, "restart"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"pg_ctlcluster restart failed: {done.stderr.strip() or done.stdout.strip()}")
+    cluster.restart()
     wait_for(lambda: answers(store), timeout=BACK_WITHIN, what="PostgreSQL to answer again")
     return time.monotonic() - started
 
@@ -109,8 +112,7 @@ def finished(store: Store, request: int, masters: list) -> bool:  # type: ignore
     return store.run_request(request).finished_at is not None
 
 
-def cycle_across_a_restart(store, agents, db_url, tmp_path, masters_count, ttl) -> float:  # type: ignore[no-untyped-def]
-    cluster = cluster_of(db_url)
+def cycle_across_a_restart(store, agents, db_url, cluster, tmp_path, masters_count, ttl) -> float:  # type: ignore[no-untyped-def]
     marks = tmp_path / "marks.txt"
     add_mark_jobs(store, marks, count=JOBS, seconds=SECONDS)
     agents(2, slots=3)
@@ -158,20 +160,21 @@ def cycle_across_a_restart(store, agents, db_url, tmp_path, masters_count, ttl) 
     return took
 
 
-def test_one_master_survives_a_restart_mid_cycle(store, agents, db_url, tmp_path):
+def test_one_master_survives_a_restart_mid_cycle(store, agents, db_url, cluster, tmp_path):
     # The default TTL: the outage may outlast 2/3 of it, or not; either way the run ends.
-    cycle_across_a_restart(store, agents, db_url, tmp_path, masters_count=1, ttl=5.0)
+    cycle_across_a_restart(store, agents, db_url, cluster, tmp_path, masters_count=1, ttl=5.0)
 
 
-def test_with_a_standby_the_cycle_completes_across_a_restart(store, agents, db_url, tmp_path):
+def test_with_a_standby_the_cycle_completes_across_a_restart(
+    store, agents, db_url, cluster, tmp_path
+):
     # A TTL shorter than the outage: the leader stops dispatching, and whichever master
     # takes the lease once the server answers finishes the run.
-    cycle_across_a_restart(store, agents, db_url, tmp_path, masters_count=2, ttl=2.0)
+    cycle_across_a_restart(store, agents, db_url, cluster, tmp_path, masters_count=2, ttl=2.0)
 
 
-def test_a_one_shot_run_completes_across_a_restart(store, agents, db_url, tmp_path):
+def test_a_one_shot_run_completes_across_a_restart(store, agents, db_url, cluster, tmp_path):
     """``jodl run mark`` (the master of one cycle) rides out the restart too."""
-    cluster = cluster_of(db_url)
     marks = tmp_path / "marks.txt"
     add_mark_jobs(store, marks, count=JOBS, seconds=SECONDS)
     agents(2, slots=3)
@@ -195,3 +198,20 @@ def test_a_one_shot_run_completes_across_a_restart(store, agents, db_url, tmp_pa
     ran = runs_by_key(marks)
     assert len(ran) == JOBS, "no job lost"
     assert set(ran.values()) == {1}, f"jobs ran twice: {[k for k, n in ran.items() if n > 1]}"
+
+
+def test_the_restart_leaves_the_machines_server_alone(cluster):
+    """The server restarted is the throwaway one: a connection to the server named by
+    ``JODL_TEST_DATABASE_URL`` opened before the restart still answers after it."""
+    ours = create_engine(cluster.url())
+    machines = create_engine(normalise_url(os.environ["JODL_TEST_DATABASE_URL"]))
+    try:
+        with machines.connect() as kept, ours.connect() as ended:
+            before = kept.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+            cluster.restart()
+            with pytest.raises(OperationalError):
+                ended.exec_driver_sql("SELECT 1")
+            assert kept.exec_driver_sql("SELECT pg_backend_pid()").scalar() == before
+    finally:
+        ours.dispose()
+        machines.dispose()

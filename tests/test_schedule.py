@@ -274,6 +274,10 @@ def test_jodl_master_runs_requested_cycles_one_at_a_time(
     assert web[1].started_at >= web[0].finished_at  # never two at once
     assert len(site.requests("/slow")) == 2
     assert all(r.taken_by for r in requests_of(store))
+    # The polls that found a cycle running returned at once, without APScheduler's warning.
+    log = (tmp_path / "master.log").read_text()
+    assert "cycle requested by an operator" in log
+    assert "maximum number of running instances reached" not in log
 
 
 def test_a_requested_cycle_is_not_spread(store, agents, settings, site, inbox):

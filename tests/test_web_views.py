@@ -245,6 +245,7 @@ def test_every_state_changing_form_needs_the_csrf_token(
         ("/admin/nodes", {"address": "127.0.0.1:9", "slots": "1"}),
         ("/admin/nodes/remove", {"address": "127.0.0.1:9"}),
         ("/admin/nodes/drain", {"address": "127.0.0.1:9"}),
+        ("/admin/nodes/reload", {"address": "127.0.0.1:9"}),
         ("/admin/cycle", {}),
         ("/admin/runs/1/cancel", {}),
         ("/login", {"email": "ops@example.org", "password": PASSWORD}),

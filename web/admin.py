@@ -87,6 +87,18 @@ def drain_node(svc: Services, address: str) -> str:
     return f"node {address} draining"
 
 
+def reload_nodes(svc: Services, address: str | None) -> str:
+    """Ask the agent at ``address`` (None: every live node's) to read its installed
+    families again; the running master relays it within a second."""
+    if address is not None and (not address or len(address) > 255):
+        raise NotFound(f"no node {address[:255]!r}")
+    asked = svc.store.ask_reload(address)
+    if not asked:
+        raise NotFound(f"no live node {address!r}" if address else "no live nodes")
+    who = f"node {asked[0]}" if address else f"{len(asked)} node(s)"
+    return f"reload of the families asked of {who}: the running master relays it within seconds"
+
+
 def start_cycle(svc: Services) -> dict[str, Any]:
     """Record the current operator's request for a cycle now: its id and a line saying so."""
     user = current_user()
@@ -176,6 +188,14 @@ def nodes_remove() -> Any:
 @admin_required
 def nodes_drain() -> Any:
     flash(drain_node(services(), request.form.get("address", "").strip()), "ok")
+    return redirect(url_for("admin.index"), 303)
+
+
+@bp.route("/nodes/reload", methods=["POST"])
+@admin_required
+def nodes_reload() -> Any:
+    address = request.form.get("address")
+    flash(reload_nodes(services(), address.strip() if address is not None else None), "ok")
     return redirect(url_for("admin.index"), 303)
 
 

@@ -369,6 +369,16 @@ def admin_nodes_drain() -> Any:
     return jsonify({"message": admin.drain_node(services(), address.strip())})
 
 
+@bp.route("/admin/nodes/reload", methods=["POST"])
+@admin_required
+def admin_nodes_reload() -> Any:
+    address = body().get("address")
+    if address is not None and not isinstance(address, str):
+        raise BadRequest("address: HOST:PORT text, or none for every node")
+    message = admin.reload_nodes(services(), address.strip() if address is not None else None)
+    return jsonify({"message": message}), 202
+
+
 @bp.route("/admin/cycles", methods=["POST"])
 @admin_required
 def admin_cycle() -> Any:

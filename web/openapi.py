@@ -506,6 +506,16 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 auth=True,
             )
         },
+        "/api/admin/nodes/reload": {
+            "post": _op(
+                "Make agents read their installed families again (one node, or every live "
+                "node's without an address); the running master relays it; held results "
+                "are kept",
+                _responses(202, "Asked", obj, 404, *WITH_BODY),
+                {"type": "object", "properties": {"address": _text(300)}},
+                auth=True,
+            )
+        },
         "/api/admin/cycles": {
             "post": _op(
                 "Request an application cycle now (a running master starts it)",

@@ -27,6 +27,8 @@ same name). "stamp" is the master's epoch, or ``(epoch, session, since)`` after
 ``ack``        stamp, ids -> number forgotten (results the master committed)
 ``cancel``     stamp, ids -> ids cancelled
 ``held``       stamp, ids -> subset of ids the agent still knows (after a master restart)
+``draining``   stamp, start -> whether the agent drains (``start``: the master asks it to)
+``reload``     stamp, now -> generation of its families (``now``: reload them first)
 ``ping``       -> (agent name, epoch, unix time)
 ``families``   -> ((name, version, is_async, idempotent), ...)
 =============  ==================================================================

@@ -77,6 +77,7 @@ CALLS = (
     "cancel",
     "held",
     "draining",
+    "reload",
     "ping",
     "families",
     "leaders",
@@ -182,6 +183,11 @@ class AgentLink:
     def draining(self, epoch: int, start: bool = False) -> bool:
         """Whether the agent drains (then it gets nothing new); ``start`` asks it to."""
         return self._stamped("draining", check_flag, epoch, start)
+
+    def reload(self, epoch: int, now: bool = False) -> int:
+        """The generation of the agent's families (another one than at ``init``: they
+        changed); ``now`` asks it to reload them first."""
+        return self._stamped("reload", check_count, epoch, now)
 
     def ping(self) -> Ping:
         """The agent's name, epoch and clock (no stamp: any master may ask)."""

@@ -75,6 +75,8 @@ class AgentCore:
         self.sessions.detach_after = detach
         classes = family_registry.installed() if families is None else families
         self.installed = Installed(classes, name, {"speed": speed, "node": name})
+        #: The families are this environment's entry points (not given): reloadable.
+        self._reloadable = families is None
         self._cond = threading.Condition()
         self._queue: deque[tuple[int, str, str]] = deque()
         self._aqueue: deque[tuple[int, str, str]] = deque()
@@ -102,6 +104,31 @@ class AgentCore:
 
     def family_list(self) -> tuple[FamilyRow, ...]:
         return self.installed.rows()
+
+    def reload(self, why: str) -> int:
+        """Read the installed families again (see :mod:`jodl.agent.installed`); the
+        generation of the families served from now on. Queued and running jobs and
+        held results are kept. A family that fails to import keeps the old classes."""
+        if not self._reloadable:
+            return self.installed.generation
+        before = {row[0]: row[1] for row in self.installed.rows()}
+        try:
+            classes = family_registry.reload_installed()
+        except Exception as exc:  # noqa: BLE001 - a broken package must not stop the agent
+            log.error(
+                "agent %s: families not reloaded (%s): %s: %s; still serving %s",
+                self.name, why, type(exc).__name__, exc, ", ".join(before) or "none",
+            )  # fmt: skip
+            return self.installed.generation
+        if self.installed.replace(classes):
+            now = {row[0]: row[1] for row in self.installed.rows()}
+            log.warning(
+                "agent %s reloaded its families (%s): %s",
+                self.name, why, _changes(before, now),
+            )  # fmt: skip
+        else:
+            log.info("agent %s reloaded its families (%s): no change", self.name, why)
+        return self.installed.generation
 
     # -- protocol ---------------------------------------------------------------------
 
@@ -169,6 +196,7 @@ class AgentCore:
                 "session": opened.number,
                 "detach": self.detach_after,
                 "queued": queued,
+                "generation": self.installed.generation,
             }
         )
 
@@ -484,3 +512,11 @@ class AgentCore:
             self._closing = True
             self._cond.notify_all()
         self._loop.call_soon_threadsafe(self._wake_async)
+
+
+def _changes(before: dict[str, str], now: dict[str, str]) -> str:
+    """What a reload changed, in words (families by name -> version)."""
+    parts = [f"+{n} {now[n]}" for n in sorted(set(now) - set(before))]
+    parts += [f"-{n}" for n in sorted(set(before) - set(now))]
+    parts += [f"{n} {before[n]}->{now[n]}" for n in sorted(now) if before.get(n, now[n]) != now[n]]
+    return ", ".join(parts) or "the same names and versions, new code"

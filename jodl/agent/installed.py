@@ -1,4 +1,10 @@
-"""The families an agent runs: their classes, as reported, and one instance of each."""
+"""The families an agent runs: their classes, as reported, and one instance of each.
+
+They are read at the agent's start and again when it is asked to reload them
+(``jodl node reload``, relayed by the master, or SIGHUP on the agent): a package
+installed or upgraded meanwhile is served from then on. A reload changes only the
+classes; queued jobs, running ones and held results stay as they are.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +25,26 @@ class Installed:
         self.classes = classes
         self.agent = agent
         self.context = context
+        #: Bumped by each :meth:`replace` that changed a class: the master, seeing
+        #: another generation than at its ``init``, initialises the agent again.
+        self.generation = 0
         self._instances: dict[str, Family] = {}
         self._lock = threading.Lock()
+
+    def replace(self, classes: dict[str, type[Family]]) -> bool:
+        """Serve ``classes`` from now on (instances of unchanged classes are kept); True
+        when anything changed."""
+        with self._lock:
+            if classes == self.classes:
+                return False
+            self._instances = {
+                name: inst
+                for name, inst in self._instances.items()
+                if classes.get(name) is type(inst)
+            }
+            self.classes = dict(classes)  # one assignment: readers see the old or the new
+            self.generation += 1
+            return True
 
     def rows(self) -> tuple[FamilyRow, ...]:
         return tuple(

@@ -114,6 +114,8 @@ class AgentInfo:
     detach: float | None
     #: Executions queued there, not started (the master cancels those it gave up on).
     queued: tuple[int, ...]
+    #: Bumped each time the agent reloaded its families with a change (``reload``).
+    generation: int = 0
 
     def family_table(self) -> dict[str, dict[str, Any]]:
         """The families as the log keeps them per node: name -> version, async, idempotent."""
@@ -352,4 +354,11 @@ def check_info(value: Any) -> AgentInfo:
         session=info["session"],
         detach=info["detach"],
         queued=tuple(info["queued"]),
+        generation=_generation(info.get("generation", 0)),
     )
+
+
+def _generation(value: Any) -> int:
+    if type(value) is not int or value < 0:
+        raise BadReply("init: 'generation' of the agent info is not a count")
+    return value

@@ -150,6 +150,14 @@ class AgentService(rpyc.Service):
     def exposed_held(self, epoch: Any, ids: tuple) -> tuple[int, ...]:
         return self._call(epoch, self._core.held, _ids(ids))
 
+    def exposed_reload(self, epoch: Any, now: bool) -> int:
+        """The generation of the families served (``now``: reload them first)."""
+        if type(now) is not bool:
+            raise TypeError("now must be a plain bool")
+        if now:
+            return self._call(epoch, self._core.reload, "asked by the master")
+        return self._call(epoch, lambda: self._core.installed.generation)
+
     def exposed_draining(self, epoch: Any, start: bool) -> bool:
         """Whether the agent drains (``start``: the master asks it to)."""
         if type(start) is not bool:

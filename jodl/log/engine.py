@@ -63,6 +63,23 @@ def _create_private(path: str | None) -> None:
         pass  # it exists, or no such directory (SQLite reports that on connecting)
 
 
+def missing_sqlite_file(url: str) -> str | None:
+    """The path of a SQLite database file that does not exist yet (None: not that case).
+
+    Opening it would create an empty file: a read must not leave one behind.
+    """
+    try:
+        parsed = make_url(normalise_url(url))
+    except Exception:  # noqa: BLE001 - reported when the engine is made
+        return None
+    path = parsed.database
+    if not parsed.drivername.startswith("sqlite") or not path or path == ":memory:":
+        return None
+    if path.startswith("file:"):
+        return None  # a URI filename: its own mode decides
+    return None if os.path.exists(path) else path
+
+
 def ensure_schema(engine: Engine) -> None:
     """Bring the database to the newest migration (``jodl db upgrade``)."""
     from ..migrate import upgrade

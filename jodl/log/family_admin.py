@@ -13,8 +13,20 @@ from typing import Any
 from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..exceptions import UnknownFamily
-from .models import FamilyOnNode, FamilyRow, Job, Node
+from ..exceptions import JodlError, UnknownFamily
+from .models import (
+    Execution,
+    FamilyBudget,
+    FamilyOnNode,
+    FamilyRow,
+    Job,
+    JobOnNode,
+    JobState,
+    Node,
+    Run,
+    RunRequest,
+    RunState,
+)
 
 
 @dataclass(slots=True)
@@ -22,6 +34,7 @@ class FamilyFacts:
     """A family as stored: its row, how many jobs it has, what its jobs share, its rules."""
 
     family: FamilyRow
+    #: Its jobs but the deleted ones.
     jobs: int
     #: Per job field asked for: up to two distinct values among the family's jobs.
     job_values: dict[str, list[Any]]
@@ -124,6 +137,38 @@ class FamilyAdminLog:
             s.flush()
             return self._facts(s, family, job_fields)
 
+    def remove(self, name: str) -> int:
+        """Remove a family with no jobs left (but deleted ones) and no running run: its
+        row, runs, executions, what was learned of its jobs, node rules and requests,
+        in one transaction; how many deleted jobs went with it. :class:`FamilyInUse`
+        (nothing removed) otherwise."""
+        with self.sessions() as s, s.begin():
+            family = _family(s, name)
+            facts = self._facts(s, family, ())
+            if facts.jobs:
+                raise FamilyInUse(
+                    f"family {name!r} has {facts.jobs} jobs: delete them first "
+                    f"(`jodl jobs delete {name} KEY...`)"
+                )
+            running = s.scalar(
+                select(Run.number).where(Run.family_id == family.id, Run.state == RunState.RUNNING)
+            )
+            if running is not None:
+                raise FamilyInUse(
+                    f"run {name}#{running} is running: cancel it first (`jodl run cancel {name}`)"
+                )
+            jobs = select(Job.id).where(Job.family_id == family.id).scalar_subquery()
+            gone = s.scalar(select(func.count()).where(Job.family_id == family.id)) or 0
+            s.execute(delete(JobOnNode).where(JobOnNode.job_id.in_(jobs)))
+            s.execute(delete(Execution).where(Execution.job_id.in_(jobs)))
+            s.execute(delete(RunRequest).where(RunRequest.family == name))
+            s.execute(delete(Job).where(Job.family_id == family.id))
+            s.execute(delete(Run).where(Run.family_id == family.id))  # dispatches cascade
+            s.execute(delete(FamilyOnNode).where(FamilyOnNode.family_id == family.id))
+            s.execute(delete(FamilyBudget).where(FamilyBudget.family_id == family.id))
+            s.delete(family)
+            return int(gone)
+
     def jobs(self, name: str, state: str | None, limit: int) -> list[Job]:
         """Jobs of the family (in one state if given), oldest first, at most ``limit``."""
         with self.sessions() as s:
@@ -135,13 +180,10 @@ class FamilyAdminLog:
 
     @staticmethod
     def _facts(s: Session, family: FamilyRow, job_fields: Sequence[str]) -> FamilyFacts:
-        jobs = s.scalar(select(func.count()).where(Job.family_id == family.id)) or 0
+        live = (Job.family_id == family.id, Job.state != JobState.DELETED)
+        jobs = s.scalar(select(func.count()).where(*live)) or 0
         values = {
-            name: list(
-                s.scalars(
-                    select(getattr(Job, name)).where(Job.family_id == family.id).distinct().limit(2)
-                )
-            )
+            name: list(s.scalars(select(getattr(Job, name)).where(*live).distinct().limit(2)))
             for name in job_fields
         }
         rules = [
@@ -154,6 +196,10 @@ class FamilyAdminLog:
             ).tuples()
         ]
         return FamilyFacts(family=family, jobs=int(jobs), job_values=values, rules=rules)
+
+
+class FamilyInUse(JodlError):
+    """A family that still has jobs or a running run cannot be removed."""
 
 
 def _family(s: Session, name: str) -> FamilyRow:

@@ -79,6 +79,9 @@ class Node(Base):
     failures: Mapped[int] = mapped_column(Integer, default=0)
     retry_at: Mapped[dt.datetime | None]
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    #: ``jodl node reload`` asked its agent to reload its families; cleared once the
+    #: running master relayed it.
+    reload_asked_at: Mapped[dt.datetime | None]
 
 
 class FamilyRow(Base):
@@ -92,7 +95,10 @@ class FamilyRow(Base):
     schedule: Mapped[str | None] = mapped_column(String(100))
     max_attempts: Mapped[int | None] = mapped_column(Integer)
     timeout: Mapped[float | None] = mapped_column(Float)
-    idempotent: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: None: as the family class declares (``Family.idempotent``, the one source of
+    #: truth); False: an operator turned backup copies off (``jodl family set
+    #: --idempotent false``). True never allows what the class forbids.
+    idempotent: Mapped[bool | None] = mapped_column(Boolean, default=None)
     settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
@@ -257,6 +263,9 @@ class Run(Base):
     #: With a jobs-per-cycle budget: the last member in the order (last run, id).
     cut_number: Mapped[int | None] = mapped_column(Integer)
     cut_job_id: Mapped[int | None] = mapped_column(BigId)
+    #: Why its jobs wait while no live agent can run its family (None: one can), e.g.
+    #: "no agent serves wordcount: installed on 0 of 2 agents" (jodl/master/coverage.py).
+    unserved: Mapped[str | None] = mapped_column(Text)
 
 
 class ExecState:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -9,7 +10,17 @@ from typing import Any
 from sqlalchemy import Connection, Engine, bindparam, insert, select, update
 from sqlalchemy.orm import sessionmaker
 
-from .models import FamilyOnNode, FamilyRow, Job, JobState, Node, NodeState, table_of
+from ..exceptions import BadPayload, UnknownFamily
+from .models import (
+    FamilyOnNode,
+    FamilyRow,
+    Job,
+    JobState,
+    Node,
+    NodeState,
+    table_of,
+    utcnow,
+)
 
 
 class NodeLog:
@@ -84,6 +95,54 @@ class NodeLog:
         with self.engine.begin() as conn:
             conn.execute(update(Node).where(Node.id == node_id).values(**values))
 
+    def ask_reload(self, address: str | None = None) -> list[str]:
+        """Ask the agent at ``address`` (None: of every live node) to reload its families;
+        the addresses asked (none: no such live node). The running master relays it."""
+        live = Node.state.in_((NodeState.ACTIVE, NodeState.UNREACHABLE, NodeState.SUSPECT))
+        where = [live] if address is None else [live, Node.address == address]
+        with self.engine.begin() as conn:
+            asked = list(conn.scalars(select(Node.address).where(*where).order_by(Node.id)))
+            if asked:
+                conn.execute(
+                    update(Node).where(Node.address.in_(asked)).values(reload_asked_at=utcnow())
+                )
+        return asked
+
+    def reloads_asked(self) -> dict[int, dt.datetime]:
+        """node id -> when its reload was asked, for the nodes whose reload is not relayed yet."""
+        with self.engine.connect() as conn:
+            return dict(
+                conn.execute(  # type: ignore[arg-type]
+                    select(Node.id, Node.reload_asked_at).where(Node.reload_asked_at.is_not(None))
+                ).all()
+            )
+
+    def reload_relayed(self, node_id: int, asked_at: dt.datetime) -> None:
+        """The master relayed the reload asked at ``asked_at`` (a later ask stays)."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(Node)
+                .where(Node.id == node_id, Node.reload_asked_at == asked_at)
+                .values(reload_asked_at=None)
+            )
+
+
+def _payload_json(key: Any, payload: Any) -> str:
+    """A job's payload as JSON text of an object; :class:`BadPayload` naming the job."""
+    if isinstance(payload, Mapping):
+        return json.dumps(dict(payload))
+    if isinstance(payload, str):
+        try:
+            value = json.loads(payload)
+        except ValueError:
+            raise BadPayload(f"payload of job {key!r} is not JSON: {payload[:80]!r}") from None
+        if isinstance(value, dict):
+            return payload
+        payload = value
+    raise BadPayload(
+        f"payload of job {key!r} must be a JSON object (a dict), not {type(payload).__name__}"
+    )
+
 
 class Families:
     """Reads and writes of families and of their jobs' definitions."""
@@ -115,19 +174,30 @@ class Families:
         family: FamilyRow | str,
         jobs: Iterable[tuple[str, Any]] | Mapping[str, Any],
         priority: int | None = None,
+        create: bool = False,
     ) -> int:
-        """Add jobs to a family (created if it is new, given by name); the number added.
+        """Add jobs to a family; the number added.
 
+        ``family`` is a row, or a name: of a family in the database, else
+        :class:`UnknownFamily` unless ``create`` (then it is created).
         ``jobs`` maps each job's key to its payload, as a mapping or (key, payload)
-        pairs; a payload is a dict (encoded to JSON here) or JSON text. One
-        transaction: all are added or none; keys the family already has are kept.
-        New jobs take the family's job defaults (``jodl family set``) where set.
+        pairs; a payload is a dict (encoded to JSON here) or the JSON text of an
+        object: anything else is refused (:class:`BadPayload` naming the key) before
+        anything is written. One transaction: all are added or none; keys the
+        family already has are kept. New jobs take the family's job defaults
+        (``jodl family set``) where set.
         """
-        if isinstance(family, str):
-            family = self.ensure_family(family)
-        defaults = (family.settings or {}).get("job_defaults") or {}
         pairs = jobs.items() if isinstance(jobs, Mapping) else jobs
-        encoded = ((k, p if isinstance(p, str) else json.dumps(p)) for k, p in pairs)
+        encoded = [(k, _payload_json(k, p)) for k, p in pairs]
+        if isinstance(family, str):
+            found = self.family(family) if not create else self.ensure_family(family)
+            if found is None:
+                raise UnknownFamily(
+                    f"no family {family!r} in the database: create it with "
+                    "add_jobs(..., create=True) or add its jobs with `jodl jobs add`"
+                )
+            family = found
+        defaults = (family.settings or {}).get("job_defaults") or {}
         rows = [
             {
                 "family_id": family.id,

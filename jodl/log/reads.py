@@ -44,6 +44,8 @@ class Reads:
                     "speed": n.speed,
                     "last_seen": n.last_seen,
                     "last_error": n.last_error,
+                    "families": sorted(n.families or {}),
+                    "reload_asked": n.reload_asked_at is not None,
                 }
                 for n in s.scalars(select(Node).order_by(Node.id))
             ]
@@ -72,6 +74,7 @@ class Reads:
                     "makespan": r.makespan,
                     "lower_bound": r.lower_bound,
                     "ratio": r.ratio,
+                    "unserved": r.unserved,
                 }
                 for r in s.scalars(select(Run).order_by(Run.id.desc()).limit(runs))
             ]

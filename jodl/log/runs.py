@@ -187,6 +187,11 @@ class Runs:
                 .values(jobs_done=done, jobs_failed=failed, jobs_dead=dead)
             )
 
+    def set_unserved(self, run_id: int, why: str | None) -> None:
+        """Record why no live agent runs an open run's jobs now (None: one does)."""
+        with self.engine.begin() as conn:
+            conn.execute(update(Run).where(Run.id == run_id).values(unserved=why))
+
     def count_run(self, run_id: int) -> tuple[int, int]:
         """(jobs with a committed result, failed executions) of a run, from the log."""
         with self.engine.connect() as conn:

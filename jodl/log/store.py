@@ -11,6 +11,7 @@ Each table and the module holding its statements: docs/architecture.md#the-recon
 from __future__ import annotations
 
 import copy
+import datetime as dt
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -161,9 +162,12 @@ class Store:
         family: FamilyRow | str,
         jobs: Iterable[tuple[str, Any]] | Mapping[str, Any],
         priority: int | None = None,
+        create: bool = False,
     ) -> int:
-        """Add jobs to a family; the number added (see :meth:`Families.add_jobs`)."""
-        return self.families.add_jobs(family, jobs, priority)
+        """Add jobs to a family; the number added (see :meth:`Families.add_jobs`): a
+        family named that is not in the database is refused unless ``create``; a
+        payload that is not a JSON object is refused, and nothing is added."""
+        return self.families.add_jobs(family, jobs, priority, create)
 
     def nodes(self, include_removed: bool = False) -> list[Node]:
         return self.node_log.nodes(include_removed)
@@ -185,6 +189,17 @@ class Store:
 
     def update_node(self, node_id: int, **values: Any) -> None:
         self.node_log.update_node(node_id, **values)
+
+    def ask_reload(self, address: str | None = None) -> list[str]:
+        """Ask the agent at ``address`` (None: every live node's) to reload its installed
+        families; the addresses asked. The running master relays it within a second."""
+        return self.node_log.ask_reload(address)
+
+    def reloads_asked(self) -> dict[int, dt.datetime]:
+        return self.node_log.reloads_asked()
+
+    def reload_relayed(self, node_id: int, asked_at: dt.datetime) -> None:
+        self.node_log.reload_relayed(node_id, asked_at)
 
     # -- runs ---------------------------------------------------------------------------------
 
@@ -220,6 +235,10 @@ class Store:
 
     def count_run(self, run_id: int) -> tuple[int, int]:
         return self.runs.count_run(run_id)
+
+    def set_run_unserved(self, run_id: int, why: str | None) -> None:
+        """Why no live agent runs the open run's jobs now (None: one does)."""
+        self.runs.set_unserved(run_id, why)
 
     def finish_run(
         self,

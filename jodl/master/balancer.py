@@ -295,7 +295,7 @@ class Balancer:
             late: dict[int, float] = {}
             for exec_id, sent, started in self._running(slot, now):
                 job = book.jobs.get(sent.job_id)
-                if job is None or job.family not in slot.idempotent:
+                if job is None or not self._may_copy(job.family, slot):
                     # Cancelling only drops the result: the job runs on there. A family
                     # whose class says a second run does harm waits for its outcome.
                     continue
@@ -335,19 +335,25 @@ class Balancer:
 
     # -- run_backups ---------------------------------------------------------------------------
 
+    def _may_copy(self, family: str, slot: NodeSlot) -> bool:
+        """Whether ``family``'s jobs may run twice on ``slot``: its class on that agent
+        declares it (the one source of truth), and no operator turned it off."""
+        return family in slot.idempotent and self.families.tuned(family).idempotent is not False
+
     def run_backups(self) -> int:
         """Near the end of a cycle, run backup copies of stragglers on idle nodes.
 
-        Only for families idempotent both in the log and in the family class the
-        agents run (:attr:`jodl.family.Family.idempotent`: running twice does no
-        harm), and only once nothing of the cycle waits to be sent. The first
+        Only for idempotent families (running twice does no harm: as the family class
+        on the agents declares, :attr:`jodl.family.Family.idempotent`, unless an
+        operator turned it off with ``jodl family set --idempotent false``), and only
+        once nothing of the cycle waits to be sent. The first
         committed result wins; the other copy is cancelled.
         """
         book = self.book
         families = {
             a.family.name
             for a in self.runs.values()
-            if self.families.tuned(a.family.name).idempotent
+            if self.families.tuned(a.family.name).idempotent is not False
             and not self.families.kept(a.family.name)
         }
         if not families or book.has_waiting() or any(book.queues[s.id] for s in self.nodes):
@@ -359,7 +365,7 @@ class Balancer:
                 job = book.jobs.get(sent.job_id)
                 if job is None or job.family not in families or job.id in book.copies:
                     continue
-                if job.family not in slot.idempotent:
+                if not self._may_copy(job.family, slot):
                     continue
                 info = job_info(job)
                 expected = self._expected(info, slot.load)
@@ -374,7 +380,7 @@ class Balancer:
                 if self.nodes.allowed(fam, s)
                 and not book.flights[s.id]
                 and not book.queues[s.id]
-                and fam in s.idempotent
+                and self._may_copy(fam, s)
             ]
             mine = [r for r in running if r.job.family == fam]
             factor = self.families.tuned(fam).backup_factor

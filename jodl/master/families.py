@@ -43,7 +43,7 @@ class FamilySettings:
         if not reload and family.name in self.strategies:
             return
         tuning, params = Tuning.split(
-            family.strategy_params, timeout=family.timeout, idempotent=bool(family.idempotent)
+            family.strategy_params, timeout=family.timeout, idempotent=family.idempotent
         )
         self.tuning[family.name] = tuning
         self.rules[family.name] = self.store.family_rules(family.id)

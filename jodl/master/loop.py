@@ -4,6 +4,7 @@
 
     keep_lease       renew the master lease (fenced if another master took it)
     refresh nodes    connect new agents, retry unreachable ones (backoff), drop removed ones
+    review coverage  a run whose family no live agent serves says so (its jobs wait)
     assign           place jobs that need a node (new, failed elsewhere, node gone)
     send             log the executions (write-ahead), then one send call per agent
     collect          one call per agent; commit results and failures; ack them next time
@@ -50,6 +51,7 @@ from .asking import ask_leader
 from .balancer import Balancer
 from .book import JobBook
 from .controls import Controls
+from .coverage import Coverage
 from .dispatch import Dispatcher
 from .families import FamilySettings
 from .feeder import Feeder
@@ -169,6 +171,7 @@ class Master:
             self.gauges,
         )
         self.keeper.first_batch = self.dispatcher.first_batch
+        self.coverage = Coverage(self.store, self.fleet, self.runs)
         #: `jodl run cancel` and `jodl jobs delete` asked of this master (through the log).
         self.controls = Controls(self.store, self.book, self.outcomes, self.runs)
         self.controls.taker = self.name
@@ -457,6 +460,7 @@ class Master:
         self.keep_lease()
         self.controls.poll()
         self.fleet.refresh(self.epoch)
+        self.coverage.review()
         # A resumed run's first send waits for what the agents finished meanwhile: until
         # collected, those jobs fill the agents' room, so a send before it is empty.
         collect_first = self.dispatcher.resuming()

@@ -40,6 +40,7 @@ from .book import JobBook
 from .calls import Calls, Outcome
 from .families import FamilySettings
 from .records import Ledger, execution_row
+from .reloads import Reloads
 from .rules import REMOVED, UNREACHABLE, USABLE, allows
 from .versions import Versions
 
@@ -156,6 +157,8 @@ class Nodes:
         self._last_refresh = 0.0
         #: Called with a node's id when it is removed for good (its homes are freed).
         self.on_gone: Callable[[int], None] = lambda _node_id: None
+        #: Agents' families reloaded (``jodl node reload``, SIGHUP): see :mod:`.reloads`.
+        self.reloads = Reloads(self)
 
     def __iter__(self) -> Iterator[NodeSlot]:
         return iter(self.slots.values())
@@ -217,6 +220,7 @@ class Nodes:
                     self.book.add_node(load)
                 drain.follow(slot, node.state, dict(node.labels or {}))
             drain.poll(self, epoch)
+            self.reloads.poll(epoch)
         self._take_opened(epoch)
         for slot in self.slots.values():
             if not slot.removed and slot.opening is None and slot.link.retry_due():
@@ -234,13 +238,17 @@ class Nodes:
         every agent answered (at most a call timeout), before a run is resumed and
         asks them what they hold."""
         for slot in self.slots.values():
-            if slot.removed or slot.opening is not None or not slot.link.connected:
-                continue
-            init = partial(slot.link.init, self.master_id, epoch, self._init_settings())
-            slot.opening = self.calls.start(init)
+            if not slot.removed and slot.opening is None and slot.link.connected:
+                self.reinit(slot, epoch)
         if wait:
             self._await_opened()
             self._take_opened(epoch)
+
+    def reinit(self, slot: NodeSlot, epoch: int) -> None:
+        """Initialise ``slot``'s agent again in the background (a new session; the node
+        gets nothing meanwhile): what it says is applied as on a reconnect."""
+        init = partial(slot.link.init, self.master_id, epoch, self._init_settings())
+        slot.opening = self.calls.start(init)
 
     def _await_opened(self) -> None:
         """Wait for every connection or new session under way (each within a call timeout)."""

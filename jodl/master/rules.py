@@ -95,8 +95,9 @@ class Tuning:
     new_node_share: bool = True
     #: Seconds an execution may take (the family's ``timeout``; None: no limit).
     timeout: float | None = None
-    #: The family's jobs may run twice (allows backup copies).
-    idempotent: bool = False
+    #: False: an operator forbade running its jobs twice (no backup copies); else as
+    #: its class on each agent declares (:attr:`jodl.family.Family.idempotent`).
+    idempotent: bool | None = None
 
     @classmethod
     def split(

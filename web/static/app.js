@@ -196,7 +196,13 @@ function showStatus(root, msg) {
       link.href = runUrl.replace(/0$/, String(r.id));
       link.textContent = r.family + "#" + r.number;
       first.appendChild(link);
-      cell(tr, r.state);
+      const state = cell(tr, r.state);
+      if (r.unserved && r.state === "running") {
+        const why = document.createElement("span");
+        why.className = "error";
+        why.textContent = r.unserved;
+        state.append(": ", why);
+      }
       cell(tr, "").appendChild(timeElement(r.started_at));
       const progress = cell(tr, "");
       const bar = document.createElement("progress");
@@ -228,6 +234,7 @@ function showStatus(root, msg) {
           tr.cells[3].textContent = String(n.slots);
           tr.cells[4].textContent = (n.speed || 1).toFixed(2);
           tr.cells[5].textContent = n.last_error || "";
+          tr.cells[6].textContent = n.families.join(", ") + (n.reload_asked ? " (reload asked)" : "");
         }
       }
     }
