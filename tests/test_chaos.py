@@ -3,8 +3,9 @@
 Faults, one at a time in a random order (seeded, so a failure can be replayed): the
 leader SIGKILLed and a master started in its place, the leader stopped past its
 lease and thawed, an agent SIGKILLed and started again on its port, an agent
-stopped past the masters' call timeout and thawed. The truth is the marks file
-(one line each time a job really starts) set against what the log had committed
+stopped past the masters' call timeout and thawed, the PostgreSQL server restarted
+(a throwaway cluster of this test's own, as in tests/test_pg_restart.py). The truth
+is the marks file (one line each time a job really starts) set against what the log had committed
 when each line was written (sampled every 50 ms): no job starts again once its
 result is committed, but for a frozen agent's jobs caught between its queue and
 their first line; and the run ends with one result per job.
@@ -24,15 +25,15 @@ from typing import Any
 
 import pytest
 from agents import AgentProcess, spawn_jodl, start_agent, wait_for
+from pg_cluster import ThrowawayCluster
 from test_crash import add_mark_jobs, check_complete, check_marks, executions
+from test_pg_restart import cluster, db_url, restart_postgres  # noqa: F401 - fixtures
 from test_standby import committed_keys, lease, logs, run_finished, settled, stop_all
 from test_takeover_effects import marks_of
 
 from jodl.log.store import Store
 
-pytestmark = pytest.mark.parametrize(
-    "db_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
-)
+pytestmark = [pytest.mark.postgres, pytest.mark.pg_restart]
 
 SLOTS = 3
 JOBS = 900
@@ -72,8 +73,8 @@ class Sampler:
 class Cluster:
     """The masters and agents of one chaos run, and the faults done to them."""
 
-    def __init__(self, db_url: str, tmp_path: Path, agents: list[AgentProcess]) -> None:
-        self.db_url, self.tmp_path, self.agents = db_url, tmp_path, agents
+    def __init__(self, url: str, tmp_path: Path, agents: list[AgentProcess]) -> None:
+        self.db_url, self.tmp_path, self.agents = url, tmp_path, agents
         self.masters: list[subprocess.Popen[bytes]] = []
         self.frozen_ports: list[str] = []
         self.done: list[str] = []
@@ -139,7 +140,11 @@ def started_again(samples: list[tuple[int, set[str]]], path: Path) -> list[tuple
 
 
 def test_chaos_with_three_serving_masters(
-    store: Store, spawn_agent: Callable[..., Any], db_url: str, tmp_path: Path
+    store: Store,
+    spawn_agent: Callable[..., Any],
+    cluster: ThrowawayCluster,  # noqa: F811 - the fixture
+    db_url: str,  # noqa: F811 - the fixture
+    tmp_path: Path,
 ) -> None:
     seed = int(os.environ.get("JODL_CHAOS_SEED", random.randrange(1 << 16)))
     rng = random.Random(seed)
@@ -148,38 +153,45 @@ def test_chaos_with_three_serving_masters(
     agents = spawn_agent(count=3, env={"JODL_AGENT_SLOTS": str(SLOTS)})
     for agent in agents:
         store.add_node(agent.address, slots=SLOTS)
-    cluster = Cluster(db_url, tmp_path, agents)
+    chaos = Cluster(db_url, tmp_path, agents)
     for _ in range(3):
-        cluster.start_master()
+        chaos.start_master()
+
+    def restart() -> None:
+        restart_postgres(cluster, store)
+        chaos.done.append("PostgreSQL restarted")
+
     sampler = Sampler(store, path)
     try:
         settled(store, 3)
         request = store.request_run("mark")
         wait_for(lambda: len(committed_keys(store)) >= 20, 60, "the cycle to be under way")
         faults: list[Callable[[], None]] = [
-            lambda: cluster.kill_leader(store),
-            lambda: cluster.freeze_leader(store),
-            lambda: cluster.kill_agent(rng),
-            lambda: cluster.freeze_agent(rng),
+            lambda: chaos.kill_leader(store),
+            lambda: chaos.freeze_leader(store),
+            lambda: chaos.kill_agent(rng),
+            lambda: chaos.freeze_agent(rng),
+            restart,
         ]
-        for _ in range(FAULTS):
+        order = rng.sample(faults, len(faults))  # each kind once, then more at random
+        order += [rng.choice(faults) for _ in range(FAULTS - len(order))]
+        for fault in order:
             if store.run_request(request).finished_at is not None:
                 break
-            rng.choice(faults)()
+            fault()
             time.sleep(PAUSE)
-        run_finished(store, request, tmp_path, f"the run to end (seed {seed}, {cluster.done})")
-        print(f"chaos seed {seed}: {', '.join(cluster.done)}")
+        run_finished(store, request, tmp_path, f"the run to end (seed {seed}, {chaos.done})")
+        print(f"chaos seed {seed}: {', '.join(chaos.done)}")
     finally:
         samples = sampler.close()
-        stop_all(cluster.masters)
-        for agent in cluster.agents:
+        stop_all(chaos.masters)
+        for agent in chaos.agents:
             agent.kill()
     after = executions(store)
     check_complete(store, after)
     check_marks(store, path, after)
     again = started_again(samples, path)
-    allowed = len(cluster.frozen_ports) * SLOTS
-    assert len(again) <= allowed and {p for p, _ in again} <= set(cluster.frozen_ports), (
-        f"seed {seed}, faults {cluster.done}: committed jobs started again: {again}\n"
-        f"{logs(tmp_path)}"
+    allowed = len(chaos.frozen_ports) * SLOTS
+    assert len(again) <= allowed and {p for p, _ in again} <= set(chaos.frozen_ports), (
+        f"seed {seed}, faults {chaos.done}: committed jobs started again: {again}\n{logs(tmp_path)}"
     )

@@ -123,6 +123,9 @@ def cycle_across_a_restart(store, agents, db_url, cluster, tmp_path, masters_cou
             lambda: len(store.masters.live()) == masters_count, timeout=30, what="every master"
         )
         request = store.request_run("mark")
+        # `jodl run` beside the serving masters asks for the same cycle and follows it.
+        env = {"JODL_DATABASE_URL": db_url, "JODL_METRICS_LISTEN": ""}
+        masters.append(spawn_jodl("run", "mark", log_path=tmp_path / "follower.log", env=env))
         wait_for(
             lambda: len(committed_keys(store)) >= UNDER_WAY,
             timeout=60,
@@ -141,6 +144,9 @@ def cycle_across_a_restart(store, agents, db_url, cluster, tmp_path, masters_cou
             raise AssertionError(f"{exc}\n{logs(tmp_path)}") from None
         row = store.run_request(request)
         assert row.error is None and row.dead == 0, row.summary
+        follower = masters.pop()
+        assert follower.wait(timeout=60) == 0, (tmp_path / "follower.log").read_text()
+        assert "mark#1" in (tmp_path / "follower.log").read_text()
         # A master leads on or stands by; one exits only when it finds that another
         # took over meanwhile (as any fenced master does).
         exited = [i for i, m in enumerate(masters) if m.poll() is not None]
