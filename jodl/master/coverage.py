@@ -2,9 +2,9 @@
 
 A run whose family no connected agent serves (not installed there, another
 version, denied by its node rules, or only on draining nodes) would otherwise wait
-in silence: its jobs are never placed. Each step (at most every
-:data:`REVIEW_EVERY` seconds, a new run at once) the master asks, per open run,
-whether a node could take its jobs now; when the answer changes it logs a line and
+in silence: its jobs are never placed. The master asks, per open run, whether a
+node could take its jobs now (at most every :data:`REVIEW_EVERY` seconds; a new run,
+or one no agent serves, at every step); when the answer changes it logs a line and
 records the reason on the run (``jodl_run.unserved``), which ``jodl run``, ``jodl
 status``, the run page and the API show, e.g. "no agent serves wordcount: installed
 on 0 of 2 agents". The jobs keep waiting, and are placed in the step after an agent
@@ -86,14 +86,16 @@ class Coverage:
         """Record (and log) every open run whose answer changed; new runs at once."""
         now = time.monotonic()
         due = now - self._last >= REVIEW_EVERY
-        if not due and all(run_id in self.said for run_id in self.runs):
+        # A run waiting for an agent is looked at every step: its jobs are placed in
+        # the step an agent serves it, and it says so first.
+        if not due and all(self.said.get(run_id, "?") is None for run_id in self.runs):
             return
         if due:
             self._last = now
         for run_id in [r for r in self.said if r not in self.runs]:
             del self.said[run_id]  # finished or cancelled
         for run_id, active in self.runs.items():
-            if not due and run_id in self.said:
+            if not due and run_id in self.said and self.said[run_id] is None:
                 continue
             why = why_unserved(self.nodes, active.family.name)
             if why == UNSURE:
