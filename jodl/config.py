@@ -71,6 +71,8 @@ DEFAULT_NODE_GRACE = 5.0
 #: Shortest accepted JODL_SECRET (characters): 128 bits as URL-safe base64, e.g.
 #: ``python -c "import secrets; print(secrets.token_urlsafe(32))"`` (43 characters).
 MIN_SECRET_LENGTH = 22
+#: How a node key begins (``jodl node key ADDRESS`` prints one; see jodl.agent.keys).
+NODE_KEY_PREFIX = "jodlnode1."
 #: Seconds a peer has for the whole handshake (TLS, banner, HMAC challenge).
 DEFAULT_HANDSHAKE_TIMEOUT = 5.0
 #: Connections an agent lets sit in the handshake at once; more are closed at once.
@@ -101,6 +103,23 @@ OPTIONS: tuple[Option, ...] = (
         f"authenticated), at least {MIN_SECRET_LENGTH} random characters; "
         "an agent needs it or TLS, on loopback too",
         "master, agent",
+    ),
+    Option(
+        "JODL_SECRET_PREVIOUS",
+        "",
+        "str?",
+        "The secret before a rotation: masters also accept agents keyed by it, until every "
+        "agent has its new key (docs/operations.md, rotating credentials)",
+        "master",
+    ),
+    Option(
+        "JODL_NODE_KEY",
+        "",
+        "str?",
+        "This agent's own key, printed by `jodl node key ADDRESS` on a master host (or "
+        "`jodl agent --key-file`): it serves and says hello with it, and cannot command "
+        "other agents; instead of JODL_SECRET on agents",
+        "agent",
     ),
     Option(
         "JODL_HANDSHAKE_TIMEOUT",
@@ -260,6 +279,22 @@ OPTIONS: tuple[Option, ...] = (
         "master",
     ),
     Option(
+        "JODL_PROFILING",
+        "false",
+        "bool",
+        "Serve /debug/profile on the ops endpoint (then an ops address that is taken "
+        "stops the process at start instead of a warning)",
+        "master, agent",
+    ),
+    Option(
+        "JODL_OPS_TOKEN",
+        "",
+        "str?",
+        "Token `jodl profile` sends to an ops endpoint (empty: derived from the process's "
+        "JODL_NODE_KEY or JODL_SECRET, which never leave it)",
+        "master, agent",
+    ),
+    Option(
         "JODL_AGENT_METRICS_LISTEN",
         DEFAULT_AGENT_METRICS_LISTEN,
         "str?",
@@ -300,6 +335,8 @@ class Settings:
     config: str | None = None
     database_url: str = DEFAULT_DATABASE_URL
     secret: str | None = None
+    secret_previous: str | None = None
+    node_key: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
@@ -325,6 +362,8 @@ class Settings:
     log_format: str = "text"
     metrics_listen: str | None = DEFAULT_METRICS_LISTEN
     agent_metrics_listen: str | None = DEFAULT_AGENT_METRICS_LISTEN
+    profiling: bool = False
+    ops_token: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -348,6 +387,9 @@ class Settings:
                 "jobs before the master gives them up and runs them elsewhere"
             )
         check_secret(self.secret)
+        check_secret(self.secret_previous, "JODL_SECRET_PREVIOUS")
+        check_node_key(self.node_key)
+        check_secret(self.ops_token, "JODL_OPS_TOKEN")
         for name, address in (
             ("JODL_REGISTER_LISTEN", self.register_listen),
             ("JODL_AGENT_LISTEN", self.agent_listen),
@@ -365,13 +407,22 @@ class Settings:
         return bool(self.tls_cert)
 
 
-def check_secret(secret: str | None) -> None:
+def check_secret(secret: str | None, name: str = "JODL_SECRET") -> None:
     """:class:`ConfigError` when ``secret`` is set but shorter than :data:`MIN_SECRET_LENGTH`."""
     if secret and len(secret) < MIN_SECRET_LENGTH:
         raise ConfigError(
-            f"JODL_SECRET is too short ({len(secret)} characters): use at least "
+            f"{name} is too short ({len(secret)} characters): use at least "
             f"{MIN_SECRET_LENGTH} random ones (128 bits), e.g. the output of "
             "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+
+
+def check_node_key(key: str | None) -> None:
+    """:class:`ConfigError` unless ``key`` is empty or a node key as ``jodl node key`` prints."""
+    if key and (not key.startswith(NODE_KEY_PREFIX) or len(key) != len(NODE_KEY_PREFIX) + 43):
+        raise ConfigError(
+            "JODL_NODE_KEY is not a node key: use the line `jodl node key ADDRESS` prints "
+            "on a master host (it begins with " + NODE_KEY_PREFIX + ")"
         )
 
 
@@ -382,7 +433,7 @@ def all_options() -> tuple[Option, ...]:
 
 
 #: Words in a variable's name that mark its value as secret: shown as "(set)".
-SECRET_WORDS = ("SECRET", "PASSWORD")
+SECRET_WORDS = ("SECRET", "PASSWORD", "TOKEN", "NODE_KEY")
 
 
 @dataclass(frozen=True)
