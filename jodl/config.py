@@ -38,6 +38,11 @@ DEFAULT_CALL_TIMEOUT = 10.0
 #: before. Shorter than the give-up, so a frozen or cut-off agent has
 #: stopped starting jobs before the master runs them elsewhere.
 DETACH_SHARE = 0.5
+#: Seconds an agent keeps a family fenced at the epoch of a leader it no longer hears
+#: from; then any master may lead the family there again (docs/architecture.md,
+#: "Forged epochs"). Longer than a lease TTL plus a call timeout: by then a master
+#: that lost its lease has stopped dispatching.
+DEFAULT_FENCE_HOLD = 60.0
 #: Attempts of one job in one run before it is declared dead.
 DEFAULT_MAX_ATTEMPTS = 3
 #: Jobs sent to one agent in one call at most.
@@ -203,6 +208,15 @@ OPTIONS: tuple[Option, ...] = (
         "master, agent",
     ),
     Option(
+        "JODL_AGENT_FENCE_HOLD",
+        str(DEFAULT_FENCE_HOLD),
+        "float+",
+        "Seconds an agent keeps a family fenced at the epoch of a leader it no longer "
+        "hears from (a forged epoch lapses so); longer than the masters' "
+        "JODL_LEASE_TTL plus JODL_CALL_TIMEOUT",
+        "agent",
+    ),
+    Option(
         "JODL_AGENT_HELLO_BACKOFF_MAX",
         str(DEFAULT_HELLO_BACKOFF_MAX),
         "float+",
@@ -350,6 +364,7 @@ class Settings:
     call_timeout: float = DEFAULT_CALL_TIMEOUT
     agent_detach: float | None = None
     agent_hello_backoff_max: float = DEFAULT_HELLO_BACKOFF_MAX
+    agent_fence_hold: float = DEFAULT_FENCE_HOLD
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     batch_size: int = DEFAULT_BATCH_SIZE
     idle_sleep: float = DEFAULT_IDLE_SLEEP

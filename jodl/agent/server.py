@@ -195,6 +195,7 @@ def make_server(
         loop=settings.agent_loop,
         speed=settings.agent_speed,
         detach=settings.agent_detach,
+        fence_hold=settings.agent_fence_hold,
     )
     try:
         server = AgentServer(
