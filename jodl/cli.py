@@ -114,6 +114,12 @@ def config_table(table: bool) -> None:
     help="Address the master should call (default: the listen address).",
 )
 @click.option("--label", "labels", multiple=True, help="KEY=VALUE sent in the hello, repeatable.")
+@click.option(
+    "--key-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="File holding this node's key (what `jodl node key ADDRESS` prints; JODL_NODE_KEY).",
+)
 @click.pass_context
 def agent(
     ctx: click.Context,
@@ -124,6 +130,7 @@ def agent(
     register_urls: tuple[str, ...],
     advertise: str | None,
     labels: tuple[str, ...],
+    key_file: str | None,
 ) -> None:
     """Serve jobs to the master (rpyc). SIGTERM drains: the agent exits once its results
     are acknowledged (a second SIGTERM exits at once). SIGHUP reloads the installed
@@ -133,6 +140,8 @@ def agent(
     settings = settings_of(ctx).replace(
         **{k: v for k, v in {"agent_slots": slots, "agent_speed": speed}.items() if v}
     )
+    if key_file:
+        settings = settings.replace(node_key=_read_key_file(key_file))
     masters = _master_addresses(register_urls)
     server = make_server(settings, listen=listen, name=name)
     address = listen or settings.agent_listen
@@ -182,6 +191,21 @@ def agent(
         server.core.close()
 
 
+def _read_key_file(path: str) -> str:
+    from .config import check_node_key
+    from .exceptions import ConfigError
+
+    try:
+        with open(path, encoding="ascii") as fh:
+            key = fh.read().strip()
+        check_node_key(key)
+    except (OSError, UnicodeError) as exc:
+        raise JodlError(f"--key-file {path}: cannot read it ({exc})") from None
+    except ConfigError as exc:
+        raise JodlError(f"--key-file {path}: {exc}") from None
+    return key
+
+
 def _master_addresses(values: tuple[str, ...]) -> list[str]:
     from .registry import master_addresses
 
@@ -215,6 +239,28 @@ def node_add(ctx: click.Context, address: str, slots: int, labels: tuple[str, ..
     pairs = dict(label.split("=", 1) for label in labels if "=" in label)
     n = store_of(ctx).add_node(address, slots=slots, labels=pairs)
     click.echo(f"node {n.id} {n.address} active")
+
+
+@node.command("key")
+@click.argument("address")
+@click.pass_context
+def node_key_cmd(ctx: click.Context, address: str) -> None:
+    """Print the key of the agent masters call at HOST:PORT (run where JODL_SECRET is set).
+
+    Give it to that agent alone (JODL_NODE_KEY, or a file for --key-file): it proves
+    itself to the masters and says hello with it, and cannot command any other agent.
+    """
+    from .agent.keys import node_key
+    from .agent.wire import split_address
+
+    try:
+        split_address(address)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="ADDRESS") from None
+    secret = settings_of(ctx).secret
+    if not secret:
+        raise JodlError("jodl node key derives the key from JODL_SECRET: set it (on a master host)")
+    click.echo(node_key(secret, address))
 
 
 @node.command("remove")

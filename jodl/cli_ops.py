@@ -4,11 +4,17 @@
 are written by its master about once a second) and, when the master's ops
 endpoint answers (``JODL_METRICS_LISTEN``), its per-node slots busy and round
 trips from ``/metrics``.
+
+Both first ask the endpoint to prove it holds this cluster's ops token
+(:func:`check_peer`): any local user may bind a port first, and a process that
+cannot prove it is ours gets nothing, neither a token nor our trust in its numbers.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hmac
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,19 +31,48 @@ PROFILE_SLACK = 30.0
 # -- jodl profile ------------------------------------------------------------------------------
 
 
-def fetch_profile(role: str, address: str, seconds: float, secret: str | None) -> bytes:
-    """Ask the ops endpoint at ``address`` for a ``seconds`` long profile; the pstats bytes."""
+def check_peer(address: str, role: str, token: str | None) -> None:
+    """:class:`JodlError` unless the ops endpoint at ``address`` is a ``role`` process
+    that proves it holds ``token`` (an HMAC of a fresh nonce; the token is not sent)."""
     import httpx
 
-    base = address if "://" in address else f"http://{address}"
-    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    from .ops_server import ops_proof
+
+    nonce = secrets.token_hex(16)
     try:
-        health = httpx.get(f"{base}/healthz", timeout=5.0)
-        found = health.json().get("role")
-        if found != role:
-            raise JodlError(
-                f"{address} is the endpoint of a {found or 'unknown'} process, not a {role}"
-            )
+        body = httpx.get(f"{_base(address)}/ops/proof", params={"nonce": nonce}, timeout=5.0).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        raise JodlError(f"cannot reach the ops endpoint at {address}: {exc}") from None
+    found = body.get("role") if isinstance(body, dict) else None
+    if found != role:
+        raise JodlError(
+            f"{address} is the endpoint of a {found or 'unknown'} process, not a {role}"
+        )
+    if token is None:
+        return  # nothing to prove, and nothing will be sent
+    proof = body.get("proof")
+    if type(proof) is not str or not hmac.compare_digest(proof, ops_proof(token, role, nonce)):
+        raise JodlError(
+            f"{address} did not prove it is this cluster's {role} (another process may hold "
+            "the port, or its JODL_OPS_TOKEN differs): nothing was sent to it"
+        )
+
+
+def _base(address: str) -> str:
+    return address if "://" in address else f"http://{address}"
+
+
+def fetch_profile(role: str, address: str, seconds: float, token: str | None) -> bytes:
+    """Ask the ops endpoint at ``address`` for a ``seconds`` long profile; the pstats bytes.
+
+    ``token``: the ops token (:func:`jodl.agent.keys.ops_token`), sent only once the
+    endpoint proved it holds it too."""
+    import httpx
+
+    check_peer(address, role, token)
+    base = _base(address)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
         answer = httpx.get(
             f"{base}/debug/profile",
             params={"seconds": f"{seconds:g}"},
@@ -67,11 +102,14 @@ def register(main: click.Group) -> None:
         """Profile a live master or agent for N seconds (every thread) into a pstats file.
 
         ADDRESS is the process's ops endpoint (JODL_METRICS_LISTEN of a master,
-        JODL_AGENT_METRICS_LISTEN of an agent). With JODL_SECRET set it is sent as
-        the bearer token. Open the file with `python -m pstats FILE` or snakeviz.
+        JODL_AGENT_METRICS_LISTEN of an agent), which profiles with JODL_PROFILING on.
+        The endpoint first proves it holds the ops token (JODL_OPS_TOKEN, or derived
+        from JODL_SECRET or JODL_NODE_KEY as in the process), then the token is sent;
+        the secret itself never is. Open the file with `python -m pstats FILE`.
         """
-        secret = Settings.from_env().secret
-        data = fetch_profile(role, address, seconds, secret)
+        from .agent.keys import ops_token
+
+        data = fetch_profile(role, address, seconds, ops_token(Settings.from_env()))
         path = output or f"{role}-{time.strftime('%Y%m%d-%H%M%S')}.pstats"
         with open(path, "wb") as fh:
             fh.write(data)
@@ -91,15 +129,17 @@ class Snapshot:
     live: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
-def _live_nodes(listen: str | None) -> dict[str, tuple[float, float]]:
+def _live_nodes(listen: str | None, token: str | None) -> dict[str, tuple[float, float]]:
+    """Per-node figures from the master's /metrics; none unless it proves it is ours."""
     if not listen:
         return {}
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
+        check_peer(listen, "master", token)
         text = httpx.get(f"http://{listen}/metrics", timeout=1.0).text
-    except httpx.HTTPError:
+    except (httpx.HTTPError, JodlError):
         return {}
     busy: dict[str, float] = {}
     rtt: dict[str, float] = {}
@@ -113,10 +153,12 @@ def _live_nodes(listen: str | None) -> dict[str, tuple[float, float]]:
 
 
 def snapshot(store: Any, settings: Settings) -> Snapshot:
+    from .agent.keys import ops_token
     from .log.models import utcnow
     from .status import collect
 
-    return Snapshot(utcnow(), collect(store), _live_nodes(settings.metrics_listen))
+    live = _live_nodes(settings.metrics_listen, ops_token(settings))
+    return Snapshot(utcnow(), collect(store), live)
 
 
 def _duration(seconds: float | None) -> str:
@@ -189,4 +231,12 @@ def watch_status(store: Any, settings: Settings, interval: float = 1.0) -> None:
             pass
 
 
-__all__ = ["Snapshot", "fetch_profile", "register", "render", "snapshot", "watch_status"]
+__all__ = [
+    "Snapshot",
+    "check_peer",
+    "fetch_profile",
+    "register",
+    "render",
+    "snapshot",
+    "watch_status",
+]

@@ -39,6 +39,11 @@ DEFAULT_CALL_TIMEOUT = 10.0
 #: before. Shorter than the give-up, so a frozen or cut-off agent has
 #: stopped starting jobs before the master runs them elsewhere.
 DETACH_SHARE = 0.5
+#: Seconds an agent keeps a family fenced at the epoch of a leader it no longer hears
+#: from; then any master may lead the family there again (docs/architecture.md,
+#: "Forged epochs"). Longer than a lease TTL plus a call timeout: by then a master
+#: that lost its lease has stopped dispatching.
+DEFAULT_FENCE_HOLD = 60.0
 #: Attempts of one job in one run before it is declared dead.
 DEFAULT_MAX_ATTEMPTS = 3
 #: Jobs sent to one agent in one call at most.
@@ -72,6 +77,8 @@ DEFAULT_NODE_GRACE = 5.0
 #: Shortest accepted JODL_SECRET (characters): 128 bits as URL-safe base64, e.g.
 #: ``python -c "import secrets; print(secrets.token_urlsafe(32))"`` (43 characters).
 MIN_SECRET_LENGTH = 22
+#: How a node key begins (``jodl node key ADDRESS`` prints one; see jodl.agent.keys).
+NODE_KEY_PREFIX = "jodlnode1."
 #: Seconds a peer has for the whole handshake (TLS, banner, HMAC challenge).
 DEFAULT_HANDSHAKE_TIMEOUT = 5.0
 #: Connections an agent lets sit in the handshake at once; more are closed at once.
@@ -102,6 +109,23 @@ OPTIONS: tuple[Option, ...] = (
         f"authenticated), at least {MIN_SECRET_LENGTH} random characters; "
         "an agent needs it or TLS, on loopback too",
         "master, agent",
+    ),
+    Option(
+        "JODL_SECRET_PREVIOUS",
+        "",
+        "str?",
+        "The secret before a rotation: masters also accept agents keyed by it, until every "
+        "agent has its new key (docs/operations.md, rotating credentials)",
+        "master",
+    ),
+    Option(
+        "JODL_NODE_KEY",
+        "",
+        "str?",
+        "This agent's own key, printed by `jodl node key ADDRESS` on a master host (or "
+        "`jodl agent --key-file`): it serves and says hello with it, and cannot command "
+        "other agents; instead of JODL_SECRET on agents",
+        "agent",
     ),
     Option(
         "JODL_HANDSHAKE_TIMEOUT",
@@ -185,6 +209,15 @@ OPTIONS: tuple[Option, ...] = (
         "master, agent",
     ),
     Option(
+        "JODL_AGENT_FENCE_HOLD",
+        str(DEFAULT_FENCE_HOLD),
+        "float+",
+        "Seconds an agent keeps a family fenced at the epoch of a leader it no longer "
+        "hears from (a forged epoch lapses so); longer than the masters' "
+        "JODL_LEASE_TTL plus JODL_CALL_TIMEOUT",
+        "agent",
+    ),
+    Option(
         "JODL_AGENT_HELLO_BACKOFF_MAX",
         str(DEFAULT_HELLO_BACKOFF_MAX),
         "float+",
@@ -261,6 +294,22 @@ OPTIONS: tuple[Option, ...] = (
         "master",
     ),
     Option(
+        "JODL_PROFILING",
+        "false",
+        "bool",
+        "Serve /debug/profile on the ops endpoint (then an ops address that is taken "
+        "stops the process at start instead of a warning)",
+        "master, agent",
+    ),
+    Option(
+        "JODL_OPS_TOKEN",
+        "",
+        "str?",
+        "Token `jodl profile` sends to an ops endpoint (empty: derived from the process's "
+        "JODL_NODE_KEY or JODL_SECRET, which never leave it)",
+        "master, agent",
+    ),
+    Option(
         "JODL_AGENT_METRICS_LISTEN",
         DEFAULT_AGENT_METRICS_LISTEN,
         "str?",
@@ -301,6 +350,8 @@ class Settings:
     config: str | None = None
     database_url: str = DEFAULT_DATABASE_URL
     secret: str | None = None
+    secret_previous: str | None = None
+    node_key: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
@@ -314,6 +365,7 @@ class Settings:
     call_timeout: float = DEFAULT_CALL_TIMEOUT
     agent_detach: float | None = None
     agent_hello_backoff_max: float = DEFAULT_HELLO_BACKOFF_MAX
+    agent_fence_hold: float = DEFAULT_FENCE_HOLD
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     batch_size: int = DEFAULT_BATCH_SIZE
     idle_sleep: float = DEFAULT_IDLE_SLEEP
@@ -326,6 +378,8 @@ class Settings:
     log_format: str = "text"
     metrics_listen: str | None = DEFAULT_METRICS_LISTEN
     agent_metrics_listen: str | None = DEFAULT_AGENT_METRICS_LISTEN
+    profiling: bool = False
+    ops_token: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -349,6 +403,9 @@ class Settings:
                 "jobs before the master gives them up and runs them elsewhere"
             )
         check_secret(self.secret)
+        check_secret(self.secret_previous, "JODL_SECRET_PREVIOUS")
+        check_node_key(self.node_key)
+        check_secret(self.ops_token, "JODL_OPS_TOKEN")
         for name, address in (
             ("JODL_REGISTER_LISTEN", self.register_listen),
             ("JODL_AGENT_LISTEN", self.agent_listen),
@@ -366,13 +423,22 @@ class Settings:
         return bool(self.tls_cert)
 
 
-def check_secret(secret: str | None) -> None:
+def check_secret(secret: str | None, name: str = "JODL_SECRET") -> None:
     """:class:`ConfigError` when ``secret`` is set but shorter than :data:`MIN_SECRET_LENGTH`."""
     if secret and len(secret) < MIN_SECRET_LENGTH:
         raise ConfigError(
-            f"JODL_SECRET is too short ({len(secret)} characters): use at least "
+            f"{name} is too short ({len(secret)} characters): use at least "
             f"{MIN_SECRET_LENGTH} random ones (128 bits), e.g. the output of "
             "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+
+
+def check_node_key(key: str | None) -> None:
+    """:class:`ConfigError` unless ``key`` is empty or a node key as ``jodl node key`` prints."""
+    if key and (not key.startswith(NODE_KEY_PREFIX) or len(key) != len(NODE_KEY_PREFIX) + 43):
+        raise ConfigError(
+            "JODL_NODE_KEY is not a node key: use the line `jodl node key ADDRESS` prints "
+            "on a master host (it begins with " + NODE_KEY_PREFIX + ")"
         )
 
 
@@ -383,7 +449,7 @@ def all_options() -> tuple[Option, ...]:
 
 
 #: Words in a variable's name that mark its value as secret: shown as "(set)".
-SECRET_WORDS = ("SECRET", "PASSWORD")
+SECRET_WORDS = ("SECRET", "PASSWORD", "TOKEN", "NODE_KEY")
 
 
 @dataclass(frozen=True)

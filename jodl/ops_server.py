@@ -7,14 +7,23 @@ renders the metrics) on its own port, loopback by default (``JODL_METRICS_LISTEN
 ``/healthz``        200 while the process works (the master: its log writer has not failed)
 ``/readyz``         200 once it does its job (the master: holds the lease, database answers)
 ``/metrics``        Prometheus text format (see :mod:`jodl.metrics`)
-``/debug/profile``  ``?seconds=N``: profiles every thread of the live process for N
-                    seconds (yappi, wall clock) and answers a pstats file. With
-                    ``JODL_SECRET`` set it asks for ``Authorization: Bearer SECRET``;
-                    without, it answers loopback clients only.
+``/ops/proof``      ``?nonce=HEX``: the endpoint proves it holds the process's ops token
+                    (an HMAC of the nonce), so a client checks it talks to the process
+                    it means before it sends anything (:func:`ops_proof`)
+``/debug/profile``  with ``JODL_PROFILING`` on, ``?seconds=N``: profiles every thread of
+                    the live process for N seconds (yappi, wall clock) and answers a
+                    pstats file. It asks for ``Authorization: Bearer OPS_TOKEN``
+                    (:func:`jodl.agent.keys.ops_token`: ``JODL_OPS_TOKEN``, or derived
+                    from the process's key for this purpose alone; the cluster secret
+                    and node keys never go over HTTP); without any, loopback clients only.
+
+With ``JODL_PROFILING`` on, an ops address that is taken stops the process at start:
+whoever holds the port would otherwise answer in its name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -31,12 +40,16 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import REGISTRY, make_wsgi_app
 
+from .agent.keys import ops_token
 from .agent.wire import split_address
+from .exceptions import JodlError
 
 log = logging.getLogger("jodl.ops")
 
 #: Longest profile one request may ask for (seconds): the request holds a thread that long.
 MAX_PROFILE_SECONDS = 300.0
+#: Longest nonce a client may send to /ops/proof (hex characters).
+MAX_NONCE = 128
 #: A check answers (ok, reason); reason is shown in the JSON body.
 Check = Callable[[], tuple[bool, str]]
 
@@ -53,6 +66,12 @@ class _Server(ThreadingMixIn, WSGIServer):
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
         log.debug("%s - %s", self.address_string(), format % args)
+
+
+def ops_proof(token: str, role: str, nonce: str) -> str:
+    """What the ops endpoint of a ``role`` process holding ``token`` answers to ``nonce``."""
+    message = b"JODL ops endpoint 1\0" + role.encode() + b"\0" + nonce.encode()
+    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
 
 
 def _is_loopback(host: str) -> bool:
@@ -108,13 +127,15 @@ class OpsApp:
     def __init__(
         self,
         role: str,
-        secret: str | None,
+        token: str | None,
         health: Check = _ok,
         ready: Check = _ok,
         registry: Any = REGISTRY,
+        profiling: bool = False,
     ) -> None:
         self.role = role
-        self.secret = secret
+        self.token = token
+        self.profiling = profiling
         self.health = health
         self.ready = ready
         self.metrics = make_wsgi_app(registry)
@@ -128,17 +149,28 @@ class OpsApp:
             ok, reason = (self.health if path == "/healthz" else self.ready)()
             body = {"status": "ok" if ok else "error", "role": self.role, "reason": reason}
             return _json(start, 200 if ok else 503, body)
-        if path == "/debug/profile":
+        if path == "/ops/proof":
+            return self._proof(environ, start)
+        if path == "/debug/profile" and self.profiling:
             return self._profile(environ, start)
+        if path == "/debug/profile":
+            return _json(start, 404, {"error": "profiling is off here: set JODL_PROFILING"})
         return _json(start, 404, {"error": f"no such page {path!r}"})
 
+    def _proof(self, environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
+        nonce = parse_qs(environ.get("QUERY_STRING", "")).get("nonce", [""])[0]
+        if not 16 <= len(nonce) <= MAX_NONCE or any(c not in "0123456789abcdef" for c in nonce):
+            return _json(start, 400, {"error": f"nonce: 16 to {MAX_NONCE} hex digits"})
+        proof = ops_proof(self.token, self.role, nonce) if self.token else None
+        return _json(start, 200, {"role": self.role, "proof": proof})
+
     def _profile(self, environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
-        if self.secret:
+        if self.token:
             given = environ.get("HTTP_AUTHORIZATION", "").removeprefix("Bearer ").strip()
-            if not hmac.compare_digest(given.encode(), self.secret.encode()):
-                return _json(start, 401, {"error": "send Authorization: Bearer JODL_SECRET"})
+            if not hmac.compare_digest(given.encode(), self.token.encode()):
+                return _json(start, 401, {"error": "send Authorization: Bearer OPS_TOKEN"})
         elif not _is_loopback(environ.get("REMOTE_ADDR", "")):
-            return _json(start, 403, {"error": "without JODL_SECRET only loopback may profile"})
+            return _json(start, 403, {"error": "without an ops token only loopback may profile"})
         try:
             query = parse_qs(environ.get("QUERY_STRING", ""))
             seconds = float(query.get("seconds", ["10"])[0])
@@ -191,15 +223,24 @@ class OpsServer:
         self._server.server_close()
 
 
-def serve(app: OpsApp, listen: str | None, taken: int = logging.WARNING) -> OpsServer | None:
+def serve(
+    app: OpsApp, listen: str | None, taken: int = logging.WARNING, name: str = "the ops address"
+) -> OpsServer | None:
     """Serve ``app`` on ``listen``; None when off (empty) or the address is taken
-    (logged at level ``taken``)."""
+    (logged at level ``taken``; :class:`JodlError` when ``app`` profiles: the holder
+    of the port would answer in this process's name)."""
     if not listen:
         return None
     try:
         server = OpsServer(app, listen)
     except OSError as exc:
-        log.log(taken, "no health/metrics endpoint on %s: %s", listen, exc.strerror or exc)
+        why = exc.strerror or str(exc)
+        if app.profiling:
+            raise JodlError(
+                f"{name} {listen} is taken ({why}): with JODL_PROFILING on it must be this "
+                f"process's own; free it or set {name} to another address"
+            ) from None
+        log.log(taken, "no health/metrics endpoint on %s: %s", listen, why)
         return None
     log.info("health and metrics on http://%s/metrics", server.address)
     return server
@@ -234,8 +275,8 @@ def serve_master(master: Any, taken: int = logging.WARNING) -> OpsServer | None:
             return False, f"database: {str(exc).splitlines()[0][:200]}"
         return health()
 
-    app = OpsApp("master", settings.secret, health, ready)
-    server = serve(app, settings.metrics_listen, taken)
+    app = OpsApp("master", ops_token(settings), health, ready, profiling=settings.profiling)
+    server = serve(app, settings.metrics_listen, taken, "JODL_METRICS_LISTEN")
     if server is not None:
         collector = register_database(master.store)
         closing = server.close
@@ -254,10 +295,11 @@ def serve_agent(core: Any, settings: Any) -> OpsServer | None:
 
     if not settings.agent_metrics_listen:
         return None
-    server = serve(OpsApp("agent", settings.secret), settings.agent_metrics_listen)
+    app = OpsApp("agent", ops_token(settings), profiling=settings.profiling)
+    server = serve(app, settings.agent_metrics_listen, name="JODL_AGENT_METRICS_LISTEN")
     if server is not None:
         register_agent(core)
     return server
 
 
-__all__ = ["OpsApp", "OpsServer", "Profiler", "serve", "serve_agent", "serve_master"]
+__all__ = ["OpsApp", "OpsServer", "Profiler", "ops_proof", "serve", "serve_agent", "serve_master"]

@@ -1,8 +1,10 @@
 """Self-registration: an agent says hello to its masters, then is polled.
 
 A master (``JODL_REGISTER_LISTEN=HOST:PORT``) serves a tiny rpyc service with a
-single call, ``hello(address, slots, labels_json)``, behind the same
-authentication as the agents (shared secret or mutual TLS). It only records the
+single call, ``hello(address, slots, labels_json)``, behind its own handshake
+(:func:`jodl.agent.auth.hello_authenticator`): the agent proves the key of the
+address it says hello for (or shows a certificate naming it), so it registers
+itself and no other node, and needs no master's credential. It only records the
 node in the log with the slots and labels the agent says it has; the master's
 loop picks it up on its next node refresh (and retries at once a node it had
 given up on). Agents never call the master otherwise.
@@ -22,13 +24,14 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import rpyc
 from rpyc.utils.server import ThreadedServer
 
-from .agent.auth import require_auth
+from .agent.auth import hello_authenticator, require_auth
 from .agent.core import AgentCore
-from .agent.wire import STRICT_CONFIG, GuardedServer, connect, split_address
+from .agent.wire import STRICT_CONFIG, GuardedServer, hello_connect, split_address
 from .config import Settings
 from .exceptions import AgentUnavailable, AuthError, JodlError
 from .log.store import Store
@@ -37,11 +40,12 @@ log = logging.getLogger("jodl.registry")
 
 
 class HelloService(rpyc.Service):
-    """The master's only inbound call."""
+    """The master's only inbound call, for one agent authenticated as ``address``."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, address: str) -> None:
         super().__init__()
         self._store = store
+        self._address = address
 
     def exposed_hello(self, address: str, slots: int, labels_json: str) -> int:
         # Exact types, never str()/int() of what the peer sent: those would call back
@@ -49,6 +53,8 @@ class HelloService(rpyc.Service):
         if type(address) is not str or len(address) > 300:
             raise TypeError("address must be a plain str HOST:PORT")
         split_address(address)  # refuse anything but HOST:PORT
+        if address != self._address:
+            raise ValueError(f"hello for {address} from an agent that proved it is {self._address}")
         if type(slots) is not int or not 1 <= slots <= 100_000:
             raise TypeError("slots must be a plain int from 1 to 100000")
         if type(labels_json) is not str or len(labels_json) > 10_000:
@@ -63,12 +69,23 @@ class HelloService(rpyc.Service):
         return int(node.id)
 
 
+class HelloServer(GuardedServer):
+    """The registration port: a :class:`HelloService` per agent, for the address it proved."""
+
+    def __init__(self, store: Store, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(None, settings, hello_authenticator(settings), **kwargs)
+        self.store = store
+
+    def service_for(self, credentials: dict[str, Any]) -> HelloService:
+        return HelloService(self.store, credentials["address"])
+
+
 def serve_hello(settings: Settings, store: Store, listen: str) -> ThreadedServer:
     """Start the hello service in a daemon thread; return the server (``close()`` stops it)."""
     host, port = split_address(listen)
     require_auth(settings, f"refusing to accept hellos on {listen}")
-    server = GuardedServer(
-        HelloService(store),
+    server = HelloServer(
+        store,
         settings,
         hostname=host,
         port=port,
@@ -88,7 +105,7 @@ def hello(
 ) -> int:
     """Announce the agent at ``address`` to the master's hello service; return the node id."""
     try:
-        conn = connect(master, settings)
+        conn = hello_connect(master, address, settings)
     except (OSError, AuthError) as exc:
         raise AgentUnavailable(f"cannot say hello to the master at {master}: {exc}") from None
     try:

@@ -10,15 +10,18 @@ from __future__ import annotations
 import json
 import pstats
 import re
+import socket
 import threading
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from agents import free_port, run_jodl, wait_for
+from agents import TEST_SECRET, free_port, run_jodl, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
+from jodl import Settings
+from jodl.agent.keys import ops_token
 from jodl.cli_ops import render, snapshot
 from jodl.master import Master
 from jodl.ops_server import serve_master
@@ -51,7 +54,7 @@ def value(metrics: dict[str, Any], name: str, **labels: str) -> float:
 @pytest.fixture
 def master_ops(settings):
     """A master (not started) with its ops endpoint on a free loopback port."""
-    master = Master(settings.replace(metrics_listen=f"127.0.0.1:{free_port()}"))
+    master = Master(settings.replace(metrics_listen=f"127.0.0.1:{free_port()}", profiling=True))
     server = serve_master(master)
     assert server is not None
     yield master, server.address
@@ -187,23 +190,141 @@ def test_profile_of_a_live_master(store, agents, master_ops, tmp_path, db_url) -
     assert wrong.returncode == 1 and "not a agent" in wrong.stderr
 
 
-def test_profile_needs_the_secret(store, settings) -> None:
+def test_profile_needs_the_ops_token_never_the_secret(store, settings, tmp_path) -> None:
+    secret = "s3cret-token-of-enough-length"
     master = Master(
-        settings.replace(metrics_listen=f"127.0.0.1:{free_port()}", secret="s3cret-token")
+        settings.replace(metrics_listen=f"127.0.0.1:{free_port()}", secret=secret, profiling=True)
     )
     server = serve_master(master)
     assert server is not None
     try:
         url = f"http://{server.address}/debug/profile?seconds=0.2"
         assert httpx.get(url).status_code == 401
-        assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
-        ok = httpx.get(url, headers={"Authorization": "Bearer s3cret-token"}, timeout=30)
+        # The cluster secret is no ops credential: it never has to go over HTTP.
+        assert httpx.get(url, headers={"Authorization": f"Bearer {secret}"}).status_code == 401
+        token = ops_token(Settings(secret=secret))
+        ok = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
         assert ok.status_code == 200 and ok.content
+        # Another cluster's `jodl profile` (the test session's secret): the endpoint
+        # cannot prove it holds that cluster's token, so nothing is sent.
         refused = run_jodl("profile", "master", server.address, "--seconds", "0.2")
-        assert refused.returncode == 1 and "401" in refused.stderr
+        assert refused.returncode == 1 and "did not prove" in refused.stderr
+        out = str(tmp_path / "p.pstats")
+        done = run_jodl(
+            "profile",
+            "master",
+            server.address,
+            "--seconds",
+            "0.2",
+            "-o",
+            out,
+            env={"JODL_SECRET": secret},
+        )
+        assert done.returncode == 0, done.stderr
     finally:
         server.close()
         master.close()
+
+
+def test_profiling_is_off_unless_asked_for(store, settings) -> None:
+    master = Master(settings.replace(metrics_listen=f"127.0.0.1:{free_port()}"))
+    server = serve_master(master)
+    assert server is not None
+    try:
+        token = ops_token(settings)
+        answer = httpx.get(
+            f"http://{server.address}/debug/profile?seconds=0.2",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert answer.status_code == 404 and "JODL_PROFILING" in answer.json()["error"]
+    finally:
+        server.close()
+        master.close()
+
+
+class Squatter:
+    """A local user's process that bound an ops port first: it answers every request
+    as an ops endpoint would (it cannot know the token) and records every byte sent."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.received = bytearray()
+        self.requests = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    request += chunk
+                self.received += request
+                self.requests += 1
+                if b"/metrics" in request.split(b"\r\n", 1)[0]:
+                    body = b'jodl_node_slots_busy{node="127.0.0.1:1"} 3.0\n'
+                else:
+                    body = json.dumps(
+                        {"status": "ok", "role": "master", "reason": "ok", "proof": "0" * 64}
+                    ).encode()
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+                    % len(body)
+                    + body
+                )
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.listener.close()
+
+
+@pytest.fixture
+def squatter():
+    squatting = Squatter()
+    yield squatting
+    squatting.close()
+
+
+def test_no_credential_goes_to_a_process_squatting_the_ops_port(store, settings, squatter) -> None:
+    done = run_jodl("profile", "master", squatter.address, "--seconds", "0.2")
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "did not prove" in done.stderr and "nothing was sent" in done.stderr
+    # The live view trusts no numbers from it either.
+    assert snapshot(store, settings.replace(metrics_listen=squatter.address)).live == {}
+    assert squatter.requests >= 2, "the squatter was asked to prove itself"
+    seen = bytes(squatter.received)
+    assert TEST_SECRET.encode() not in seen
+    assert ops_token(settings).encode() not in seen
+    assert b"authorization" not in seen.lower()
+
+
+@pytest.mark.parametrize("role", ["master", "agent"])
+def test_a_taken_ops_port_stops_a_profiling_process_at_start(tmp_path, squatter, role) -> None:
+    url = f"sqlite:///{tmp_path / 'ops.db'}"
+    if role == "master":
+        assert run_jodl("db", "upgrade", env={"JODL_DATABASE_URL": url}).returncode == 0
+        argv: tuple[str, ...] = ("master",)
+        env = {"JODL_DATABASE_URL": url, "JODL_METRICS_LISTEN": squatter.address}
+    else:
+        argv = ("agent", "--listen", f"127.0.0.1:{free_port()}")
+        env = {"JODL_AGENT_METRICS_LISTEN": squatter.address}
+    done = run_jodl(*argv, env={**env, "JODL_PROFILING": "1"}, timeout=60)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and squatter.address in last and "taken" in last, last
 
 
 def test_status_shows_a_running_runs_progress(store, agents, settings) -> None:

@@ -52,6 +52,7 @@ from jodl.log import Store, make_engine
 from jodl.log.models import ExecState, Execution, NodeState
 from jodl.master import Master
 from jodl.migrate import upgrade
+from jodl.registry import hello
 
 SECRET = "correct horse battery staple"  # long enough (22+ characters)
 WRONG = "incorrect horse battery staple"
@@ -252,7 +253,7 @@ def test_only_a_peer_with_the_secret_gets_through(spawn_agent: Callable[..., Age
         while chunk := sock.recv(4096):
             received += chunk
     assert received.startswith(MAGIC + b"S"), "the banner says a secret is required"
-    assert len(received) == len(MAGIC) + 1 + 32, "then the agent closed the connection"
+    assert len(received) == len(MAGIC) + 1 + 8 + 32, "then the agent closed the connection"
     nothing_ran(agent, good)
     assert agent.alive()
 
@@ -263,7 +264,7 @@ def test_a_master_with_a_secret_refuses_an_agent_without_one(
 ):
     ca = CA(tmp_path, "jodl-ca")
     agent = spawn_agent(env=tls_env(ca, ca.issue("agent", "agent")))
-    with pytest.raises(AuthError, match="no shared secret"):
+    with pytest.raises(AuthError, match="has no key"):
         connect(agent.address, tls_settings(ca, ca.issue("master", "master"), secret=SECRET))
 
 
@@ -336,6 +337,30 @@ def test_certificates_carry_their_role(tmp_path: Path, spawn_agent: Callable[...
         impostor = spawn_agent(env=tls_env(ca, ca.issue(f"impostor-{role}", role)))
         with pytest.raises(AuthError, match="serverAuth|TLS"):
             connect(impostor.address, master)
+
+
+def test_an_agent_registers_with_its_agent_certificate_and_for_its_own_name_only(
+    tmp_path: Path, store: Store, settings: Settings
+):
+    """Self-registration over TLS needs no master's role: the master is the TLS client
+    on its registration port too, and checks the agent's certificate names the address."""
+    ca = CA(tmp_path, "jodl-ca")
+    listen = f"127.0.0.1:{free_port()}"
+    master_tls = tls_settings(
+        ca, ca.issue("master", "master"), database_url=settings.database_url
+    ).replace(register_listen=listen)
+    master = Master(master_tls, store=store)
+    master.start()
+    try:
+        hello(listen, "127.0.0.1:7001", 2, tls_settings(ca, ca.issue("agent", "agent")))
+        elsewhere = ca.issue("elsewhere", "agent", names=("other.example",))
+        with pytest.raises(AgentUnavailable, match="TLS"):
+            hello(listen, "127.0.0.1:7002", 2, tls_settings(ca, elsewhere))
+        with pytest.raises(AgentUnavailable, match="TLS"):  # a master's certificate is no agent's
+            hello(listen, "127.0.0.1:7003", 2, tls_settings(ca, ca.issue("m2", "master")))
+    finally:
+        master.close()
+    assert [n.address for n in store.nodes()] == ["127.0.0.1:7001"]
 
 
 def test_the_master_checks_the_agents_name_against_the_node_address(
@@ -672,7 +697,7 @@ def test_a_tampered_frame_closes_the_session(spawn_agent):
     agent = spawn_agent()
     settings = Settings(call_timeout=5.0, secret=TEST_SECRET)
     sock = socket.create_connection(("127.0.0.1", agent.port), timeout=10)
-    sock, keys = client_handshake(sock, settings, "127.0.0.1")
+    sock, keys = client_handshake(sock, settings, agent.address)
     assert keys is not None
     stream = BitFlipper(sock)
     config = dict(STRICT_CONFIG, sync_request_timeout=5)

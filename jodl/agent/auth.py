@@ -1,48 +1,74 @@
-"""Authentication of a master-agent connection, on the raw socket before rpyc speaks.
+"""Authentication of a connection between a master and an agent, before rpyc speaks.
 
-It happens on every address (loopback included): optional mutual TLS with a
-private CA (certificates carry their role as extended key usage, serverAuth for
-agents and clientAuth for masters, and the master checks the agent's name
-against the node's address), the agent's banner (whether it requires a secret),
-then (when a secret is set) a mutual HMAC-SHA256 challenge. Every agent requires
-the shared secret or TLS (it refuses to start with neither), and a master
-refuses to connect without one of them. The agent proves the secret to the
-master too, so a master never sends jobs to an impostor.
+Two services, each with its own handshake on the raw socket, on every address
+(loopback included):
+
+* the **agent's** port, where a master connects (:func:`server_authenticator`,
+  :func:`client_handshake`): optional mutual TLS, the agent's banner (whether it
+  holds a key, which one by its key id, a nonce), then a mutual HMAC-SHA256
+  challenge under that key;
+* the **master's registration** port, where an agent says hello
+  (:func:`hello_authenticator`, :func:`hello_handshake`): the agent first names
+  its address; with TLS the master is the TLS client there too and checks that the
+  agent's certificate names that address; then the same challenge under the key
+  of that address, so an agent can register itself and no other node.
+
+An agent holds its own node key (or, in single-host mode, the cluster secret);
+a master holds the secret and derives each node's key from it
+(:mod:`jodl.agent.keys`). Either side proves the key to the other, so a master
+never sends jobs to an impostor and an agent obeys only a holder of its key: a
+master, never another agent. Every agent requires a key or TLS (it refuses to
+start with neither), and a master refuses to connect without one of them.
 
 The handshake also derives the session's frame keys, one per direction, from the
-secret and both nonces: :class:`jodl.agent.wire.FramedChannel` tags every rpyc
-frame with them, so a peer that relayed the handshake without knowing the
-secret can neither inject, alter, reorder nor replay a frame. With TLS alone,
-TLS itself binds the session.
+key and both nonces: :class:`jodl.agent.wire.FramedChannel` tags every rpyc frame
+with them, so a peer that relayed the handshake without the key can neither
+inject, alter, reorder nor replay a frame. With TLS alone, TLS binds the session.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import socket
 import ssl
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
 
 from rpyc.utils.authenticators import AuthenticationError  # type: ignore[import-untyped]
 
-from ..config import Settings, check_secret
+from ..config import Settings, check_node_key, check_secret
 from ..exceptions import AuthError, ConfigError
+from .keys import KEY_ID_BYTES, key_id, keys_for, mac, own_key
+from .tls import (
+    CLIENT_AUTH,
+    SERVER_AUTH,
+    check_role,
+    client_context,
+    server_context,
+    tls_handshake,
+)
 
-#: Bumped on any incompatible change of the calls (see :mod:`jodl.agent`).
-PROTOCOL_VERSION = 2
+#: Bumped on any incompatible change of the handshake or the calls (see :mod:`jodl.agent`).
+PROTOCOL_VERSION = 3
 _MAGIC = b"JODL%d" % PROTOCOL_VERSION
 _NONCE_BYTES = 32
+_PROOF_BYTES = 32
 #: Where the authenticator hands the session's frame keys to the server (never logged).
 _KEYS = "_frame_keys"
-#: Banner flags: the agent requires the shared secret, or it relies on TLS alone.
-_SECRET, _TLS_ONLY = b"S", b"T"
+#: Banner flags: the agent (or master) requires a key, or relies on TLS alone.
+_KEYED, _TLS_ONLY = b"S", b"T"
+#: Longest address an agent may name in a hello (bytes).
+MAX_ADDRESS = 300
+_LENGTH = struct.Struct("!H")
+
+#: (send, receive) frame keys of one side of a session.
+SessionKeys = tuple[bytes, bytes]
 
 
-# --- authentication ----------------------------------------------------------------
+# --- sockets -----------------------------------------------------------------------------
 
 
 class _Deadline:
@@ -55,11 +81,14 @@ class _Deadline:
     def __init__(self, seconds: float) -> None:
         self.end = time.monotonic() + seconds
 
-    def arm(self, sock: socket.socket) -> None:
+    def left(self) -> float:
         left = self.end - time.monotonic()
         if left <= 0:
             raise TimeoutError("the handshake took too long")
-        sock.settimeout(left)
+        return left
+
+    def arm(self, sock: socket.socket) -> None:
+        sock.settimeout(self.left())
 
 
 def _recv_exact(sock: socket.socket, size: int, deadline: _Deadline) -> bytes:
@@ -78,141 +107,72 @@ def _send_all(sock: socket.socket, data: bytes, deadline: _Deadline) -> None:
     sock.sendall(data)
 
 
-def _mac(secret: str, label: bytes, agent_nonce: bytes, master_nonce: bytes) -> bytes:
-    """HMAC-SHA256 under the secret of the label (a role or a key's name) and both nonces."""
-    message = _MAGIC + label + b"\0" + agent_nonce + master_nonce
-    return hmac.new(secret.encode(), message, hashlib.sha256).digest()
+def _expect_magic(sock: socket.socket, deadline: _Deadline) -> None:
+    # The magic first: a peer that does not speak JODL is dropped at once instead of
+    # holding this thread until the handshake's deadline.
+    if _recv_exact(sock, len(_MAGIC), deadline) != _MAGIC:
+        raise AuthenticationError("protocol mismatch")
 
 
-#: (master-to-agent, agent-to-master) frame keys of one session.
-SessionKeys = tuple[bytes, bytes]
+# --- proofs --------------------------------------------------------------------------------
+#
+# Each service has its own labels, so no proof or frame of one can stand for one of the
+# other: the agent's port (a master proves "master", the agent "agent") and the
+# registration port (the agent proves "hello ADDRESS", the master "registry ADDRESS").
 
 
-def _session_keys(secret: str, agent_nonce: bytes, master_nonce: bytes) -> SessionKeys:
+def _proof(key: str, label: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return mac(key, _MAGIC + label, server_nonce, client_nonce)
+
+
+def _session_keys(
+    key: str, service: bytes, server_nonce: bytes, client_nonce: bytes
+) -> tuple[bytes, bytes]:
+    """(server-to-client, client-to-server) frame keys of a session of ``service``: the
+    server's (send, receive); the client's are the other way round."""
     return (
-        _mac(secret, b"frames master->agent", agent_nonce, master_nonce),
-        _mac(secret, b"frames agent->master", agent_nonce, master_nonce),
+        _proof(key, service + b" frames server->client", server_nonce, client_nonce),
+        _proof(key, service + b" frames client->server", server_nonce, client_nonce),
     )
 
 
-# --- certificate roles -------------------------------------------------------------------
-#
-# A certificate says which role it may play through its extended key usage: serverAuth
-# for agents (they serve), clientAuth for masters (they connect). OpenSSL refuses a
-# certificate whose extended key usage names only the other role; one without any
-# would pass for both, so it is refused here.
+def require_auth(settings: Settings, what: str, agent: bool = False) -> None:
+    """:class:`AuthError` (one line) unless ``settings`` authenticate peers: a key or TLS.
 
-_EKU_EXTENSION = b"\x06\x03\x55\x1d\x25"  # OID 2.5.29.37, extKeyUsage
-SERVER_AUTH = b"\x2b\x06\x01\x05\x05\x07\x03\x01"  # 1.3.6.1.5.5.7.3.1
-CLIENT_AUTH = b"\x2b\x06\x01\x05\x05\x07\x03\x02"  # 1.3.6.1.5.5.7.3.2
-
-
-def _der_item(der: bytes, at: int) -> tuple[int, int, int]:
-    """(tag, start of the value, end of the value) of the DER item at ``at``."""
-    tag, size = der[at], der[at + 1]
-    at += 2
-    if size & 0x80:
-        count = size & 0x7F
-        size = int.from_bytes(der[at : at + count], "big")
-        at += count
-    if at + size > len(der):
-        raise ValueError("truncated DER")
-    return tag, at, at + size
-
-
-def extended_key_usages(der: bytes) -> set[bytes] | None:
-    """The extended key usage OIDs (DER values) of a DER certificate; None without any."""
-    at = der.find(_EKU_EXTENSION)
-    while at >= 0:
-        try:
-            pos = at + len(_EKU_EXTENSION)
-            tag, start, end = _der_item(der, pos)
-            if tag == 0x01:  # critical flag
-                tag, start, end = _der_item(der, end)
-            if tag == 0x04:  # OCTET STRING holding SEQUENCE OF OID
-                tag, start, end = _der_item(der, start)
-                if tag == 0x30:
-                    usages, pos = set(), start
-                    while pos < end:
-                        tag, value, pos = _der_item(der, pos)
-                        if tag != 0x06:
-                            raise ValueError("not an OID")
-                        usages.add(der[value:pos])
-                    return usages
-        except (IndexError, ValueError):
-            pass
-        at = der.find(_EKU_EXTENSION, at + 1)
-    return None
-
-
-def _check_role(der: bytes | None, usage: bytes, peer: str) -> None:
-    """AuthenticationError unless the peer's certificate names its role ``usage``."""
-    usages = extended_key_usages(der or b"")
-    role = "serverAuth" if usage == SERVER_AUTH else "clientAuth"
-    if usages is None or usage not in usages:
-        raise AuthenticationError(
-            f"the {peer}'s certificate does not carry the {role} extended key usage "
-            "(agents need serverAuth, masters clientAuth)"
+    ``agent``: the process is an agent, whose key is its node key (or the secret).
+    """
+    key = own_key(settings) if agent else settings.secret
+    if not (key or settings.tls):
+        hint = (
+            "set JODL_NODE_KEY (print it on a master host: jodl node key ADDRESS) or JODL_SECRET"
+            if agent
+            else "set JODL_SECRET (the same on every master; "
+            "python -c 'import secrets; print(secrets.token_urlsafe(32))')"
         )
-
-
-def _server_tls(settings: Settings) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(settings.tls_cert or "", settings.tls_key)
-    ctx.load_verify_locations(settings.tls_ca)
-    ctx.verify_mode = ssl.CERT_REQUIRED  # mutual TLS: the master must show a CA-signed cert
-    return ctx
-
-
-def _client_tls(settings: Settings) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(settings.tls_cert or "", settings.tls_key)
-    ctx.load_verify_locations(settings.tls_ca)
-    # The agent's certificate must name the node's address (a DNS name or an IP
-    # address in its subject alternative names): a certificate of the CA issued
-    # to another node does not pass for this one.
-    ctx.check_hostname = True
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
-
-
-def _tls_handshake(
-    ctx: ssl.SSLContext, sock: socket.socket, deadline: _Deadline, **kwargs: Any
-) -> ssl.SSLSocket:
-    tls = ctx.wrap_socket(sock, do_handshake_on_connect=False, **kwargs)
-    deadline.arm(tls)
-    tls.do_handshake()  # bounded as a whole by the socket's timeout
-    return tls
-
-
-def require_auth(settings: Settings, what: str) -> None:
-    """:class:`AuthError` (one line) unless ``settings`` authenticate peers: secret or TLS."""
-    if not (settings.secret or settings.tls):
-        raise AuthError(
-            f"{what} without authentication: set JODL_SECRET (the same on masters and agents; "
-            "python -c 'import secrets; print(secrets.token_urlsafe(32))') "
-            "or JODL_TLS_CERT/JODL_TLS_KEY/JODL_TLS_CA"
-        )
+        raise AuthError(f"{what} without authentication: {hint}, or JODL_TLS_CERT/KEY/CA")
     try:
         check_secret(settings.secret)
+        check_node_key(settings.node_key)
     except ConfigError as exc:
         raise AuthError(str(exc)) from None
+
+
+# --- the agent's port: a master connects ------------------------------------------------------
 
 
 def server_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[Any, Any]]:
     """The agent's rpyc authenticator for ``settings``.
 
-    Every connection starts with the agent's banner (magic, whether a secret is
-    required, a nonce), so a master learns at once and for sure what the agent
-    expects: a master without the secret, or with a secret the agent lacks, fails
-    with a clear :class:`AuthError` instead of a timeout. The whole handshake has
-    one deadline (``JODL_HANDSHAKE_TIMEOUT``).
+    Every connection starts with the agent's banner (magic, whether a key is
+    required and its id, a nonce), so a master learns at once and for sure what the
+    agent expects: a master without the key fails with a clear :class:`AuthError`
+    instead of a timeout. The whole handshake has one deadline
+    (``JODL_HANDSHAKE_TIMEOUT``).
     """
-    require_auth(settings, "refusing to serve")
-    tls = _server_tls(settings) if settings.tls else None
-    secret = settings.secret
+    require_auth(settings, "refusing to serve", agent=True)
+    tls = server_context(settings) if settings.tls else None
+    key = own_key(settings)
+    kid = key_id(key) if key else bytes(KEY_ID_BYTES)
     timeout = settings.handshake_timeout
 
     def authenticate(sock: socket.socket) -> tuple[Any, Any]:
@@ -220,25 +180,22 @@ def server_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[
         credentials: dict[str, Any] = {}
         try:
             if tls is not None:
-                tls_sock = _tls_handshake(tls, sock, deadline, server_side=True)
+                tls_sock = tls_handshake(tls, sock, deadline.left(), server_side=True)
                 sock = tls_sock
-                _check_role(tls_sock.getpeercert(binary_form=True), CLIENT_AUTH, "master")
+                check_role(tls_sock.getpeercert(binary_form=True), CLIENT_AUTH, "master")
                 credentials["cert"] = tls_sock.getpeercert()
             nonce = os.urandom(_NONCE_BYTES)
-            _send_all(sock, _MAGIC + (_SECRET if secret else _TLS_ONLY) + nonce, deadline)
-            if secret:
-                # The magic first: a peer that does not speak JODL is dropped at once
-                # instead of holding this thread until the handshake's deadline.
-                if _recv_exact(sock, len(_MAGIC), deadline) != _MAGIC:
-                    raise AuthenticationError("protocol mismatch")
-                answer = _recv_exact(sock, 32 + _NONCE_BYTES, deadline)
-                proof, master_nonce = answer[:32], answer[32:]
-                if not hmac.compare_digest(proof, _mac(secret, b"master", nonce, master_nonce)):
-                    raise AuthenticationError("bad secret")
-                _send_all(sock, _mac(secret, b"agent", nonce, master_nonce), deadline)
+            _send_all(sock, _MAGIC + (_KEYED if key else _TLS_ONLY) + kid + nonce, deadline)
+            if key:
+                _expect_magic(sock, deadline)
+                answer = _recv_exact(sock, _PROOF_BYTES + _NONCE_BYTES, deadline)
+                proof, master_nonce = answer[:_PROOF_BYTES], answer[_PROOF_BYTES:]
+                if not _same(proof, _proof(key, b"master", nonce, master_nonce)):
+                    raise AuthenticationError("bad key")
+                _send_all(sock, _proof(key, b"agent", nonce, master_nonce), deadline)
                 credentials["secret"] = True
-                to_agent, to_master = _session_keys(secret, nonce, master_nonce)
-                credentials[_KEYS] = (to_master, to_agent)  # (send, receive) of the agent
+                # (send, receive) of the agent, the server here
+                credentials[_KEYS] = _session_keys(key, b"agent", nonce, master_nonce)
         except (OSError, ssl.SSLError) as exc:
             raise AuthenticationError(f"handshake failed: {exc}") from None
         sock.settimeout(None)
@@ -248,60 +205,201 @@ def server_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[
 
 
 def client_handshake(
-    sock: socket.socket, settings: Settings, host: str
+    sock: socket.socket, settings: Settings, address: str
 ) -> tuple[socket.socket, SessionKeys | None]:
-    """Run the master's side of the handshake on a connected socket.
+    """Run the master's side of the handshake with the agent at ``address`` (HOST:PORT).
 
     Returns the socket to use (TLS-wrapped or not) and the session's frame keys
     (master-to-agent, agent-to-master), None with TLS alone.
     """
+    host = address.rpartition(":")[0].strip("[]") or address
     # A hung agent accepts connections (the kernel does) but never greets: it must not
     # hold the master's single thread longer than any other call would.
     deadline = _Deadline(min(settings.handshake_timeout, settings.call_timeout))
     try:
         if settings.tls:
-            tls_sock = _tls_handshake(_client_tls(settings), sock, deadline, server_hostname=host)
+            ctx = client_context(settings)
+            tls_sock = tls_handshake(ctx, sock, deadline.left(), server_hostname=host)
             sock = tls_sock
-            der = tls_sock.getpeercert(binary_form=True)
-            try:
-                _check_role(der, SERVER_AUTH, "agent")
-            except AuthenticationError as exc:
-                raise AuthError(f"{host}: {exc}; check JODL_TLS_*") from None
+            _peer_role(tls_sock, SERVER_AUTH, "agent", address)
         # With TLS 1.3 a refused client certificate only shows on this first read.
-        banner = _recv_exact(sock, len(_MAGIC) + 1 + _NONCE_BYTES, deadline)
+        banner = _recv_exact(sock, len(_MAGIC) + 1 + KEY_ID_BYTES + _NONCE_BYTES, deadline)
         if banner[: len(_MAGIC)] != _MAGIC:
-            raise AuthError(f"{host}: not a JODL agent of protocol {PROTOCOL_VERSION}")
-        mode, nonce = banner[len(_MAGIC) : len(_MAGIC) + 1], banner[len(_MAGIC) + 1 :]
-        if mode == _SECRET and not settings.secret:
-            raise AuthError(f"{host}: the agent requires the shared secret; set JODL_SECRET")
-        if mode != _SECRET and settings.secret:  # an agent that relies on TLS alone
-            raise AuthError(
-                f"{host}: the agent has no shared secret and cannot prove who it is; "
-                "set the same JODL_SECRET on the agent"
-            )
+            raise AuthError(f"{address}: not a JODL agent of protocol {PROTOCOL_VERSION}")
+        at = len(_MAGIC)
+        mode, kid = banner[at : at + 1], banner[at + 1 : at + 1 + KEY_ID_BYTES]
+        nonce = banner[at + 1 + KEY_ID_BYTES :]
         keys: SessionKeys | None = None
-        if settings.secret:
-            secret, my_nonce = settings.secret, os.urandom(_NONCE_BYTES)
-            proof = _mac(secret, b"master", nonce, my_nonce)
-            _send_all(sock, _MAGIC + proof + my_nonce, deadline)
-            answer = _recv_exact(sock, 32, deadline)
-            if not hmac.compare_digest(answer, _mac(secret, b"agent", nonce, my_nonce)):
-                raise AuthError(f"{host}: the agent does not know the shared secret")
-            keys = _session_keys(secret, nonce, my_nonce)  # (send, receive) of the master
+        if mode == _KEYED:
+            key = _key_of(settings, address, kid, "the agent")
+            my_nonce = os.urandom(_NONCE_BYTES)
+            _send_all(sock, _MAGIC + _proof(key, b"master", nonce, my_nonce) + my_nonce, deadline)
+            answer = _recv_exact(sock, _PROOF_BYTES, deadline)
+            if not _same(answer, _proof(key, b"agent", nonce, my_nonce)):
+                raise AuthError(f"{address}: the agent does not know its key")
+            from_agent, from_master = _session_keys(key, b"agent", nonce, my_nonce)
+            keys = (from_master, from_agent)  # (send, receive) of the master
+        elif settings.secret:  # an agent that relies on TLS alone
+            raise AuthError(
+                f"{address}: the agent has no key and cannot prove who it is; "
+                f"give it JODL_NODE_KEY (jodl node key {address})"
+            )
     except AuthenticationError as exc:
-        hint = (
-            "JODL_SECRET and JODL_TLS_* (certificate role and name)"
-            if settings.tls
-            else "JODL_SECRET"
-        )
-        raise AuthError(f"{host}: authentication failed ({exc}); check {hint}") from None
+        raise AuthError(
+            f"{address}: authentication failed ({exc}); check {_hint(settings)}"
+        ) from None
     except ssl.SSLError as exc:
         detail = getattr(exc, "verify_message", None) or exc.reason or exc
-        raise AuthError(f"{host}: TLS handshake failed ({detail}); check JODL_TLS_*") from None
+        raise AuthError(f"{address}: TLS handshake failed ({detail}); check JODL_TLS_*") from None
     except (ConnectionResetError, BrokenPipeError) as exc:
         raise AuthError(
-            f"{host}: the agent closed the connection during the handshake ({exc}); "
-            "check JODL_SECRET and JODL_TLS_*"
+            f"{address}: the agent closed the connection during the handshake ({exc}); "
+            f"check {_hint(settings)}"
         ) from None
     sock.settimeout(None)
     return sock, keys
+
+
+# --- the master's registration port: an agent says hello ------------------------------------
+
+
+def hello_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[Any, Any]]:
+    """The master's rpyc authenticator of its registration port.
+
+    The agent names its address first; the credentials handed to the service carry
+    it (``address``) once the agent proved the key of that address (or, with TLS,
+    showed a certificate naming it).
+    """
+    require_auth(settings, "refusing to accept hellos")
+    tls = client_context(settings) if settings.tls else None
+    timeout = settings.handshake_timeout
+
+    def authenticate(sock: socket.socket) -> tuple[Any, Any]:
+        deadline = _Deadline(timeout)
+        try:
+            _expect_magic(sock, deadline)
+            (size,) = _LENGTH.unpack(_recv_exact(sock, _LENGTH.size, deadline))
+            if not 0 < size <= MAX_ADDRESS:
+                raise AuthenticationError("bad address length")
+            address = _recv_exact(sock, size, deadline).decode("ascii", "strict")
+            host = address.rpartition(":")[0].strip("[]")
+            if not host:
+                raise AuthenticationError("the agent named no HOST:PORT")
+            credentials: dict[str, Any] = {"address": address}
+            if tls is not None:  # the master is the TLS client: the agent's cert names it
+                tls_sock = tls_handshake(tls, sock, deadline.left(), server_hostname=host)
+                sock = tls_sock
+                check_role(tls_sock.getpeercert(binary_form=True), SERVER_AUTH, "agent")
+            nonce = os.urandom(_NONCE_BYTES)
+            _send_all(sock, _MAGIC + (_KEYED if settings.secret else _TLS_ONLY) + nonce, deadline)
+            if settings.secret:
+                _expect_magic(sock, deadline)
+                answer = _recv_exact(sock, KEY_ID_BYTES + _PROOF_BYTES + _NONCE_BYTES, deadline)
+                kid, proof = answer[:KEY_ID_BYTES], answer[KEY_ID_BYTES:-_NONCE_BYTES]
+                agent_nonce = answer[-_NONCE_BYTES:]
+                key = keys_for(settings, address).get(kid)
+                label = address.encode()
+                if key is None or not _same(
+                    proof, _proof(key, b"hello " + label, nonce, agent_nonce)
+                ):
+                    raise AuthenticationError(f"bad key for {address}")
+                _send_all(sock, _proof(key, b"registry " + label, nonce, agent_nonce), deadline)
+                # (send, receive) of the master, the server here
+                credentials[_KEYS] = _session_keys(key, b"hello", nonce, agent_nonce)
+        except (OSError, ssl.SSLError, UnicodeError, struct.error) as exc:
+            raise AuthenticationError(f"handshake failed: {exc}") from None
+        sock.settimeout(None)
+        return sock, credentials
+
+    return authenticate
+
+
+def hello_handshake(
+    sock: socket.socket, settings: Settings, address: str, master: str
+) -> tuple[socket.socket, SessionKeys | None]:
+    """The agent's side of a hello to the master at ``master``, as the node at ``address``.
+
+    Returns the socket (TLS-wrapped or not) and the frame keys (agent-to-master,
+    master-to-agent), None with TLS alone.
+    """
+    require_auth(settings, f"refusing to say hello to {master}", agent=True)
+    key = own_key(settings)
+    deadline = _Deadline(min(settings.handshake_timeout, settings.call_timeout))
+    name = address.encode("ascii")
+    try:
+        _send_all(sock, _MAGIC + _LENGTH.pack(len(name)) + name, deadline)
+        if settings.tls:  # the agent is the TLS server: the master shows a client cert
+            tls_sock = tls_handshake(
+                server_context(settings), sock, deadline.left(), server_side=True
+            )
+            sock = tls_sock
+            _peer_role(tls_sock, CLIENT_AUTH, "master", master)
+        banner = _recv_exact(sock, len(_MAGIC) + 1 + _NONCE_BYTES, deadline)
+        if banner[: len(_MAGIC)] != _MAGIC:
+            raise AuthError(f"{master}: not a JODL master of protocol {PROTOCOL_VERSION}")
+        mode, nonce = banner[len(_MAGIC) : len(_MAGIC) + 1], banner[len(_MAGIC) + 1 :]
+        if mode == _KEYED and not key:
+            raise AuthError(f"{master}: the master requires a key; set JODL_NODE_KEY")
+        if mode != _KEYED and key:
+            raise AuthError(f"{master}: the master has no secret and cannot prove who it is")
+        keys: SessionKeys | None = None
+        if key:
+            my_nonce = os.urandom(_NONCE_BYTES)
+            proof = _proof(key, b"hello " + name, nonce, my_nonce)
+            _send_all(sock, _MAGIC + key_id(key) + proof + my_nonce, deadline)
+            answer = _recv_exact(sock, _PROOF_BYTES, deadline)
+            if not _same(answer, _proof(key, b"registry " + name, nonce, my_nonce)):
+                raise AuthError(f"{master}: the master does not know this node's key")
+            from_master, from_agent = _session_keys(key, b"hello", nonce, my_nonce)
+            keys = (from_agent, from_master)  # (send, receive) of the agent
+    except AuthenticationError as exc:
+        raise AuthError(
+            f"{master}: the hello was refused ({exc}); its key must be the one "
+            f"`jodl node key {address}` prints with the masters' JODL_SECRET"
+        ) from None
+    except ssl.SSLError as exc:
+        detail = getattr(exc, "verify_message", None) or exc.reason or exc
+        raise AuthError(f"{master}: TLS handshake failed ({detail}); check JODL_TLS_*") from None
+    except (ConnectionResetError, BrokenPipeError) as exc:
+        raise AuthError(
+            f"{master}: the master closed the connection during the hello ({exc}): "
+            f"it does not know the key of {address}; check JODL_NODE_KEY and --advertise"
+        ) from None
+    sock.settimeout(None)
+    return sock, keys
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _same(a: bytes, b: bytes) -> bool:
+    return hmac.compare_digest(a, b)
+
+
+def _key_of(settings: Settings, address: str, kid: bytes, peer: str) -> str:
+    """The master's key for ``address`` whose id is ``kid``; :class:`AuthError` if none."""
+    candidates = keys_for(settings, address)
+    if not candidates:
+        raise AuthError(f"{address}: {peer} requires a key; set JODL_SECRET")
+    key = candidates.get(kid)
+    if key is None:
+        previous = " (or JODL_SECRET_PREVIOUS)" if settings.secret_previous else ""
+        raise AuthError(
+            f"{address}: authentication failed: {peer}'s key is neither the node key of "
+            f"{address} nor the secret "
+            f"under this master's JODL_SECRET{previous}: give it the key "
+            f"`jodl node key {address}` prints"
+        )
+    return key
+
+
+def _peer_role(tls_sock: ssl.SSLSocket, usage: bytes, peer: str, where: str) -> None:
+    try:
+        check_role(tls_sock.getpeercert(binary_form=True), usage, peer)
+    except AuthenticationError as exc:
+        raise AuthError(f"{where}: {exc}; check JODL_TLS_*") from None
+
+
+def _hint(settings: Settings) -> str:
+    keys = "JODL_SECRET and the agent's JODL_NODE_KEY"
+    return f"{keys} and JODL_TLS_* (certificate role and name)" if settings.tls else keys

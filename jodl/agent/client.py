@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import socket
 import time
 from collections.abc import Callable, Iterable
@@ -58,6 +59,8 @@ from .wire import connect
 
 log = logging.getLogger("jodl.agent.client")
 
+#: The epoch an agent's refusal names as newer than ours.
+_NEWER = re.compile(r"is older than (\d+)")
 #: First pause before reconnecting to an unreachable agent (seconds); doubles each time.
 BACKOFF_START = 0.5
 
@@ -96,10 +99,18 @@ class AgentLink:
     exponential backoff and jitter.
     """
 
-    def __init__(self, node_id: int, address: str, settings: Settings) -> None:
+    def __init__(
+        self,
+        node_id: int,
+        address: str,
+        settings: Settings,
+        issued: Callable[[], int] | None = None,
+    ) -> None:
         self.node_id = node_id
         self.address = address
         self.settings = settings
+        #: The newest epoch the database issued (to tell a forged fence from a real one).
+        self.issued = issued
         self.conn: Any = None
         #: What the agent said at the last ``init`` (None before the first).
         self.info: AgentInfo | None = None
@@ -242,8 +253,37 @@ class AgentLink:
         error = _describe(exc)
         self._fail(error)
         if FENCED in error:  # the agent serves a master of a newer epoch now
+            forged = self._forged(error)
+            if forged is not None:
+                return AgentUnavailable(forged)
             return Fenced(f"a newer master has taken over ({self.address}: {error})")
         return AgentUnavailable(f"{self.address}: {error}")
+
+    def _forged(self, error: str) -> str | None:
+        """Why the agent's fence is not one the database issued; None if it may be.
+
+        An epoch newer than any the database drew was made up by a holder of the
+        secret or of this node's key: no master holds it, so it stops no master; the
+        node is unusable until its fence lapses (docs/architecture.md, "Forged epochs").
+        """
+        found = _NEWER.search(error)
+        if found is None or self.issued is None:
+            return None
+        try:
+            issued = self.issued()
+        except Exception:  # noqa: BLE001 - cannot tell: take the fence for real
+            return None
+        newer = int(found.group(1))
+        if newer <= issued:
+            return None
+        self.last_error = (
+            f"{self.address}: fenced at epoch {newer}, which the database never issued "
+            f"(newest {issued}): a forged init by a holder of the secret or of this node's "
+            "key; unusable until that fence lapses (the agent's JODL_AGENT_FENCE_HOLD) or "
+            "the agent restarts: rotate the credentials"
+        )
+        log.error("node %s: %s", self.address, self.last_error)
+        return self.last_error
 
     def _bad_reply(self, name: str, exc: BadReply) -> AgentUnavailable:
         error = f"bad reply to {name} ({exc}): the agent is faulty"

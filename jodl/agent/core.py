@@ -26,6 +26,7 @@ from itertools import islice
 from typing import Any
 
 from .. import family as family_registry
+from ..config import DEFAULT_FENCE_HOLD
 from ..family import Family, current_cancellation
 from ..metrics import AGENT_JOBS_FINISHED
 from .cancel import Cancels
@@ -34,7 +35,7 @@ from .held import Done, Failed, held_row
 from .installed import FamilyRow, Installed
 from .known import KnownIds
 from .replies import KNOWN_ID
-from .sessions import Session, Sessions, detach_time
+from .sessions import Session, Sessions, check_fence_hold, detach_time
 
 log = logging.getLogger("jodl.agent")
 _FINISHED_DONE = AGENT_JOBS_FINISHED.labels("done")
@@ -61,6 +62,7 @@ class AgentCore:
         loop: str = "auto",
         families: dict[str, type[Family]] | None = None,
         detach: float | None = None,
+        fence_hold: float = DEFAULT_FENCE_HOLD,
     ) -> None:
         self.name = name
         self.slots = slots
@@ -73,6 +75,7 @@ class AgentCore:
         #: The masters' sessions and the leader of each family (under ``_cond``).
         self.sessions = Sessions()
         self.sessions.detach_after = detach
+        self.sessions.fence_hold = fence_hold
         classes = family_registry.installed() if families is None else families
         self.installed = Installed(classes, name, {"speed": speed, "node": name})
         #: The families are this environment's entry points (not given): reloadable.
@@ -177,6 +180,7 @@ class AgentCore:
             if cluster:
                 self.cluster = cluster
             detach = detach_time(self.detach_setting, give_up, self.name)
+            check_fence_hold(self.sessions.fence_hold, options.get("lease_ttl"), give_up, self.name)
             opened = self.sessions.open(master_id, epoch, families)
             self.sessions.detach_after = detach
             owns = self.sessions.owns

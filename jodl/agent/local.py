@@ -74,6 +74,7 @@ def start_agent(settings: Settings, address: str = DEFAULT_ADDRESS) -> InProcess
                 loop=settings.agent_loop,
                 speed=settings.agent_speed,
                 detach=settings.agent_detach,
+                fence_hold=settings.agent_fence_hold,
             )
             agent = _agents[address] = InProcessAgent(address, core)
         return agent
@@ -127,11 +128,14 @@ class LocalLink(AgentLink):
         return _Connection(agent.service)
 
 
-def make_link(node_id: int, address: str, settings: Settings) -> AgentLink:
-    """The master's link to the node at ``address``: in-process for ``local:``, else rpyc."""
+def make_link(
+    node_id: int, address: str, settings: Settings, issued: Callable[[], int] | None = None
+) -> AgentLink:
+    """The master's link to the node at ``address``: in-process for ``local:``, else rpyc.
+    ``issued``: the newest epoch the database issued (see :meth:`AgentLink._forged`)."""
     if is_local(address):
-        return LocalLink(node_id, address, settings)
-    return AgentLink(node_id, address, settings)
+        return LocalLink(node_id, address, settings, issued)
+    return AgentLink(node_id, address, settings, issued)
 
 
 __all__ = [

@@ -23,7 +23,7 @@ from .codec import decode_ids, decode_jobs, encode_done, encode_failed
 from .core import AgentCore, Done, Failed, FamilyRow
 from .drain import Drain
 from .sessions import Session
-from .wire import STRICT_CONFIG, GuardedServer, split_address
+from .wire import STRICT_CONFIG, GuardedServer, is_loopback, split_address
 
 # Arguments are checked by exact type, never converted: int() or str() of a netref
 # would call back into the peer's objects, which is what the strict protocol forbids.
@@ -186,7 +186,16 @@ def make_server(
     """
     address = listen or settings.agent_listen
     host, port = split_address(address)
-    require_auth(settings, f"refusing to listen on {address}")
+    require_auth(settings, f"refusing to listen on {address}", agent=True)
+    if settings.secret and not settings.node_key:
+        # Single-host mode: this agent could command every other agent of the cluster.
+        logging.getLogger("jodl.agent").log(
+            logging.INFO if is_loopback(host) else logging.WARNING,
+            "agent %s holds the cluster secret JODL_SECRET (single-host mode): whoever takes "
+            "this host can command every agent. Give it its own key instead: "
+            "JODL_NODE_KEY=$(jodl node key ADDRESS) on a master host",
+            address,
+        )
     core = AgentCore(
         name or f"{socket.gethostname()}:{port}",
         slots=settings.agent_slots,
@@ -194,6 +203,7 @@ def make_server(
         loop=settings.agent_loop,
         speed=settings.agent_speed,
         detach=settings.agent_detach,
+        fence_hold=settings.agent_fence_hold,
     )
     try:
         server = AgentServer(

@@ -23,6 +23,15 @@ every later call of a session one of whose families another master took since.
 Each session is *detached* on its own: a silent master stops the start of its
 families' jobs, not of the others'.
 
+A fence *lapses* when the session that set it has been silent for the fence hold
+(``JODL_AGENT_FENCE_HOLD``, longer than a lease TTL plus a call timeout): then a
+master of any epoch may lead the family here again. The agent cannot tell an epoch
+the database issued from one a holder of its key made up (say 2**62), so this is
+what keeps a forged ``init`` from locking the real leader out until a restart. It
+gives a stale master nothing: a live leader talks to its agents far more often than
+the hold, and a master whose lease was taken stops dispatching within a lease TTL,
+before the hold ends (docs/architecture.md, "Forged epochs").
+
 Everything here runs under the agent core's lock.
 """
 
@@ -34,7 +43,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import DETACH_SHARE
+from ..config import DEFAULT_FENCE_HOLD, DETACH_SHARE
 from ..exceptions import JodlError
 from .replies import FENCED
 
@@ -69,6 +78,10 @@ class Sessions:
         self.last_heard = time.monotonic()
         #: Seconds of silence after which a session's families start nothing (None: never).
         self.detach_after: float | None = None
+        #: Seconds of its leader's silence after which a family's fence lapses.
+        self.fence_hold = DEFAULT_FENCE_HOLD
+        #: family -> when the session that led it, now gone, was last heard (monotonic).
+        self._left: dict[str, float] = {}
 
     @property
     def opened(self) -> int:
@@ -79,23 +92,36 @@ class Sessions:
         """A new session of ``master_id`` leading ``families`` at ``epoch`` (its earlier
         sessions end); :data:`FENCED` if one of them was led at a newer epoch."""
         wanted = frozenset(families)
+        now = time.monotonic()
         for family in sorted(wanted):
             newer = self.epochs.get(family, 0)
-            if newer > epoch:
+            if newer > epoch and not self._lapsed(family, now):
                 raise JodlError(f"{FENCED} {epoch} is older than {newer} (family {family})")
-        for number, old in list(self.by_number.items()):
+        for old in list(self.by_number.values()):
             if old.master_id == master_id:
-                del self.by_number[number]
+                self._drop(old)
         self._counter += 1
-        now = time.monotonic()
         session = Session(self._counter, master_id, epoch, wanted, now)
         self.by_number[session.number] = session
         for family in wanted:
-            self.epochs[family] = epoch
+            self.epochs[family] = epoch  # lower than before only once the fence lapsed
             self.owner[family] = session.number
-        self.top = max(self.top, epoch)
+        self.top = max(self.epochs.values(), default=0)
         self.last_heard = now
         return session
+
+    def _lapsed(self, family: str, now: float) -> bool:
+        """Whether ``family``'s leader here has been silent for the fence hold."""
+        leader = self.by_number.get(self.owner.get(family, 0))
+        heard = leader.heard if leader is not None else self._left.get(family, now)
+        return now - heard > self.fence_hold
+
+    def _drop(self, session: Session) -> None:
+        """Forget ``session``, remembering when the families it led last heard of it."""
+        self.by_number.pop(session.number, None)
+        for family in session.families:
+            if self.owner.get(family) == session.number:
+                self._left[family] = session.heard
 
     def check(self, session: Session) -> None:
         """:data:`FENCED` when another master took one of the session's families."""
@@ -141,7 +167,7 @@ class Sessions:
 
     def end(self, session: Session) -> None:
         """Close ``session`` (detached): its families start nothing until a new init."""
-        self.by_number.pop(session.number, None)
+        self._drop(session)
 
     def owns(self, session: Session | None, family: str | None) -> bool:
         """Whether ``session`` leads ``family`` now (no session: an unscoped caller)."""
@@ -192,6 +218,7 @@ class Sessions:
         self.by_number.clear()
         self.owner.clear()
         self.epochs.clear()
+        self._left.clear()
         self.top = 0
 
 
@@ -211,4 +238,16 @@ def detach_time(setting: float | None, give_up: Any, agent: str) -> float | None
     return setting
 
 
-__all__ = ["Session", "Sessions", "detach_time"]
+def check_fence_hold(hold: float, lease_ttl: Any, give_up: Any, agent: str) -> None:
+    """:class:`JodlError` unless the fence hold outlasts a master's lease TTL plus its
+    give-up time (the longest a master that lost its lease may still call)."""
+    if type(lease_ttl) not in (int, float) or type(give_up) not in (int, float):
+        return
+    if hold <= lease_ttl + give_up:
+        raise JodlError(
+            f"agent {agent}: JODL_AGENT_FENCE_HOLD ({hold:g}s) must be longer than the "
+            f"master's JODL_LEASE_TTL plus JODL_CALL_TIMEOUT ({lease_ttl + give_up:g}s)"
+        )
+
+
+__all__ = ["Session", "Sessions", "check_fence_hold", "detach_time"]

@@ -15,6 +15,7 @@ import socket
 import struct
 import threading
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import rpyc  # type: ignore[import-untyped]
@@ -24,7 +25,14 @@ from rpyc.lib import spawn  # type: ignore[import-untyped]
 from rpyc.utils.server import ThreadedServer  # type: ignore[import-untyped]
 
 from ..config import Settings
-from .auth import _KEYS, SessionKeys, client_handshake, require_auth, server_authenticator
+from .auth import (
+    _KEYS,
+    SessionKeys,
+    client_handshake,
+    hello_handshake,
+    require_auth,
+    server_authenticator,
+)
 
 #: rpyc protocol configuration shared by both sides: nothing but exposed_ methods.
 STRICT_CONFIG: dict[str, Any] = {
@@ -110,11 +118,18 @@ class GuardedServer(ThreadedServer):
     At most ``JODL_HANDSHAKE_LIMIT`` connections may sit in the handshake at once
     (each has ``JODL_HANDSHAKE_TIMEOUT`` for all of it); a connection beyond that is
     closed as soon as it is accepted, without a thread: slow or silent peers cannot
-    pile up threads on the agent.
+    pile up threads on the agent. ``authenticate``: the handshake (default: the
+    agent's, :func:`~jodl.agent.auth.server_authenticator`).
     """
 
-    def __init__(self, service: Any, settings: Settings, **kwargs: Any) -> None:
-        authenticate = server_authenticator(settings)
+    def __init__(
+        self,
+        service: Any,
+        settings: Settings,
+        authenticate: Callable[[socket.socket], tuple[Any, Any]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        authenticate = authenticate or server_authenticator(settings)
         super().__init__(service, authenticator=authenticate, **kwargs)
         self._handshake_limit = settings.handshake_limit
         self._in_handshake = threading.BoundedSemaphore(settings.handshake_limit)
@@ -158,10 +173,15 @@ class GuardedServer(ThreadedServer):
                 endpoints=(sock.getsockname(), addrinfo),
                 logger=self.logger,
             )
-            conn = self.service._connect(open_channel(sock, keys), config)
+            service = self.service_for(credentials or {})
+            conn = service._connect(open_channel(sock, keys), config)
             self._handle_connection(conn)
         finally:
             self.logger.info("goodbye %s", addrinfo)
+
+    def service_for(self, credentials: dict[str, Any]) -> Any:
+        """The service of an authenticated connection (the same for all by default)."""
+        return self.service
 
     def _accept_method(self, sock: socket.socket) -> None:
         if not self._in_handshake.acquire(blocking=False):
@@ -204,12 +224,29 @@ def split_address(address: str) -> tuple[str, int]:
 def connect(address: str, settings: Settings, timeout: float | None = None) -> rpyc.Connection:
     """Open an authenticated rpyc connection to the agent at ``address`` (HOST:PORT)."""
     require_auth(settings, f"refusing to connect to {address}")
+    return _dial(address, settings, timeout, lambda sock: client_handshake(sock, settings, address))
+
+
+def hello_connect(master: str, address: str, settings: Settings) -> rpyc.Connection:
+    """Open an authenticated rpyc connection to the registration port of the master at
+    ``master``, as the agent at ``address`` (which its key or certificate must name)."""
+    return _dial(
+        master, settings, None, lambda sock: hello_handshake(sock, settings, address, master)
+    )
+
+
+def _dial(
+    address: str,
+    settings: Settings,
+    timeout: float | None,
+    handshake: Callable[[socket.socket], tuple[socket.socket, SessionKeys | None]],
+) -> rpyc.Connection:
     host, port = split_address(address)
     sock = socket.create_connection((host, port), timeout=timeout or settings.call_timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     try:
-        sock, keys = client_handshake(sock, settings, host)
+        sock, keys = handshake(sock)
     except BaseException:
         sock.close()
         raise

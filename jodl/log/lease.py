@@ -335,6 +335,11 @@ class Leases:
                 .values(holder=VACANT, expires_at=utcnow())
             )
 
+    def newest_epoch(self) -> int:
+        """The newest epoch this database ever issued (every take draws the next one)."""
+        with self.engine.connect() as conn:
+            return int(conn.scalar(select(func.max(MasterLease.epoch))) or 0)
+
     def cluster_id(self) -> str:
         """This database's cluster id, drawn on first use (agents bind their memory to it)."""
         with self.sessions() as s:

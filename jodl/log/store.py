@@ -138,6 +138,10 @@ class Store:
         ``families``; None: all): (request id, family) pairs."""
         return self.requests.adopt(leader, families)
 
+    def newest_epoch(self) -> int:
+        """The newest epoch the database issued: an agent fenced by a newer one was lied to."""
+        return self.leases.newest_epoch()
+
     def cluster_id(self) -> str:
         """This database's cluster id, drawn on first use."""
         return self.leases.cluster_id()

@@ -213,7 +213,7 @@ class Nodes:
                         self.on_gone(node.id)
                     continue
                 if slot is None or slot.removed:
-                    link = make_link(node.id, node.address, self.settings)
+                    link = make_link(node.id, node.address, self.settings, self.store.newest_epoch)
                     labels = dict(node.labels or {})
                     load = NodeLoad(node.id, node.address, node.slots, node.speed or 1.0, labels)
                     self.slots[node.id] = slot = NodeSlot(link, load)
@@ -360,6 +360,7 @@ class Nodes:
             "master": self.master_id,
             "cluster": self.cluster,
             "give_up": give_up,
+            "lease_ttl": self.settings.lease_ttl,  # the agent's fence hold must outlast it
         }
         if self.led is not None:
             told["families"] = self.led
