@@ -214,17 +214,17 @@ def test_a_leader_thawed_after_its_standby_finished_writes_nothing_and_stands_by
 
 
 def test_a_serving_master_takes_each_result_once(
-    store: Store, settings: Any, agents: Any, caplog: pytest.LogCaptureFixture
+    store: Store, settings: Any, agents: Any, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     """An agent reports a result on every call until it is acknowledged, and the ack
     waits for the log writer's commit: the repeats are skipped, not taken for results
-    nobody awaited."""
+    nobody awaited (a family that is not idempotent: no backup copies either)."""
     import logging
     import threading
 
     from jodl.master import Master
 
-    store.add_jobs("noop", {f"k{i}": {} for i in range(3000)})
+    add_mark_jobs(store, tmp_path / "marks.txt", count=3000, seconds=0.0)
     agents(2)
     master = Master(settings, store=store, name="serving")
     master.start()
@@ -233,7 +233,7 @@ def test_a_serving_master_takes_each_result_once(
     thread.start()
     try:
         with caplog.at_level(logging.INFO, logger="jodl.master"):
-            summary = master.request_cycle("noop").result(timeout=120)
+            summary = master.request_cycle("mark").result(timeout=120)
     finally:
         stop.set()
         thread.join(timeout=30)
