@@ -231,6 +231,8 @@ def test_bytes_budget_stops_a_check_cycle_and_the_rest_go_first_next_cycle(
 
     first = run_app_cycle(store, settings)
     fetched = {p for p in paths if site.requests(p)}
+    # A new page's baseline may take a confirming fetch: counted per page, not as one.
+    asked = {p: len(site.requests(p)) for p in fetched}
     # Three results reach the budget; what was in flight then (two at most) finishes.
     assert 3 <= first.checked <= 5 and len(fetched) == first.checked
     with store.session() as s:
@@ -245,7 +247,7 @@ def test_bytes_budget_stops_a_check_cycle_and_the_rest_go_first_next_cycle(
     second = run_app_cycle(store, settings)
     again = {p for p in paths if site.requests(p)} - fetched
     assert 3 <= second.checked <= 5 and len(again) == second.checked
-    assert all(len(site.requests(p)) == 1 for p in fetched)
+    assert all(len(site.requests(p)) == asked[p] for p in fetched), "not fetched again"
     # Without the budget every page is checked.
     assert jodl(store, "budget", "set", "check_page", "--bytes-per-cycle", "0").exit_code == 0
     assert run_app_cycle(store, settings).checked == 10
