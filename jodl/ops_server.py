@@ -6,7 +6,7 @@ renders the metrics) on its own port, loopback by default (``JODL_METRICS_LISTEN
 
 ``/healthz``        200 while the process works (the master: its log writer has not failed)
 ``/readyz``         200 once it does its job (the master: holds the lease, database answers)
-``/metrics``        Prometheus text format (see :mod:`jodl.metrics`)
+``/metrics``        Prometheus text format (see :mod:`jodl.obs.metrics`)
 ``/ops/proof``      ``?nonce=HEX``: the endpoint proves it holds the process's ops token
                     (an HMAC of the nonce), so a client checks it talks to the process
                     it means before it sends anything (:func:`ops_proof`)
@@ -253,7 +253,7 @@ def serve_master(master: Any, taken: int = logging.WARNING) -> OpsServer | None:
     a long-lived master on the same host: expected, so INFO there).
     """
 
-    from .metrics import register_database
+    from .queue.collector import register_database
 
     settings = master.settings
     if not settings.metrics_listen:
@@ -291,7 +291,7 @@ def serve_master(master: Any, taken: int = logging.WARNING) -> OpsServer | None:
 
 def serve_agent(core: Any, settings: Any) -> OpsServer | None:
     """The endpoint of an agent (``JODL_AGENT_METRICS_LISTEN``), with its queue gauges."""
-    from .metrics import register_agent
+    from .agent.collector import register_agent
 
     if not settings.agent_metrics_listen:
         return None

@@ -160,7 +160,6 @@ class Greeter:
         #: True while the agent must not ask for work (it drains).
         self.quiet = quiet
         #: Rounds of hellos said so far, and how many of them some master recorded.
-        self.rounds = 0
         self.heard = 0
         self._stop = threading.Event()
 
@@ -171,7 +170,6 @@ class Greeter:
 
     def say_hello(self) -> bool:
         """One hello to each master; True if any recorded it."""
-        self.rounds += 1
         recorded = False
         for master in self.masters:
             try:

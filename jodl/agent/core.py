@@ -28,7 +28,7 @@ from typing import Any
 from .. import family as family_registry
 from ..config import DEFAULT_FENCE_HOLD
 from ..family import Family, current_cancellation
-from ..metrics import AGENT_JOBS_FINISHED
+from ..obs.metrics import AGENT_JOBS_FINISHED
 from .cancel import Cancels
 from .eventloop import loop_name, new_event_loop
 from .held import Done, Failed, held_row

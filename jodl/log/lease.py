@@ -22,9 +22,6 @@ log = logging.getLogger("jodl.master")
 #: Seconds a lease lasts without renewal unless told otherwise (``JODL_LEASE_TTL``
 #: sets the running master's: see :class:`jodl.master.leadership.Leadership`).
 LEASE_SECONDS = 5.0
-#: Seconds between two renewals by the running master: a third of the lease, so two
-#: renewals may fail (a slow disk, a busy database) before it expires.
-LEASE_RENEW = LEASE_SECONDS / 3
 
 
 def holder_gone(holder: str) -> bool:

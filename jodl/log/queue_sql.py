@@ -30,9 +30,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from ..budget import HourlyBudgets
 from . import bulk
 from .exec_ids import ExecIds
+from .limits import HourlyBudgets
 from .listener import CHANNEL
 from .models import ExecState, Execution, FamilyRow, Job, JobState, utcnow
 from .outcomes import close_claims

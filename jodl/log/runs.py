@@ -10,9 +10,8 @@ from typing import Any
 from sqlalchemy import Engine, exists, func, literal_column, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from .. import budget
 from ..exceptions import JodlError
-from . import budgets
+from . import budgets, limits
 from .models import Dispatch, ExecState, Execution, FamilyRow, Job, JobState, Run, RunState, utcnow
 from .records import JobResult, PendingJob, RunResults, Sent
 
@@ -59,7 +58,7 @@ class Runs:
             recent = _too_recent(s, run)
             members = _member_filter(run)
             run.jobs_total = (s.scalar(select(func.count()).where(*members)) or 0) - len(recent)
-            budget.cut_run(s, run, family, members, recent)  # at most N jobs per cycle
+            limits.cut_run(s, run, family, members, recent)  # at most N jobs per cycle
             return run, False
 
     def run_jobs(
@@ -259,7 +258,7 @@ class Runs:
             }
             db_run = s.get(Run, run.id)
             assert db_run is not None
-            budget.after_run(s, db_run)
+            limits.after_run(s, db_run)
             db_run.jobs_done = counts.get(ExecState.DONE, 0)
             db_run.jobs_failed = counts.get(ExecState.FAILED, 0)
             db_run.jobs_dead = (

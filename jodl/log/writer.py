@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .. import failpoint
-from ..metrics import WRITER_COMMIT
+from ..obs.metrics import WRITER_COMMIT
 from .models import ExecState
 from .records import ClaimDone, ClaimFailed, DeadJob, ExecutionRow, Home, OutcomeBatch, split_claims
 from .store import Store

@@ -19,7 +19,7 @@ from ..exceptions import AgentUnavailable, Fenced
 from ..log.models import utcnow
 from ..log.records import PendingJob, Sent
 from ..log.store import Store
-from ..metrics import count_sent
+from ..obs.metrics import count_sent
 from ..placement import JobInfo, Knowledge, NodeLoad
 from .book import JobBook
 from .families import FamilySettings

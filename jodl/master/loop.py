@@ -43,7 +43,7 @@ from ..log.engine import make_engine
 from ..log.records import PendingJob
 from ..log.store import Store
 from ..log.writer import LogWriter
-from ..metrics import LOOP_STEP, MasterGauges
+from ..obs.metrics import LOOP_STEP
 from ..placement import Knowledge
 from ..registry import serve_hello
 from . import sharing
@@ -55,6 +55,7 @@ from .coverage import Coverage
 from .dispatch import Dispatcher
 from .families import FamilySettings
 from .feeder import Feeder
+from .gauges import MasterGauges
 from .leadership import Leadership
 from .nodes import Nodes, NodeSlot
 from .outage import LeaseLapsed, is_outage, lease_lapsed, reason
@@ -378,7 +379,7 @@ class Master:
                 self.keep_lease()
                 self.controls.poll()
                 self.fleet.refresh(self.epoch)
-                self.gauges.maybe_update(self)
+                self._report()
                 time.sleep(self.settings.idle_sleep)
             self._start_deferred()
             for active in [a for a in self.runs.values() if a.remaining <= 0]:
@@ -476,7 +477,7 @@ class Master:
         self.outcomes.flush_cancels()
         self.balancer.run_backups()
         LOOP_STEP.observe(time.perf_counter() - started)
-        self.gauges.maybe_update(self)  # metrics and runs' progress, once a second at most
+        self._report()  # metrics and runs' progress, once a second at most
         if not (sent or got):
             time.sleep(self._idle_pause())
         else:
@@ -487,6 +488,14 @@ class Master:
                 # next results are still seen within POLL_SHARE of a running job.
                 time.sleep(min(self.settings.idle_sleep, self.balancer.poll_cap()))
         return bool(sent or got)
+
+    def _report(self) -> None:
+        """Gauges and the open runs' progress in the log, at most once a second."""
+        if self.gauges.due():
+            self.gauges.update(
+                self.fleet, self.book.flights, self.writer.depth(), self.runs.values()
+            )
+            self.keeper.record_progress()
 
     def _idle_pause(self) -> float:
         self._idle = min(self._idle + 1, 12)

@@ -18,18 +18,17 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-from .. import budget
 from ..agent.client import AgentLink
 from ..agent.replies import DoneRow, FailedRow, Refused
-from ..budget import RunBytes
 from ..exceptions import AgentUnavailable, Fenced
 from ..log.models import ExecState, utcnow
 from ..log.outcomes import retry_delay
 from ..log.records import ClaimDone, ClaimFailed, DeadJob, ExecutionRow, PendingJob
 from ..log.store import Store
-from ..metrics import count_outcomes
+from ..obs.metrics import count_outcomes
 from ..placement import Knowledge
 from .book import Closed, Failed, Failure, Finished, JobBook
+from .bytes_budget import RunBytes, record_deferred
 from .families import FamilySettings
 from .nodes import Nodes, NodeSlot
 from .records import ActiveRun, Ledger, execution_row
@@ -324,7 +323,7 @@ class Outcomes:
             return 0
         active.remaining -= len(ids)
         active.total -= len(ids)
-        budget.record_deferred(self.store.fenced_engine, run_id, active.family.name, len(ids))
+        record_deferred(self.store.fenced_engine, run_id, active.family.name, len(ids))
         log.info(
             "run %s#%d: bytes budget spent, %d jobs wait for the next run",
             active.family.name,

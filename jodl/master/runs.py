@@ -8,17 +8,17 @@ from collections import defaultdict
 from collections.abc import Callable
 from functools import partial
 
-from .. import budget
 from ..agent.client import AgentLink
 from ..exceptions import AgentUnavailable, Fenced
 from ..log.models import ExecState, FamilyRow, Run, RunState
 from ..log.records import Sent
 from ..log.store import Store
-from ..metrics import MasterGauges
 from ..placement import Knowledge
 from .balancer import Balancer
 from .book import JobBook
+from .bytes_budget import run_bytes
 from .families import FamilySettings
+from .gauges import MasterGauges
 from .nodes import Nodes
 from .outcomes import Outcomes
 from .records import ActiveRun, Ledger, RunSummary, execution_row, job_info
@@ -57,6 +57,8 @@ class RunKeeper:
         self.first_batch: Callable[[], int] = lambda: 0
         #: run -> ids of its jobs read so far, for runs whose rest is still to be read.
         self.rest: dict[int, set[int]] = {}
+        #: run -> its (done, failed, dead) counts last written to the log.
+        self._written: dict[int, tuple[int, int, int]] = {}
 
     def open(self, run: Run, family: FamilyRow, resumed: bool) -> ActiveRun:
         """Load a run's jobs without a committed result and re-attach logged executions.
@@ -72,7 +74,7 @@ class RunKeeper:
         batch get no new trial move.
         """
         self.families.setup(family, reload=True)
-        counter = budget.run_bytes(self.store.fenced_engine, family, run.id, resumed)
+        counter = run_bytes(self.store.fenced_engine, family, run.id, resumed)
         sents: list[Sent] = []
         if resumed:
             sents = self.store.sent_executions([run.id])
@@ -216,6 +218,15 @@ class RunKeeper:
             )
         return started, [x for x in held if x.exec_id in given]
 
+    def record_progress(self) -> None:
+        """Write the open runs' counts that changed since the last time (for ``jodl
+        status`` and the run page while they run)."""
+        for run_id, active in self.runs.items():
+            counts = (active.done, active.failed, active.dead)
+            if self._written.get(run_id) != counts:
+                self.store.run_progress(run_id, *counts)
+                self._written[run_id] = counts
+
     def finish(self, active: ActiveRun) -> RunSummary:
         """Close a run whose jobs are all done or dead: commit, acknowledge, summarise."""
         makespan = None
@@ -229,7 +240,8 @@ class RunKeeper:
         self.outcomes.run_bytes.pop(active.run.id, None)
         state = RunState.CANCELLED if active.cancelled else RunState.FINISHED
         run = self.store.finish_run(active.run, makespan, lower_bound, state)
-        self.gauges.run_finished(active)
+        self.gauges.run_counts(active)
+        self._written.pop(active.run.id, None)
         del self.runs[active.run.id]
         summary = RunSummary(
             family=active.family.name,

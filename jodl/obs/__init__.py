@@ -1,0 +1,1 @@
+"""Observability: the metric declarations (:mod:`jodl.obs.metrics`), the bottom layer."""
