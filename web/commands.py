@@ -58,12 +58,33 @@ def make_server(app: Any, settings: WebSettings, listen: str | None = None) -> A
             connection_limit=max(100, 4 * settings.web_threads),
             ident="jodl",
             clear_untrusted_proxy_headers=True,
+            **proxy_options(settings.web_proxies),
             # Reads ahead while a request runs, so a stream learns at once that its
             # client disconnected (waitress.client_disconnected) and frees its slot.
             channel_request_lookahead=1,
         )
     except OSError as exc:
         raise JodlError(f"cannot listen on {address}: {exc.strerror or exc}") from None
+
+
+def proxy_options(proxies: int) -> dict[str, Any]:
+    """waitress's trust in the X-Forwarded-For/-Proto of ``JODL_WEB_PROXIES`` proxies.
+
+    Without it waitress strips those headers (``clear_untrusted_proxy_headers``), and
+    every client would be the proxy's address: one lockout, one rate limit and
+    loopback-only ``/metrics`` for all. waitress keeps the last ``proxies`` hops of
+    X-Forwarded-For, from which the app's ProxyFix takes the same client address
+    (the app may run under another WSGI server too). The web server must then be
+    reachable only through the proxies: a client that reaches it directly names
+    its own address.
+    """
+    if not proxies:
+        return {}
+    return {
+        "trusted_proxy": "*",
+        "trusted_proxy_count": proxies,
+        "trusted_proxy_headers": {"x-forwarded-for", "x-forwarded-proto"},
+    }
 
 
 def server_url(server: Any) -> str:
