@@ -157,11 +157,14 @@ class EventStream:
         last_event_id: str | None = None,
         timeout: float = 60.0,
         auth: tuple[str, str] | None = None,
+        local_address: str | None = None,
     ) -> None:
         headers = {"Accept": "text/event-stream"}
         if last_event_id is not None:
             headers["Last-Event-ID"] = last_event_id
-        self.client = httpx.Client(timeout=httpx.Timeout(timeout), auth=auth)
+        # local_address: the loopback address the connection leaves from (a client of its own).
+        transport = httpx.HTTPTransport(local_address=local_address) if local_address else None
+        self.client = httpx.Client(timeout=httpx.Timeout(timeout), auth=auth, transport=transport)
         self._cm = self.client.stream("GET", url, headers=headers)
         self.response = self._cm.__enter__()
         self.retry: int | None = None
