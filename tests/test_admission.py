@@ -74,6 +74,8 @@ class Peers:
             )
             for _ in range(count)
         ]
+        for sock in new:
+            sock.setblocking(False)  # looked at, never waited on
         self.socks.extend(new)
         return new
 
