@@ -309,6 +309,17 @@ def test_only_trusted_host_names_are_answered(client: FlaskClient) -> None:
     assert "jodl.intra.example" in named.trusted_hosts()
 
 
+def test_an_untrusted_host_gets_a_plain_400_on_html_pages_too(
+    client: FlaskClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 20: not a 500 with a traceback in the log for each such request."""
+    for path in ("/", "/login", "/admin/", "/no-such-page"):
+        r = client.get(path, headers={"Host": "rebound.attacker.example"})
+        assert r.status_code == 400, path
+        assert "not trusted" in r.get_data(as_text=True)
+    assert not [rec for rec in caplog.records if rec.levelname in ("ERROR", "CRITICAL")]
+
+
 def test_few_threads_are_accepted() -> None:
     settings = WebSettings.from_env({}, web_threads=4)
     assert settings.web_max_streams + settings.web_operator_streams <= 4
