@@ -26,6 +26,7 @@ from jodl.cli_context import (
     sigterm_as_interrupt,
     store_of,
 )
+from jodl.config import hide_password
 from jodl.exceptions import JodlError
 
 if TYPE_CHECKING:
@@ -249,7 +250,8 @@ def up_cmd(
         started = True
         svc = app.extensions["jodl"]
         login = login_line(email, password)
-        me = instance.Instance(server_url(server), email, login, database, os.getpid())
+        shown = hide_password(database)  # printed, and kept for --print-login
+        me = instance.Instance(server_url(server), email, login, shown, os.getpid())
         instance.write(me)
         warning = public_warning(server.effective_host)
         if warning:
@@ -312,7 +314,7 @@ def _refuse_second_master(cluster: Any, database: str) -> None:
     running = instance.read()
     where = f", web UI {running.url}" if running and running.alive() else ""
     raise JodlError(
-        f"a master ({holder}{where}) is already running on {database}; "
+        f"a master ({holder}{where}) is already running on {hide_password(database)}; "
         "stop it first, or give this one another JODL_DATABASE_URL"
     )
 
