@@ -519,7 +519,14 @@ class Fetcher:
             stream=_NO_BODY,
             extensions={"timeout": self._timeouts, PINNED: target},
         )
-        response = await self.client.send(request, stream=True)
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.InvalidURL as exc:
+            # httpx builds a redirect's next request itself (even when not following it)
+            # and fails on a Location it cannot parse (e.g. "http:\\host/"): such a
+            # target is refused, as the guard refuses a backslash in any URL.
+            detail = f"the redirect's Location is not a URL we follow: {exc}"
+            raise _Failure("refused", f"{target.url}: {detail}", "bad_url", detail) from None
         try:
             status = response.status_code
             # One plain dict: every lookup in httpx.Headers walks all the headers.
@@ -561,6 +568,8 @@ class Fetcher:
                     max_bytes=ROBOTS_MAX_BYTES,
                 )
             except _Failure as failure:
+                if failure.code == "refused":  # a redirect we do not follow: as above
+                    return RobotsAnswer(404)
                 return RobotsAnswer(None, "", (failure.code, failure.detail))
             status = answer.status
             location = answer.headers.get("location")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -451,6 +452,16 @@ def all_options() -> tuple[Option, ...]:
 #: Words in a variable's name that mark its value as secret: shown as "(set)".
 SECRET_WORDS = ("SECRET", "PASSWORD", "TOKEN", "NODE_KEY")
 
+# The password of a URL (``scheme://user:PASSWORD@host``; up to the last "@", so an
+# unescaped "@" in it hides more, never less), and a ``password=`` query parameter.
+_URL_PASSWORD = re.compile(r"(://[^:/@]*:).*(@)")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
+
+
+def hide_password(text: str) -> str:
+    """``text`` with the password of a URL in it shown as ``***`` (to print a database URL)."""
+    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***\2", text))
+
 
 @dataclass(frozen=True)
 class Effective:
@@ -480,6 +491,7 @@ def effective(env: Mapping[str, str] | None = None) -> list[Effective]:
             raise ConfigError(f"{exc} (from the {source})") from None
         if text and any(word in opt.name for word in SECRET_WORDS):
             text = "(set)"
+        text = hide_password(text)
         out.append(Effective(opt, text, source))
     Settings.from_env(env)  # the checks across settings (e.g. TLS: all three or none)
     for check in registered_checks():  # the applications' own (e.g. JODL_FETCH_ALLOW)

@@ -2,7 +2,8 @@
 
 A small threaded HTTP server (the standard library's WSGI server; prometheus_client
 renders the metrics) on its own port, loopback by default (``JODL_METRICS_LISTEN``,
-``JODL_AGENT_METRICS_LISTEN``), in a daemon thread beside the process's work:
+``JODL_AGENT_METRICS_LISTEN``), in a daemon thread beside the process's work; at most
+:data:`MAX_CONNECTIONS` connections at once, each with :data:`READ_TIMEOUT` to ask:
 
 ``/healthz``        200 while the process works (the master: its log writer has not failed)
 ``/readyz``         200 once it does its job (the master: holds the lease, database answers)
@@ -29,6 +30,7 @@ import ipaddress
 import json
 import logging
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -58,12 +60,54 @@ def _ok() -> tuple[bool, str]:
     return True, "ok"
 
 
+#: Connections served at once (a thread each); more are closed as they arrive. Scrapers,
+#: health checks and a profile need a handful; the cap keeps idle connections from
+#: piling up threads beside the process's work.
+MAX_CONNECTIONS = 16
+#: Seconds a connection may take to send its request (and a reply to be sent): a
+#: scraper sends at once, so an idle connection is closed soon and frees its thread.
+READ_TIMEOUT = 5.0
+
+
 class _Server(ThreadingMixIn, WSGIServer):
+    """The standard library's threaded WSGI server, with at most :data:`MAX_CONNECTIONS`."""
+
     daemon_threads = True
     allow_reuse_address = True
+    # Connections waiting to be accepted (or turned away): a burst is not left to retry.
+    request_queue_size = 128
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # no thread for it: closed at once
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (TimeoutError, ConnectionError)):
+            # A client that said nothing in time, or went away: no traceback for it.
+            log.debug("ops connection from %s dropped: %s", client_address, sys.exc_info()[1])
+            return
+        super().handle_error(request, client_address)
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = READ_TIMEOUT  # on the connection's socket: a silent client is dropped
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
         log.debug("%s - %s", self.address_string(), format % args)
 

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 import pytest
-from agents import run_jodl
+from agents import free_port, run_jodl
 from click.testing import CliRunner
 from sqlalchemy import func, select
 
@@ -203,6 +203,19 @@ def test_a_bad_setting_names_its_variable(tmp_path, env, args, variable):
 def test_a_bad_setting_in_a_subprocess_is_one_line_too(tmp_path):
     env = {"JODL_DATABASE_URL": f"sqlite:///{tmp_path / 'jodl.db'}", "JODL_AGENT_SLOTS": "x"}
     one_line_error(jodl("agent", env=env, process=True), "JODL_AGENT_SLOTS")
+
+
+def test_an_agent_with_smtp_credentials_but_no_tls_refuses_to_start(tmp_path):
+    """Issue 20: as the README says, every process refuses, the agent too (not only
+    its notify jobs): the SMTP password would go over the network in clear."""
+    env = {
+        "JODL_DATABASE_URL": f"sqlite:///{tmp_path / 'jodl.db'}",
+        "JODL_AGENT_LISTEN": f"127.0.0.1:{free_port()}",
+        "JODL_SMTP_USER": "jodl",
+        "JODL_SMTP_PASSWORD": "smtp-password-77",
+    }
+    line = one_line_error(jodl("agent", env=env, process=True), "JODL_SMTP_USER", "STARTTLS")
+    assert "smtp-password-77" not in line
 
 
 def test_a_run_without_any_node_says_so_instead_of_waiting(store, db_url):

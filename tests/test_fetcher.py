@@ -308,6 +308,22 @@ def test_redirect_limit(site: TestSite) -> None:
     assert hops == ["/r0", "/r1", "/r2", "/r3"]
 
 
+@pytest.mark.parametrize(
+    "location", ["http:\\\\evil.example/", "https:\\\\evil.example/x", "\\\\evil.example/", "/a\\b"]
+)
+def test_a_backslash_in_a_redirect_is_a_clean_refusal(site: TestSite, location: str) -> None:
+    """Issue 20: never ``internal_error: InvalidURL`` (whichever parser sees it first)."""
+    site.set_redirect("/go", location)
+    result = get(site.url("/go"))
+    assert (result["ok"], result["error"]) == (False, "refused")
+    assert result["error_reason"] in ("backslash", "bad_url")
+    assert "\n" not in result["error_message"]
+    # robots.txt redirected so counts as missing (all allowed), as a refused target does.
+    site.set_redirect("/robots.txt", location)
+    site.set_page("/page", "<p>here</p>")
+    assert get(site.url("/page"))["ok"] is True
+
+
 def test_redirect_loop_ends(site: TestSite) -> None:
     site.set_redirect("/ping", "/pong")
     site.set_redirect("/pong", "/ping")

@@ -19,12 +19,13 @@ import httpx
 import pytest
 from agents import TEST_SECRET, free_port, run_jodl, wait_for
 from prometheus_client.parser import text_string_to_metric_families
+from test_security import closed_by_peer, threads_of
 
 from jodl import Settings
 from jodl.agent.keys import ops_token
 from jodl.cli_ops import render, snapshot
 from jodl.master import Master
-from jodl.ops_server import serve_master
+from jodl.ops_server import MAX_CONNECTIONS, serve_master
 
 pytest_plugins = ("tests.site",)
 
@@ -325,6 +326,36 @@ def test_a_taken_ops_port_stops_a_profiling_process_at_start(tmp_path, squatter,
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and squatter.address in last and "taken" in last, last
+
+
+def test_idle_connections_neither_pile_up_threads_nor_stay(spawn_agent) -> None:
+    """Issue 20: 300 connections that never send a request to an agent's ops endpoint."""
+    address = f"127.0.0.1:{free_port()}"
+    agent = spawn_agent(env={"JODL_AGENT_METRICS_LISTEN": address})
+    wait_for(lambda: _answers(address), what="the agent's ops endpoint")
+    idle_threads = threads_of(agent.pid)
+    host, port = address.split(":")
+    peers = [socket.create_connection((host, int(port)), timeout=10) for _ in range(300)]
+    for peer in peers:
+        peer.setblocking(False)  # looked at, never waited on
+    try:
+        peak = 0
+        closed: set[int] = set()
+
+        def all_closed() -> bool:
+            nonlocal peak
+            peak = max(peak, threads_of(agent.pid))
+            closed.update(i for i, peer in enumerate(peers) if closed_by_peer(peer))
+            return len(closed) == len(peers)
+
+        # Those beyond the cap at once, the others after the read timeout.
+        wait_for(all_closed, timeout=60, what="the endpoint to close every idle connection")
+        assert peak <= idle_threads + MAX_CONNECTIONS, (peak, idle_threads)
+    finally:
+        for peer in peers:
+            peer.close()
+    assert _answers(address)
+    wait_for(lambda: threads_of(agent.pid) <= idle_threads, what="the threads to end")
 
 
 def test_status_shows_a_running_runs_progress(store, agents, settings) -> None:

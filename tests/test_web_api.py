@@ -330,7 +330,7 @@ def test_stream_slots_are_limited(tmp_path: Path) -> None:
     client = app.test_client()
     batch = client.post("/api/batches", json={"urls": ["http://a.example/"]}).get_json()
     svc = app.extensions["jodl"]
-    slot = svc.streams.take("addr:10.0.0.9")  # another client holds the only slot
+    slot = svc.streams.take("addr:10.0.0.9", "addr:10.0.0.9")  # another client holds the only slot
     assert slot is not None
     try:
         body = client.get(batch["events"]).get_data(as_text=True)

@@ -309,6 +309,17 @@ def test_only_trusted_host_names_are_answered(client: FlaskClient) -> None:
     assert "jodl.intra.example" in named.trusted_hosts()
 
 
+def test_an_untrusted_host_gets_a_plain_400_on_html_pages_too(
+    client: FlaskClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 20: not a 500 with a traceback in the log for each such request."""
+    for path in ("/", "/login", "/admin/", "/no-such-page"):
+        r = client.get(path, headers={"Host": "rebound.attacker.example"})
+        assert r.status_code == 400, path
+        assert "not trusted" in r.get_data(as_text=True)
+    assert not [rec for rec in caplog.records if rec.levelname in ("ERROR", "CRITICAL")]
+
+
 def test_few_threads_are_accepted() -> None:
     settings = WebSettings.from_env({}, web_threads=4)
     assert settings.web_max_streams + settings.web_operator_streams <= 4
@@ -422,4 +433,57 @@ def test_stream_slots_per_client_and_freed_on_disconnect(pg_database: str, tmp_p
         ops_stream.close()
         wait_for(lambda: open_streams() == 0, timeout=5, what="the slots to be given back")
     finally:
+        web.stop()
+
+
+def test_stream_slots_count_per_address_whichever_accounts_it_uses(
+    pg_database: str, tmp_path: Path
+) -> None:
+    """Issue 20, medium 6: accounts from one address share that address's streams."""
+    engine = make_engine(pg_database)
+    upgrade(engine)
+    accounts = [(f"user{i}@example.org", PASSWORD) for i in range(3)]
+    with sessionmaker(engine).begin() as s:
+        for email, password in accounts:
+            add_user(s, email, password)
+    engine.dispose()
+    web = start_web(
+        pg_database,
+        tmp_path,
+        {
+            "JODL_WEB_THREADS": "8",
+            "JODL_WEB_MAX_STREAMS": "4",
+            "JODL_WEB_STREAMS_PER_CLIENT": "2",
+            "JODL_WEB_OPERATOR_STREAMS": "2",
+        },
+    )
+    streams: list[EventStream] = []
+    try:
+        r = httpx.post(
+            web.url + "/api/batches",
+            json={"urls": ["http://a.invalid/"]},
+            auth=accounts[0],
+            timeout=30,
+        )
+        events = web.url + r.json()["events"]
+
+        def open_streams() -> int:
+            text = httpx.get(web.url + "/metrics", timeout=10).text
+            line = next(x for x in text.splitlines() if x.startswith("jodl_web_streams_open "))
+            return int(float(line.split()[1]))
+
+        # Two accounts at 127.0.0.2 hold that address's two streams...
+        for account in accounts[:2]:
+            streams.append(EventStream(events, auth=account, local_address="127.0.0.2"))
+        wait_for(lambda: open_streams() == 2, timeout=10, what="two streams open")
+        # ...so a third account there is told to retry, though it holds none itself.
+        busy = EventStream(events, auth=accounts[2], local_address="127.0.0.2", timeout=10)
+        with busy as third:
+            assert list(third) == [] and third.retry == 3000
+        # The same account from another address gets its stream.
+        streams.append(EventStream(events, auth=accounts[2], local_address="127.0.0.3"))
+        wait_for(lambda: open_streams() == 3, timeout=10, what="the other address's stream")
+    finally:
+        for stream in streams:
+            stream.close()
         web.stop()

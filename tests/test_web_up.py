@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
-from agents import child_env, jodl_command, port_answers, wait_for
+from agents import child_env, jodl_command, port_answers, run_jodl, wait_for
 from sqlalchemy import create_engine, text
 from webserver import AGENT_ENV, EventStream
 
@@ -171,3 +171,30 @@ def test_up_runs_everything_and_stops_everything(tmp_path: Path, site: TestSite)
         proc.wait(timeout=60)
     assert proc.returncode == 0, log.read_text()
     assert not [p for p in agents if alive(p)]
+
+
+def test_up_and_config_never_print_the_database_password(pg_database: str, tmp_path: Path) -> None:
+    """Issue 20: the password inside JODL_DATABASE_URL stays off the terminal."""
+    # The test server trusts loopback: the password is carried, not checked.
+    url = pg_database.replace("postgres@", "postgres:hunter2-secret@", 1)
+    assert "hunter2-secret" in url
+    config = run_jodl("config", env={"JODL_DATABASE_URL": url})
+    assert config.returncode == 0, config.stderr
+    assert "hunter2-secret" not in config.stdout + config.stderr
+    assert "postgres:***@" in config.stdout
+    log = tmp_path / "up.log"
+    proc = start_up(tmp_path, log, {"JODL_DATABASE_URL": url})
+    try:
+        out = wait_up(proc, log)
+        assert "  database: " + url.replace("hunter2-secret", "***") in out
+        again = run_jodl("up", "--print-login", cwd=tmp_path)
+        assert "postgres:***@" in again.stdout
+        # A second one on the same database refuses, naming it without the password.
+        second = run_jodl("up", "--listen", "127.0.0.1:0", env={"JODL_DATABASE_URL": url})
+        assert second.returncode == 1 and "already running on" in second.stderr
+        for text_shown in (second.stdout + second.stderr, again.stdout + again.stderr):
+            assert "hunter2-secret" not in text_shown
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    assert "hunter2-secret" not in log.read_text()

@@ -6,15 +6,20 @@
   of the test (as ``jodl up`` does), so submitted URLs reach the real agents.
 * :class:`EventStream` reads Server-Sent Events over a real HTTP connection and
   notes when each event arrived.
+* :class:`ReverseProxy` stands in front of ``jodl web`` as nginx would, adding the
+  client's address to X-Forwarded-For; :func:`client_at` is an HTTP client whose
+  connections come from a given loopback address (127.0.0.2, ...), a client of its own.
 """
 
 from __future__ import annotations
 
+import http.client
 import subprocess
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -152,11 +157,14 @@ class EventStream:
         last_event_id: str | None = None,
         timeout: float = 60.0,
         auth: tuple[str, str] | None = None,
+        local_address: str | None = None,
     ) -> None:
         headers = {"Accept": "text/event-stream"}
         if last_event_id is not None:
             headers["Last-Event-ID"] = last_event_id
-        self.client = httpx.Client(timeout=httpx.Timeout(timeout), auth=auth)
+        # local_address: the loopback address the connection leaves from (a client of its own).
+        transport = httpx.HTTPTransport(local_address=local_address) if local_address else None
+        self.client = httpx.Client(timeout=httpx.Timeout(timeout), auth=auth, transport=transport)
         self._cm = self.client.stream("GET", url, headers=headers)
         self.response = self._cm.__enter__()
         self.retry: int | None = None
@@ -198,3 +206,77 @@ class EventStream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: Headers of one connection, never forwarded by a proxy (RFC 9110, 7.6.1).
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
+     "upgrade", "content-length"}
+)  # fmt: skip
+
+
+class _ProxyHandler(BaseHTTPRequestHandler):
+    server: _ProxyServer
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib name
+        pass
+
+    def _forward(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+        prior = self.headers.get("X-Forwarded-For")
+        client = self.client_address[0]
+        headers["X-Forwarded-For"] = f"{prior}, {client}" if prior else client
+        headers["X-Forwarded-Proto"] = "http"
+        upstream = http.client.HTTPConnection("127.0.0.1", self.server.upstream_port, timeout=30)
+        try:
+            upstream.request(self.command, self.path, body=body, headers=headers)
+            answer = upstream.getresponse()
+            data = answer.read()
+        finally:
+            upstream.close()
+        self.send_response_only(answer.status, answer.reason)
+        for name, value in answer.getheaders():
+            if name.lower() not in HOP_BY_HOP:
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _forward  # noqa: N815 - stdlib naming
+
+
+class _ProxyServer(ThreadingHTTPServer):
+    daemon_threads = True
+    upstream_port = 0
+
+
+class ReverseProxy:
+    """A reverse proxy on a free loopback port in front of ``upstream_port``: each request
+    goes there with the client's address appended to X-Forwarded-For (whole bodies, one
+    request per connection; enough for pages and JSON, not for event streams)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self._server = _ProxyServer(("127.0.0.1", 0), _ProxyHandler)
+        self._server.upstream_port = upstream_port
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> ReverseProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def client_at(address: str, **kwargs: Any) -> httpx.Client:
+    """An HTTP client whose connections leave from ``address`` (any 127.x.y.z is this
+    machine's loopback): to a server it is a client of that address."""
+    return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=30, **kwargs)

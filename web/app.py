@@ -18,7 +18,14 @@ from typing import Any
 
 from flask import Flask, Response, current_app, g, jsonify, render_template, request
 from sqlalchemy import Engine
-from werkzeug.exceptions import BadRequest, Forbidden, HTTPException, MethodNotAllowed, NotFound
+from werkzeug.exceptions import (
+    BadRequest,
+    Forbidden,
+    HTTPException,
+    MethodNotAllowed,
+    NotFound,
+    SecurityError,
+)
 from werkzeug.middleware.proxy_fix import ProxyFix
 from werkzeug.routing import IntegerConverter
 
@@ -212,6 +219,10 @@ def _http_error(exc: HTTPException) -> Any:
             code,
             headers,
         )
+    if isinstance(exc, SecurityError):
+        # A Host this site does not answer to (JODL_WEB_TRUSTED_HOSTS): no URL can be
+        # built for the request, so no page either (its links); one plain line.
+        return Response(f"{code} {exc.name}: {message}\n", code, headers, mimetype="text/plain")
     return (
         render_template("error.html", code=code, name=exc.name, message=message),
         code,

@@ -234,10 +234,15 @@ def admin_required(view: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def address_key() -> str:
+    """The client's address as a counting key (behind proxies: see JODL_WEB_PROXIES)."""
+    return f"addr:{request.remote_addr or '?'}"
+
+
 def client_key() -> str:
     """Who a rate limit counts against: the user, else the client's address."""
     user = current_user()
-    return f"user:{user.id}" if user else f"addr:{request.remote_addr or '?'}"
+    return f"user:{user.id}" if user else address_key()
 
 
 def limit(kind: str) -> None:

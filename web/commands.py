@@ -26,6 +26,7 @@ from jodl.cli_context import (
     sigterm_as_interrupt,
     store_of,
 )
+from jodl.config import hide_password
 from jodl.exceptions import JodlError
 
 if TYPE_CHECKING:
@@ -58,12 +59,33 @@ def make_server(app: Any, settings: WebSettings, listen: str | None = None) -> A
             connection_limit=max(100, 4 * settings.web_threads),
             ident="jodl",
             clear_untrusted_proxy_headers=True,
+            **proxy_options(settings.web_proxies),
             # Reads ahead while a request runs, so a stream learns at once that its
             # client disconnected (waitress.client_disconnected) and frees its slot.
             channel_request_lookahead=1,
         )
     except OSError as exc:
         raise JodlError(f"cannot listen on {address}: {exc.strerror or exc}") from None
+
+
+def proxy_options(proxies: int) -> dict[str, Any]:
+    """waitress's trust in the X-Forwarded-For/-Proto of ``JODL_WEB_PROXIES`` proxies.
+
+    Without it waitress strips those headers (``clear_untrusted_proxy_headers``), and
+    every client would be the proxy's address: one lockout, one rate limit and
+    loopback-only ``/metrics`` for all. waitress keeps the last ``proxies`` hops of
+    X-Forwarded-For, from which the app's ProxyFix takes the same client address
+    (the app may run under another WSGI server too). The web server must then be
+    reachable only through the proxies: a client that reaches it directly names
+    its own address.
+    """
+    if not proxies:
+        return {}
+    return {
+        "trusted_proxy": "*",
+        "trusted_proxy_count": proxies,
+        "trusted_proxy_headers": {"x-forwarded-for", "x-forwarded-proto"},
+    }
 
 
 def server_url(server: Any) -> str:
@@ -228,7 +250,8 @@ def up_cmd(
         started = True
         svc = app.extensions["jodl"]
         login = login_line(email, password)
-        me = instance.Instance(server_url(server), email, login, database, os.getpid())
+        shown = hide_password(database)  # printed, and kept for --print-login
+        me = instance.Instance(server_url(server), email, login, shown, os.getpid())
         instance.write(me)
         warning = public_warning(server.effective_host)
         if warning:
@@ -291,7 +314,7 @@ def _refuse_second_master(cluster: Any, database: str) -> None:
     running = instance.read()
     where = f", web UI {running.url}" if running and running.alive() else ""
     raise JodlError(
-        f"a master ({holder}{where}) is already running on {database}; "
+        f"a master ({holder}{where}) is already running on {hide_password(database)}; "
         "stop it first, or give this one another JODL_DATABASE_URL"
     )
 

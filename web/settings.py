@@ -43,7 +43,7 @@ DEFAULT_KEEPALIVE = 15.0
 DEFAULT_ANONYMOUS_PER_MINUTE = 6.0
 DEFAULT_ANONYMOUS_BURST = 3
 DEFAULT_ANONYMOUS_BATCH_MAX = 10
-#: Event streams one client (signed-in user, else address) may hold open at once.
+#: Event streams one signed-in user, and one client address, may hold open at once.
 DEFAULT_STREAMS_PER_CLIENT = 4
 #: Event streams kept for operators' live views, apart from everyone else's.
 DEFAULT_OPERATOR_STREAMS = 4
@@ -178,7 +178,7 @@ OPTIONS: tuple[Option, ...] = (
         "JODL_WEB_STREAMS_PER_CLIENT",
         str(DEFAULT_STREAMS_PER_CLIENT),
         "int+",
-        "Event streams one client (user, else address) may hold open at once",
+        "Event streams one signed-in user, and one client address, may hold open at once",
         "web",
     ),
     Option(

@@ -12,8 +12,8 @@ exactly the items it has not seen, whatever order results committed in
 meanwhile; the server keeps no per-client state.
 
 Each open stream holds a thread of the WSGI server, so streams take slots
-(:mod:`web.slots`: a shared pool below the thread count, a cap per client, the
-operators' own pool): a browser over the limit is told to retry a little later
+(:mod:`web.slots`: a shared pool below the thread count, a cap per user and per
+address, the operators' own pool): a browser over the limit is told to retry a little later
 and ordinary pages never wait. A stream ends when its client disconnects (the
 server tells at once; without that, the next write finds out), and after
 ``JODL_WEB_STREAM_SECONDS``; the browser then resumes it.
@@ -34,7 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import NotFound
 
 from .app import Services, services
-from .auth import admin_required, client_key
+from .auth import address_key, admin_required, client_key
 from .slots import Slot
 
 bp = Blueprint("stream", __name__)
@@ -107,9 +107,9 @@ def _gone() -> Callable[[], bool]:
     return told if callable(told) else (lambda: False)
 
 
-def _take_slot(svc: Services, client: str, operator: bool) -> Slot | None:
+def _take_slot(svc: Services, client: str, address: str, operator: bool) -> Slot | None:
     # Taken when the body starts (a body never started never gives a slot back).
-    slot = svc.streams.take(client, operator)
+    slot = svc.streams.take(client, address, operator)
     if slot is not None:
         svc.metrics.add("jodl_web_streams_open", 1)
     return slot
@@ -136,10 +136,10 @@ def batch_events(svc: Services, batch_id: str, last_event_id: str | None) -> Ite
     cursor = Cursor.parse(last_event_id, len(items))
     settings = svc.settings
     disconnected = _gone()
-    client = client_key()
+    client, address = client_key(), address_key()
 
     def generate() -> Iterator[str]:
-        slot = _take_slot(svc, client, operator=False)
+        slot = _take_slot(svc, client, address, operator=False)
         if slot is None:
             yield f"retry: {BUSY_RETRY_MS}\n: busy, retry soon\n\n"
             return
@@ -212,10 +212,10 @@ def admin_stream() -> Response:
 
     svc = services()
     disconnected = _gone()
-    client = client_key()
+    client, address = client_key(), address_key()
 
     def generate() -> Iterator[str]:
-        slot = _take_slot(svc, client, operator=True)
+        slot = _take_slot(svc, client, address, operator=True)
         if slot is None:
             yield f"retry: {BUSY_RETRY_MS}\n: busy, retry soon\n\n"
             return

@@ -6,6 +6,8 @@ Modules, one concern each (the dependency runs down the list, never up):
   framed batches of the hot calls;
 * :mod:`~jodl.agent.replies` - the replies as named records, and their checks;
 * :mod:`~jodl.agent.auth` - the handshake: shared-secret HMAC, mutual TLS;
+* :mod:`~jodl.agent.admission` - which connections may start the handshake
+  (a cap, a share per address, room kept for masters);
 * :mod:`~jodl.agent.wire` - rpyc's strict configuration, authenticated frames,
   the guarded server and :func:`~jodl.agent.wire.connect`;
 * :mod:`~jodl.agent.eventloop`, :mod:`~jodl.agent.core` - the agent's state and

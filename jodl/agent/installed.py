@@ -8,18 +8,22 @@ classes; queued jobs, running ones and held results stay as they are.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
-from ..exceptions import UnknownFamily
+from ..exceptions import ConfigError, UnknownFamily
 from ..family import Family
+
+log = logging.getLogger("jodl.agent")
 
 #: A family as the agent reports it: name, version, is_async, idempotent.
 FamilyRow = tuple[str, str, bool, bool]
 
 
 class Installed:
-    """The agent's family classes; each is instantiated once, on its first job."""
+    """The agent's family classes; each is instantiated once, at start (:meth:`prepare`)
+    or else on its first job."""
 
     def __init__(self, classes: dict[str, type[Family]], agent: str, context: dict[str, Any]):
         self.classes = classes
@@ -51,6 +55,19 @@ class Installed:
             (name, str(cls.version), cls.is_async(), bool(cls.idempotent))
             for name, cls in sorted(self.classes.items())
         )
+
+    def prepare(self) -> None:
+        """Instantiate every family now: one whose settings are wrong stops the agent at
+        start with its :class:`ConfigError` (one line naming the setting), as every
+        process does, instead of failing each of its jobs later. Any other error of a
+        family's start is logged and left to its first job, as before."""
+        for name in sorted(self.classes):
+            try:
+                self.instance(name)
+            except ConfigError:
+                raise
+            except Exception:  # noqa: BLE001 - the family's jobs report it again
+                log.warning("family %s could not start; its jobs will fail", name, exc_info=True)
 
     def instance(self, name: str) -> Family:
         inst = self._instances.get(name)

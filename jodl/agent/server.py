@@ -17,7 +17,7 @@ from typing import Any
 import rpyc  # type: ignore[import-untyped]
 
 from ..config import Settings
-from ..exceptions import JodlError
+from ..exceptions import ConfigError, JodlError
 from .auth import require_auth
 from .codec import decode_ids, decode_jobs, encode_done, encode_failed
 from .core import AgentCore, Done, Failed, FamilyRow
@@ -179,7 +179,8 @@ class AgentServer(GuardedServer):
 def make_server(
     settings: Settings, listen: str | None = None, name: str | None = None
 ) -> AgentServer:
-    """Build (not start) the agent's server; refuses to start without a secret or TLS.
+    """Build (not start) the agent's server; refuses to start without a secret or TLS,
+    or when an installed family's settings are wrong (:meth:`Installed.prepare`).
 
     Loopback is no exception: any local user could otherwise command the agent, and
     one who binds its port first would receive the master's jobs.
@@ -205,6 +206,11 @@ def make_server(
         detach=settings.agent_detach,
         fence_hold=settings.agent_fence_hold,
     )
+    try:
+        core.installed.prepare()  # a family's bad settings stop the agent here
+    except ConfigError:
+        core.close()
+        raise
     try:
         server = AgentServer(
             core,

@@ -13,7 +13,6 @@ import hashlib
 import hmac
 import socket
 import struct
-import threading
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +24,7 @@ from rpyc.lib import spawn  # type: ignore[import-untyped]
 from rpyc.utils.server import ThreadedServer  # type: ignore[import-untyped]
 
 from ..config import Settings
+from .admission import HandshakeSlots
 from .auth import (
     _KEYS,
     SessionKeys,
@@ -115,11 +115,11 @@ class FramedChannel(Channel):
 class GuardedServer(ThreadedServer):
     """rpyc's ThreadedServer with authentication on and a cap on unfinished handshakes.
 
-    At most ``JODL_HANDSHAKE_LIMIT`` connections may sit in the handshake at once
-    (each has ``JODL_HANDSHAKE_TIMEOUT`` for all of it); a connection beyond that is
-    closed as soon as it is accepted, without a thread: slow or silent peers cannot
-    pile up threads on the agent. ``authenticate``: the handshake (default: the
-    agent's, :func:`~jodl.agent.auth.server_authenticator`).
+    Connections in the handshake are admitted by :class:`~jodl.agent.admission.HandshakeSlots`
+    (``JODL_HANDSHAKE_LIMIT`` in all, a share per address, room kept for addresses
+    that authenticated before; each has ``JODL_HANDSHAKE_TIMEOUT`` for all of it); a
+    connection turned away is closed as soon as it is accepted, without a thread:
+    slow or silent peers can neither pile up threads nor keep a master out.
     """
 
     def __init__(
@@ -131,26 +131,28 @@ class GuardedServer(ThreadedServer):
     ) -> None:
         authenticate = authenticate or server_authenticator(settings)
         super().__init__(service, authenticator=authenticate, **kwargs)
-        self._handshake_limit = settings.handshake_limit
-        self._in_handshake = threading.BoundedSemaphore(settings.handshake_limit)
-        #: Sockets holding a handshake slot (set.remove is atomic: one release each).
-        self._holding: set[socket.socket] = set()
+        self.admission = HandshakeSlots(settings.handshake_limit)
+        #: Sockets in the handshake -> their peer's address (dict.pop is atomic: one
+        #: release each).
+        self._holding: dict[socket.socket, str] = {}
         self._turned_away = 0
 
         def bounded(sock: socket.socket) -> tuple[Any, Any]:
             try:
-                return authenticate(sock)
+                result = authenticate(sock)
+                address = self._holding.get(sock)
+                if address is not None:
+                    self.admission.authenticated(address)
+                return result
             finally:
                 self._end_handshake(sock)
 
         self.authenticator = bounded
 
     def _end_handshake(self, sock: socket.socket) -> None:
-        try:
-            self._holding.remove(sock)
-        except KeyError:
-            return  # released already
-        self._in_handshake.release()
+        address = self._holding.pop(sock, None)
+        if address is not None:  # else released already
+            self.admission.give_back(address)
 
     def _serve(self, sock: socket.socket) -> None:
         # The slot is released after the handshake, or here if the connection ended
@@ -184,14 +186,19 @@ class GuardedServer(ThreadedServer):
         return self.service
 
     def _accept_method(self, sock: socket.socket) -> None:
-        if not self._in_handshake.acquire(blocking=False):
+        try:
+            address = str(sock.getpeername()[0])
+        except OSError:
+            address = None  # reset already
+        if address is None or not self.admission.take(address):
             self._turned_away += 1
             if self._turned_away in (1, 10, 100) or self._turned_away % 1000 == 0:
                 self.logger.warning(
-                    "%d connection(s) closed at once: %s peers already in the handshake "
-                    "(JODL_HANDSHAKE_LIMIT)",
+                    "%d connection(s) closed at once: the handshake slots are taken "
+                    "(JODL_HANDSHAKE_LIMIT %d, at most %d per address)",
                     self._turned_away,
-                    self._handshake_limit,
+                    self.admission.limit,
+                    self.admission.per_address,
                 )
             self.clients.discard(sock)
             try:
@@ -199,7 +206,7 @@ class GuardedServer(ThreadedServer):
             except OSError:
                 pass
             return
-        self._holding.add(sock)
+        self._holding[sock] = address
         try:
             spawn(self._serve, sock)
         except BaseException:
