@@ -126,16 +126,20 @@ def execution_row(
     )
 
 
-#: Outcomes after which the execution may still run on its agent (given up on, not
-#: reported): a replacement must not be logged before they are (:meth:`Ledger.settle_giveups`).
-GIVE_UPS = frozenset({ExecState.LOST, ExecState.TAKEN_BACK, ExecState.CANCELLED})
+#: Outcomes after which the execution may still run on its agent: given up on without
+#: its agent's word (its node gone or faulty). A replacement must not be logged before
+#: they are (:meth:`Ledger.settle_giveups`). Not so an execution taken back: its agent
+#: gave it back unstarted and will never start it (a master that dies before the row
+#: is committed finds it not held), nor a cancelled one, which is not placed again
+#: (a deleted job, a backup copy that lost the race, of an idempotent family).
+GIVE_UPS = frozenset({ExecState.LOST})
 
 
 class Ledger:
     """Closes executions in the book into rows and commits them through the log writer.
 
-    Order of the log's writes: an execution given up on (lost with its node, taken
-    back, cancelled) is committed before any dispatch that replaces it
+    Order of the log's writes: an execution given up on (lost with its node) is
+    committed before any dispatch that replaces it
     (:meth:`settle_giveups`, called by the send step). A master killed between the
     two therefore leaves either the old execution open and no replacement (the next
     master asks its agent), or the old one closed (its agent cancels it when it
