@@ -504,4 +504,4 @@ def markdown_table(options: Iterable[Option] | None = None) -> str:
     return options_table(all_options() if options is None else options)
 
 
-__all__ = ["OPTIONS", "Settings", "all_options", "read_values"]
+__all__ = ["OPTIONS", "Settings", "all_options", "hide_password", "read_values"]
