@@ -169,7 +169,9 @@ def test_dashboard_queries_only_metrics_that_exist(store, agents, master_ops, tm
 def test_profile_of_a_live_master(store, agents, master_ops, tmp_path, db_url) -> None:
     master, address = master_ops
     agents(1, slots=4)
-    jobs = 400  # about 5 s of work: the profile is taken while the loop runs
+    # About 12 s of work: the profile (a command that takes seconds to start on a loaded
+    # machine) is taken while the loop runs.
+    jobs = 1000
     sleeps = ((f"k{i}", '{"seconds": 0.05}') for i in range(jobs))
     store.add_jobs(store.ensure_family("sleep"), sleeps)
     result: dict[str, Any] = {}
