@@ -27,7 +27,8 @@ from .models import WHOLE_PAGE, AppCycle, Page, PageView, Snapshot, compress
 _PAGE = Page.__table__
 _VIEW = PageView.__table__
 _PAGE_SET = ("etag", "last_modified", "title", "fingerprint", "last_status", "last_error",
-             "last_checked_at", "last_changed_at", "analysed_cycle_id", "script_page")  # fmt: skip
+             "last_checked_at", "last_changed_at", "analysed_cycle_id", "script_page",
+             "refused_requests")  # fmt: skip
 _VIEW_SET = ("fingerprint", "recent", "model", "last_changed_at")
 #: Exact fingerprints of fetches judged the same as a view's baseline, kept so the next
 #: fetch with one of them is settled at once (an A/B variant, a CDN edge's stamp).
@@ -50,33 +51,20 @@ def apply_chunk(s: Session, cycle_id: int, rows: list[Any]) -> None:
     the same transaction, so a redone chunk counts nothing twice.
     """
     by_job = {job_id: (result, finished) for _, job_id, result, finished in rows}
-    pages = [
-        dict(row)
-        for row in s.execute(
-            select(_PAGE.c.id, _PAGE.c.job_id, *(_PAGE.c[name] for name in _PAGE_SET)).where(
-                _PAGE.c.job_id.in_(list(by_job)),
-                or_(_PAGE.c.analysed_cycle_id.is_(None), _PAGE.c.analysed_cycle_id != cycle_id),
-            )
-        ).mappings()
-    ]
+    pages = read_pages(
+        s,
+        _PAGE.c.job_id.in_(list(by_job)),
+        or_(_PAGE.c.analysed_cycle_id.is_(None), _PAGE.c.analysed_cycle_id != cycle_id),
+    )
     if not pages:
         return
-    views: dict[int, list[dict[str, Any]]] = {}
-    for row in s.execute(
-        select(
-            _VIEW.c.id, _VIEW.c.page_id, _VIEW.c.selector, *(_VIEW.c[n] for n in _VIEW_SET)
-        ).where(_VIEW.c.page_id.in_([p["id"] for p in pages]))
-    ).mappings():
-        views.setdefault(row["page_id"], []).append(dict(row))
+    views = read_views(s, [p["id"] for p in pages])
     counts = {"checked": 0, "not_modified": 0, "errors": 0, "changed": 0}
     snapshots: list[dict[str, Any]] = []
     changed_views: list[dict[str, Any]] = []
     for page in pages:
         result_json, finished = by_job[page["job_id"]]
-        try:
-            result = json.loads(result_json or "null") or {}
-        except ValueError:
-            result = {"ok": False, "error": "internal_error", "error_message": "bad result"}
+        result = decode_result(result_json)
         page_views = views.get(page["id"], [])
         before = [dict(v) for v in page_views]
         changed = apply_result(cycle_id, page, page_views, result, finished, snapshots)
@@ -86,23 +74,60 @@ def apply_chunk(s: Session, cycle_id: int, rows: list[Any]) -> None:
         counts["errors"] += not result.get("ok")
         counts["changed"] += changed
         page["analysed_cycle_id"] = cycle_id
-    conn = s.connection()
-    conn.execute(
-        _updates(_PAGE, _PAGE_SET),
-        [{"v_id": p["id"], **{f"v_{n}": p[n] for n in _PAGE_SET}} for p in pages],
-    )
-    if changed_views:
-        conn.execute(
-            _updates(_VIEW, _VIEW_SET),
-            [{"v_id": v["id"], **{f"v_{n}": v[n] for n in _VIEW_SET}} for v in changed_views],
-        )
-    if snapshots:
-        conn.execute(insert(Snapshot), snapshots)
-    conn.execute(
+    write(s, pages, changed_views, snapshots)
+    s.connection().execute(
         update(AppCycle)
         .where(AppCycle.id == cycle_id)
         .values({key: getattr(AppCycle, key) + value for key, value in counts.items()})
     )
+
+
+def decode_result(text: str | None) -> dict[str, Any]:
+    """A stored ``check_page`` result as a dict (a bad one reads as an internal error)."""
+    try:
+        return json.loads(text or "null") or {}
+    except ValueError:
+        return {"ok": False, "error": "internal_error", "error_message": "bad result"}
+
+
+def read_pages(s: Session, *where: Any) -> list[dict[str, Any]]:
+    """Rows of the pages matching ``where``, as dicts of the columns analysis uses."""
+    query = select(_PAGE.c.id, _PAGE.c.job_id, *(_PAGE.c[name] for name in _PAGE_SET))
+    return [dict(row) for row in s.execute(query.where(*where)).mappings()]
+
+
+def read_views(s: Session, page_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """Per page, rows of its views as dicts of the columns analysis uses."""
+    views: dict[int, list[dict[str, Any]]] = {}
+    for row in s.execute(
+        select(
+            _VIEW.c.id, _VIEW.c.page_id, _VIEW.c.selector, *(_VIEW.c[n] for n in _VIEW_SET)
+        ).where(_VIEW.c.page_id.in_(page_ids))
+    ).mappings():
+        views.setdefault(row["page_id"], []).append(dict(row))
+    return views
+
+
+def write(
+    s: Session,
+    pages: list[dict[str, Any]],
+    views: list[dict[str, Any]],
+    snapshots: list[dict[str, Any]],
+) -> None:
+    """Store page and view rows changed by :func:`apply_result`, and its new snapshots."""
+    conn = s.connection()
+    if pages:
+        conn.execute(
+            _updates(_PAGE, _PAGE_SET),
+            [{"v_id": p["id"], **{f"v_{n}": p[n] for n in _PAGE_SET}} for p in pages],
+        )
+    if views:
+        conn.execute(
+            _updates(_VIEW, _VIEW_SET),
+            [{"v_id": v["id"], **{f"v_{n}": v[n] for n in _VIEW_SET}} for v in views],
+        )
+    if snapshots:
+        conn.execute(insert(Snapshot), snapshots)
 
 
 def apply_result(
@@ -127,6 +152,8 @@ def apply_result(
     page["last_status"] = result.get("status")
     if "script_page" in result:
         page["script_page"] = bool(result["script_page"])
+    if isinstance(result.get("browser"), dict):
+        page["refused_requests"] = int(result["browser"].get("refused") or 0)
     if not ok:
         code = result.get("error") or "error"
         page["last_error"] = f"{code}: {result.get('error_message') or ''}".strip()
@@ -146,6 +173,8 @@ def apply_result(
         if not fetched or fetched.get("error") or not fetched.get("verdict"):
             continue  # a view added after the payload was made, a bad selector, no text
         verdict, new = fetched["verdict"], fetched["fingerprint"]
+        if verdict == confirm.BASELINE and view["fingerprint"] is not None:
+            continue  # a baseline taken meanwhile (crawler_app.baselines) stays the baseline
         if fetched.get("model"):
             view["model"] = fetched["model"]
         if verdict in (confirm.SAME, confirm.NOISE):

@@ -10,6 +10,9 @@ change for the history page and for e-mails.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
+
+from .variance import Model
 
 #: Lines of context around each change in :func:`diff`.
 DEFAULT_CONTEXT = 3
@@ -64,16 +67,30 @@ def short_diff(
     old_text: str,
     new_text: str,
     *,
+    model: Model | None = None,
     max_lines: int = SHORT_DIFF_LINES,
     line_chars: int = SHORT_DIFF_LINE_CHARS,
 ) -> str:
-    """The removed (``- ``) and added (``+ ``) lines only, few and shortened, for e-mails."""
+    """The removed (``- ``) and added (``+ ``) lines only, few and shortened, for e-mails.
+
+    With the view's ``model``, lines learned to vary (a rotating ad, a clock) are left
+    out and lines are compared as the change detection compares them (relative dates
+    blanked): a digest shows the edit, not the noise around it.
+    """
+    old, new = old_text.splitlines(), new_text.splitlines()
+    key: Callable[[str], str] = str
+    if model is not None:
+        old = [line for line in old if not model.varies(line)]
+        new = [line for line in new if not model.varies(line)]
+        key = model.line_key
+    matcher = difflib.SequenceMatcher(None, [key(x) for x in old], [key(x) for x in new])
     changed: list[str] = []
-    for line in difflib.unified_diff(old_text.splitlines(), new_text.splitlines(), n=0):
-        if line.startswith(("---", "+++", "@@")):
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
             continue
-        body = line[1:].rstrip("\n")
-        if len(body) > line_chars:
-            body = body[: line_chars - 1] + "…"
-        changed.append(f"{line[0]} {body}")
+        for sign, lines in (("-", old[i1:i2]), ("+", new[j1:j2])):
+            for body in lines:
+                if len(body) > line_chars:
+                    body = body[: line_chars - 1] + "…"
+                changed.append(f"{sign} {body}")
     return "\n".join(_limit(changed, max_lines, max_lines * (line_chars + 3)))

@@ -117,22 +117,41 @@ def users_remove(ctx: click.Context, email: str) -> None:
     default=None,
     help="Check the page every N-th cycle (default 1).",
 )
+@click.option(
+    "--browser/--no-browser",
+    default=None,
+    help="Render the page in a browser (Chromium) first: for pages that build their text "
+    "with JavaScript.",
+)
 @click.pass_context
 def track(
-    ctx: click.Context, url: str, email: str, selector: str | None, period: int | None
+    ctx: click.Context,
+    url: str,
+    email: str,
+    selector: str | None,
+    period: int | None,
+    browser: bool | None,
 ) -> None:
-    """USER tracks URL: they get a digest when it changes."""
+    """USER tracks URL: they get a digest when it changes.
+
+    The page's first check is queued at once: it takes the baseline that later
+    checks compare with (a running master serves it)."""
     from sqlalchemy import func, select
 
+    from jodl.queue import Queue
+
+    from . import baselines
     from .models import Page, Tracking
     from .pages import track as do_track
 
     with _session(ctx) as s:
-        tracking = do_track(s, email, url, selector=selector, period=period)
+        tracking = do_track(s, email, url, selector=selector, period=period, browser=browser)
         page = s.get(Page, tracking.page_id)
         assert page is not None
         trackers = s.scalar(select(func.count()).where(Tracking.page_id == page.id))
+    baselines.request(Queue(_engine(ctx)), _engine(ctx), [page.id])
     part = f" (selector {tracking.selector})" if tracking.selector else ""
+    part += " in a browser" if page.browser else ""
     click.echo(f"{email} tracks {page.url}{part}; {trackers} tracker(s), one fetch per cycle")
 
 
@@ -142,11 +161,18 @@ def track(
 @click.pass_context
 def untrack(ctx: click.Context, url: str, email: str) -> None:
     """USER stops tracking URL."""
+    from jodl.queue import Queue
+
+    from . import baselines
+    from .pages import normalise_url, page_ids
     from .pages import untrack as do_untrack
 
     with _session(ctx) as s:
         if not do_untrack(s, email, url):
             raise JodlError(f"{email} does not track {url}")
+        ids = page_ids(s, [normalise_url(url)])
+    # The last tracker who wanted the browser gone: the others' new baseline at once.
+    baselines.request(Queue(_engine(ctx)), _engine(ctx), ids)
     click.echo(f"{email} no longer tracks {url}")
 
 
@@ -157,6 +183,7 @@ def tracked(ctx: click.Context, email: str | None) -> None:
     """List tracked pages with their last check."""
     from sqlalchemy import select
 
+    from . import pages
     from .models import Page, Tracking, User
 
     with _session(ctx) as s:
@@ -177,7 +204,8 @@ def tracked(ctx: click.Context, email: str | None) -> None:
         )
         state = page.last_error or (f"HTTP {page.last_status}" if page.last_status else "-")
         part = f" [{selector}]" if selector else ""
-        click.echo(f"{page.url}{part}  {address}  checked={checked}  {state}")
+        note = f"  ({pages.page_note(page)})" if pages.page_note(page) else ""
+        click.echo(f"{page.url}{part}  {address}  checked={checked}  {state}{note}")
 
 
 # -- checking ----------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from sqlalchemy.orm import sessionmaker
 from jodl import failpoint
 from jodl.log import Run, RunState, Store, utcnow
 
-from . import digests
+from . import baselines, digests
 from .analysis import apply_chunk
 from .models import (
     WHOLE_PAGE,
@@ -53,7 +53,7 @@ from .models import (
     Snapshot,
     Tracking,
 )
-from .pages import CHECK_FAMILY, NOTIFY_FAMILY, family_id, sync_jobs
+from .pages import CHECK_FAMILY, NOTIFY_FAMILY, check_payload, family_id, sync_jobs
 from .settings import AppSettings
 
 log = logging.getLogger("crawler_app.cycle")
@@ -204,7 +204,11 @@ class PageCycle:
 
     def prepare(self, cycle: AppCycle) -> None:
         """Jobs in line with trackings; each payload gets validators, known fingerprints
-        and, for a spread cycle, its start time and an ordering priority."""
+        and, for a spread cycle, its start time and an ordering priority.
+
+        Baseline checks finished since the last look are stored first, and views
+        kept from before models were learned get one (:mod:`crawler_app.baselines`)."""
+        baselines.apply(self.engine)
         with self.sessions() as s, s.begin():
             family_id(s, NOTIFY_FAMILY)
             live = sync_jobs(s)
@@ -213,9 +217,9 @@ class PageCycle:
             pages = [
                 row
                 for row in s.execute(
-                    select(Page.id, Page.url, Page.job_id, Page.etag, Page.last_modified).where(
-                        Page.job_id.is_not(None)
-                    )
+                    select(
+                        Page.id, Page.url, Page.job_id, Page.etag, Page.last_modified, Page.browser
+                    ).where(Page.job_id.is_not(None))
                 )
                 if row.job_id in idle
             ]
@@ -223,8 +227,10 @@ class PageCycle:
             for page_id, selector in s.execute(select(Tracking.page_id, Tracking.selector)):
                 wanted.setdefault(page_id, set()).add(selector or WHOLE_PAGE)
             known: dict[tuple[int, str], dict[str, Any]] = {}
-            for page_id, selector, fp, recent, model in s.execute(
+            migrated: list[tuple[int, int, str, str]] = []
+            for view_id, page_id, selector, fp, recent, model in s.execute(
                 select(
+                    PageView.id,
                     PageView.page_id,
                     PageView.selector,
                     PageView.fingerprint,
@@ -232,20 +238,27 @@ class PageCycle:
                     PageView.model,
                 )
             ):
-                if fp is not None and model:
-                    known[(page_id, selector)] = {"known": [fp, *(recent or [])], "model": model}
+                if fp is None:
+                    continue
+                if not model:
+                    migrated.append((view_id, page_id, selector, fp))
+                known[(page_id, selector)] = {"known": [fp, *(recent or [])], "model": model}
+            for view, model in baselines.adopt_migrated(s, migrated).items():
+                known[view]["model"] = model
+            known = {view: state for view, state in known.items() if state["model"]}
             start = _unix(cycle.started_at)
             rows = []
-            for page_id, url, job_id, etag, last_modified in pages:
+            for page_id, url, job_id, etag, last_modified, browser in pages:
                 views: dict[str, dict[str, Any]] = {}
                 every_view_known = True
                 for selector in sorted(wanted.get(page_id, {WHOLE_PAGE})):
                     state = known.get((page_id, selector))
                     views[selector] = state or {"known": []}
                     every_view_known &= state is not None
-                payload: dict[str, Any] = {"url": url, "views": views}
-                # A 304 tells nothing about a view never seen: fetch in full then.
-                if every_view_known:
+                payload = check_payload(url, browser, views)
+                # A 304 tells nothing about a view never seen: fetch in full then. A
+                # rendered page's text depends on more than its document: never a 304.
+                if every_view_known and not browser:
                     if etag:
                         payload["etag"] = etag
                     if last_modified:

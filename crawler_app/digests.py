@@ -22,6 +22,7 @@ from .models import (
     Notification,
     NotificationState,
     Page,
+    PageView,
     Snapshot,
     Tracking,
     User,
@@ -29,6 +30,7 @@ from .models import (
 )
 from .pages import NOTIFY_FAMILY, family_id
 from .settings import AppSettings
+from .variance import Model
 
 
 def prepare(s: Session, cycle: AppCycle, settings: AppSettings) -> int:
@@ -42,6 +44,15 @@ def prepare(s: Session, cycle: AppCycle, settings: AppSettings) -> int:
     ).all()
     if not changes:
         return 0
+    # What each changed view learned to vary: left out of the diffs mailed.
+    models = {
+        (page_id, selector): model
+        for page_id, selector, model in s.execute(
+            select(PageView.page_id, PageView.selector, PageView.model).where(
+                PageView.page_id.in_({snap.page_id for snap, _ in changes})
+            )
+        )
+    }
     digests: dict[int, list[tuple[Snapshot, mail.ChangedPage]]] = {}
     emails: dict[int, str] = {}
     for snap, page in changes:
@@ -60,7 +71,11 @@ def prepare(s: Session, cycle: AppCycle, settings: AppSettings) -> int:
             title=page.title,
             selector=snap.selector or None,
             changed_at=snap.taken_at,
-            diff=change.short_diff(decompress(previous) or "", snap.text),
+            diff=change.short_diff(
+                decompress(previous) or "",
+                snap.text,
+                model=Model.from_json(models.get((snap.page_id, snap.selector))),
+            ),
             page_id=page.id,
         )
         trackers = s.execute(

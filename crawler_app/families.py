@@ -32,6 +32,7 @@ from jodl import Family, Permanent
 from jodl.config import Settings
 from jodl.log import make_engine, utcnow
 
+from .browser import Renderer
 from .confirm import BASELINE_FETCHES, Known, ViewCheck
 from .fetcher import THREAD_PARSE_BYTES, Fetcher
 from .metrics import FETCHES, NOTIFICATIONS
@@ -94,7 +95,9 @@ class CheckPage(Family):
     ``views``: ``{selector: {fingerprint, chars, matches, verdict, text?, model?}}``
     (``text`` only for a new baseline). Fetch errors, and a 200 page that reads as
     an error page (``error_page``), are results (``ok`` false), not failures;
-    ``script_page`` says the page builds its text with scripts.
+    ``script_page`` says the page builds its text with scripts. With ``browser``
+    true in the payload the page is rendered (:mod:`crawler_app.browser`) and the
+    result's ``browser`` counts the requests it made and those refused.
     """
 
     name = "check_page"
@@ -107,6 +110,7 @@ class CheckPage(Family):
         self.fetch_settings = self.settings.fetch_settings()
         # Made on first use, inside the agent's event loop (its locks belong to that loop).
         self._fetcher: Fetcher | None = None
+        self._renderer: Renderer | None = None
 
     async def run(self, payload: dict[str, Any]) -> Any:
         url = str(payload["url"])
@@ -123,7 +127,10 @@ class CheckPage(Family):
         checks = {
             sel: ViewCheck(known, self.settings.confirm_fetches) for sel, known in wanted.items()
         }
-        out = await self._fetch(url, payload.get("etag"), payload.get("last_modified"), checks)
+        browser = bool(payload.get("browser"))
+        out = await self._fetch(
+            url, payload.get("etag"), payload.get("last_modified"), checks, browser
+        )
         if not out.get("ok") or out.get("not_modified"):
             return out
         fetches = 1
@@ -134,7 +141,7 @@ class CheckPage(Family):
         ):
             await asyncio.sleep(self.settings.confirm_delay)
             fetches += 1
-            again = await self._fetch(url, None, None, checks)
+            again = await self._fetch(url, None, None, checks, browser)
             if again.get("ok") and not again.get("not_modified"):
                 views.update(again["views"])
         out["fetches"] = fetches
@@ -144,14 +151,27 @@ class CheckPage(Family):
         return out
 
     async def _fetch(
-        self, url: str, etag: str | None, last_modified: str | None, checks: dict[str, ViewCheck]
+        self,
+        url: str,
+        etag: str | None,
+        last_modified: str | None,
+        checks: dict[str, ViewCheck],
+        browser: bool = False,
     ) -> dict[str, Any]:
-        """One fetch; each view's text goes to its check (an error page counts as an error)."""
+        """One fetch (a rendering with ``browser``); each view's text goes to its check
+        (an error page counts as an error)."""
         assert self._fetcher is not None
-        result, body = await self._fetcher.fetch_with_body(
-            url, etag=etag, last_modified=last_modified
-        )
+        if browser:
+            if self._renderer is None:
+                self._renderer = Renderer(self._fetcher, self.settings.browser_settings())
+            result, body = await self._renderer.render(url)
+        else:
+            result, body = await self._fetcher.fetch_with_body(
+                url, etag=etag, last_modified=last_modified
+            )
         out = {key: result.get(key) for key in _COPIED}
+        if browser:
+            out["browser"] = result.get("browser")
         out["redirects"] = len(result.get("redirects") or ())
         count_fetch(out)
         if not result.get("ok") or result.get("not_modified"):
@@ -177,7 +197,8 @@ class CheckPage(Family):
                     texts[sel] = (value[0], value[1], None)
         whole = result.get("text") or ""
         model = checks[""].known.model if "" in checks else Model()
-        out["script_page"] = built_by_script(body, whole)
+        # A rendered page ran its scripts: its text is what they built, however short.
+        out["script_page"] = not browser and built_by_script(body, whole)
         why = error_page(result.get("title"), whole, model)
         if why is not None:
             out.update(ok=False, error="error_page", error_message=why)

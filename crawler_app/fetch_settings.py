@@ -94,8 +94,44 @@ class FetchSettings:
         parse_allowlist(self.allow_networks)  # raises ValueError naming a bad entry
 
 
+#: Debian's Chromium: the browser pages are rendered in (no browser is ever downloaded).
+BROWSER_PATH = "/usr/bin/chromium"
+#: Seconds one rendering may take, the document's fetch excluded (a page that never
+#: settles is an error, not a hang).
+BROWSER_TIMEOUT = 30.0
+#: Seconds the page's network must stay quiet after it loaded before its text is read
+#: (scripts that fetch their data after the load event).
+BROWSER_SETTLE = 2.0
+#: Requests one rendering may make besides its document; those past it are refused.
+BROWSER_MAX_REQUESTS = 100
+#: Bytes all the answers to one rendering's requests may hold together.
+BROWSER_MAX_BYTES = 10 * 1024 * 1024
+#: Renderings at once per agent (each is a browser tab: about 50-100 MB).
+BROWSER_PAGES = 2
+
+
+@dataclass(frozen=True)
+class BrowserSettings:
+    """How pages are rendered (crawler_app.browser); every default is a named constant."""
+
+    path: str = BROWSER_PATH
+    timeout: float = BROWSER_TIMEOUT
+    settle: float = BROWSER_SETTLE
+    max_requests: int = BROWSER_MAX_REQUESTS
+    max_bytes: int = BROWSER_MAX_BYTES
+    pages: int = BROWSER_PAGES
+
+    def __post_init__(self) -> None:
+        for name in ("timeout", "max_requests", "max_bytes", "pages"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"BrowserSettings.{name} must be positive")
+        if self.settle < 0:
+            raise ValueError("BrowserSettings.settle must not be negative")
+
+
 __all__ = [
     "ACCEPTED_TYPES",
+    "BrowserSettings",
     "CONNECT_TIMEOUT",
     "MAX_BYTES",
     "MAX_CONNECTIONS",

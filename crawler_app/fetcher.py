@@ -26,6 +26,7 @@ short code (:data:`ERROR_CODES`) and a one-line message, never as exceptions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.cookiejar
 import re
 import time
@@ -40,7 +41,17 @@ import httpx
 from .decoding import ACCEPT_ENCODING, BodyTooLarge, BoundedDecoder, DecodingError
 from .fetch_settings import MAX_REDIRECTS, USER_AGENT, FetchSettings
 
-__all__ = ["RESULT_KEYS", "USER_AGENT", "FetchSettings", "Fetcher", "fetch", "make_client"]
+__all__ = [
+    "RESULT_KEYS",
+    "USER_AGENT",
+    "Answer",
+    "FetchFailed",
+    "FetchSettings",
+    "Fetcher",
+    "fetch",
+    "make_client",
+    "text_fields",
+]
 from .guard import AsyncResolver, CheckedTarget, FetchRefused, check_url_async
 from .politeness import (
     ROBOTS_MAX_BYTES,
@@ -75,6 +86,7 @@ ERROR_CODES = (
     "http_error",  # an answer other than 2xx, 3xx redirect or 304
     "bad_selector",  # the CSS selector cannot be parsed
     "error_page",  # a 2xx answer that reads as an error or maintenance page, or is blank
+    "browser_error",  # the browser could not render the page (crawler_app.browser)
     "internal_error",  # a bug: reported, never raised
 )
 
@@ -162,7 +174,9 @@ def make_client(settings: FetchSettings = DEFAULT_SETTINGS) -> httpx.AsyncClient
 _NO_BODY = httpx.ByteStream(b"")
 
 
-class _Failure(Exception):
+class FetchFailed(Exception):
+    """A fetch that failed: ``code`` from :data:`ERROR_CODES`, ``message`` one line."""
+
     def __init__(
         self, code: str, message: str, reason: str | None = None, detail: str | None = None
     ) -> None:
@@ -171,12 +185,14 @@ class _Failure(Exception):
         self.detail = message if detail is None else detail  # the message without the URL
 
     @classmethod
-    def at(cls, url: str, code: str, detail: str) -> _Failure:
+    def at(cls, url: str, code: str, detail: str) -> FetchFailed:
         return cls(code, f"{url}: {detail}", detail=detail)
 
 
 @dataclass
-class _Answer:
+class Answer:
+    """One HTTP answer as read."""
+
     status: int
     headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
     body: bytes | None  # None: not read
@@ -192,8 +208,8 @@ class _Budget:
         self.total = seconds
         self.left = seconds
 
-    def exceeded(self) -> _Failure:
-        return _Failure("timeout", f"total time limit of {self.total:g} s exceeded")
+    def exceeded(self) -> FetchFailed:
+        return FetchFailed("timeout", f"total time limit of {self.total:g} s exceeded")
 
     def spend(self) -> _Spending:
         """``async with budget.spend():`` bounds the block by the time left, and uses it up."""
@@ -330,7 +346,7 @@ class Fetcher:
         body: bytes | None = None
         try:
             body = await self._fetch(url, etag, last_modified, selector, result)
-        except _Failure as failure:
+        except FetchFailed as failure:
             result.update(
                 ok=False, error=failure.code, error_reason=failure.reason,
                 error_message=failure.message,
@@ -350,12 +366,12 @@ class Fetcher:
         selector: str | None,
         result: dict[str, Any],
     ) -> bytes | None:
-        """Fill ``result``; the body read (None for a 304). Raises :class:`_Failure`."""
+        """Fill ``result``; the body read (None for a 304). Raises :class:`FetchFailed`."""
         if selector is not None:
             try:
                 compile_selector(selector)
             except SelectorError as exc:
-                raise _Failure("bad_selector", str(exc)) from None
+                raise FetchFailed("bad_selector", str(exc)) from None
         headers = {"User-Agent": self.settings.user_agent}
         if etag:
             headers["If-None-Match"] = etag
@@ -370,9 +386,9 @@ class Fetcher:
                 target, lambda robots_url: self._load_robots(robots_url, budget)
             )
             if refusal is not None and refusal.code == "robots_disallowed":
-                raise _Failure(refusal.code, refusal.message)
+                raise FetchFailed(refusal.code, refusal.message)
             if refusal is not None:  # robots.txt was out of reach: so is the page
-                raise _Failure.at(target.url, refusal.code, refusal.message)
+                raise FetchFailed.at(target.url, refusal.code, refusal.message)
             answer = await self._exchange(target, headers, budget, self._page_body_wanted)
             result["status"] = answer.status
             result["content_type"] = answer.headers.get("content-type")
@@ -382,7 +398,7 @@ class Fetcher:
                 result["redirects"].append(current)
                 continue
             return await self._finish(result, answer, etag, last_modified, selector)
-        raise _Failure(
+        raise FetchFailed(
             "too_many_redirects", f"gave up after {self.settings.max_redirects} redirects"
         )
 
@@ -398,7 +414,7 @@ class Fetcher:
     async def _finish(
         self,
         result: dict[str, Any],
-        answer: _Answer,
+        answer: Answer,
         etag: str | None,
         last_modified: str | None,
         selector: str | None,
@@ -413,35 +429,38 @@ class Fetcher:
             return None
         if not 200 <= status < 300:
             phrase = httpx.codes.get_reason_phrase(status)
-            raise _Failure("http_error", f"the server answered {status} {phrase}".rstrip())
+            raise FetchFailed("http_error", f"the server answered {status} {phrase}".rstrip())
         kind = media_type(headers.get("content-type"))
         if kind and not _accepted(kind, self.settings.accepted_types):
-            raise _Failure("bad_content_type", f"content type {kind!r} is not fetched")
+            raise FetchFailed("bad_content_type", f"content type {kind!r} is not fetched")
         body = answer.body
         if body is None or not answer.complete:
             limit = self.settings.max_bytes
-            raise _Failure("too_large", f"the body is larger than {limit} bytes")
+            raise FetchFailed("too_large", f"the body is larger than {limit} bytes")
         content_type = headers.get("content-type", "")
         if not kind:  # no declared type: sniff text from binary
             if b"\x00" in body[:1024]:
-                raise _Failure("bad_content_type", "no content type and the body is binary")
+                raise FetchFailed("bad_content_type", "no content type and the body is binary")
             content_type = "text/html" if body.lstrip()[:1] == b"<" else "text/plain"
-        if len(body) > THREAD_PARSE_BYTES:
-            page = await asyncio.to_thread(extract, body, content_type, selector=selector)
-        else:
-            page = extract(body, content_type, selector=selector)
-        text = page.text
-        truncated = len(text) > self.settings.max_text_chars
-        if truncated:
-            text = text[: self.settings.max_text_chars].rstrip()
         result.update(
+            await text_fields(body, content_type, selector, self.settings.max_text_chars),
             ok=True, etag=headers.get("etag"), last_modified=headers.get("last-modified"),
-            size=len(body), title=page.title, text=text, truncated=truncated,
-            # extract() normalised the text; a cut one is normalised again to be safe.
-            fingerprint=fingerprint(text, normalised=not truncated),
-            selector_matches=page.selector_matches,
         )  # fmt: skip
         return body
+
+    async def get_resource(self, url: str, headers: dict[str, str], max_bytes: int) -> Answer:
+        """One GET a rendered page asked for (:mod:`crawler_app.browser`).
+
+        The same guard and pinned connection as every fetch; no robots.txt and no
+        per-host spacing (the renderer has limits of its own); a redirect is answered
+        as it is (the browser follows it, each hop asking again). The body is decoded
+        and cut at ``max_bytes`` (``complete`` False). Raises :class:`FetchFailed`.
+        """
+        budget = _Budget(self.settings.total_timeout)
+        target = await self._check(url, budget)
+        return await self._exchange(
+            target, headers, budget, lambda _s, _h: True, max_bytes=max_bytes, polite=False
+        )
 
     async def _check(self, url: str, budget: _Budget) -> CheckedTarget:
         if budget.left <= 0:
@@ -458,8 +477,8 @@ class Fetcher:
                 if time.monotonic() - started >= timeout:
                     raise budget.exceeded() from None
             if exc.code == "dns_error":
-                raise _Failure("dns_error", exc.message) from None
-            raise _Failure("refused", f"{url}: {exc.message}", reason=exc.code) from None
+                raise FetchFailed("dns_error", exc.message) from None
+            raise FetchFailed("refused", f"{url}: {exc.message}", reason=exc.code) from None
         finally:
             budget.left -= time.monotonic() - started
 
@@ -471,24 +490,26 @@ class Fetcher:
         body_wanted: Callable[[int, dict[str, str]], bool],
         *,
         max_bytes: int | None = None,
-    ) -> _Answer:
-        """One GET to the checked address, inside the host's politeness slot."""
+        polite: bool = True,
+    ) -> Answer:
+        """One GET to the checked address, inside the host's politeness slot (``polite``)."""
         limit = self.settings.max_bytes if max_bytes is None else max_bytes
-        async with self.politeness.slot(target.host):
+        slot = self.politeness.slot(target.host) if polite else contextlib.nullcontext()
+        async with slot:
             try:
                 async with budget.spend():
                     return await self._send(target, headers, body_wanted, limit)
             except httpx.TimeoutException as exc:
-                raise _Failure.at(target.url, "timeout", _describe(exc)) from None
+                raise FetchFailed.at(target.url, "timeout", _describe(exc)) from None
             except httpx.ConnectError as exc:
                 detail = f"cannot connect: {_describe(exc)}"
-                raise _Failure.at(target.url, "connect_error", detail) from None
+                raise FetchFailed.at(target.url, "connect_error", detail) from None
             except (httpx.RemoteProtocolError, httpx.LocalProtocolError, httpx.DecodingError) as e:
                 detail = f"the server broke HTTP: {_describe(e)}"
-                raise _Failure.at(target.url, "protocol_error", detail) from None
+                raise FetchFailed.at(target.url, "protocol_error", detail) from None
             except httpx.TransportError as exc:
                 detail = f"the connection broke: {_describe(exc)}"
-                raise _Failure.at(target.url, "network_error", detail) from None
+                raise FetchFailed.at(target.url, "network_error", detail) from None
 
     async def _send(
         self,
@@ -496,14 +517,14 @@ class Fetcher:
         headers: dict[str, str],
         body_wanted: Callable[[int, dict[str, str]], bool],
         limit: int,
-    ) -> _Answer:
+    ) -> Answer:
         url = httpx.URL(target.url)
         default_port = 443 if target.scheme == "https" else 80
         # raw_host: the ASCII (IDNA) form, as the guard keeps it; .host would be Unicode.
         host = url.raw_host.decode("ascii", errors="replace")
         if host != target.host or (url.port or default_port) != target.port:
             # httpx must parse our normalised URL as we did; anything else is refused.
-            raise _Failure("refused", f"{target.url}: URL parsers disagree", "parser_mismatch")
+            raise FetchFailed("refused", f"{target.url}: URL parsers disagree", "parser_mismatch")
         # The request is built here rather than by client.build_request(): a GET with
         # a fixed set of headers needs none of its merging, which cost about a tenth
         # of the agent's CPU per page. The headers are those build_request() would send.
@@ -526,24 +547,24 @@ class Fetcher:
             # and fails on a Location it cannot parse (e.g. "http:\\host/"): such a
             # target is refused, as the guard refuses a backslash in any URL.
             detail = f"the redirect's Location is not a URL we follow: {exc}"
-            raise _Failure("refused", f"{target.url}: {detail}", "bad_url", detail) from None
+            raise FetchFailed("refused", f"{target.url}: {detail}", "bad_url", detail) from None
         try:
             status = response.status_code
             # One plain dict: every lookup in httpx.Headers walks all the headers.
             headers = dict(response.headers.items())
             self.politeness.note_response(target.host, status, headers.get("retry-after"))
             if not body_wanted(status, headers):
-                return _Answer(status, headers, None)
+                return Answer(status, headers, None)
             # Raw bytes, decoded here: httpx would inflate a whole chunk before we count.
             decoder = BoundedDecoder(headers.get("content-encoding"), limit)
             try:
                 async for chunk in response.aiter_raw():
                     decoder.feed(chunk)
-                return _Answer(status, headers, decoder.finish())
+                return Answer(status, headers, decoder.finish())
             except BodyTooLarge as cut:
-                return _Answer(status, headers, cut.data[:limit], False)
+                return Answer(status, headers, cut.data[:limit], False)
             except DecodingError as exc:
-                raise _Failure.at(target.url, "protocol_error", str(exc)) from None
+                raise FetchFailed.at(target.url, "protocol_error", str(exc)) from None
         finally:
             await response.aclose()
 
@@ -554,7 +575,7 @@ class Fetcher:
         for _hop in range(MAX_REDIRECTS + 1):
             try:
                 target = await self._check(current, budget)
-            except _Failure as failure:
+            except FetchFailed as failure:
                 # A refused redirect target is "unavailable" (allow); DNS trouble "unreachable".
                 if failure.code in ("dns_error", "timeout"):
                     return RobotsAnswer(None, "", (failure.code, failure.detail))
@@ -567,7 +588,7 @@ class Fetcher:
                     lambda status, _headers: 200 <= status < 300,
                     max_bytes=ROBOTS_MAX_BYTES,
                 )
-            except _Failure as failure:
+            except FetchFailed as failure:
                 if failure.code == "refused":  # a redirect we do not follow: as above
                     return RobotsAnswer(404)
                 return RobotsAnswer(None, "", (failure.code, failure.detail))
@@ -579,6 +600,30 @@ class Fetcher:
             body = answer.body or b""
             return RobotsAnswer(status, body.decode("utf-8", errors="replace"))
         return RobotsAnswer(status)
+
+
+async def text_fields(
+    body: bytes, content_type: str, selector: str | None, max_chars: int
+) -> dict[str, Any]:
+    """The result fields of a page's text: size, title, text (cut at ``max_chars``),
+    truncated, fingerprint, selector_matches. A large body is parsed in a worker thread."""
+    if len(body) > THREAD_PARSE_BYTES:
+        page = await asyncio.to_thread(extract, body, content_type, selector=selector)
+    else:
+        page = extract(body, content_type, selector=selector)
+    text = page.text
+    truncated = len(text) > max_chars
+    if truncated:
+        text = text[:max_chars].rstrip()
+    return {
+        "size": len(body),
+        "title": page.title,
+        "text": text,
+        "truncated": truncated,
+        # extract() normalised the text; a cut one is normalised again to be safe.
+        "fingerprint": fingerprint(text, normalised=not truncated),
+        "selector_matches": page.selector_matches,
+    }
 
 
 _ERRNO = re.compile(r"\[Errno -?\d+\]\s*")

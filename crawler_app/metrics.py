@@ -22,3 +22,8 @@ POLITENESS_WAIT_SECONDS = Counter(
 NOTIFICATIONS = Counter(
     "jodl_notifications_sent", "Notification digests, by outcome (sent, duplicate)", ["outcome"]
 )
+BROWSER_REQUESTS = Counter(
+    "jodl_browser_requests",
+    "Requests of pages rendered in the browser, by outcome (ok, refused, failed)",
+    ["outcome"],
+)

@@ -98,6 +98,11 @@ class Page(Base):
     title: Mapped[str | None] = mapped_column(String(300))
     #: The last full fetch had scripts and almost no visible text (crawler_app.pagekind).
     script_page: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    #: Rendered in a browser (Chromium) because one of its trackers asked for it; all its
+    #: views are then read from the rendered page (crawler_app.browser).
+    browser: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    #: Requests the page made that the last rendering refused (SSRF guard, limits).
+    refused_requests: Mapped[int | None] = mapped_column(Integer)
     #: HTTP status of the last fetch (None: no answer).
     last_status: Mapped[int | None] = mapped_column(Integer)
     #: ``code: message`` of the last failed fetch; None after a good one.
@@ -121,6 +126,8 @@ class Tracking(Base):
     page_id: Mapped[int] = mapped_column(ForeignKey("app_page.id", ondelete="CASCADE"), index=True)
     selector: Mapped[str | None] = mapped_column(String(SELECTOR_LENGTH))
     since: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    #: The tracker wants the page rendered in a browser (it builds its text with scripts).
+    browser: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class PageView(Base):

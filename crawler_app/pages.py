@@ -141,12 +141,15 @@ def track(
     url: str,
     selector: str | None = None,
     period: int | None = None,
+    browser: bool | None = None,
 ) -> Tracking:
     """``email`` tracks ``url`` (only the part ``selector`` picks, if given).
 
-    Tracking a page again replaces the selector. The page's ``check_page`` job is
-    created (or revived) at once. ``period`` (checked every N-th cycle) applies to
-    the page, hence to all its trackers.
+    Tracking a page again replaces the selector (and ``browser`` when given). The
+    page's ``check_page`` job is created (or revived) at once. ``period`` (checked
+    every N-th cycle) applies to the page, hence to all its trackers. ``browser``:
+    the page is rendered in a browser, for all its trackers (see :func:`_render_mode`).
+    Queue its first check with :func:`crawler_app.baselines.request` once committed.
     """
     user = get_user(session, email)
     normal = normalise_url(url)
@@ -165,13 +168,50 @@ def track(
         select(Tracking).where(Tracking.user_id == user.id, Tracking.page_id == page.id)
     )
     if tracking is None:
-        tracking = Tracking(user_id=user.id, page_id=page.id, selector=selector, since=utcnow())
+        tracking = Tracking(
+            user_id=user.id,
+            page_id=page.id,
+            selector=selector,
+            since=utcnow(),
+            browser=bool(browser),
+        )
         session.add(tracking)
     else:
         tracking.selector = selector
+        if browser is not None:
+            tracking.browser = browser
     session.flush()
     sync_jobs(session, [page.id])
+    _render_mode(session, page.id)
     return tracking
+
+
+def _render_mode(session: Session, page_id: int) -> None:
+    """Render the page in a browser when any of its trackers asks for it.
+
+    A page is fetched once for all its trackers, so the choice is the page's. When
+    it changes, the views' text changes with it (scripts add or drop text): their
+    baselines go, and the next check takes new ones instead of alerting everyone.
+    """
+    page = session.get(Page, page_id)
+    if page is None:
+        return
+    wanted = bool(
+        session.scalar(
+            select(Tracking.id).where(Tracking.page_id == page_id, Tracking.browser.is_(True))
+        )
+    )
+    if wanted == page.browser:
+        return
+    page.browser = wanted
+    page.etag = page.last_modified = None
+    page.refused_requests = None
+    session.execute(
+        update(PageView)
+        .where(PageView.page_id == page_id)
+        .values(fingerprint=None, model=None, recent=[])
+    )
+    session.flush()
 
 
 def untrack(session: Session, email: str, url: str) -> bool:
@@ -192,7 +232,30 @@ def untrack(session: Session, email: str, url: str) -> bool:
     session.delete(tracking)
     session.flush()
     sync_jobs(session, [page.id])
+    _render_mode(session, page.id)
     return True
+
+
+#: What a tracker is told about a page that builds its text with scripts.
+SCRIPT_PAGE_NOTE = "this page builds its text with JavaScript: turn on the browser"
+
+
+def page_note(page: Page) -> str | None:
+    """A line for the page's trackers about how it is read, or None.
+
+    A page fetched without the browser whose text is (nearly) all built by its
+    scripts shows its trackers nothing; a rendered page may have had requests refused.
+    """
+    if page.script_page and not page.browser:
+        return SCRIPT_PAGE_NOTE
+    if page.browser and page.refused_requests:
+        return f"the browser refused {page.refused_requests} request(s) the page made"
+    return None
+
+
+def page_ids(session: Session, urls: Iterable[str]) -> list[int]:
+    """Ids of the pages of these normalised URLs."""
+    return list(session.scalars(select(Page.id).where(Page.url.in_(list(urls)))))
 
 
 def trackings_of(session: Session, email: str) -> list[tuple[Tracking, Page]]:
@@ -208,6 +271,14 @@ def trackings_of(session: Session, email: str) -> list[tuple[Tracking, Page]]:
 
 
 # -- pages and their check_page jobs -------------------------------------------------------------
+
+
+def check_payload(url: str, browser: bool, views: dict[str, Any]) -> dict[str, Any]:
+    """The payload of a ``check_page`` job (see :class:`crawler_app.families.CheckPage`)."""
+    payload: dict[str, Any] = {"url": url, "views": views}
+    if browser:
+        payload["browser"] = True
+    return payload
 
 
 def family_id(session: Session, name: str) -> int:

@@ -23,6 +23,8 @@ no tracked page and no unfinished cycle does nothing.
   looked for every :data:`REQUEST_POLL` seconds by an interval job, also with
   ``JODL_SCHEDULE=off``. A request waits while a cycle runs; all requests
   pending when the cycle ends are served by one cycle (trigger ``web``).
+* Baseline checks of new trackings (:mod:`crawler_app.baselines`) are stored
+  by another interval job as soon as they finish.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from jodl.exceptions import JodlError
 from jodl.log import Reads
 
-from . import cycle_requests
+from . import baselines, cycle_requests
 from .cycle import (
     CycleResult,
     PageCycle,
@@ -61,7 +63,9 @@ log = logging.getLogger("crawler_app.schedule")
 JOB_ID = "page-check-cycle"
 #: Id of the scheduler job that looks for operators' requests.
 REQUEST_JOB_ID = "cycle-requests"
-#: Seconds between two looks for operators' requests.
+#: Id of the scheduler job that stores the baseline checks of new trackings.
+BASELINE_JOB_ID = "baselines"
+#: Seconds between two looks for operators' requests (and finished baseline checks).
 REQUEST_POLL = 2.0
 
 
@@ -150,6 +154,14 @@ class CycleScheduler:
             # ("maximum number of running instances reached").
             max_instances=2,
         )
+        self.scheduler.add_job(
+            self.take_baselines,
+            "interval",
+            seconds=self.request_poll,
+            id=BASELINE_JOB_ID,
+            name="baselines of new trackings",
+            replace_existing=True,
+        )
         self.scheduler.start()
         if self.trigger is None:
             log.info("scheduled page-check cycles are off; operators' requests are served")
@@ -193,6 +205,16 @@ class CycleScheduler:
             return result
         finally:
             self._lock.release()
+
+    def take_baselines(self) -> int:
+        """Store the baseline checks of new trackings that finished (their baseline at once)."""
+        if not self.leads(CHECK_FAMILY):
+            return 0
+        try:
+            return baselines.apply(self.engine)
+        except SQLAlchemyError:
+            log.exception("storing baseline checks")
+            return 0
 
     def run_cycle(self, trigger: str = "schedule") -> CycleResult | None:
         """Run (or resume) one application cycle unless one is running in this process,

@@ -250,6 +250,49 @@ OPTIONS: tuple[Option, ...] = (
         "agent",
     ),
     AppOption(
+        "JODL_BROWSER_PATH",
+        fetch_settings.BROWSER_PATH,
+        "str",
+        "The Chromium that renders pages whose trackers turned the browser on "
+        "(Debian's package; nothing downloads a browser)",
+        "agent",
+    ),
+    AppOption(
+        "JODL_BROWSER_TIMEOUT",
+        str(fetch_settings.BROWSER_TIMEOUT),
+        "float+",
+        "Seconds one rendering may take after the page's document was fetched",
+        "agent",
+    ),
+    AppOption(
+        "JODL_BROWSER_SETTLE",
+        str(fetch_settings.BROWSER_SETTLE),
+        "float0",
+        "Seconds a rendered page's network must stay quiet before its text is read",
+        "agent",
+    ),
+    AppOption(
+        "JODL_BROWSER_MAX_REQUESTS",
+        str(fetch_settings.BROWSER_MAX_REQUESTS),
+        "int+",
+        "Requests one rendering may make besides its document (more are refused)",
+        "agent",
+    ),
+    AppOption(
+        "JODL_BROWSER_MAX_BYTES",
+        str(fetch_settings.BROWSER_MAX_BYTES),
+        "int+",
+        "Bytes the answers to one rendering's requests may hold together",
+        "agent",
+    ),
+    AppOption(
+        "JODL_BROWSER_PAGES",
+        str(fetch_settings.BROWSER_PAGES),
+        "int+",
+        "Pages rendered at once per agent",
+        "agent",
+    ),
+    AppOption(
         "JODL_FETCH_MAX_CONNECTIONS",
         str(FS.max_connections),
         "int+",
@@ -301,6 +344,12 @@ class AppSettings:
     fetch_robots_ttl: float = FS.robots_ttl
     fetch_robots_failure_ttl: float = FS.robots_failure_ttl
     fetch_max_connections: int = FS.max_connections
+    browser_path: str = fetch_settings.BROWSER_PATH
+    browser_timeout: float = fetch_settings.BROWSER_TIMEOUT
+    browser_settle: float = fetch_settings.BROWSER_SETTLE
+    browser_max_requests: int = fetch_settings.BROWSER_MAX_REQUESTS
+    browser_max_bytes: int = fetch_settings.BROWSER_MAX_BYTES
+    browser_pages: int = fetch_settings.BROWSER_PAGES
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> AppSettings:
@@ -315,6 +364,7 @@ class AppSettings:
         except ValueError as exc:
             raise ConfigError(f"JODL_FETCH_ALLOW: {exc}") from None
         settings.fetch_settings()
+        settings.browser_settings()
         if settings.smtp_user and not (settings.smtp_starttls or settings.smtp_ssl):
             raise ConfigError(SMTP_IN_CLEAR)
         return settings
@@ -342,6 +392,20 @@ class AppSettings:
             )
         except ValueError as exc:
             raise ConfigError(f"JODL_FETCH_*: {exc}") from None
+
+    def browser_settings(self) -> fetch_settings.BrowserSettings:
+        """The renderer's settings from these options."""
+        try:
+            return fetch_settings.BrowserSettings(
+                path=self.browser_path,
+                timeout=self.browser_timeout,
+                settle=self.browser_settle,
+                max_requests=self.browser_max_requests,
+                max_bytes=self.browser_max_bytes,
+                pages=self.browser_pages,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"JODL_BROWSER_*: {exc}") from None
 
 
 def _check(env: Mapping[str, str]) -> None:

@@ -109,6 +109,16 @@ class Model:
         out = {t if t is not None and t in self.tpl else k for k, t in keys}
         return frozenset(out - self.vary - self.tpl)
 
+    def varies(self, line: str) -> bool:
+        """True for a line learned to vary: left out of comparisons, and of diffs shown."""
+        k, t = line_keys(line)
+        return k in self.vary or (t is not None and t in self.tpl)
+
+    def line_key(self, line: str) -> str:
+        """The key a line is compared by (relative dates blanked; its template where learned)."""
+        k, t = line_keys(line)
+        return t if t is not None and t in self.tpl else k
+
     def base_masked(self) -> frozenset[str]:
         return self.masked(self.base)
 

@@ -229,6 +229,19 @@ def test_affinity_sends_the_same_host_to_the_same_node() -> None:
     assert affinity_key("user-42/job-7", pattern=r"user-(\d+)") == "42"
 
 
+def test_affinity_finds_the_host_of_a_url_after_a_prefix() -> None:
+    # The page checker keys a web submission "web:URL" and a baseline check
+    # "baseline:URL": they meet the cycle's check of the same host on its node.
+    ns = nodes(1.0, 1.0, 1.0, 1.0)
+    aff = strategy("affinity")
+    for i in range(20):
+        url = f"https://site{i}.example/p"
+        keys = [url, f"web:{url}?q=1", f"baseline:{url}", f"web:HTTPS://SITE{i}.example:443/x"]
+        assert {affinity_key(key) for key in keys} == {f"site{i}.example"}
+        assert len({aff.choose(job(i, key), ns, Knowledge()).id for key in keys}) == 1
+    assert affinity_key("web:no-url-here/x") == "web:no-url-here"
+
+
 def test_affinity_lets_hosts_take_turns_within_a_priority() -> None:
     # One host's long run must not fill a node's queue ahead of the other hosts.
     aff = strategy("affinity")

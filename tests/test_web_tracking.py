@@ -15,6 +15,7 @@ from sqlalchemy.orm import sessionmaker
 from test_web_views import assert_safe, login, make_user, text_of, token
 from tzlocal import get_localzone
 
+from crawler_app import baselines
 from crawler_app.models import Page
 from crawler_app.pages import track
 from jodl.log.models import utcnow
@@ -68,7 +69,8 @@ def test_check_now_fetches_a_tracked_page_afresh(
     assert form.get("action") == f"/pages/{page_id}/check"
     r = user_client.post(form.get("action"), data={"csrf_token": token(user_client, "/pages")})
     assert r.status_code == 303 and r.headers["Location"].startswith("/batches/")
-    assert queued(app) == {KEY_PREFIX + URL}
+    # The page has no baseline yet: its baseline check is queued too.
+    assert queued(app) == {KEY_PREFIX + URL, baselines.KEY_PREFIX + URL}
     batch_id = r.headers["Location"].rsplit("/", 1)[1]
     _, items = app.extensions["jodl"].batches.load(batch_id)  # type: ignore[misc]
     assert [i.pending for i in items] == [True]

@@ -290,7 +290,9 @@ def pages_list() -> Any:
 @login_required
 def pages_add() -> Any:
     data = body()
-    added = tracking.add_page(services(), _me(), data.get("url"), data.get("selector"))
+    added = tracking.add_page(
+        services(), _me(), data.get("url"), data.get("selector"), data.get("browser", False)
+    )
     return jsonify(added), 201
 
 

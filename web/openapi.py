@@ -367,9 +367,27 @@ def document(settings: WebSettings) -> dict[str, Any]:
             ),
         },
         "/api/pages": {
-            "get": _op("Your tracked pages", _responses(200, "Pages", obj, 401), auth=True),
+            "get": _op(
+                "Your tracked pages",
+                _responses(
+                    200,
+                    "Pages",
+                    {
+                        "type": "object",
+                        "properties": {
+                            "pages": {
+                                "type": "array",
+                                "items": {"$ref": "#/components/schemas/TrackedPage"},
+                            }
+                        },
+                    },
+                    401,
+                ),
+                auth=True,
+            ),
             "post": _op(
-                "Track a page (optionally only what a CSS selector picks)",
+                "Track a page (optionally only what a CSS selector picks; rendered in a "
+                "browser first with browser: true, for pages built by JavaScript)",
                 _responses(201, "Tracked", obj, *WITH_BODY),
                 {
                     "type": "object",
@@ -377,6 +395,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                     "properties": {
                         "url": _text(settings.web_url_max),
                         "selector": {"type": ["string", "null"]},
+                        "browser": {"type": "boolean"},
                     },
                 },
                 auth=True,
@@ -567,6 +586,36 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "Error": {
                     "type": "object",
                     "properties": {"error": {"type": "string"}, "message": {"type": "string"}},
+                },
+                "TrackedPage": {
+                    "type": "object",
+                    "description": "A page you track, its last check and how it is read",
+                    "properties": {
+                        "id": {"type": "integer"},
+                        "url": {"type": "string"},
+                        "selector": {"type": ["string", "null"]},
+                        "browser": {
+                            "type": "boolean",
+                            "description": "you asked for the page to be rendered in a browser",
+                        },
+                        "rendered": {
+                            "type": "boolean",
+                            "description": "the page is rendered (one of its trackers asked)",
+                        },
+                        "script_page": {
+                            "type": "boolean",
+                            "description": "fetched without the browser, the page showed "
+                            "scripts and almost no text: it builds its text with JavaScript",
+                        },
+                        "refused_requests": {
+                            "type": ["integer", "null"],
+                            "description": "requests of the page the last rendering refused",
+                        },
+                        "note": {"type": ["string", "null"]},
+                        "last_checked_at": {"type": ["string", "null"]},
+                        "last_changed_at": {"type": ["string", "null"]},
+                        "next_check_at": {"type": ["string", "null"]},
+                    },
                 },
                 "Batch": {
                     "type": "object",

@@ -14,8 +14,9 @@ from flask import Blueprint, flash, redirect, render_template, request, url_for
 from sqlalchemy import select
 from werkzeug.exceptions import BadRequest, NotFound
 
+from crawler_app import baselines
 from crawler_app.models import WHOLE_PAGE, Page, Snapshot, Tracking
-from crawler_app.pages import PageError, track, trackings_of, untrack
+from crawler_app.pages import PageError, page_note, track, trackings_of, untrack
 from crawler_app.quota import QuotaExceeded
 from crawler_app.schedule import next_checks
 from crawler_app.settings import AppSettings
@@ -66,30 +67,47 @@ def list_pages(svc: Services, user: CurrentUser) -> list[dict[str, Any]]:
             "last_checked_at": _iso(page.last_checked_at),
             "last_changed_at": _iso(page.last_changed_at),
             "next_check_at": _iso(upcoming.get(page.id)),
+            "browser": tracking.browser,
+            "rendered": page.browser,
+            "script_page": page.script_page,
+            "refused_requests": page.refused_requests,
+            "note": page_note(page),
         }
         for tracking, page in rows
     ]
 
 
-def add_page(svc: Services, user: CurrentUser, url: Any, selector: Any) -> dict[str, Any]:
-    """Track ``url`` (with ``selector``); :class:`BadRequest` saying why not."""
+def add_page(
+    svc: Services, user: CurrentUser, url: Any, selector: Any, browser: Any = False
+) -> dict[str, Any]:
+    """Track ``url`` (with ``selector``, rendered in a browser with ``browser``) and queue
+    its first check, which takes its baseline; :class:`BadRequest` saying why not."""
     if not isinstance(url, str) or not url.strip():
         raise BadRequest("url: give the address of the page")
     if selector is not None and not isinstance(selector, str):
         raise BadRequest("selector: a CSS selector as text")
+    if not isinstance(browser, bool):
+        raise BadRequest("browser: true or false")
     if len(url) > svc.settings.web_url_max:
         raise BadRequest(f"url: at most {svc.settings.web_url_max} characters")
     try:
         with svc.batches.sessions.begin() as s:
-            tracking = track(s, user.email, url, selector=selector or None)
+            tracking = track(s, user.email, url, selector=selector or None, browser=browser)
             page_id = tracking.page_id
             page = s.get(Page, page_id)
             assert page is not None
-            return {"id": page_id, "url": page.url, "selector": tracking.selector}
+            added = {
+                "id": page_id,
+                "url": page.url,
+                "selector": tracking.selector,
+                "browser": tracking.browser,
+            }
     except QuotaExceeded as exc:
         raise refused(svc.metrics, exc) from None
     except PageError as exc:
         raise BadRequest(str(exc)) from None
+    baselines.request(svc.queue, svc.engine, [page_id])
+    return added
 
 
 def _tracking(svc: Services, user: CurrentUser, page_id: int) -> tuple[Page, Tracking]:
@@ -108,7 +126,8 @@ def check_now(svc: Services, user: CurrentUser, page_id: int) -> str:
     """Fetch a tracked page now through the on-demand queue; the batch showing the result.
 
     For the page's trackers and operators. The fetch bypasses the result cache;
-    the page's history and digests still change only in the application cycles.
+    the page's history and digests change in the application cycles, except that a
+    view without a baseline gets one now (:mod:`crawler_app.baselines`).
     """
     if user.is_admin:
         with svc.batches.sessions() as s:
@@ -118,15 +137,19 @@ def check_now(svc: Services, user: CurrentUser, page_id: int) -> str:
     else:
         page, _ = _tracking(svc, user, page_id)
     try:
-        return svc.batches.submit([page.url], user.id, refetch=True).id
+        batch = svc.batches.submit([page.url], user.id, refetch=True).id
     except QuotaExceeded as exc:
         raise refused(svc.metrics, exc) from None
+    baselines.request(svc.queue, svc.engine, [page.id])
+    return batch
 
 
 def remove_page(svc: Services, user: CurrentUser, page_id: int) -> str:
     page, _ = _tracking(svc, user, page_id)
     with svc.batches.sessions.begin() as s:
         untrack(s, user.email, page.url)
+    # The last tracker who wanted the browser gone: the others' new baseline at once.
+    baselines.request(svc.queue, svc.engine, [page.id])
     return page.url
 
 
@@ -243,7 +266,13 @@ def pages() -> Any:
 def pages_add() -> Any:
     svc = services()
     try:
-        added = add_page(svc, _user(), request.form.get("url", ""), request.form.get("selector"))
+        added = add_page(
+            svc,
+            _user(),
+            request.form.get("url", ""),
+            request.form.get("selector"),
+            request.form.get("browser") == "on",
+        )
     except (BadRequest, QuotaRefused) as exc:
         flash(str(exc.description), "error")
         return (
@@ -252,6 +281,7 @@ def pages_add() -> Any:
                 pages=list_pages(svc, _user()),
                 url=request.form.get("url", "")[:2100],
                 selector=request.form.get("selector", "")[:600],
+                browser=request.form.get("browser") == "on",
             ),
             exc.code,
         )

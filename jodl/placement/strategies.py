@@ -164,12 +164,18 @@ class RoundRobin(Placement):
         return node
 
 
+#: Where a URL starts in a job key: its scheme, then ``://``.
+_URL_START = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
 def affinity_key(key: str, by: str = "host", pattern: str | None = None) -> str:
     """The part of a job key that decides its node.
 
     ``pattern``: a regular expression; its first group (or whole match) is the
     part, the whole key when it does not match. Else ``by``: ``"host"`` (the host
-    of a URL, or what precedes the first ``/``) or ``"key"`` (the whole key).
+    of a URL, or what precedes the first ``/``) or ``"key"`` (the whole key). A URL
+    after a prefix counts too (``web:https://example.org/a``: ``example.org``), so
+    jobs of one host keyed for different purposes meet on one node.
     """
     if pattern:
         match = re.search(pattern, key)
@@ -177,7 +183,10 @@ def affinity_key(key: str, by: str = "host", pattern: str | None = None) -> str:
             return key
         return match.group(1) if match.groups() else match.group(0)
     if by == "host":
-        host = urlsplit(key).hostname if "://" in key else key.split("/", 1)[0]
+        if "://" not in key:
+            return key.split("/", 1)[0].lower()
+        url = _URL_START.search(key)
+        host = urlsplit(key[url.start() :] if url else key).hostname
         return (host or key).lower()
     if by == "key":
         return key
