@@ -146,7 +146,8 @@ def test_chaos_with_three_serving_masters(
     db_url: str,  # noqa: F811 - the fixture
     tmp_path: Path,
 ) -> None:
-    seed = int(os.environ.get("JODL_CHAOS_SEED", random.randrange(1 << 16)))
+    # A fixed order by default (CI); JODL_CHAOS_SEED=N tries another one.
+    seed = int(os.environ.get("JODL_CHAOS_SEED", "46229"))
     rng = random.Random(seed)
     path = tmp_path / "marks.txt"
     add_mark_jobs(store, path, count=JOBS, seconds=SECONDS)

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 import pytest
-from agents import free_port, run_jodl
+from agents import TEST_SECRET, free_port, run_jodl
 from click.testing import CliRunner
 from sqlalchemy import func, select
 
@@ -28,13 +28,14 @@ def jodl(*args: str, env: dict[str, str], process: bool = False) -> Outcome:
     """Run ``jodl ARGS``: in a subprocess (the real program) or in this process.
 
     In this process the real click group runs too, without the interpreter start-up
-    that dominates a subprocess; ``JODL_*`` variables of the caller are cleared.
+    that dominates a subprocess; ``JODL_*`` variables of the caller are cleared, and
+    the test secret is set, as for a subprocess (:func:`agents.child_env`).
     """
     if process:
         done = run_jodl(*args, env=env, timeout=60)
         return Outcome(done.returncode, done.stdout, done.stderr)
     clean: dict[str, str | None] = {k: None for k in os.environ if k.startswith("JODL_")}
-    result = CliRunner().invoke(main, list(args), env={**clean, **env})
+    result = CliRunner().invoke(main, list(args), env={**clean, "JODL_SECRET": TEST_SECRET, **env})
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception  # an uncaught error: a subprocess would print a traceback
     return Outcome(result.exit_code, result.stdout, result.stderr)
