@@ -27,12 +27,13 @@ from collections.abc import Iterator
 import pytest
 from agents import spawn_jodl, wait_for
 from pg_cluster import ClusterUnavailable, ThrowawayCluster
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.exc import OperationalError
 from test_crash import add_mark_jobs, check_complete, check_marks, executions, runs_by_key
 from test_standby import committed_keys, lease, logs, start_masters, stop_all
 
 from jodl.log import normalise_url
+from jodl.log.models import RunRequest
 from jodl.log.store import Store
 
 pytestmark = [pytest.mark.pg_restart, pytest.mark.postgres]
@@ -105,6 +106,11 @@ def quietly(condition):  # type: ignore[no-untyped-def]
     return check
 
 
+def requests_filed(store: Store) -> int:
+    with store.engine.connect() as conn:
+        return conn.scalar(select(func.count()).select_from(RunRequest)) or 0
+
+
 def finished(store: Store, request: int, masters: list) -> bool:  # type: ignore[type-arg]
     """The run request is settled; AssertionError at once when every master exited."""
     if all(m.poll() is not None for m in masters):
@@ -126,6 +132,11 @@ def cycle_across_a_restart(store, agents, db_url, cluster, tmp_path, masters_cou
         # `jodl run` beside the serving masters asks for the same cycle and follows it.
         env = {"JODL_DATABASE_URL": db_url, "JODL_METRICS_LISTEN": ""}
         masters.append(spawn_jodl("run", "mark", log_path=tmp_path / "follower.log", env=env))
+        wait_for(
+            lambda: requests_filed(store) == 2 or masters[-1].poll() is not None,
+            timeout=60,
+            what="the follower to ask for the cycle",
+        )
         wait_for(
             lambda: len(committed_keys(store)) >= UNDER_WAY,
             timeout=60,

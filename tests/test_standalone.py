@@ -97,14 +97,16 @@ def test_standalone_runs_the_page_checkers_cycle_in_one_process(
         add_users_tracking(store, news, ["ann@example.org", "bob@example.org"])
 
         assert cycle(tmp_path, env) == (1, 1, 0, 0, 0)  # the baseline
+        baseline = len(site.requests("/news"))
         site.set_page("/news", page("first story", "a brand new story"))
-        assert cycle(tmp_path, env) == (1, 1, 0, 0, 0)  # seen once: a candidate
-        assert cycle(tmp_path, env) == (1, 1, 1, 2, 2)  # seen again: confirmed, mailed
+        # Seen, confirmed by fetching again within the same check, and mailed.
+        assert cycle(tmp_path, env) == (1, 1, 1, 2, 2)
         inbox.wait_count(2)
         assert inbox.per_recipient() == {"ann@example.org": 1, "bob@example.org": 1}
         mail = inbox.to("ann@example.org")[0]
         assert news in mail.text and "+ a brand new story" in mail.text
-        assert len(site.requests("/news")) == 3, "one fetch per cycle"
+        confirmed = len(site.requests("/news")) - baseline
+        assert 2 <= confirmed <= 5, f"one check (a fetch and its confirmations): {confirmed}"
 
         # The one node is the in-process agent, and it ran every job of both families.
         with engine.connect() as conn:

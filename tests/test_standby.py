@@ -252,7 +252,9 @@ def take_over_mid_cycle(store, agents, db_url, tmp_path, stall: bool, after: int
     finally:
         seen = watch.close()
         stop_all(masters)
-    assert [s[1] for s in seen][-2:] == [holder, new_holder], seen
+    # The takeover; the old leader, standing by again, may lead the idle family later.
+    holders = [s[1] for s in seen]
+    assert [holder, new_holder] in [holders[i : i + 2] for i in range(len(holders))], seen
     with store.engine.connect() as conn:
         old_rows_after = conn.scalar(
             select(func.count()).where(Execution.epoch == old_epoch)
