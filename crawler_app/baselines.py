@@ -123,8 +123,12 @@ def apply(engine: Engine) -> int:
         views = analysis.read_views(s, [p["id"] for p in pages])
         snapshots: list[dict[str, Any]] = []
         changed: list[dict[str, Any]] = []
+        applied = []
         for page in pages:
             exec_id, finished = done[page["id"]]
+            if page["last_checked_at"] is not None and finished <= page["last_checked_at"]:
+                continue  # applied already (a failed check leaves the views without one)
+            applied.append(page)
             result = _baselines_only(analysis.decode_result(texts.get(exec_id)))
             page_views = views.get(page["id"], [])
             validators = page["etag"], page["last_modified"]
@@ -135,7 +139,7 @@ def apply(engine: Engine) -> int:
                 # validators would hide a change of theirs.
                 page["etag"], page["last_modified"] = validators
             changed.extend(v for v, old in zip(page_views, before, strict=True) if v != old)
-        analysis.write(s, pages, changed, snapshots)
+        analysis.write(s, applied, changed, snapshots)
         return len(snapshots)
 
 

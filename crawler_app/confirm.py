@@ -41,6 +41,12 @@ DEFAULT_CONFIRM_DELAY = 5.0
 DEFAULT_CONFIRM_FETCHES = 4
 #: Fetches added to a new view's first fetch, to learn what varies from the start.
 BASELINE_FETCHES = 1
+#: Seconds before that added fetch. None: it learns what varies per request (a rotating
+#: ad, a banner, a served-by stamp); what varies with time shows in the first checks'
+#: confirming fetches, spaced by the delay, and is learned there at the same cost. A
+#: delay here would hold an agent's slot idle for every new page: a bulk of new pages
+#: would be checked at slots / delay pages per second (20/s for 100 slots and 5 s).
+BASELINE_DELAY = 0.0
 
 
 @dataclass(frozen=True)
