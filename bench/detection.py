@@ -29,7 +29,7 @@ def one_seed(db_url: str, seed: int, cycles: int, confirm_delay: float) -> dict[
     from crawler_app.cycle import PageCycle
     from crawler_app.settings import AppSettings
     from jodl import Master, Settings, Store, make_engine
-    from jodl.migrate import upgrade
+    from jodl.log.migrate import upgrade
     from tests.corpus import Corpus, run_corpus, track_corpus
     from tests.site import TestSite
 

@@ -72,7 +72,7 @@ def mark_cycle(
     """A fresh database with ``jobs`` mark jobs of ``seconds`` each and running agents:
     (database URL, store, folder of the masters' logs, the marks file)."""
     from jodl import Store, make_engine
-    from jodl.migrate import upgrade
+    from jodl.log.migrate import upgrade
 
     log_dir = Path(tempfile.mkdtemp(prefix=prefix))
     marks = log_dir / "marks.txt"

@@ -56,7 +56,7 @@ from sqlalchemy import select  # noqa: E402
 from jodl import Master, Settings, Store, make_engine  # noqa: E402
 from jodl.agent import AgentLink  # noqa: E402
 from jodl.log import ExecState, Execution, Node  # noqa: E402
-from jodl.migrate import upgrade  # noqa: E402
+from jodl.log.migrate import upgrade  # noqa: E402
 
 
 def draw_work(seed: int, jobs: int, sigma: float, speeds: list[float], lb: float) -> list[float]:

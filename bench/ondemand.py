@@ -45,7 +45,7 @@ ENQUEUE_BATCH = 5000
 def run_jodl(url: str, jobs: int, agent_count: int, slots: int) -> dict[str, float]:
     """Enqueue-to-done through a serving master and real agents."""
     from jodl import Master, Settings, Store, make_engine
-    from jodl.migrate import upgrade
+    from jodl.log.migrate import upgrade
     from jodl.queue import Queue, QueueFeeder
 
     with fresh_database(url) as db_url, agents(agent_count, slots=slots) as addresses:
@@ -89,7 +89,7 @@ def run_jodl(url: str, jobs: int, agent_count: int, slots: int) -> dict[str, flo
 def run_bare_queue(url: str, jobs: int, consumers: int, batch: int) -> dict[str, float]:
     """Enqueue N jobs, then K threads claim and complete them in batches (no agents)."""
     from jodl import make_engine
-    from jodl.migrate import upgrade
+    from jodl.log.migrate import upgrade
     from jodl.queue import Queue
 
     with fresh_database(url) as db_url:

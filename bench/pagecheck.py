@@ -239,7 +239,7 @@ def run_page_checker(
     from crawler_app.cycle import PageCycle
     from crawler_app.settings import AppSettings
     from jodl import Master, Settings, Store, make_engine
-    from jodl.migrate import upgrade
+    from jodl.log.migrate import upgrade
 
     engine = make_engine(db_url)
     upgrade(engine)

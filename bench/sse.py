@@ -158,7 +158,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from jodl import Master, Settings, Store, make_engine
-    from jodl.migrate import upgrade
+    from jodl.log.migrate import upgrade
     from jodl.queue import Queue, QueueFeeder
 
     site, base = start_site()

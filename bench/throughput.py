@@ -32,7 +32,7 @@ def run_jodl(url: str, jobs: int, agent_count: int, slots: int, cycles: int) -> 
 
     from jodl import Master, Settings, Store, make_engine
     from jodl.log import ExecState, Execution
-    from jodl.migrate import upgrade
+    from jodl.log.migrate import upgrade
 
     with fresh_database(url) as db_url, agents(agent_count, slots=slots) as addresses:
         engine = make_engine(db_url)

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from jodl.cli_context import settings_of, store_of
+from jodl.cli.context import settings_of, store_of
+from jodl.cli.progress import REPORTED_BY_COMMAND, progress_reporters
 from jodl.exceptions import JodlError
-from jodl.progress import REPORTED_BY_COMMAND, progress_reporters
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session

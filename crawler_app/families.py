@@ -29,8 +29,8 @@ from sqlalchemy import Engine, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from jodl import Family, Permanent
-from jodl.config import Settings
 from jodl.log import make_engine, utcnow
+from jodl.settings.config import Settings
 
 from .browser import Renderer
 from .confirm import BASELINE_FETCHES, Known, ViewCheck

@@ -19,9 +19,9 @@ from dataclasses import dataclass, fields
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from jodl.config import read_values
 from jodl.exceptions import JodlError
-from jodl.options import Option, register_options
+from jodl.settings.config import read_values
+from jodl.settings.options import Option, register_options
 
 from .models import Tracking, User, UserQuota
 from .settings import AppOption

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from jodl.cli_budget import BudgetValue
+from jodl.cli.budget import BudgetValue
 
 # The same N|default value as family budgets: one parser for both.
 QuotaValue = BudgetValue

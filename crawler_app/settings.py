@@ -2,7 +2,7 @@
 
 The master reads the schedule, mail and retention options; agents read the
 fetch and SMTP options from their own environment (job code runs there). Every
-option is declared once here with :class:`jodl.options.Option`, so ``jodl config``
+option is declared once here with :class:`jodl.settings.options.Option`, so ``jodl config``
 prints them with the library's.
 """
 
@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from jodl.config import read_values
+from jodl.admin.families import cron_trigger  # one crontab reading for every schedule
 from jodl.exceptions import ConfigError
-from jodl.families_admin import cron_trigger  # one crontab reading for every schedule
-from jodl.options import Option, register_check, register_options
+from jodl.settings.config import read_values
+from jodl.settings.options import Option, register_check, register_options
 
 from . import confirm, fetch_settings, politeness
 from .guard import parse_allowlist

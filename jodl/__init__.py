@@ -23,10 +23,10 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .admin.requests import RunRequests as RunRequests
     from .client import add_jobs as add_jobs
     from .client import connect as connect
     from .client import results as results
-    from .config import Settings as Settings
     from .exceptions import JodlError as JodlError
     from .family import Family as Family
     from .family import Permanent as Permanent
@@ -38,21 +38,21 @@ if TYPE_CHECKING:
     from .log.store import Store as Store
     from .master import Master as Master
     from .master import RunSummary as RunSummary
+    from .ops.status import collect as collect_status
     from .placement import Knowledge as Knowledge
     from .placement import NodeLoad as NodeLoad
     from .placement import Placement as Placement
     from .placement import register as register_strategy
     from .queue import Queue as Queue
     from .queue import QueueFeeder as QueueFeeder
-    from .run_requests import RunRequests as RunRequests
-    from .status import collect as collect_status
+    from .settings.config import Settings as Settings
 
 #: Public name -> (module of the package, name there).
 _PUBLIC = {
     "add_jobs": ("client", "add_jobs"),
     "connect": ("client", "connect"),
     "results": ("client", "results"),
-    "Settings": ("config", "Settings"),
+    "Settings": ("settings.config", "Settings"),
     "JodlError": ("exceptions", "JodlError"),
     "Family": ("family", "Family"),
     "Permanent": ("family", "Permanent"),
@@ -70,27 +70,27 @@ _PUBLIC = {
     "RunResults": ("log.records", "RunResults"),
     "Store": ("log.store", "Store"),
     "make_engine": ("log.engine", "make_engine"),
-    "RunRequests": ("run_requests", "RunRequests"),
-    "collect_status": ("status", "collect"),
+    "RunRequests": ("admin.requests", "RunRequests"),
+    "collect_status": ("ops.status", "collect"),
 }
 
 #: The modules whose ``__all__`` is the public API; any other module of jodl is internal.
 PUBLIC_MODULES = (
     "jodl",
     "jodl.agent",
-    "jodl.cli_budget",  # command plug-ins: the budget parameter type
-    "jodl.cli_context",  # command plug-ins: settings, store, logging
-    "jodl.config",  # settings
+    "jodl.cli.budget",  # command plug-ins: the budget parameter type
+    "jodl.cli.context",  # command plug-ins: settings, store, logging
+    "jodl.settings.config",  # settings
     "jodl.exceptions",
     "jodl.failpoint",  # named crash points for crash tests
-    "jodl.families_admin",  # family administration shared by ``jodl family`` and the web
+    "jodl.admin.families",  # family administration shared by ``jodl family`` and the web
     "jodl.log",
     "jodl.master",
-    "jodl.metrics",  # Prometheus collectors
-    "jodl.migrate",  # the migration chain, applications' branches included
-    "jodl.options",  # declaring settings
+    "jodl.ops.metrics",  # Prometheus collectors
+    "jodl.log.migrate",  # the migration chain, applications' branches included
+    "jodl.settings.options",  # declaring settings
     "jodl.placement",
-    "jodl.progress",  # command plug-ins: progress reporting
+    "jodl.cli.progress",  # command plug-ins: progress reporting
     "jodl.queue",
 )
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .config import Settings
 from .exceptions import ConfigError, UnknownFamily
 from .log.engine import ensure_schema, make_engine, missing_sqlite_file
 from .log.records import RunResults
 from .log.store import Store
+from .settings.config import Settings
 
 
 def connect(database_url: str | None = None, create: bool = True) -> Store:

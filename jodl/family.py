@@ -128,7 +128,7 @@ Retryable = Exception  # any other exception is retryable
 @cache
 def installed() -> dict[str, type[Family]]:
     """Families installed in this environment, by name."""
-    from .plugins import load_group
+    from .settings.plugins import load_group
 
     found: dict[str, type[Family]] = {}
     for ep, cls in load_group(ENTRY_POINT_GROUP):
@@ -149,7 +149,7 @@ def reload_installed() -> dict[str, type[Family]]:
     import sys
     from importlib.metadata import entry_points
 
-    from .plugins import extra_installed
+    from .settings.plugins import extra_installed
 
     importlib.invalidate_caches()
     own = (__name__.partition(".")[0],)
@@ -166,7 +166,7 @@ def reload_installed() -> dict[str, type[Family]]:
 
 def installed_class(name: str) -> type[Family] | None:
     """The family class installed under ``name`` (None: none), importing only its module."""
-    from .plugins import load_entry
+    from .settings.plugins import load_entry
 
     cls = load_entry(ENTRY_POINT_GROUP, name)
     return cls if isinstance(cls, type) and issubclass(cls, Family) else None

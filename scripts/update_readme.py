@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from jodl.config import markdown_table
+from jodl.settings.config import markdown_table
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -19,9 +19,9 @@ from agents import TEST_SECRET, AgentProcess, start_agent, start_agents
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from jodl.config import Settings
 from jodl.log import Store, make_engine, normalise_url
-from jodl.migrate import upgrade
+from jodl.log.migrate import upgrade
+from jodl.settings.config import Settings
 
 # -- databases ------------------------------------------------------------------------------
 

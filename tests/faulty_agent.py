@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from jodl.agent.server import AgentService, make_server
-from jodl.config import Settings
+from jodl.settings.config import Settings
 
 
 class Exhibit:

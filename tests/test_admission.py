@@ -15,7 +15,7 @@ from agents import TEST_SECRET, AgentProcess, wait_for
 
 from jodl.agent.admission import KNOWN_MAX, HandshakeSlots
 from jodl.agent.wire import connect
-from jodl.config import Settings
+from jodl.settings.config import Settings
 
 # -- the policy ---------------------------------------------------------------------------------
 

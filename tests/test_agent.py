@@ -18,7 +18,7 @@ from agents import TEST_SECRET, AgentProcess, port_answers, spawn_jodl, wait_for
 from jodl.agent.codec import decode_done, decode_failed, encode_ids, encode_jobs
 from jodl.agent.replies import check_families
 from jodl.agent.wire import connect
-from jodl.config import Settings
+from jodl.settings.config import Settings
 
 EPOCH = 1
 

@@ -17,13 +17,13 @@ import pytest
 from agents import TEST_SECRET, AgentProcess, port_answers, run_jodl, wait_for  # noqa: I001 - tests/ is on sys.path
 from sqlalchemy import select, update
 
-from jodl.config import Settings
 from jodl.log import Store, make_engine
+from jodl.log.migrate import upgrade
 from jodl.log.models import ExecState, Execution, Job, JobState, Node, Run
 from jodl.master import Master, RunSummary
-from jodl.migrate import upgrade
 from jodl.placement import BalanceView, JobInfo, Move, NodeLoad, register
 from jodl.placement.strategies import EarliestFinish
+from jodl.settings.config import Settings
 
 Spawn = Callable[..., AgentProcess]
 

@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from jodl.agent.local import start_agent
-from jodl.config import Settings
 from jodl.log.records import PendingJob, Sent
 from jodl.log.store import Store
 from jodl.master import Master
 from jodl.master.book import Closed, Failed, Failure, Finished, JobBook, Stage
 from jodl.master.invariants import check_book
 from jodl.placement import NodeLoad
+from jodl.settings.config import Settings
 
 SENT_AT = dt.datetime(2026, 1, 1)
 

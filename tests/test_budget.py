@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from prometheus_client import REGISTRY
 from sqlalchemy import func, select
 
-from jodl.budget import Budgets, Limits
+from jodl.admin.budget import Budgets, Limits
 from jodl.cli import main
 from jodl.log import Store
 from jodl.log.models import ExecState, Execution, Job, Run

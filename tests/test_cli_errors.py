@@ -281,7 +281,7 @@ def test_jobs_from_a_file_and_their_results(store, db_url, tmp_path):
 def test_libraries_log_warnings_only_unless_debug():
     import logging
 
-    from jodl.cli_context import configure_logging
+    from jodl.cli.context import configure_logging
 
     configure_logging("INFO")
     assert logging.getLogger("apscheduler.scheduler").getEffectiveLevel() == logging.WARNING

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from jodl import config, options
-from jodl.config import OPTIONS, Settings, markdown_table, read_values
 from jodl.exceptions import ConfigError
-from jodl.options import Option
+from jodl.settings import config, options
+from jodl.settings.config import OPTIONS, Settings, markdown_table, read_values
+from jodl.settings.options import Option
 
 
 def write_toml(tmp_path: Path, text: str) -> str:
@@ -187,7 +187,7 @@ def test_every_installed_package_declares_its_options_without_being_imported_fir
     """``jodl.options`` entry points: a fresh process that imported none of the declaring
     modules still sees the library's queue and budget options in the table."""
     script = (
-        "import sys; from jodl.config import all_options; "
+        "import sys; from jodl.settings.config import all_options; "
         "assert 'jodl.queue' not in sys.modules; "
         "print(' '.join(o.name for o in all_options()))"
     )

@@ -21,7 +21,6 @@ from agents import TEST_SECRET, AgentProcess, run_jodl, spawn_jodl, wait_for
 from sqlalchemy import func, select
 
 from jodl.agent.wire import connect
-from jodl.config import Settings
 from jodl.log import Store
 from jodl.log.models import (
     Dispatch,
@@ -34,6 +33,7 @@ from jodl.log.models import (
     Run,
     RunState,
 )
+from jodl.settings.config import Settings
 
 JOBS = 60
 #: Job length (seconds): long enough that a cycle takes many loop steps.

@@ -32,7 +32,7 @@ from test_standby import (
 )
 
 from jodl.log import Dispatch, Store, make_engine
-from jodl.migrate import upgrade
+from jodl.log.migrate import upgrade
 
 #: The agent's detach time (seconds).
 DETACH = 1.0

@@ -23,8 +23,8 @@ from jodl import Master, Settings
 from jodl.agent.core import AgentCore
 from jodl.agent.drain import Drain
 from jodl.log import Store, make_engine
+from jodl.log.migrate import upgrade
 from jodl.log.models import NodeState
-from jodl.migrate import upgrade
 
 JOBS = 30
 #: Each job's sleep (seconds): long enough that the drained agent has jobs in flight

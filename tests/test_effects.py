@@ -24,12 +24,12 @@ from sqlalchemy import select
 
 from jodl.agent.replies import KNOWN_ID
 from jodl.agent.wire import connect
-from jodl.config import Settings
 from jodl.exceptions import ConfigError
 from jodl.log import Store, make_engine
+from jodl.log.migrate import upgrade
 from jodl.log.models import ExecState, Execution, Job, Node
 from jodl.master import Master, RunSummary
-from jodl.migrate import upgrade
+from jodl.settings.config import Settings
 
 #: The master's give-up time in these tests (seconds); agents detach after half of it.
 GIVE_UP = 2.0

@@ -22,11 +22,11 @@ from test_crash import add_mark_jobs, runs_by_key
 from test_standby import stop_all
 
 from jodl.agent.wire import connect
-from jodl.config import Settings
 from jodl.log.lease import FAMILY
 from jodl.log.models import Dispatch, FamilyRow, MasterLease, Run
 from jodl.log.store import Store
 from jodl.master.leadership import rendezvous
+from jodl.settings.config import Settings
 
 pytestmark = pytest.mark.parametrize(
     "db_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
@@ -237,8 +237,8 @@ def test_a_cycle_asked_of_another_families_master_is_run_by_its_leader(store, ag
     import dataclasses
     import itertools
 
+    from jodl.admin.requests import RunRequests
     from jodl.master import Master
-    from jodl.run_requests import RunRequests
 
     store.add_jobs(store.ensure_family("noop"), ((f"n{i}", "{}") for i in range(50)))
     store.ensure_family("sleep")

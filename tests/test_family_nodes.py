@@ -17,8 +17,8 @@ from typing import Any
 from agents import wait_for
 from sqlalchemy import func, select
 
+from jodl.admin.families import FamilyAdmin
 from jodl.examples import Mark, Sleep
-from jodl.families_admin import FamilyAdmin
 from jodl.log import Store
 from jodl.log.models import Execution
 from jodl.master import Master

@@ -10,7 +10,7 @@ from pathlib import Path
 from agents import run_jodl, spawn_jodl, wait_for
 from sqlalchemy import select, update
 
-from jodl.family_schedule import RELOAD, FamilySchedules
+from jodl.admin.schedule import RELOAD, FamilySchedules
 from jodl.log import Store
 from jodl.log.models import FamilyRow, Run, RunState
 from jodl.master import Master

@@ -17,9 +17,9 @@ from agents import AgentProcess, free_port, wait_for
 from jodl import Master, Settings, Store
 from jodl.agent.auth import _MAGIC as MAGIC
 from jodl.agent.keys import KEY_ID_BYTES, key_id, mac, node_key
+from jodl.agent.registry import hello
 from jodl.agent.wire import connect, hello_connect
 from jodl.exceptions import AgentUnavailable, AuthError
-from jodl.registry import hello
 
 SECRET = secrets.token_urlsafe(32)
 NEW_SECRET = secrets.token_urlsafe(32)

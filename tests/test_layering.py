@@ -70,7 +70,7 @@ def test_the_applications_import_only_public_names() -> None:
         "from jodl.agent.wire import split_address",
         "from jodl import status",
         "from jodl.log import *",
-        "def later():\n    from jodl.run_requests import RunRequests\n",
+        "def later():\n    from jodl.admin.requests import RunRequests\n",
     ],
 )
 def test_an_import_past_the_public_api_is_caught(source: str) -> None:
@@ -83,7 +83,7 @@ def test_an_import_past_the_public_api_is_caught(source: str) -> None:
         "from jodl import Master, RunRequests, failpoint",
         "from jodl.log import Base, Job, Store, utcnow",
         "from jodl.agent import split_address",
-        "import jodl.config",
+        "import jodl.settings.config",
         "from . import jodl_like\nfrom alembic import op",
     ],
 )

@@ -22,13 +22,15 @@ PACKAGES = ("jodl", "crawler_app", "web")
 #: sit above the whole library, the web UI above the page checker.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("jodl.obs", "jodl.exceptions", "jodl.failpoint"),
-    ("jodl.options", "jodl.config", "jodl.plugins", "jodl.family", "jodl.migrate"),
+    ("jodl.settings", "jodl.family"),
     ("jodl.placement",),
     ("jodl.log",),
-    ("jodl.agent", "jodl.registry"),  # the registry: agents' hellos, heard by masters
+    ("jodl.agent",),
     ("jodl.master",),
     ("jodl.queue",),
-    ("jodl",),  # the commands, administration and operations, the public face
+    ("jodl.admin", "jodl.ops"),  # administration and operations through the database
+    ("jodl.cli",),
+    ("jodl",),  # the public face
     ("crawler_app",),
     ("web",),
 )

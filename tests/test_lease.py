@@ -105,7 +105,7 @@ def test_a_killed_master_on_this_host_does_not_hold_the_lease(store, settings):
 def test_a_cycle_asked_of_the_serving_master_is_run_by_it(store, settings, agents):
     import threading
 
-    from jodl.run_requests import RunRequests, follow
+    from jodl.admin.requests import RunRequests, follow
 
     store.add_jobs("noop", {f"k{i}": {} for i in range(6)}, create=True)
     agents(1)

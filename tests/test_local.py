@@ -19,11 +19,11 @@ from jodl.agent.local import (
     start_agent,
 )
 from jodl.agent.replies import Remaining
-from jodl.config import Settings
 from jodl.exceptions import AgentUnavailable, Fenced
 from jodl.log import Store
 from jodl.log.models import ExecState, Execution, Job, Node, NodeState
 from jodl.master import Master
+from jodl.settings.config import Settings
 
 JOBS = 40
 

@@ -20,7 +20,7 @@ from sqlalchemy import inspect, text
 
 from jodl.exceptions import JodlError
 from jodl.log import make_engine
-from jodl.migrate import alembic_config, current, heads, target_metadata, upgrade
+from jodl.log.migrate import alembic_config, current, heads, target_metadata, upgrade
 
 
 def differences(engine) -> list:  # type: ignore[no-untyped-def]
@@ -76,6 +76,28 @@ def test_db_upgrade_runs_from_the_installed_package_anywhere(tmp_path):
         assert {"jodl_job", "jodl_execution", "jodl_run", "jodl_node"} <= set(
             inspect(engine).get_table_names()
         )
+        assert differences(engine) == []
+    finally:
+        engine.dispose()
+
+
+def test_alembic_upgrade_heads_works_in_the_checkout(tmp_path):
+    """The top-level ``migrations/`` is the environment ``alembic.ini`` names: the
+    ``alembic`` command in a checkout builds the same schema as ``jodl db upgrade``."""
+    checkout = Path(__file__).resolve().parent.parent
+    db = tmp_path / "checkout.db"
+    result = subprocess.run(
+        [sys.executable, "-m", "alembic", "upgrade", "heads"],
+        cwd=checkout,
+        env=child_env({"JODL_DATABASE_URL": f"sqlite:///{db}"}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    engine = make_engine(f"sqlite:///{db}")
+    try:
+        assert current(engine) == heads()
         assert differences(engine) == []
     finally:
         engine.dispose()

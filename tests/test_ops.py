@@ -23,9 +23,9 @@ from test_security import closed_by_peer, threads_of
 
 from jodl import Settings
 from jodl.agent.keys import ops_token
-from jodl.cli_ops import render, snapshot
+from jodl.cli.ops import render, snapshot
 from jodl.master import Master
-from jodl.ops_server import MAX_CONNECTIONS, serve_master
+from jodl.ops.server import MAX_CONNECTIONS, serve_master
 
 pytest_plugins = ("tests.site",)
 

@@ -29,7 +29,7 @@ def make_site(site: Path, requirement: str) -> None:
 
 def loaded(site: Path) -> str:
     script = (
-        "from jodl.plugins import load_group; "
+        "from jodl.settings.plugins import load_group; "
         "print([ep.name for ep, _ in load_group('jodl.test_plugins')])"
     )
     done = subprocess.run(

@@ -29,10 +29,10 @@ from sqlalchemy import func, select, text
 
 from jodl.exceptions import BadPayload
 from jodl.log.engine import make_engine
+from jodl.log.migrate import upgrade
 from jodl.log.models import Job, JobState
 from jodl.log.outcomes import retry_delay
 from jodl.log.store import Store
-from jodl.migrate import upgrade
 from jodl.queue import Queue
 from tests.clock import Clock
 

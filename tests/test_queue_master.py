@@ -19,12 +19,12 @@ from agents import spawn_jodl, wait_for
 from sqlalchemy import func, select
 
 from jodl.agent.wire import connect
-from jodl.config import Settings
 from jodl.log import Store
 from jodl.log.models import Dispatch, ExecState, Execution, JobState, utcnow
 from jodl.log.records import OutcomeBatch
 from jodl.master import Master
 from jodl.queue import Queue, QueueFeeder
+from jodl.settings.config import Settings
 
 
 @contextmanager

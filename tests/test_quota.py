@@ -25,8 +25,8 @@ from crawler_app.pages import add_user
 from crawler_app.quota import QuotaExceeded, set_quota
 from jodl.cli import main
 from jodl.log import make_engine
+from jodl.log.migrate import upgrade
 from jodl.log.models import Job
-from jodl.migrate import upgrade
 from web.app import create_app
 from web.models import Batch
 from web.settings import WebSettings

@@ -19,10 +19,10 @@ from agents import (
 )
 
 from jodl import Master, Settings, Store
+from jodl.agent.registry import HELLO_BACKOFF_START, hello, hello_pauses, master_addresses
 from jodl.exceptions import AgentUnavailable
 from jodl.log import make_engine
-from jodl.migrate import upgrade
-from jodl.registry import HELLO_BACKOFF_START, hello, hello_pauses, master_addresses
+from jodl.log.migrate import upgrade
 
 SECRET = "registry-test-secret-of-enough-length"
 

@@ -44,15 +44,15 @@ from rpyc.core.stream import SocketStream
 from jodl.agent.auth import _MAGIC as MAGIC
 from jodl.agent.auth import client_handshake
 from jodl.agent.client import AgentLink
+from jodl.agent.registry import hello
 from jodl.agent.replies import AgentFamily
 from jodl.agent.wire import STRICT_CONFIG, FramedChannel, connect
-from jodl.config import Settings
 from jodl.exceptions import AgentUnavailable, AuthError
 from jodl.log import Store, make_engine
+from jodl.log.migrate import upgrade
 from jodl.log.models import ExecState, Execution, NodeState
 from jodl.master import Master
-from jodl.migrate import upgrade
-from jodl.registry import hello
+from jodl.settings.config import Settings
 
 SECRET = "correct horse battery staple"  # long enough (22+ characters)
 WRONG = "incorrect horse battery staple"

@@ -21,8 +21,8 @@ from sqlalchemy.orm import sessionmaker
 from webserver import AGENT_ENV, EventStream, ServingMaster, WebProcess, start_web
 
 from crawler_app.pages import add_user
-from jodl.config import Settings
 from jodl.log import Store
+from jodl.settings.config import Settings
 
 if TYPE_CHECKING:
     from tests.site import TestSite

@@ -17,10 +17,10 @@ from agents import TEST_SECRET, AgentProcess, run_jodl, wait_for
 from sqlalchemy import func, select
 from test_effects import add_mark_jobs, in_thread, logged, marks
 
-from jodl.config import Settings
 from jodl.log import Store
 from jodl.log.models import ExecState, JobOnNode, Node, NodeState
 from jodl.master import Master
+from jodl.settings.config import Settings
 
 #: The master's call timeout in these tests (seconds); agents detach after half of it.
 CALL_TIMEOUT = 3.0

@@ -38,7 +38,7 @@ from test_standby import (
 
 from jodl.log.models import Dispatch, Execution, Node, Run
 from jodl.log.store import Store
-from jodl.status import masters as status_masters
+from jodl.ops.status import masters as status_masters
 
 postgres = pytest.mark.parametrize(
     "db_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True

@@ -18,8 +18,8 @@ from crawler_app.cycle_requests import claim
 from crawler_app.models import Snapshot, compress
 from crawler_app.pages import add_user
 from jodl.log import Store, make_engine
+from jodl.log.migrate import upgrade
 from jodl.log.models import RequestKind, RunState
-from jodl.migrate import upgrade
 from web.app import create_app
 from web.settings import WebSettings
 

@@ -15,8 +15,8 @@ from sqlalchemy.orm import sessionmaker
 
 from crawler_app.pages import add_user
 from jodl.log import Store, make_engine
+from jodl.log.migrate import upgrade
 from jodl.log.models import FamilyOnNode, FamilyRow, Job
-from jodl.migrate import upgrade
 from web.app import create_app
 from web.settings import WebSettings
 

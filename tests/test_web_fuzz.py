@@ -28,7 +28,7 @@ from webserver import WebProcess, start_web
 
 from crawler_app.pages import add_user
 from jodl.log import make_engine
-from jodl.migrate import upgrade
+from jodl.log.migrate import upgrade
 
 PASSWORD = "correct horse battery"
 #: Generated requests per operation and role.

@@ -17,7 +17,7 @@ from webserver import ReverseProxy, WebProcess, client_at, start_web
 
 from crawler_app.pages import add_user
 from jodl.log import make_engine
-from jodl.migrate import upgrade
+from jodl.log.migrate import upgrade
 
 PASSWORD = "correct horse battery"
 OWNER = "owner@example.org"

@@ -26,8 +26,8 @@ from webserver import EventStream, start_web
 from crawler_app.models import User
 from crawler_app.pages import add_user, set_password
 from jodl.log import make_engine
+from jodl.log.migrate import upgrade
 from jodl.log.models import FamilyRow, Job
-from jodl.migrate import upgrade
 from web.app import create_app
 from web.settings import WebSettings
 from web.trial import public_warning, write_login

@@ -23,8 +23,8 @@ from sqlalchemy.orm import sessionmaker
 from crawler_app.models import CycleRequest, Page, Snapshot, User, compress
 from crawler_app.pages import add_user, track
 from jodl.log import Store, make_engine
+from jodl.log.migrate import upgrade
 from jodl.log.models import RunState
-from jodl.migrate import upgrade
 from web.app import create_app
 from web.settings import WebSettings
 

@@ -26,10 +26,10 @@ from typing import Any
 import httpx
 from agents import child_env, free_port, jodl_command, wait_for
 
-from jodl.config import Settings
 from jodl.log import Store
 from jodl.master import Master
 from jodl.queue import Queue, QueueFeeder
+from jodl.settings.config import Settings
 
 #: Settings of every agent the web tests start: loopback fetches, no politeness pauses.
 AGENT_ENV = {

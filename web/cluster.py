@@ -37,11 +37,11 @@ from crawler_app.models import User
 from crawler_app.pages import add_user
 from jodl import RunRequests
 from jodl.agent import InProcessAgent
-from jodl.config import Settings
 from jodl.log import NodeState, Store, make_engine
+from jodl.log.migrate import upgrade
 from jodl.master import Master
-from jodl.migrate import upgrade
 from jodl.queue import Queue, QueueFeeder
+from jodl.settings.config import Settings
 
 from .standalone import forget_in_process_nodes, start_in_process
 

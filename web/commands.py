@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from jodl.cli_context import (
+from jodl.cli.context import (
     configure_logging,
     missing_sqlite_file,
     sigterm_as_interrupt,
     store_of,
 )
-from jodl.config import hide_password
 from jodl.exceptions import JodlError
+from jodl.settings.config import hide_password
 
 if TYPE_CHECKING:
     from .settings import WebSettings
@@ -148,7 +148,7 @@ def _check_schema(engine: Any) -> None:
 @click.pass_context
 def web_cmd(ctx: click.Context, listen: str | None, threads: int | None) -> None:
     """Serve the web UI and its JSON API (waitress, threads)."""
-    from jodl.config import Settings
+    from jodl.settings.config import Settings
 
     from .app import create_app
     from .settings import WebSettings
@@ -202,7 +202,7 @@ def up_cmd(
     data. Prints the URL and the operator login last; Ctrl-C stops everything.
     With --standalone the jobs run in this process too (the node local:1).
     """
-    from jodl.config import Settings
+    from jodl.settings.config import Settings
 
     from . import instance
     from .app import create_app

@@ -1,6 +1,6 @@
 """Operators' family pages and API: settings, node rules and jobs of each family.
 
-The logic is :class:`jodl.families_admin.FamilyAdmin`'s, as for ``jodl family``;
+The logic is :class:`jodl.admin.families.FamilyAdmin`'s, as for ``jodl family``;
 these views translate its refusals (one line each) into 400 and 404 answers. The
 API lives under ``/api/admin/families`` (JSON, the API's guard), the HTML views
 under ``/admin/families`` (forms carrying the session's CSRF token).
@@ -14,8 +14,7 @@ from typing import Any
 from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
 from werkzeug.exceptions import BadRequest, NotFound
 
-from jodl.exceptions import UnknownFamily
-from jodl.families_admin import (
+from jodl.admin.families import (
     JOB_STATES,
     MAX_JOBS_LISTED,
     SETTABLE,
@@ -24,6 +23,7 @@ from jodl.families_admin import (
     FamilyInfo,
     check_labels,
 )
+from jodl.exceptions import UnknownFamily
 
 from .api import _guard, body
 from .app import services

@@ -2,7 +2,7 @@
 
 Counters (requests, submissions, cache hits, streamed events, ...) live in the
 process; gauges (nodes, queue, runs) are read from the database at each scrape
-by :class:`jodl.metrics.DatabaseCollector`, so any web process answers for the
+by :class:`jodl.ops.metrics.DatabaseCollector`, so any web process answers for the
 whole system.
 
 ``jodl web`` is waitress: one process, a pool of threads, so one registry per
@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from sqlalchemy import Engine
 
 from jodl.log import Store
-from jodl.metrics import DatabaseCollector
+from jodl.ops.metrics import DatabaseCollector
 
 #: Counters this process keeps: help text and label names (names without ``_total``).
 COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {

@@ -11,9 +11,9 @@ from typing import Any
 # The page checker's options register first, whichever module is imported first:
 # the configuration table keeps one order.
 import crawler_app.settings  # noqa: F401
-from jodl.config import read_values
 from jodl.exceptions import ConfigError
-from jodl.options import Option, register_options
+from jodl.settings.config import read_values
+from jodl.settings.options import Option, register_options
 
 #: Address ``jodl web`` listens on (loopback: put a TLS proxy in front for the world).
 DEFAULT_LISTEN = "127.0.0.1:8080"
@@ -248,7 +248,7 @@ class WebSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> WebSettings:
         """Read the options from ``env`` (default: the process environment) and the file."""
-        from jodl.config import OPTIONS as LIBRARY
+        from jodl.settings.config import OPTIONS as LIBRARY
 
         database = next(o for o in LIBRARY if o.name == "JODL_DATABASE_URL")
         values = read_values((database, *OPTIONS), env)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 
 from jodl.agent import DEFAULT_ADDRESS, InProcessAgent, is_local, start_agent
-from jodl.config import Settings
 from jodl.log import Store
+from jodl.settings.config import Settings
 
 
 def start_in_process(

@@ -15,7 +15,7 @@ down_revision = None
 branch_labels = ("crawler_app",)
 depends_on = "jodl_0001"
 #: The revision of the single history before the split that this one was part of
-#: (an old database stamped there is adopted by :mod:`jodl.migrate`).
+#: (an old database stamped there is adopted by :mod:`jodl.log.migrate`).
 legacy = "0002"
 
 

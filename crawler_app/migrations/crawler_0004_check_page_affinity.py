@@ -19,7 +19,7 @@ down_revision = "crawler_0003"
 branch_labels = None
 depends_on = None
 #: The revision of the single history before the split that this one was part of
-#: (an old database stamped there is adopted by :mod:`jodl.migrate`).
+#: (an old database stamped there is adopted by :mod:`jodl.log.migrate`).
 legacy = "0006"
 
 family = sa.table(

@@ -39,8 +39,8 @@ from typing import Any
 
 from rpyc.utils.authenticators import AuthenticationError  # type: ignore[import-untyped]
 
-from ..config import Settings, check_node_key, check_secret
 from ..exceptions import AuthError, ConfigError
+from ..settings.config import Settings, check_node_key, check_secret
 from .keys import KEY_ID_BYTES, key_id, keys_for, mac, own_key
 from .tls import (
     CLIENT_AUTH,

@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from ..config import Settings
 from ..exceptions import AgentUnavailable, AuthError, Fenced
+from ..settings.config import Settings
 from .codec import encode_ids, encode_jobs
 from .replies import (
     FENCED,

@@ -26,9 +26,9 @@ from itertools import islice
 from typing import Any
 
 from .. import family as family_registry
-from ..config import DEFAULT_FENCE_HOLD
 from ..family import Family, current_cancellation
 from ..obs.metrics import AGENT_JOBS_FINISHED
+from ..settings.config import DEFAULT_FENCE_HOLD
 from .cancel import Cancels
 from .eventloop import loop_name, new_event_loop
 from .held import Done, Failed, held_row

@@ -28,7 +28,7 @@ import base64
 import hashlib
 import hmac
 
-from ..config import NODE_KEY_PREFIX, Settings
+from ..settings.config import NODE_KEY_PREFIX, Settings
 
 #: Length of a key id on the wire (bytes): enough to tell a handful of candidates apart.
 KEY_ID_BYTES = 8

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..config import Settings
+from ..settings.config import Settings
 from .client import CALLS, AgentLink
 from .codec import check_value
 from .core import AgentCore

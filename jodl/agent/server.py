@@ -16,8 +16,8 @@ from typing import Any
 
 import rpyc  # type: ignore[import-untyped]
 
-from ..config import Settings
 from ..exceptions import ConfigError, JodlError
+from ..settings.config import Settings
 from .auth import require_auth
 from .codec import decode_ids, decode_jobs, encode_done, encode_failed
 from .core import AgentCore, Done, Failed, FamilyRow

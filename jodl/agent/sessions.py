@@ -43,8 +43,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import DEFAULT_FENCE_HOLD, DETACH_SHARE
 from ..exceptions import JodlError
+from ..settings.config import DEFAULT_FENCE_HOLD, DETACH_SHARE
 from .replies import FENCED
 
 

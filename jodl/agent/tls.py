@@ -18,7 +18,7 @@ from typing import Any
 
 from rpyc.utils.authenticators import AuthenticationError  # type: ignore[import-untyped]
 
-from ..config import Settings
+from ..settings.config import Settings
 
 _EKU_EXTENSION = b"\x06\x03\x55\x1d\x25"  # OID 2.5.29.37, extKeyUsage
 SERVER_AUTH = b"\x2b\x06\x01\x05\x05\x07\x03\x01"  # 1.3.6.1.5.5.7.3.1

@@ -23,7 +23,7 @@ from rpyc.core.stream import SocketStream  # type: ignore[import-untyped]
 from rpyc.lib import spawn  # type: ignore[import-untyped]
 from rpyc.utils.server import ThreadedServer  # type: ignore[import-untyped]
 
-from ..config import Settings
+from ..settings.config import Settings
 from .admission import HandshakeSlots
 from .auth import (
     _KEYS,

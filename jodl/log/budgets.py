@@ -1,4 +1,4 @@
-"""Statements of the families' budgets (the policy is :mod:`jodl.budget`'s).
+"""Statements of the families' budgets (the policy is :mod:`jodl.admin.budget`'s).
 
 A family's own budgets are one ``jodl_family_budget`` row (NULL: the default);
 the same row counts the on-demand jobs claimed in the current clock hour.

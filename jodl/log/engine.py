@@ -82,6 +82,6 @@ def missing_sqlite_file(url: str) -> str | None:
 
 def ensure_schema(engine: Engine) -> None:
     """Bring the database to the newest migration (``jodl db upgrade``)."""
-    from ..migrate import upgrade
+    from .migrate import upgrade
 
     upgrade(engine)

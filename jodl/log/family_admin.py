@@ -1,6 +1,6 @@
 """Families' settings, node rules and job listings, for ``jodl family`` and the apps.
 
-The checks and the shapes shown to people live in :mod:`jodl.families_admin`;
+The checks and the shapes shown to people live in :mod:`jodl.admin.families`;
 this gateway holds its statements, one transaction per method.
 """
 
@@ -43,7 +43,7 @@ class FamilyFacts:
 
 
 class FamilyAdminLog:
-    """Statements of the family administration (see :class:`jodl.families_admin.FamilyAdmin`)."""
+    """Statements of the family administration (see :class:`jodl.admin.families.FamilyAdmin`)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

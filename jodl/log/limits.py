@@ -36,10 +36,10 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from ..config import read_values
 from ..exceptions import ConfigError
 from ..obs.metrics import BUDGET_EXHAUSTED, JOBS_DEFERRED
-from ..options import Option, register_options
+from ..settings.config import read_values
+from ..settings.options import Option, register_options
 from . import budgets as sql
 from .models import FamilyRow, Run
 

@@ -104,7 +104,7 @@ class FamilyRow(Base):
 
 
 class FamilyBudget(Base):
-    """A family's budgets (:mod:`jodl.budget`); NULL keeps the ``JODL_FAMILY_*`` default.
+    """A family's budgets (:mod:`jodl.admin.budget`); NULL keeps the ``JODL_FAMILY_*`` default.
 
     ``hour_start``/``hour_used`` count the on-demand jobs claimed in the current
     clock hour; the queue's claims update them in their own transaction.

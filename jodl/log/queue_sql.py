@@ -54,7 +54,7 @@ class QueueSQL:
         self._family_names: dict[int, str] = {}
         self._ids_lock = threading.Lock()
         self._ids: ExecIds | None = None
-        #: Per-hour budgets of families' on-demand jobs (jodl/budget.py).
+        #: Per-hour budgets of families' on-demand jobs (jodl/admin/budget.py).
         self.hourly = HourlyBudgets(engine)
 
     # -- families ------------------------------------------------------------------------------

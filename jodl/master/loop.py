@@ -37,7 +37,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from .. import family as family_registry
-from ..config import Settings
+from ..agent.registry import serve_hello
 from ..exceptions import AgentUnavailable, Fenced, Stopped, UnknownFamily
 from ..log.engine import make_engine
 from ..log.records import PendingJob
@@ -45,7 +45,7 @@ from ..log.store import Store
 from ..log.writer import LogWriter
 from ..obs.metrics import LOOP_STEP
 from ..placement import Knowledge
-from ..registry import serve_hello
+from ..settings.config import Settings
 from . import sharing
 from .asking import ask_leader
 from .balancer import Balancer

@@ -30,11 +30,11 @@ from .. import failpoint
 from ..agent.client import AgentLink
 from ..agent.local import make_link
 from ..agent.replies import AgentInfo
-from ..config import Settings
 from ..exceptions import AgentUnavailable, Fenced
 from ..log.models import ExecState, NodeState, utcnow
 from ..log.store import Store
 from ..placement import Knowledge, NodeLoad
+from ..settings.config import Settings
 from . import drain, suspects
 from .book import JobBook
 from .calls import Calls, Outcome

@@ -37,7 +37,7 @@ JOBS_DEAD = Counter(
     "jodl_jobs_dead", "Jobs declared dead (no attempts left), by family", ["family"]
 )
 
-# -- budgets (jodl/budget.py) ---------------------------------------------------------------
+# -- budgets (jodl/admin/budget.py) ---------------------------------------------------------------
 
 BUDGET_EXHAUSTED = Counter(
     "jodl_budget_exhausted",

@@ -17,10 +17,10 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from ..config import read_values
 from ..log.queue_records import Claimed
 from ..log.records import PendingJob
 from ..master import Feeder
+from ..settings.config import read_values
 from .queue import CHECK_INTERVAL, CLAIM_BATCH, OPTIONS, WAKE_MAX, Queue
 
 if TYPE_CHECKING:

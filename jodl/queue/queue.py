@@ -18,7 +18,6 @@ from typing import Any
 from sqlalchemy import Engine
 
 from ..agent.codec import loads_object
-from ..config import DEFAULT_MAX_ATTEMPTS, read_values
 from ..exceptions import BadPayload, JodlError
 from ..log.engine import make_engine
 from ..log.listener import Listener
@@ -27,7 +26,8 @@ from ..log.outcomes import retry_delay
 from ..log.queue_records import Claimed, QueuedJob
 from ..log.queue_sql import QueueSQL
 from ..log.store import Store
-from ..options import Option, register_options
+from ..settings.config import DEFAULT_MAX_ATTEMPTS, read_values
+from ..settings.options import Option, register_options
 
 log = logging.getLogger("jodl.queue")
 
@@ -184,7 +184,7 @@ class Queue:
     ) -> list[Claimed]:
         """Take up to ``limit`` due jobs (highest priority, then earliest due) for ``lease`` s.
 
-        A family with an on-demand budget (:mod:`jodl.budget`) gives at most its
+        A family with an on-demand budget (:mod:`jodl.admin.budget`) gives at most its
         budget's jobs per clock hour; its other jobs stay queued.
         """
         if limit <= 0:

@@ -15,7 +15,7 @@ down_revision = None
 branch_labels = ("web",)
 depends_on = "crawler_0001"
 #: The revision of the single history before the split that this one was part of
-#: (an old database stamped there is adopted by :mod:`jodl.migrate`).
+#: (an old database stamped there is adopted by :mod:`jodl.log.migrate`).
 legacy = "0003"
 
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")

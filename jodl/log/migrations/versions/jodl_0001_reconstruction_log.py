@@ -15,7 +15,7 @@ down_revision = None
 branch_labels = ("jodl",)
 depends_on = None
 #: The revision of the single history before the split that this one was part of
-#: (an old database stamped there is adopted by :mod:`jodl.migrate`).
+#: (an old database stamped there is adopted by :mod:`jodl.log.migrate`).
 legacy = "0001"
 
 

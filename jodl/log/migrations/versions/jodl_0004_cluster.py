@@ -18,7 +18,7 @@ down_revision = "jodl_0003"
 branch_labels = None
 depends_on = None
 #: The revision of the single history before the split that this one was part of
-#: (an old database stamped there is adopted by :mod:`jodl.migrate`).
+#: (an old database stamped there is adopted by :mod:`jodl.log.migrate`).
 legacy = "0008"
 
 

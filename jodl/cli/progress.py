@@ -44,7 +44,7 @@ class _ConsoleHandler(logging.Handler):
 
 @contextmanager
 def _quiet(names: tuple[str, ...]) -> Iterator[None]:
-    from .logs import JsonFormatter
+    from ..obs.logs import JsonFormatter
 
     root = logging.getLogger()
     if root.getEffectiveLevel() <= logging.DEBUG or any(

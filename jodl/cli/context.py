@@ -13,19 +13,19 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .config import Settings
-from .exceptions import ConfigError
+from ..exceptions import ConfigError
+from ..settings.config import Settings
 
 if TYPE_CHECKING:
-    from .log.store import Store
+    from ..log.store import Store
 
 #: The role a command's log lines carry, by command name (others: "cli").
 ROLES = {"agent": "agent", "master": "master", "run": "master"}
 
 
 def configure_logging(level: str, fmt: str = "text", role: str = "cli") -> None:
-    """Log lines at ``level`` on stderr as text or JSON (:mod:`jodl.logs`)."""
-    from .logs import configure
+    """Log lines at ``level`` on stderr as text or JSON (:mod:`jodl.obs.logs`)."""
+    from ..obs.logs import configure
 
     configure(level, fmt, role)
 
@@ -49,7 +49,7 @@ def settings_of(ctx: click.Context) -> Settings:
 def missing_sqlite_file(url: str) -> str | None:
     """The path of a SQLite database file that does not exist yet (None: not that case);
     see :func:`jodl.log.engine.missing_sqlite_file`."""
-    from .log.engine import missing_sqlite_file as missing
+    from ..log.engine import missing_sqlite_file as missing
 
     return missing(url)
 
@@ -60,8 +60,8 @@ def store_of(ctx: click.Context, create: bool = False) -> Store:
     database by reading."""
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-    from .log.engine import make_engine
-    from .log.store import Store
+    from ..log.engine import make_engine
+    from ..log.store import Store
 
     obj = ctx.ensure_object(dict)
     if "store" not in obj:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .log.lease import FAMILY, WHOLE
-from .log.store import Store
+from ..log.lease import FAMILY, WHOLE
+from ..log.store import Store
 
 
 def collect(store: Store, runs: int = 10) -> dict[str, Any]:
     out = store.reads.overview(runs)
-    from .queue import Queue  # the queue module imports the master: only when asked
+    from ..queue import Queue  # the queue module imports the master: only when asked
 
     out["queue"] = Queue(store).counts()
     out["masters"] = masters(store)

@@ -8,7 +8,7 @@ changes nothing).
 Settings of the family row: ``timeout``, ``max_attempts``, ``idempotent``,
 ``strategy`` with ``strategy_params`` (checked against the registered placement
 strategies and the balancing knobs), ``schedule`` (a cron line that ``jodl
-master`` honours, see :mod:`jodl.family_schedule`). Settings of its jobs,
+master`` honours, see :mod:`jodl.admin.schedule`). Settings of its jobs,
 applied to every job the family has: ``every_n_cycles``, ``min_interval``,
 ``priority``.
 
@@ -22,10 +22,10 @@ import datetime as dt
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .exceptions import JodlError
-from .log.family_admin import FamilyAdminLog, FamilyFacts
-from .log.models import FamilyRow, JobState
-from .log.store import Store
+from ..exceptions import JodlError
+from ..log.family_admin import FamilyAdminLog, FamilyFacts
+from ..log.models import FamilyRow, JobState
+from ..log.store import Store
 
 #: Written as a family's schedule to turn it off.
 SCHEDULE_OFF = "off"
@@ -199,7 +199,7 @@ def _idempotent(family: FamilyRow) -> bool:
     unless an operator turned it off. Without the class here: the row's setting."""
     if family.idempotent is False:
         return False
-    from .family import installed_class
+    from ..family import installed_class
 
     try:
         cls = installed_class(family.name)
@@ -242,8 +242,8 @@ def check_schedule(value: Any) -> str | None:
 
 def check_strategy(name: str, params: dict[str, Any], family: FamilyRow) -> None:
     """Refuse a strategy not registered, or parameters it (or balancing) does not take."""
-    from .master.rules import Tuning
-    from .placement import known, strategy
+    from ..master.rules import Tuning
+    from ..placement import known, strategy
 
     try:
         tuning, own = Tuning.split(params, timeout=family.timeout, idempotent=family.idempotent)

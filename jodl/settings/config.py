@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .exceptions import ConfigError
+from ..exceptions import ConfigError
 from .options import (
     Option,
     host_port,
@@ -444,7 +444,7 @@ def check_node_key(key: str | None) -> None:
 
 
 def all_options() -> tuple[Option, ...]:
-    """The library's options, then every installed package's (``jodl.options``)."""
+    """The library's options, then every installed package's (the ``jodl.options`` entry points)."""
     load_declared_options()
     return OPTIONS + registered_options()
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
-from .cli_context import settings_of, sigterm_sets, store_of
-from .exceptions import BadPayload, JodlError
+from ..exceptions import BadPayload, JodlError
+from .context import settings_of, sigterm_sets, store_of
 from .progress import progress_reporters
 
 
@@ -50,7 +50,7 @@ def jobs_add(
     All or nothing: a bad line is reported with its number and no job is added.
     Keys the family already has are kept.
     """
-    from . import family as families
+    from .. import family as families
 
     families.load(family)  # refuse an unknown family before writing anything
     if from_file is not None:
@@ -59,7 +59,7 @@ def jobs_add(
         rows = _read_jobs(from_file)
     else:
         payload = payload or "{}"
-        from .agent.codec import loads_object
+        from ..agent.codec import loads_object
 
         try:
             loads_object(payload)
@@ -69,7 +69,7 @@ def jobs_add(
     store = store_of(ctx)
     fields: dict[str, Any] = {}
     if strategy:
-        from .placement import strategy as make_strategy
+        from ..placement import strategy as make_strategy
 
         try:
             make_strategy(strategy)
@@ -190,7 +190,7 @@ def run_cmd(ctx: click.Context, words: tuple[str, ...], takeover: bool) -> None:
     if len(words) != 1:
         raise click.UsageError("give one FAMILY, or `cancel FAMILY`")
     (family,) = words
-    from .master import Master
+    from ..master import Master
 
     settings = settings_of(ctx)
     store = store_of(ctx)
@@ -205,7 +205,7 @@ def run_cmd(ctx: click.Context, words: tuple[str, ...], takeover: bool) -> None:
         raise JodlError("no agent nodes registered: add one with `jodl node add HOST:PORT`")
     with progress_reporters(f"run {family}") as (_, progress):
         master = Master(settings, store=store, progress=progress, takeover=takeover)
-        from .ops_server import serve_master
+        from ..ops.server import serve_master
 
         ops = serve_master(master, taken=logging.INFO)  # health, metrics, profiles (HTTP)
         stop = threading.Event()
@@ -224,14 +224,14 @@ def run_cmd(ctx: click.Context, words: tuple[str, ...], takeover: bool) -> None:
 def _require_auth(settings: Any) -> None:
     """A master calls its agents over the network: without a secret (or TLS) it could
     never connect to one, so it refuses to start (one line) instead of retrying."""
-    from .agent.auth import require_auth
+    from ..agent.auth import require_auth
 
     require_auth(settings, "refusing to start the master")
 
 
 def _run_by(holder: str, store: Any, family: str) -> None:
     """Ask the running master ``holder`` for a cycle of ``family``; follow it to its end."""
-    from .run_requests import follow
+    from ..admin.requests import follow
 
     request_id = store.request_run(family)
     click.echo(f"a master ({holder}) runs this database: the run is asked of it", err=True)
@@ -257,7 +257,7 @@ def _noter(family: str) -> Any:
 
 def _cancel_run(ctx: click.Context, family: str) -> None:
     """Ask the running master to cancel FAMILY's cycle, or cancel it in the log if none runs."""
-    from .log.models import RequestKind
+    from ..log.models import RequestKind
 
     store = store_of(ctx)
     holder = store.running_master()
@@ -269,7 +269,7 @@ def _cancel_run(ctx: click.Context, family: str) -> None:
         return
     request_id = store.request_run(family, RequestKind.CANCEL)
     click.echo(f"a master ({holder}) runs this database: the cancel is asked of it", err=True)
-    from .run_requests import follow  # imports the master: after the request is filed
+    from ..admin.requests import follow  # imports the master: after the request is filed
 
     row = follow(store, request_id, lambda: store.running_master() is not None)
     if row.error:
@@ -291,14 +291,14 @@ def master_cmd(ctx: click.Context, takeover: bool) -> None:
     when that one stops or its lease expires (``JODL_LEASE_TTL``). SIGTERM ends the
     step under way, commits, and hands over at once (a second SIGTERM stops at once).
     """
-    from .master import Master
+    from ..master import Master
 
     _require_auth(settings_of(ctx))
     master = Master(settings_of(ctx), store=store_of(ctx), takeover=takeover)
     stop = threading.Event()
     sigterm_sets(stop)  # the step under way ends, then close() commits and hands over
     stops = []
-    from .ops_server import serve_master
+    from ..ops.server import serve_master
 
     ops = serve_master(master)  # health, metrics, profiles (HTTP)
     if ops is not None:
@@ -309,8 +309,8 @@ def master_cmd(ctx: click.Context, takeover: bool) -> None:
         if not master.stand_by(stop):
             return
         master.start()
-        from .queue import Queue, QueueFeeder
-        from .run_requests import RunRequests
+        from ..admin.requests import RunRequests
+        from ..queue import Queue, QueueFeeder
 
         master.feeders.append(QueueFeeder(Queue(master.store)))  # on-demand jobs
         master.feeders.append(RunRequests(master.store))  # `jodl run` beside this master
@@ -320,8 +320,8 @@ def master_cmd(ctx: click.Context, takeover: bool) -> None:
             # loop; each is a callable start(master, settings) returning its stop
             # function. Started after the first dispatch: a restarted master resumes its
             # runs first (importing the applications takes a good part of a second).
-            from .family_schedule import start_family_schedules
-            from .plugins import load_group
+            from ..admin.schedule import start_family_schedules
+            from ..settings.plugins import load_group
 
             for _, start in load_group("jodl.services"):
                 stops.append(start(master, master.settings))

@@ -1,4 +1,4 @@
-"""``jodl budget show|set``: families' budgets (:mod:`jodl.budget`)."""
+"""``jodl budget show|set``: families' budgets (:mod:`jodl.admin.budget`)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .cli_context import store_of
+from .context import store_of
 
 if TYPE_CHECKING:
-    from .budget import Budgets, Limits
+    from ..admin.budget import Budgets, Limits
 
 #: The word that puts a budget back to its default (``JODL_FAMILY_*``).
 DEFAULT_WORD = "default"
@@ -46,7 +46,7 @@ def _line(name: str, limits: Limits) -> str:
 
 
 def _budgets(ctx: click.Context) -> Budgets:
-    from .budget import Budgets
+    from ..admin.budget import Budgets
 
     return Budgets(store_of(ctx).engine)
 

@@ -30,9 +30,9 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, MetaData, column, inspect, table
 
-from .exceptions import JodlError
+from ..exceptions import JodlError
 
-log = logging.getLogger("jodl.migrate")
+log = logging.getLogger("jodl.log.migrate")
 
 #: Entry-point group of the applications' migration packages.
 MIGRATIONS_GROUP = "jodl.migrations"
@@ -44,7 +44,7 @@ LEGACY_ID = re.compile(r"\d{4}")
 
 def app_migrations() -> list[ModuleType]:
     """The installed applications' migration packages (entry-point group ``jodl.migrations``)."""
-    from .plugins import load_group
+    from ..settings.plugins import load_group
 
     return [package for _, package in load_group(MIGRATIONS_GROUP)]
 
@@ -56,7 +56,7 @@ def _directory(package: ModuleType) -> str:
 def target_metadata() -> MetaData:
     """The tables the installed branches build: the library's and the applications'."""
     app_migrations()  # importing them registers the applications' models
-    from .log.models import Base
+    from .models import Base
 
     return Base.metadata
 
@@ -73,6 +73,45 @@ def alembic_config(engine: Engine | None = None) -> Config:
     if engine is not None:
         cfg.attributes["engine"] = engine
     return cfg
+
+
+def run_environment() -> None:
+    """The body of an Alembic ``env.py``: the checkout's (``migrations/env.py``, named by
+    ``alembic.ini``) and the installed package's (``jodl/log/migrations/env.py``) both
+    run this, so ``alembic upgrade heads`` and ``jodl db upgrade`` do the same work.
+
+    The connection is the one :func:`upgrade` passes; without one (the ``alembic``
+    command), the database is the one the settings name (``JODL_DATABASE_URL``)."""
+    from alembic import context
+
+    if context.is_offline_mode():
+        raise JodlError("offline migrations are not supported; run against a database")
+    connection = context.config.attributes.get("connection")
+    if connection is not None:
+        _migrate(context, connection)
+        return
+    from ..settings.config import Settings
+    from .engine import make_engine
+
+    engine = make_engine(Settings.from_env().database_url)
+    try:
+        with engine.begin() as conn:
+            _migrate(context, conn)
+    finally:
+        engine.dispose()
+
+
+def _migrate(context: Any, connection: Connection) -> None:
+    # A database made by the history before the split is restamped first (no table touched).
+    adopt_legacy_stamp(connection, context.script)
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata(),
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
 
 
 def heads(cfg: Config | None = None) -> tuple[str, ...]:
@@ -160,6 +199,7 @@ __all__ = [
     "app_migrations",
     "current",
     "heads",
+    "run_environment",
     "target_metadata",
     "upgrade",
 ]

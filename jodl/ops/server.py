@@ -42,9 +42,9 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import REGISTRY, make_wsgi_app
 
-from .agent.keys import ops_token
-from .agent.wire import split_address
-from .exceptions import JodlError
+from ..agent.keys import ops_token
+from ..agent.wire import split_address
+from ..exceptions import JodlError
 
 log = logging.getLogger("jodl.ops")
 
@@ -297,7 +297,7 @@ def serve_master(master: Any, taken: int = logging.WARNING) -> OpsServer | None:
     a long-lived master on the same host: expected, so INFO there).
     """
 
-    from .queue.collector import register_database
+    from ..queue.collector import register_database
 
     settings = master.settings
     if not settings.metrics_listen:
@@ -335,7 +335,7 @@ def serve_master(master: Any, taken: int = logging.WARNING) -> OpsServer | None:
 
 def serve_agent(core: Any, settings: Any) -> OpsServer | None:
     """The endpoint of an agent (``JODL_AGENT_METRICS_LISTEN``), with its queue gauges."""
-    from .agent.collector import register_agent
+    from ..agent.collector import register_agent
 
     if not settings.agent_metrics_listen:
         return None

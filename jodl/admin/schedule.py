@@ -24,8 +24,8 @@ from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from .exceptions import JodlError
-from .families_admin import CRON_EXTRA, FamilyAdmin, cron_trigger
+from ..exceptions import JodlError
+from .families import CRON_EXTRA, FamilyAdmin, cron_trigger
 
 log = logging.getLogger("jodl.schedule")
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import click
 
-from .cli_context import store_of
-from .exceptions import BadPayload, JodlError
+from ..exceptions import BadPayload, JodlError
+from .context import store_of
 
 
 def _queue(ctx: click.Context) -> Any:
-    from .queue import Queue
+    from ..queue import Queue
 
     return Queue(store_of(ctx))
 
@@ -33,10 +33,10 @@ def queue_add(
     ctx: click.Context, family: str, key: str, payload: str, delay: float, priority: int
 ) -> None:
     """Queue job KEY of FAMILY (an existing KEY moves to the new due time)."""
-    from . import family as families
+    from .. import family as families
 
     families.load(family)  # refuse an unknown family before writing anything
-    from .agent.codec import loads_object
+    from ..agent.codec import loads_object
 
     try:
         loads_object(payload)

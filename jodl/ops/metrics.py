@@ -7,9 +7,9 @@ what applications use, such as the web UI's ``/metrics``.
 
 from __future__ import annotations
 
-from .agent.collector import AgentCollector, register_agent
-from .obs.metrics import count_outcomes, count_sent
-from .queue.collector import DatabaseCollector, register_database
+from ..agent.collector import AgentCollector, register_agent
+from ..obs.metrics import count_outcomes, count_sent
+from ..queue.collector import DatabaseCollector, register_database
 
 __all__ = [
     "AgentCollector",

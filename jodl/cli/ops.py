@@ -21,8 +21,8 @@ from typing import Any
 
 import click
 
-from .config import Settings
-from .exceptions import JodlError
+from ..exceptions import JodlError
+from ..settings.config import Settings
 
 #: Seconds ``jodl profile`` waits beyond the profile's own length.
 PROFILE_SLACK = 30.0
@@ -36,7 +36,7 @@ def check_peer(address: str, role: str, token: str | None) -> None:
     that proves it holds ``token`` (an HMAC of a fresh nonce; the token is not sent)."""
     import httpx
 
-    from .ops_server import ops_proof
+    from ..ops.server import ops_proof
 
     nonce = secrets.token_hex(16)
     try:
@@ -107,7 +107,7 @@ def register(main: click.Group) -> None:
         from JODL_SECRET or JODL_NODE_KEY as in the process), then the token is sent;
         the secret itself never is. Open the file with `python -m pstats FILE`.
         """
-        from .agent.keys import ops_token
+        from ..agent.keys import ops_token
 
         data = fetch_profile(role, address, seconds, ops_token(Settings.from_env()))
         path = output or f"{role}-{time.strftime('%Y%m%d-%H%M%S')}.pstats"
@@ -153,9 +153,9 @@ def _live_nodes(listen: str | None, token: str | None) -> dict[str, tuple[float,
 
 
 def snapshot(store: Any, settings: Settings) -> Snapshot:
-    from .agent.keys import ops_token
-    from .log.models import utcnow
-    from .status import collect
+    from ..agent.keys import ops_token
+    from ..log.models import utcnow
+    from ..ops.status import collect
 
     live = _live_nodes(settings.metrics_listen, ops_token(settings))
     return Snapshot(utcnow(), collect(store), live)

@@ -15,13 +15,13 @@ from typing import Any
 
 import click
 
-from .cli_budget import register as register_budget
-from .cli_context import database_error, settings_of, store_of
-from .cli_family import register as register_family
-from .cli_jobs import register as register_jobs
-from .cli_ops import register as register_ops
-from .cli_queue import register as register_queue
-from .exceptions import JodlError
+from ..exceptions import JodlError
+from .budget import register as register_budget
+from .context import database_error, settings_of, store_of
+from .family import register as register_family
+from .jobs import register as register_jobs
+from .ops import register as register_ops
+from .queue import register as register_queue
 
 
 class JodlGroup(click.Group):
@@ -65,7 +65,7 @@ def db() -> None:
 @click.pass_context
 def db_upgrade(ctx: click.Context) -> None:
     """Create or migrate the tables to the newest version."""
-    from .migrate import current, upgrade
+    from ..log.migrate import current, upgrade
 
     store = store_of(ctx, create=True)
     upgrade(store.engine)
@@ -76,7 +76,7 @@ def db_upgrade(ctx: click.Context) -> None:
 @click.option("--table", is_flag=True, help="Print the README's table of settings (Markdown).")
 def config_table(table: bool) -> None:
     """Show each JODL_* setting's value in effect and where it came from; check them all."""
-    from .config import effective, markdown_table
+    from ..settings.config import effective, markdown_table
 
     if table:
         click.echo(markdown_table())
@@ -135,7 +135,7 @@ def agent(
     """Serve jobs to the master (rpyc). SIGTERM drains: the agent exits once its results
     are acknowledged (a second SIGTERM exits at once). SIGHUP reloads the installed
     families (a package installed since is served; held results are kept)."""
-    from .agent.server import make_server
+    from ..agent.server import make_server
 
     settings = settings_of(ctx).replace(
         **{k: v for k, v in {"agent_slots": slots, "agent_speed": speed}.items() if v}
@@ -148,7 +148,7 @@ def agent(
     click.echo(f"agent listening on {address} ({settings.agent_slots} slots)", err=True)
     greeter = None
     if masters:
-        from .registry import Greeter
+        from ..agent.registry import Greeter
 
         pairs = dict(label.split("=", 1) for label in labels if "=" in label)
         greeter = Greeter(
@@ -175,7 +175,7 @@ def agent(
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGHUP, reload_families)
     server.drain.exit_when_drained(server.close)  # asked by SIGTERM or by the master
-    from .ops_server import serve_agent
+    from ..ops.server import serve_agent
 
     ops = serve_agent(server.core, settings)  # health, metrics, profiles (HTTP)
     try:
@@ -192,8 +192,8 @@ def agent(
 
 
 def _read_key_file(path: str) -> str:
-    from .config import check_node_key
-    from .exceptions import ConfigError
+    from ..exceptions import ConfigError
+    from ..settings.config import check_node_key
 
     try:
         with open(path, encoding="ascii") as fh:
@@ -207,7 +207,7 @@ def _read_key_file(path: str) -> str:
 
 
 def _master_addresses(values: tuple[str, ...]) -> list[str]:
-    from .registry import master_addresses
+    from ..agent.registry import master_addresses
 
     try:
         return master_addresses(values)
@@ -230,7 +230,7 @@ def node() -> None:
 @click.pass_context
 def node_add(ctx: click.Context, address: str, slots: int, labels: tuple[str, ...]) -> None:
     """Add the agent at HOST:PORT (or bring a removed one back)."""
-    from .agent.wire import split_address
+    from ..agent.wire import split_address
 
     try:
         split_address(address)
@@ -250,8 +250,8 @@ def node_key_cmd(ctx: click.Context, address: str) -> None:
     Give it to that agent alone (JODL_NODE_KEY, or a file for --key-file): it proves
     itself to the masters and says hello with it, and cannot command any other agent.
     """
-    from .agent.keys import node_key
-    from .agent.wire import split_address
+    from ..agent.keys import node_key
+    from ..agent.wire import split_address
 
     try:
         split_address(address)
@@ -341,10 +341,10 @@ def node_list(ctx: click.Context) -> None:
 @click.pass_context
 def status(ctx: click.Context, as_json: bool, watch: bool) -> None:
     """Runs, nodes and job counts."""
-    from .status import collect
+    from ..ops.status import collect
 
     if watch:
-        from .cli_ops import watch_status
+        from .ops import watch_status
 
         watch_status(store_of(ctx), settings_of(ctx))
         return
@@ -393,7 +393,7 @@ def status(ctx: click.Context, as_json: bool, watch: bool) -> None:
 
 def load_apps(group: click.Group) -> None:
     """Let installed applications add their commands (entry-point group ``jodl.commands``)."""
-    from .plugins import load_group
+    from ..settings.plugins import load_group
 
     for _, register in load_group("jodl.commands"):
         register(group)

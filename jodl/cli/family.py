@@ -1,6 +1,6 @@
 """Operators' family commands: ``jodl family list|show|set|allow|deny`` and ``jodl jobs list``.
 
-The logic lives in :mod:`jodl.families_admin`; these commands parse options and print.
+The logic lives in :mod:`jodl.admin.families`; these commands parse options and print.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:
-    from .families_admin import FamilyAdmin, FamilyInfo
+    from ..admin.families import FamilyAdmin, FamilyInfo
 
 
 class JobStateChoice(click.Choice):  # type: ignore[type-arg]
@@ -24,7 +24,7 @@ class JobStateChoice(click.Choice):  # type: ignore[type-arg]
 
     @property
     def choices(self) -> tuple[str, ...]:
-        from .families_admin import JOB_STATES
+        from ..admin.families import JOB_STATES
 
         return tuple(JOB_STATES)
 
@@ -51,7 +51,7 @@ def register(main: click.Group, store_of: Callable[[click.Context], Any]) -> Non
     """Add ``family`` and ``jobs list`` to the ``jodl`` group (``store_of``: the CLI's store)."""
 
     def admin(ctx: click.Context) -> FamilyAdmin:
-        from .families_admin import FamilyAdmin
+        from ..admin.families import FamilyAdmin
 
         return FamilyAdmin(store_of(ctx))
 
@@ -148,7 +148,7 @@ def register(main: click.Group, store_of: Callable[[click.Context], Any]) -> Non
         labels: tuple[str, ...],
     ) -> None:
         """Let NAME run on the nodes (at most MAX_SLOTS jobs at once on each)."""
-        from .families_admin import check_labels
+        from ..admin.families import check_labels
 
         info = admin(ctx).set_nodes(name, list(nodes), True, max_slots, check_labels(labels))
         _show(info)
@@ -174,7 +174,7 @@ def register(main: click.Group, store_of: Callable[[click.Context], Any]) -> Non
         ctx: click.Context, family: str, state: str | None, limit: int, as_json: bool
     ) -> None:
         """FAMILY's jobs (oldest first), with their state and settings."""
-        from .families_admin import MAX_JOBS_LISTED
+        from ..admin.families import MAX_JOBS_LISTED
 
         if limit > MAX_JOBS_LISTED:
             raise click.BadParameter(

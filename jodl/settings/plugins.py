@@ -19,7 +19,7 @@ from importlib.metadata import Distribution, EntryPoint, PackageNotFoundError, d
 from importlib.metadata import entry_points as installed_entry_points
 from typing import Any
 
-log = logging.getLogger("jodl.plugins")
+log = logging.getLogger("jodl.settings.plugins")
 
 #: The distribution name at the start of a requirement line (``Flask>=3.0; extra == ...``).
 REQUIREMENT_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")

@@ -15,13 +15,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from .exceptions import JodlError
-from .log.lease import LEASE_SECONDS
-from .log.models import RunRequest
-from .log.records import PendingJob
-from .log.store import Store
-from .master import Feeder, Master, RunSummary
-from .master.outage import RETRY_EVERY, is_outage, reason
+from ..exceptions import JodlError
+from ..log.lease import LEASE_SECONDS
+from ..log.models import RunRequest
+from ..log.records import PendingJob
+from ..log.store import Store
+from ..master import Feeder, Master, RunSummary
+from ..master.outage import RETRY_EVERY, is_outage, reason
 
 log = logging.getLogger("jodl")
 

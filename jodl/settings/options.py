@@ -1,7 +1,7 @@
 """Declared settings: the :class:`Option` record, its value kinds, the optional TOML
 file, and the one registry of every installed package's options.
 
-The library's own options are declared in :mod:`jodl.config`; a module of the library
+The library's own options are declared in :mod:`jodl.settings.config`; a module of the library
 or of an application declares more with :func:`register_options` and names itself in
 the entry-point group ``jodl.options``, so the table (``jodl config``, the README) and
 the check of a config file's keys see every installed option, whichever modules a
@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .exceptions import ConfigError
+from ..exceptions import ConfigError
 
-log = logging.getLogger("jodl.config")
+log = logging.getLogger("jodl.settings.config")
 
 
 def _bool(text: str) -> bool:
@@ -162,7 +162,7 @@ def read_file(path: str) -> dict[str, str]:
     return out
 
 
-#: Options added by modules other than :mod:`jodl.config`: declaring module -> its options.
+#: Options added by modules other than :mod:`jodl.settings.config`: declaring module -> its options.
 _EXTRA: dict[str, list[Option]] = {}
 #: Entry-point group naming the modules that declare options when imported.
 OPTIONS_GROUP = "jodl.options"

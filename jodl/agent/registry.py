@@ -29,14 +29,14 @@ from typing import Any
 import rpyc
 from rpyc.utils.server import ThreadedServer
 
-from .agent.auth import hello_authenticator, require_auth
-from .agent.core import AgentCore
-from .agent.wire import STRICT_CONFIG, GuardedServer, hello_connect, split_address
-from .config import Settings
-from .exceptions import AgentUnavailable, AuthError, JodlError
-from .log.store import Store
+from ..exceptions import AgentUnavailable, AuthError, JodlError
+from ..log.store import Store
+from ..settings.config import Settings
+from .auth import hello_authenticator, require_auth
+from .core import AgentCore
+from .wire import STRICT_CONFIG, GuardedServer, hello_connect, split_address
 
-log = logging.getLogger("jodl.registry")
+log = logging.getLogger("jodl.agent.registry")
 
 
 class HelloService(rpyc.Service):
@@ -91,7 +91,7 @@ def serve_hello(settings: Settings, store: Store, listen: str) -> ThreadedServer
         port=port,
         reuse_addr=True,
         protocol_config=dict(STRICT_CONFIG),
-        logger=logging.getLogger("jodl.registry.rpyc"),
+        logger=logging.getLogger("jodl.agent.registry.rpyc"),
     )
     threading.Thread(target=server.start, name="hello", daemon=True).start()
     deadline = time.monotonic() + 5.0

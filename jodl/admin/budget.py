@@ -10,9 +10,9 @@ from collections.abc import Iterable
 
 from sqlalchemy import Engine
 
-from .exceptions import JodlError
-from .log import budgets as sql
-from .log.limits import (
+from ..exceptions import JodlError
+from ..log import budgets as sql
+from ..log.limits import (
     BUDGETS,
     OPTIONS,
     HourlyBudgets,
@@ -21,7 +21,7 @@ from .log.limits import (
     cut_run,
     limits_of,
 )
-from .master.bytes_budget import RunBytes, record_deferred, result_bytes, run_bytes
+from ..master.bytes_budget import RunBytes, record_deferred, result_bytes, run_bytes
 
 
 class Budgets:
