@@ -104,8 +104,6 @@ class CycleScheduler:
         self._lock = threading.Lock()
         #: Results of the cycles run by this scheduler, oldest first.
         self.results: list[CycleResult] = []
-        #: Cycles the scheduler wanted to start while one was running (skipped).
-        self.skipped = 0
 
     def _now(self) -> dt.datetime:
         return dt.datetime.now(self.scheduler.timezone)
@@ -223,7 +221,6 @@ class CycleScheduler:
             log.info("another master leads the page checks: it runs this slot's cycle")
             return None
         if not self._lock.acquire(blocking=False):
-            self.skipped += 1
             log.warning("page check cycle still running; this slot is skipped")
             return None
         try:

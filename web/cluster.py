@@ -360,6 +360,3 @@ class LocalCluster:
                     log.exception("marking node %s removed", agent.address)
         if self.engine is not None:
             self.engine.dispose()
-
-    def pids(self) -> list[int]:
-        return [a.proc.pid for a in self.children if a.proc is not None]

@@ -414,12 +414,12 @@ class AgentCore:
         if self._cancels.finished(exec_id):
             self._family_of.pop(exec_id, None)
             return  # cancelled while it ran: discarded
-        row = held_row(exec_id, duration, outcome, error)
-        if len(row) == 4:
-            self._done[exec_id] = row
+        held = held_row(exec_id, duration, outcome, error)
+        if held.done is not None:
+            self._done[exec_id] = held.done
             _FINISHED_DONE.inc()
-        else:
-            self._failed[exec_id] = row
+        elif held.failed is not None:
+            self._failed[exec_id] = held.failed
             _FINISHED_FAILED.inc()
 
     def _worker(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..exceptions import UnknownFamily
 from ..family import Permanent
@@ -17,20 +17,25 @@ Done = tuple[int, float, float, str]  # exec_id, duration, finished (unix), resu
 Failed = tuple[int, float, float, str, bool]  # exec_id, duration, finished, error, retryable
 
 
-def held_row(
-    exec_id: int, duration: float, outcome: Any, error: BaseException | None
-) -> Done | Failed:
+class Held(NamedTuple):
+    """The row an agent holds for one run, and which of its two tables it goes to."""
+
+    done: Done | None
+    failed: Failed | None
+
+
+def held_row(exec_id: int, duration: float, outcome: Any, error: BaseException | None) -> Held:
     """The row an agent holds for one run: a :data:`Done` with the result as JSON, or a
     :data:`Failed` (a result that is not JSON fails the job too)."""
     finished = time.time()
     if error is None:
         try:
-            return (exec_id, duration, finished, _RESULT.encode(outcome))
+            return Held((exec_id, duration, finished, _RESULT.encode(outcome)), None)
         except (TypeError, ValueError) as exc:
             error = exc
     retryable = not isinstance(error, Permanent | UnknownFamily)
     message = f"{type(error).__name__}: {error}"[:MAX_ERROR]
-    return (exec_id, duration, finished, message, retryable)
+    return Held(None, (exec_id, duration, finished, message, retryable))
 
 
-__all__ = ["MAX_ERROR", "Done", "Failed", "held_row"]
+__all__ = ["MAX_ERROR", "Done", "Failed", "Held", "held_row"]
