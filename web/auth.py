@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 from flask import (
@@ -45,6 +45,7 @@ from werkzeug.security import check_password_hash, generate_password_hash
 from crawler_app.guard import FetchRefused, check_url
 from crawler_app.models import User
 from crawler_app.pages import PageError, add_user, check_password, normalise_email
+from crawler_app.reach import USERS_SETTING, Reach
 from crawler_app.settings import AppSettings
 
 from .app import is_api, services
@@ -265,31 +266,76 @@ def batch_limit() -> int:
     return settings.web_batch_max
 
 
-def submission_rules() -> tuple[int, Callable[[str], None] | None]:
-    """How many URLs this client may submit at once, and what else refuses a URL.
+class SubmissionRules(NamedTuple):
+    """What a client's submission may hold and reach."""
+
+    #: URLs at once at most.
+    most: int
+    #: Refuses a normalised URL more (ValueError saying why), or None.
+    admit: Callable[[str], None] | None
+    #: Whether the queued jobs may use the fetch allowlist (crawler_app.reach).
+    reach: Reach
+
+
+def fetch_reach() -> Reach:
+    """The reach of the jobs this client queues: the allowlist only for a signed-in
+    user named in ``JODL_FETCH_ALLOW_USERS``; never for a visitor who is not."""
+    user = current_user()
+    if user is None:
+        return Reach.PUBLIC
+    return services().allow_users.reach(user.email, user.is_admin)
+
+
+def submission_rules() -> SubmissionRules:
+    """How many URLs this client may submit at once, what else refuses a URL, and
+    what its jobs may reach.
 
     Visitors who are not signed in: 401 when anonymous submissions are off; else
-    smaller batches, and only public addresses (the fetch allowlist's private
-    networks serve signed-in users only)."""
+    smaller batches. Anyone whose jobs may not use the fetch allowlist: only hosts
+    that resolve, here, to public addresses (the agent checks again at every hop)."""
     settings = services().settings
-    if current_user() is not None:
-        return batch_limit(), None
-    if not settings.web_anonymous_submit:
+    user = current_user()
+    if user is None and not settings.web_anonymous_submit:
         raise Unauthorized("log in to submit URLs")
-    return batch_limit(), public_only
+    reach = fetch_reach()
+    if reach is Reach.ALLOWLIST:
+        return SubmissionRules(batch_limit(), None, reach)
+    admit = public_only if user is None else public_only_signed_in
+    return SubmissionRules(batch_limit(), admit, reach)
+
+
+#: Why an anonymous visitor's URL is refused: a private address or none at all.
+NOT_PUBLIC = "not a public address: log in to check pages on private networks"
+#: The same for a signed-in user not admitted to the fetch allowlist.
+NOT_PUBLIC_FOR_USER = (
+    f"not a public address: private networks are checked only for users named in {USERS_SETTING}"
+)
 
 
 def public_only(url: str) -> None:
-    """ValueError unless ``url``'s host resolves to public addresses only (or not at
-    all: the agent then reports it). The message never names the addresses."""
+    """For a visitor who is not signed in: ValueError unless ``url``'s host resolves
+    to public addresses only. A name that cannot be resolved here is refused too: it
+    is never taken as public (``localhost.``; the agents' DNS may answer otherwise).
+    The message never names the addresses."""
+    _public(url, NOT_PUBLIC, unresolved_refused=True)
+
+
+def public_only_signed_in(url: str) -> None:
+    """:func:`public_only` for a signed-in user not admitted to the fetch allowlist; a
+    name that cannot be resolved here is left to the agent, whose job may not use the
+    allowlist either (its result says what the agents' DNS answered)."""
+    _public(url, NOT_PUBLIC_FOR_USER, unresolved_refused=False)
+
+
+def _public(url: str, refusal: str, *, unresolved_refused: bool) -> None:
     try:
         check_url(url)
     except FetchRefused as exc:
-        if exc.code == "dns_error":
-            return
-        raise ValueError(
-            "not a public address: log in to check pages on private networks"
-        ) from None
+        if exc.code != "dns_error":
+            raise ValueError(refusal) from None
+        if unresolved_refused:
+            why = f"{exc.message}; log in to check hosts without a public address"
+            raise ValueError(why) from None
 
 
 def safe_next(target: str | None) -> str:
