@@ -42,7 +42,7 @@ from sqlalchemy.orm import Session
 from werkzeug.exceptions import Forbidden, NotFound, TooManyRequests, Unauthorized
 from werkzeug.security import check_password_hash, generate_password_hash
 
-from crawler_app.guard import FetchRefused, check_url
+from crawler_app.guard import FetchRefused, check_url, parse_url, system_resolve
 from crawler_app.models import User
 from crawler_app.pages import PageError, add_user, check_password, normalise_email
 from crawler_app.reach import USERS_SETTING, Reach
@@ -314,28 +314,32 @@ NOT_PUBLIC_FOR_USER = (
 
 def public_only(url: str) -> None:
     """For a visitor who is not signed in: ValueError unless ``url``'s host resolves
-    to public addresses only. A name that cannot be resolved here is refused too: it
-    is never taken as public (``localhost.``; the agents' DNS may answer otherwise).
-    The message never names the addresses."""
-    _public(url, NOT_PUBLIC, unresolved_refused=True)
+    to public addresses only (:func:`_public`)."""
+    _public(url, NOT_PUBLIC)
 
 
 def public_only_signed_in(url: str) -> None:
-    """:func:`public_only` for a signed-in user not admitted to the fetch allowlist; a
-    name that cannot be resolved here is left to the agent, whose job may not use the
-    allowlist either (its result says what the agents' DNS answered)."""
-    _public(url, NOT_PUBLIC_FOR_USER, unresolved_refused=False)
+    """:func:`public_only` for a signed-in user not admitted to the fetch allowlist."""
+    _public(url, NOT_PUBLIC_FOR_USER)
 
 
-def _public(url: str, refusal: str, *, unresolved_refused: bool) -> None:
+def _public(url: str, refusal: str) -> None:
+    """ValueError(``refusal``) when ``url``'s host is a loopback name or resolves, here,
+    to an address that is not public. The message never names the addresses.
+
+    A trailing dot changes nothing (``localhost.`` is ``localhost``); names under
+    ``localhost`` are loopback whatever DNS says (RFC 6761). A name that cannot be
+    resolved here is left to the agent: its job may not use the fetch allowlist
+    either, and the agents' DNS is the one that counts. This check is early and
+    plain; the agent's guard, at every hop, is the one that holds."""
     try:
-        check_url(url)
+        host = parse_url(url).host.rstrip(".")
+        if host == "localhost" or host.endswith(".localhost"):
+            raise ValueError(refusal)
+        check_url(url, resolve=lambda name, port: system_resolve(name.rstrip(".") or name, port))
     except FetchRefused as exc:
         if exc.code != "dns_error":
             raise ValueError(refusal) from None
-        if unresolved_refused:
-            why = f"{exc.message}; log in to check hosts without a public address"
-            raise ValueError(why) from None
 
 
 def safe_next(target: str | None) -> str:
