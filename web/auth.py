@@ -304,7 +304,7 @@ def submission_rules() -> SubmissionRules:
     return SubmissionRules(batch_limit(), admit, reach)
 
 
-#: Why an anonymous visitor's URL is refused: a private address or none at all.
+#: Why an anonymous visitor's URL is refused: a loopback name or an address that is not public.
 NOT_PUBLIC = "not a public address: log in to check pages on private networks"
 #: The same for a signed-in user not admitted to the fetch allowlist.
 NOT_PUBLIC_FOR_USER = (
