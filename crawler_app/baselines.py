@@ -31,6 +31,8 @@ from jodl.queue import Queue
 from . import analysis, confirm
 from .models import Page, PageView, Snapshot, Tracking, decompress
 from .pages import CHECK_FAMILY, check_payload, family_id
+from .reach import AllowUsers, Reach, allowlisted_pages
+from .settings import AppSettings
 from .variance import Model, text_keys
 
 #: Prefix of the queue keys of baseline checks (the URL follows, so placement finds the host).
@@ -62,13 +64,20 @@ def _missing(s: Session, page_ids: Iterable[int] | None = None) -> dict[int, _Wa
     return out
 
 
-def request(queue: Queue, engine: Engine, page_ids: Iterable[int]) -> int:
+def request(
+    queue: Queue, engine: Engine, page_ids: Iterable[int], allow: AllowUsers | None = None
+) -> int:
     """Queue a baseline check of each of these pages that has a view without one.
 
-    Call it after the tracking is committed. Returns the number of pages queued.
+    Call it after the tracking is committed. A page's check may use the fetch
+    allowlist when one of its trackers is admitted by ``allow`` (default:
+    ``JODL_FETCH_ALLOW_USERS``). Returns the number of pages queued.
     """
+    if allow is None:
+        allow = AppSettings.from_env().allow_users()
     with Session(engine) as s:
         wanted = _missing(s, page_ids)
+        allowlisted = allowlisted_pages(s, allow, wanted) if wanted else set()
     if not wanted:
         return 0
     queue.enqueue_many(
@@ -77,10 +86,13 @@ def request(queue: Queue, engine: Engine, page_ids: Iterable[int]) -> int:
             (
                 KEY_PREFIX + w.url,
                 check_payload(
-                    w.url, w.browser, {sel: {"known": []} for sel in sorted(w.selectors)}
+                    w.url,
+                    w.browser,
+                    {sel: {"known": []} for sel in sorted(w.selectors)},
+                    Reach.ALLOWLIST if page_id in allowlisted else Reach.PUBLIC,
                 ),
             )
-            for w in wanted.values()
+            for page_id, w in wanted.items()
         ],
         priority=PRIORITY,
     )

@@ -76,6 +76,8 @@ class RenderFailed(Exception):
 class Tally:
     """What one rendering's requests came to."""
 
+    #: The rendering's requests may reach the fetch allowlist (the job's reach).
+    use_allowlist: bool = True
     requests: int = 0
     refused: int = 0
     bytes: int = 0
@@ -101,17 +103,21 @@ class Renderer:
         self._playwright: Playwright | None = None
         self._browser: Browser | None = None
 
-    async def render(self, url: str) -> tuple[dict[str, Any], bytes | None]:
+    async def render(
+        self, url: str, use_allowlist: bool = True
+    ) -> tuple[dict[str, Any], bytes | None]:
         """Like :meth:`Fetcher.fetch_with_body`, the page as the browser shows it.
 
         The result has the text of the rendered page and ``browser``: the requests
         the page made and how many were refused (``examples``: a few, with why).
+        ``use_allowlist`` False: the document and every request of the page are
+        refused private addresses whatever ``JODL_FETCH_ALLOW`` admits.
         Errors come back in the result (``browser_error``, ``timeout``), never raised.
         """
-        result, body = await self.fetcher.fetch_with_body(url)
+        result, body = await self.fetcher.fetch_with_body(url, use_allowlist=use_allowlist)
         if not result.get("ok") or body is None:
             return result, body
-        tally = Tally()
+        tally = Tally(use_allowlist=use_allowlist)
         try:
             async with self._slots, asyncio.timeout(self.settings.timeout):
                 html = await self._render(result["final_url"] or url, body, result, tally)
@@ -194,7 +200,10 @@ class Renderer:
                 headers["Accept"] = accept
             try:
                 answer = await self.fetcher.get_resource(
-                    request.url, headers, self.settings.max_bytes - tally.bytes
+                    request.url,
+                    headers,
+                    self.settings.max_bytes - tally.bytes,
+                    use_allowlist=tally.use_allowlist,
                 )
             except FetchFailed as exc:
                 if exc.code == "refused":

@@ -54,6 +54,7 @@ from .models import (
     Tracking,
 )
 from .pages import CHECK_FAMILY, NOTIFY_FAMILY, check_payload, family_id, sync_jobs
+from .reach import Reach, allowlisted_pages
 from .settings import AppSettings
 
 log = logging.getLogger("crawler_app.cycle")
@@ -247,6 +248,9 @@ class PageCycle:
                 known[view]["model"] = model
             known = {view: state for view, state in known.items() if state["model"]}
             start = _unix(cycle.started_at)
+            # One fetch serves all of a page's trackers: it may use the allowlist when
+            # one of them may (crawler_app.reach).
+            allowlisted = allowlisted_pages(s, self.settings.allow_users())
             rows = []
             for page_id, url, job_id, etag, last_modified, browser in pages:
                 views: dict[str, dict[str, Any]] = {}
@@ -255,7 +259,8 @@ class PageCycle:
                     state = known.get((page_id, selector))
                     views[selector] = state or {"known": []}
                     every_view_known &= state is not None
-                payload = check_payload(url, browser, views)
+                reach = Reach.ALLOWLIST if page_id in allowlisted else Reach.PUBLIC
+                payload = check_payload(url, browser, views, reach)
                 # A 304 tells nothing about a view never seen: fetch in full then. A
                 # rendered page's text depends on more than its document: never a 304.
                 if every_view_known and not browser:

@@ -38,6 +38,7 @@ from .fetcher import THREAD_PARSE_BYTES, Fetcher
 from .metrics import FETCHES, NOTIFICATIONS
 from .models import DigestClaim, DigestClaimState
 from .pagekind import built_by_script, error_page
+from .reach import Reach
 from .settings import SMTP_IN_CLEAR, AppSettings
 from .text import SelectorError, extract, fingerprint
 from .variance import Model
@@ -97,7 +98,9 @@ class CheckPage(Family):
     an error page (``error_page``), are results (``ok`` false), not failures;
     ``script_page`` says the page builds its text with scripts. With ``browser``
     true in the payload the page is rendered (:mod:`crawler_app.browser`) and the
-    result's ``browser`` counts the requests it made and those refused.
+    result's ``browser`` counts the requests it made and those refused. ``reach``
+    (:class:`~crawler_app.reach.Reach`, written where the job is queued): only
+    ``"allowlist"`` lets the fetches reach the networks of ``JODL_FETCH_ALLOW``.
     """
 
     name = "check_page"
@@ -128,8 +131,10 @@ class CheckPage(Family):
             sel: ViewCheck(known, self.settings.confirm_fetches) for sel, known in wanted.items()
         }
         browser = bool(payload.get("browser"))
+        # Who asked decides, as the master or web wrote it: never the page's URL.
+        allowlist = Reach.of_payload(payload) is Reach.ALLOWLIST
         out = await self._fetch(
-            url, payload.get("etag"), payload.get("last_modified"), checks, browser
+            url, payload.get("etag"), payload.get("last_modified"), checks, browser, allowlist
         )
         if not out.get("ok") or out.get("not_modified"):
             return out
@@ -141,7 +146,7 @@ class CheckPage(Family):
         ):
             await asyncio.sleep(self.settings.confirm_delay)
             fetches += 1
-            again = await self._fetch(url, None, None, checks, browser)
+            again = await self._fetch(url, None, None, checks, browser, allowlist)
             if again.get("ok") and not again.get("not_modified"):
                 views.update(again["views"])
         out["fetches"] = fetches
@@ -157,17 +162,19 @@ class CheckPage(Family):
         last_modified: str | None,
         checks: dict[str, ViewCheck],
         browser: bool = False,
+        allowlist: bool = False,
     ) -> dict[str, Any]:
         """One fetch (a rendering with ``browser``); each view's text goes to its check
-        (an error page counts as an error)."""
+        (an error page counts as an error). ``allowlist``: the job may reach the
+        networks of ``JODL_FETCH_ALLOW`` (:mod:`crawler_app.reach`)."""
         assert self._fetcher is not None
         if browser:
             if self._renderer is None:
                 self._renderer = Renderer(self._fetcher, self.settings.browser_settings())
-            result, body = await self._renderer.render(url)
+            result, body = await self._renderer.render(url, use_allowlist=allowlist)
         else:
             result, body = await self._fetcher.fetch_with_body(
-                url, etag=etag, last_modified=last_modified
+                url, etag=etag, last_modified=last_modified, use_allowlist=allowlist
             )
         out = {key: result.get(key) for key in _COPIED}
         if browser:

@@ -70,6 +70,11 @@ ACCEPT = (
     "application/json;q=0.8,*/*;q=0.1"
 )
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+#: Why a private address is refused to a job that may not use the allowlist.
+NOT_FOR_THIS_JOB = (
+    "not a public address; the fetch allowlist (JODL_FETCH_ALLOW) serves only jobs of "
+    "users named in JODL_FETCH_ALLOW_USERS"
+)
 
 #: Error codes a result may carry in ``error``.
 ERROR_CODES = (
@@ -315,15 +320,22 @@ class Fetcher:
         etag: str | None = None,
         last_modified: str | None = None,
         selector: str | None = None,
+        use_allowlist: bool = True,
     ) -> dict[str, Any]:
         """Fetch ``url`` and return the result dict (keys: :data:`RESULT_KEYS`).
 
         ``etag``/``last_modified`` are the validators stored from the last fetch;
-        ``selector`` a CSS selector the text is restricted to. Never raises
-        (except on cancellation).
+        ``selector`` a CSS selector the text is restricted to; ``use_allowlist``
+        False treats ``settings.allow_networks`` as empty for this fetch, every hop
+        and robots.txt included (a job whose asker may not use it, see
+        :mod:`crawler_app.reach`). Never raises (except on cancellation).
         """
         result, _body = await self.fetch_with_body(
-            url, etag=etag, last_modified=last_modified, selector=selector
+            url,
+            etag=etag,
+            last_modified=last_modified,
+            selector=selector,
+            use_allowlist=use_allowlist,
         )
         return result
 
@@ -334,6 +346,7 @@ class Fetcher:
         etag: str | None = None,
         last_modified: str | None = None,
         selector: str | None = None,
+        use_allowlist: bool = True,
     ) -> tuple[dict[str, Any], bytes | None]:
         """:meth:`fetch`, also giving the body read: ``(result, body)``.
 
@@ -345,7 +358,8 @@ class Fetcher:
         result = _new_result(url)
         body: bytes | None = None
         try:
-            body = await self._fetch(url, etag, last_modified, selector, result)
+            allow = self.settings.allow_networks if use_allowlist else ()
+            body = await self._fetch(url, etag, last_modified, selector, result, allow)
         except FetchFailed as failure:
             result.update(
                 ok=False, error=failure.code, error_reason=failure.reason,
@@ -365,8 +379,11 @@ class Fetcher:
         last_modified: str | None,
         selector: str | None,
         result: dict[str, Any],
+        allow: tuple[str, ...],
     ) -> bytes | None:
-        """Fill ``result``; the body read (None for a 304). Raises :class:`FetchFailed`."""
+        """Fill ``result``; the body read (None for a 304). Raises :class:`FetchFailed`.
+
+        ``allow``: the networks admitted although not public, at every hop."""
         if selector is not None:
             try:
                 compile_selector(selector)
@@ -380,10 +397,10 @@ class Fetcher:
         budget = _Budget(self.settings.total_timeout)
         current = url
         for _hop in range(self.settings.max_redirects + 1):
-            target = await self._check(current, budget)
+            target = await self._check(current, budget, allow)
             result["final_url"] = target.url
             refusal = await self.politeness.robots_refusal(
-                target, lambda robots_url: self._load_robots(robots_url, budget)
+                target, lambda robots_url: self._load_robots(robots_url, budget, allow)
             )
             if refusal is not None and refusal.code == "robots_disallowed":
                 raise FetchFailed(refusal.code, refusal.message)
@@ -448,37 +465,43 @@ class Fetcher:
         )  # fmt: skip
         return body
 
-    async def get_resource(self, url: str, headers: dict[str, str], max_bytes: int) -> Answer:
+    async def get_resource(
+        self, url: str, headers: dict[str, str], max_bytes: int, use_allowlist: bool = True
+    ) -> Answer:
         """One GET a rendered page asked for (:mod:`crawler_app.browser`).
 
-        The same guard and pinned connection as every fetch; no robots.txt and no
-        per-host spacing (the renderer has limits of its own); a redirect is answered
-        as it is (the browser follows it, each hop asking again). The body is decoded
-        and cut at ``max_bytes`` (``complete`` False). Raises :class:`FetchFailed`.
+        The same guard and pinned connection as every fetch (``use_allowlist`` as
+        for :meth:`fetch`); no robots.txt and no per-host spacing (the renderer has
+        limits of its own); a redirect is answered as it is (the browser follows it,
+        each hop asking again). The body is decoded and cut at ``max_bytes``
+        (``complete`` False). Raises :class:`FetchFailed`.
         """
         budget = _Budget(self.settings.total_timeout)
-        target = await self._check(url, budget)
+        allow = self.settings.allow_networks if use_allowlist else ()
+        target = await self._check(url, budget, allow)
         return await self._exchange(
             target, headers, budget, lambda _s, _h: True, max_bytes=max_bytes, polite=False
         )
 
-    async def _check(self, url: str, budget: _Budget) -> CheckedTarget:
+    async def _check(self, url: str, budget: _Budget, allow: tuple[str, ...]) -> CheckedTarget:
         if budget.left <= 0:
             raise budget.exceeded()
         # DNS is bounded by the time left too: no timer of our own around the check.
         timeout = min(self.settings.connect_timeout, budget.left)
         started = time.monotonic()
         try:
-            return await check_url_async(
-                url, allow=self.settings.allow_networks, resolve=self._resolve, timeout=timeout
-            )
+            return await check_url_async(url, allow=allow, resolve=self._resolve, timeout=timeout)
         except FetchRefused as exc:
             if exc.code == "dns_error" and timeout < self.settings.connect_timeout:
                 if time.monotonic() - started >= timeout:
                     raise budget.exceeded() from None
             if exc.code == "dns_error":
                 raise FetchFailed("dns_error", exc.message) from None
-            raise FetchFailed("refused", f"{url}: {exc.message}", reason=exc.code) from None
+            message = exc.message
+            if exc.code == "blocked_address" and self.settings.allow_networks and not allow:
+                # The allowlist exists but is not this job's: saying to set it misleads.
+                message = NOT_FOR_THIS_JOB
+            raise FetchFailed("refused", f"{url}: {message}", reason=exc.code) from None
         finally:
             budget.left -= time.monotonic() - started
 
@@ -568,13 +591,15 @@ class Fetcher:
         finally:
             await response.aclose()
 
-    async def _load_robots(self, robots_url: str, budget: _Budget) -> RobotsAnswer:
+    async def _load_robots(
+        self, robots_url: str, budget: _Budget, allow: tuple[str, ...]
+    ) -> RobotsAnswer:
         """robots.txt through the guarded path (status None and why, if unreachable)."""
         current = robots_url
         status: int | None = None
         for _hop in range(MAX_REDIRECTS + 1):
             try:
-                target = await self._check(current, budget)
+                target = await self._check(current, budget, allow)
             except FetchFailed as failure:
                 # A refused redirect target is "unavailable" (allow); DNS trouble "unreachable".
                 if failure.code in ("dns_error", "timeout"):

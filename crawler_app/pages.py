@@ -24,6 +24,7 @@ from jodl.log import JobLog, JobState, utcnow
 from .guard import FetchRefused, parse_url
 from .models import SELECTOR_LENGTH, URL_LENGTH, WHOLE_PAGE, Page, PageView, Tracking, User
 from .quota import check_tracking
+from .reach import Reach
 from .text import SelectorError, compile_selector
 
 #: Family of the jobs that fetch pages.
@@ -273,12 +274,15 @@ def trackings_of(session: Session, email: str) -> list[tuple[Tracking, Page]]:
 # -- pages and their check_page jobs -------------------------------------------------------------
 
 
-def check_payload(url: str, browser: bool, views: dict[str, Any]) -> dict[str, Any]:
-    """The payload of a ``check_page`` job (see :class:`crawler_app.families.CheckPage`)."""
+def check_payload(
+    url: str, browser: bool, views: dict[str, Any], reach: Reach = Reach.PUBLIC
+) -> dict[str, Any]:
+    """The payload of a ``check_page`` job (see :class:`crawler_app.families.CheckPage`);
+    ``reach``: whether its fetches may use the allowlist (:mod:`crawler_app.reach`)."""
     payload: dict[str, Any] = {"url": url, "views": views}
     if browser:
         payload["browser"] = True
-    return payload
+    return reach.mark(payload)
 
 
 def family_id(session: Session, name: str) -> int:

@@ -17,7 +17,7 @@ from jodl.exceptions import ConfigError
 from jodl.settings.config import read_values
 from jodl.settings.options import Option, register_check, register_options
 
-from . import confirm, fetch_settings, politeness
+from . import confirm, fetch_settings, politeness, reach
 from .guard import parse_allowlist
 
 #: Cron expression of the application cycle run by ``jodl master`` (daily at 06:00).
@@ -166,8 +166,18 @@ OPTIONS: tuple[Option, ...] = (
         "list",
         "Comma-separated networks fetches may reach although not public "
         "(e.g. 10.1.0.0/16 for an intranet, 127.0.0.0/8 for tests); everything else private "
-        "is refused",
+        "is refused; only jobs of users named in JODL_FETCH_ALLOW_USERS use it",
         "agent",
+    ),
+    AppOption(
+        "JODL_FETCH_ALLOW_USERS",
+        reach.DEFAULT_USERS,
+        "list",
+        "Who may have pages fetched from the networks of JODL_FETCH_ALLOW: e-mail addresses "
+        "of users, `operators` (the admin role) or `*` (every user); visitors who are not "
+        "signed in never; a tracked page when one of its trackers may (set where jobs are "
+        "queued: masters, `jodl web`, the CLI)",
+        "master",
     ),
     AppOption("JODL_FETCH_USER_AGENT", FS.user_agent, "str", "User-Agent of every fetch", "agent"),
     AppOption(
@@ -329,6 +339,7 @@ class AppSettings:
     smtp_ssl: bool = False
     smtp_timeout: float = 30.0
     fetch_allow: tuple[str, ...] = ()
+    fetch_allow_users: tuple[str, ...] = (reach.DEFAULT_USERS,)
     fetch_user_agent: str = FS.user_agent
     fetch_connect_timeout: float = FS.connect_timeout
     fetch_read_timeout: float = FS.read_timeout
@@ -363,11 +374,19 @@ class AppSettings:
             parse_allowlist(tuple(settings.fetch_allow))
         except ValueError as exc:
             raise ConfigError(f"JODL_FETCH_ALLOW: {exc}") from None
+        settings.allow_users()
         settings.fetch_settings()
         settings.browser_settings()
         if settings.smtp_user and not (settings.smtp_starttls or settings.smtp_ssl):
             raise ConfigError(SMTP_IN_CLEAR)
         return settings
+
+    def allow_users(self) -> reach.AllowUsers:
+        """Who may use the fetch allowlist (``JODL_FETCH_ALLOW_USERS``)."""
+        try:
+            return reach.AllowUsers.parse(self.fetch_allow_users)
+        except ValueError as exc:
+            raise ConfigError(f"{reach.USERS_SETTING}: {exc}") from None
 
     def fetch_settings(self) -> fetch_settings.FetchSettings:
         """The fetcher's settings from these options."""

@@ -39,13 +39,17 @@ def jodl_command() -> list[str]:
 
 
 def child_env(overrides: Mapping[str, str | None] | None = None) -> dict[str, str]:
-    """The environment for a child: no inherited ``JODL_*``, the test secret, then ``overrides``.
+    """The environment for a child: no inherited ``JODL_*``, the test secret, every user
+    admitted to the fetch allowlist, then ``overrides``.
 
     An override of None unsets the variable (``{"JODL_SECRET": None}``: no secret).
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("JODL_")}
     env.setdefault("JODL_LOG_LEVEL", "WARNING")
     env["JODL_SECRET"] = TEST_SECRET
+    # Every user's jobs may use the agents' allowlist: the tests' sites are on loopback
+    # (tests/conftest.py says the same for this process).
+    env["JODL_FETCH_ALLOW_USERS"] = "*"
     env["PYTHONUNBUFFERED"] = "1"
     for key, value in (overrides or {}).items():
         if value is None:

@@ -122,7 +122,12 @@ def agent_env(inbox: Inbox | None = None, allow: str | None = "127.0.0.0/8") -> 
 
 def app_settings(**overrides: object) -> AppSettings:
     """Master-side settings independent of the developer's environment."""
-    values: dict[str, object] = {"mail_from": "JODL <jodl@example.org>", "check_spread": 0.0}
+    values: dict[str, object] = {
+        "mail_from": "JODL <jodl@example.org>",
+        "check_spread": 0.0,
+        # Every tracker's pages may use the agents' allowlist (the local site is on loopback).
+        "fetch_allow_users": ("*",),
+    }
     values.update(overrides)
     return AppSettings.from_env(env={}, **values)
 

@@ -85,6 +85,14 @@ def settings(db_url: str) -> Settings:
     return Settings.from_env(env={}, database_url=db_url, call_timeout=5.0, secret=TEST_SECRET)
 
 
+@pytest.fixture(autouse=True)
+def allowlist_users(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every user's jobs may use the fetch allowlist in tests (``JODL_FETCH_ALLOW_USERS=*``):
+    the tests' sites listen on loopback, which the agents' allowlist admits
+    (``tests/app_support.agent_env``). Tests of who may use it set their own value."""
+    monkeypatch.setenv("JODL_FETCH_ALLOW_USERS", "*")
+
+
 # -- agents ---------------------------------------------------------------------------------
 
 AgentFactory = Callable[..., list[AgentProcess]]

@@ -18,8 +18,9 @@ from tzlocal import get_localzone
 from crawler_app import baselines
 from crawler_app.models import Page
 from crawler_app.pages import track
+from crawler_app.reach import Reach
 from jodl.log.models import utcnow
-from web.batch import KEY_PREFIX
+from web.batch import KEY_PREFIXES
 
 # The views' fixtures: a fresh app and database per test, a user and an operator logged in.
 app = test_web_views.app
@@ -58,10 +59,12 @@ def test_check_now_fetches_a_tracked_page_afresh(
 ) -> None:
     page_id = tracked_page(app, "user@example.org")
     app.extensions["jodl"].batches.rng = lambda: 1.0  # no random re-check of cached results
-    # A fresh good result in the cache: an ordinary submission is answered from it...
-    app.extensions["jodl"].batches.submit([URL])
+    # A fresh good result in the cache: an ordinary submission is answered from it (one
+    # of the user's, whose jobs may use the fetch allowlist in tests)...
+    mine = Reach.ALLOWLIST
+    app.extensions["jodl"].batches.submit([URL], reach=mine)
     finish_all(app, "cached")
-    assert app.extensions["jodl"].batches.submit([URL]).cached == 1
+    assert app.extensions["jodl"].batches.submit([URL], reach=mine).cached == 1
     assert queued(app) == set()
     # ... "Check now" is not: it fetches the page and its batch waits for that result.
     doc = assert_safe(user_client.get("/pages").get_data(as_text=True))
@@ -70,7 +73,7 @@ def test_check_now_fetches_a_tracked_page_afresh(
     r = user_client.post(form.get("action"), data={"csrf_token": token(user_client, "/pages")})
     assert r.status_code == 303 and r.headers["Location"].startswith("/batches/")
     # The page has no baseline yet: its baseline check is queued too.
-    assert queued(app) == {KEY_PREFIX + URL, baselines.KEY_PREFIX + URL}
+    assert queued(app) == {KEY_PREFIXES[mine] + URL, baselines.KEY_PREFIX + URL}
     batch_id = r.headers["Location"].rsplit("/", 1)[1]
     _, items = app.extensions["jodl"].batches.load(batch_id)  # type: ignore[misc]
     assert [i.pending for i in items] == [True]

@@ -28,6 +28,7 @@ from .auth import (
     admin_required,
     current_user,
     end_session,
+    fetch_reach,
     issue_token,
     limit,
     login_required,
@@ -133,12 +134,14 @@ def openapi() -> Any:
 @bp.route("/batches", methods=["POST"])
 def batches_create() -> Any:
     svc = services()
-    most, admit = submission_rules()
+    rules = submission_rules()
     limit("submit")
     urls = url_list(body())
     user = current_user()
     try:
-        submitted = svc.batches.submit(urls, user.id if user else None, admit=admit, most=most)
+        submitted = svc.batches.submit(
+            urls, user.id if user else None, admit=rules.admit, most=rules.most, reach=rules.reach
+        )
     except SubmissionError as exc:
         raise BadRequest(str(exc)) from None
     except QuotaExceeded as exc:
@@ -210,7 +213,7 @@ def reset() -> Any:
     svc = services()
     user = current_user()
     try:
-        outcome = svc.batches.reset(url_list(body()), user.id if user else None)
+        outcome = svc.batches.reset(url_list(body()), user.id if user else None, fetch_reach())
     except SubmissionError as exc:
         raise BadRequest(str(exc)) from None
     svc.metrics.inc("jodl_web_cache_resets_total", len(outcome["forgotten"]))

@@ -29,6 +29,8 @@ from werkzeug.exceptions import (
 from werkzeug.middleware.proxy_fix import ProxyFix
 from werkzeug.routing import IntegerConverter
 
+from crawler_app.reach import AllowUsers
+from crawler_app.settings import AppSettings
 from jodl.log import Store, make_engine
 from jodl.queue import Queue
 
@@ -82,6 +84,9 @@ class Services:
     streams: StreamSlots
     #: Set when the server shuts down: open streams end at once.
     stopping: threading.Event
+    #: Who may have pages fetched from the fetch allowlist's networks
+    #: (JODL_FETCH_ALLOW_USERS, read and checked at start).
+    allow_users: AllowUsers
 
 
 def services() -> Services:
@@ -134,6 +139,7 @@ def create_app(
     from .auth import ADDRESS_LOGIN_FACTOR, LOGIN_WINDOW_MINUTES
 
     app.extensions["jodl"] = Services(
+        allow_users=AppSettings.from_env().allow_users(),
         settings=settings,
         engine=engine,
         store=store,

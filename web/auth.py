@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 from flask import (
@@ -42,9 +42,10 @@ from sqlalchemy.orm import Session
 from werkzeug.exceptions import Forbidden, NotFound, TooManyRequests, Unauthorized
 from werkzeug.security import check_password_hash, generate_password_hash
 
-from crawler_app.guard import FetchRefused, check_url
+from crawler_app.guard import FetchRefused, check_url, parse_url, system_resolve
 from crawler_app.models import User
 from crawler_app.pages import PageError, add_user, check_password, normalise_email
+from crawler_app.reach import USERS_SETTING, Reach
 from crawler_app.settings import AppSettings
 
 from .app import is_api, services
@@ -265,31 +266,80 @@ def batch_limit() -> int:
     return settings.web_batch_max
 
 
-def submission_rules() -> tuple[int, Callable[[str], None] | None]:
-    """How many URLs this client may submit at once, and what else refuses a URL.
+class SubmissionRules(NamedTuple):
+    """What a client's submission may hold and reach."""
+
+    #: URLs at once at most.
+    most: int
+    #: Refuses a normalised URL more (ValueError saying why), or None.
+    admit: Callable[[str], None] | None
+    #: Whether the queued jobs may use the fetch allowlist (crawler_app.reach).
+    reach: Reach
+
+
+def fetch_reach() -> Reach:
+    """The reach of the jobs this client queues: the allowlist only for a signed-in
+    user named in ``JODL_FETCH_ALLOW_USERS``; never for a visitor who is not."""
+    user = current_user()
+    if user is None:
+        return Reach.PUBLIC
+    return services().allow_users.reach(user.email, user.is_admin)
+
+
+def submission_rules() -> SubmissionRules:
+    """How many URLs this client may submit at once, what else refuses a URL, and
+    what its jobs may reach.
 
     Visitors who are not signed in: 401 when anonymous submissions are off; else
-    smaller batches, and only public addresses (the fetch allowlist's private
-    networks serve signed-in users only)."""
+    smaller batches. Anyone whose jobs may not use the fetch allowlist: only hosts
+    that resolve, here, to public addresses (the agent checks again at every hop)."""
     settings = services().settings
-    if current_user() is not None:
-        return batch_limit(), None
-    if not settings.web_anonymous_submit:
+    user = current_user()
+    if user is None and not settings.web_anonymous_submit:
         raise Unauthorized("log in to submit URLs")
-    return batch_limit(), public_only
+    reach = fetch_reach()
+    if reach is Reach.ALLOWLIST:
+        return SubmissionRules(batch_limit(), None, reach)
+    admit = public_only if user is None else public_only_signed_in
+    return SubmissionRules(batch_limit(), admit, reach)
+
+
+#: Why an anonymous visitor's URL is refused: a loopback name or an address that is not public.
+NOT_PUBLIC = "not a public address: log in to check pages on private networks"
+#: The same for a signed-in user not admitted to the fetch allowlist.
+NOT_PUBLIC_FOR_USER = (
+    f"not a public address: private networks are checked only for users named in {USERS_SETTING}"
+)
 
 
 def public_only(url: str) -> None:
-    """ValueError unless ``url``'s host resolves to public addresses only (or not at
-    all: the agent then reports it). The message never names the addresses."""
+    """For a visitor who is not signed in: ValueError unless ``url``'s host resolves
+    to public addresses only (:func:`_public`)."""
+    _public(url, NOT_PUBLIC)
+
+
+def public_only_signed_in(url: str) -> None:
+    """:func:`public_only` for a signed-in user not admitted to the fetch allowlist."""
+    _public(url, NOT_PUBLIC_FOR_USER)
+
+
+def _public(url: str, refusal: str) -> None:
+    """ValueError(``refusal``) when ``url``'s host is a loopback name or resolves, here,
+    to an address that is not public. The message never names the addresses.
+
+    A trailing dot changes nothing (``localhost.`` is ``localhost``); names under
+    ``localhost`` are loopback whatever DNS says (RFC 6761). A name that cannot be
+    resolved here is left to the agent: its job may not use the fetch allowlist
+    either, and the agents' DNS is the one that counts. This check is early and
+    plain; the agent's guard, at every hop, is the one that holds."""
     try:
-        check_url(url)
+        host = parse_url(url).host.rstrip(".")
+        if host == "localhost" or host.endswith(".localhost"):
+            raise ValueError(refusal)
+        check_url(url, resolve=lambda name, port: system_resolve(name.rstrip(".") or name, port))
     except FetchRefused as exc:
-        if exc.code == "dns_error":
-            return
-        raise ValueError(
-            "not a public address: log in to check pages on private networks"
-        ) from None
+        if exc.code != "dns_error":
+            raise ValueError(refusal) from None
 
 
 def safe_next(target: str | None) -> str:

@@ -17,6 +17,11 @@ the job of a tracked page, which belongs to the application cycles). The job's
 
 A reset forgets a URL's results: the cache ignores every execution of its job
 up to the newest one at the time of the reset.
+
+A job carries who asked (:class:`crawler_app.reach.Reach`): jobs that may use the
+fetch allowlist are keyed apart (:data:`KEY_PREFIXES`), so a visitor's submission
+of a URL never shares the job, nor the cached results, of a user's submission
+that may reach a private network.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from sqlalchemy import Engine, delete, insert, select
 from sqlalchemy.orm import sessionmaker
 
 from crawler_app.guard import FetchRefused, parse_url
-from crawler_app.pages import CHECK_FAMILY, family_id
+from crawler_app.pages import CHECK_FAMILY, check_payload, family_id
+from crawler_app.reach import Reach
 from jodl.log import JobState, Reads, utcnow
 from jodl.queue import Queue
 
@@ -46,6 +52,9 @@ log = logging.getLogger("web.batch")
 
 #: Prefix of the queue keys of submitted URLs (keeps them apart from tracked pages' jobs).
 KEY_PREFIX = "web:"
+#: The prefix by the jobs' reach: results reached through the allowlist answer only
+#: submissions that may use it.
+KEY_PREFIXES = {Reach.PUBLIC: KEY_PREFIX, Reach.ALLOWLIST: "web-allowlist:"}
 #: Priority of submitted URLs in the on-demand queue (people are waiting for them).
 PRIORITY = 10
 #: Characters of the page's text sent with a result.
@@ -223,11 +232,12 @@ class Batches:
                 self._family_id = family_id(s, CHECK_FAMILY)
         return self._family_id
 
-    def jobs(self, urls: Sequence[str]) -> dict[str, tuple[int, str]]:
+    def jobs(self, urls: Sequence[str], reach: Reach = Reach.PUBLIC) -> dict[str, tuple[int, str]]:
         """url -> (job id, state) of the on-demand jobs of these normalised URLs."""
-        keys = [KEY_PREFIX + u for u in urls]
+        prefix = KEY_PREFIXES[reach]
+        keys = [prefix + u for u in urls]
         found = self.log.jobs_by_key(self.family_id(), keys)
-        return {key[len(KEY_PREFIX) :]: job for key, job in found.items()}
+        return {key[len(prefix) :]: job for key, job in found.items()}
 
     def _floors(self, conn: Any, job_ids: Sequence[int]) -> dict[int, int]:
         return _lookup(conn, CacheReset.job_id, CacheReset.floor_exec_id, job_ids)
@@ -262,13 +272,14 @@ class Batches:
         most: int | None = None,
         *,
         refetch: bool = False,
+        reach: Reach = Reach.PUBLIC,
     ) -> Submitted:
         """:meth:`_submit`; one user's submissions one at a time in this process, so two
         at once cannot both pass the daily quota's count."""
         if user_id is None:
-            return self._submit(urls, user_id, admit, most, refetch=refetch)
+            return self._submit(urls, user_id, admit, most, refetch=refetch, reach=reach)
         with one_at_a_time(user_id):
-            return self._submit(urls, user_id, admit, most, refetch=refetch)
+            return self._submit(urls, user_id, admit, most, refetch=refetch, reach=reach)
 
     def _submit(
         self,
@@ -278,10 +289,13 @@ class Batches:
         most: int | None = None,
         *,
         refetch: bool = False,
+        reach: Reach = Reach.PUBLIC,
     ) -> Submitted:
         """Record a batch of URLs, answer what the cache can, queue the rest.
 
         ``refetch``: the cache answers nothing, every URL is fetched now ("Check now").
+        ``reach``: whether the jobs may use the fetch allowlist, decided from the user
+        who submits (a visitor not signed in: never); it also picks the jobs' keys.
 
         Raises :class:`SubmissionError` for an empty batch or one over the size limit,
         :class:`crawler_app.quota.QuotaExceeded` for one over the user's quotas.
@@ -323,7 +337,7 @@ class Batches:
         out = Submitted(secrets.token_urlsafe(16)[:22], items, duplicates)
         out.refused = sum(1 for i in items if i.error is not None)
         accepted = [i for i in items if i.error is None]
-        jobs = self.jobs([i.url for i in accepted])
+        jobs = self.jobs([i.url for i in accepted], reach)
         known = [jid for jid, _ in jobs.values()]
         latest, floors = self.latest(known)
         needed: set[int] = set()
@@ -369,12 +383,13 @@ class Batches:
             # A job running now brings a fresh result anyway: it is not run twice. Unless
             # its run ended between the two looks above: then its result may be the one
             # taken as "before" (after_exec_id), and only a new run answers.
-            still = self.jobs([i.url for i in running])
+            still = self.jobs([i.url for i in running], reach)
             to_queue += [i for i in running if still.get(i.url, (0, ""))[1] != JobState.CLAIMED]
         if to_queue:
+            prefix = KEY_PREFIXES[reach]
             ids = self.queue.enqueue_many(
                 CHECK_FAMILY,
-                [(KEY_PREFIX + i.url, {"url": i.url, "views": {"": []}}) for i in to_queue],
+                [(prefix + i.url, check_payload(i.url, False, {"": []}, reach)) for i in to_queue],
                 priority=PRIORITY,
             )
             for item, jid in zip(to_queue, ids, strict=True):
@@ -488,8 +503,11 @@ class Batches:
 
     # -- reset -------------------------------------------------------------------------------------
 
-    def reset(self, urls: Sequence[str], user_id: int | None = None) -> dict[str, Any]:
-        """Forget the cached results of these URLs; what was forgotten and what was refused."""
+    def reset(
+        self, urls: Sequence[str], user_id: int | None = None, reach: Reach = Reach.PUBLIC
+    ) -> dict[str, Any]:
+        """Forget the cached results of these URLs (of the jobs of ``reach``, the
+        resetting user's); what was forgotten and what was refused."""
         if not urls:
             raise SubmissionError("no URL given")
         if len(urls) > self.settings.web_batch_max:
@@ -507,7 +525,7 @@ class Batches:
             except ValueError as exc:
                 refused.append({"url": text.strip()[:200], "error": str(exc)})
         normal = list(dict.fromkeys(normal))
-        jobs = self.jobs(normal)
+        jobs = self.jobs(normal, reach)
         ids = [jid for jid, _ in jobs.values()]
         forgotten: list[str] = []
         now = utcnow()

@@ -149,8 +149,8 @@ OPTIONS: tuple[Option, ...] = (
         "false",
         "bool",
         "Let visitors who are not signed in submit URLs (each makes an agent fetch; "
-        "`jodl up` turns it on unless set); private networks of the fetch allowlist "
-        "stay for signed-in users",
+        "`jodl up` turns it on unless set); their jobs never reach the networks of the "
+        "fetch allowlist (JODL_FETCH_ALLOW_USERS)",
         "web",
     ),
     Option(

@@ -106,7 +106,7 @@ def add_page(
         raise refused(svc.metrics, exc) from None
     except PageError as exc:
         raise BadRequest(str(exc)) from None
-    baselines.request(svc.queue, svc.engine, [page_id])
+    baselines.request(svc.queue, svc.engine, [page_id], svc.allow_users)
     return added
 
 
@@ -137,10 +137,11 @@ def check_now(svc: Services, user: CurrentUser, page_id: int) -> str:
     else:
         page, _ = _tracking(svc, user, page_id)
     try:
-        batch = svc.batches.submit([page.url], user.id, refetch=True).id
+        reach = svc.allow_users.reach(user.email, user.is_admin)
+        batch = svc.batches.submit([page.url], user.id, refetch=True, reach=reach).id
     except QuotaExceeded as exc:
         raise refused(svc.metrics, exc) from None
-    baselines.request(svc.queue, svc.engine, [page.id])
+    baselines.request(svc.queue, svc.engine, [page.id], svc.allow_users)
     return batch
 
 
@@ -149,7 +150,7 @@ def remove_page(svc: Services, user: CurrentUser, page_id: int) -> str:
     with svc.batches.sessions.begin() as s:
         untrack(s, user.email, page.url)
     # The last tracker who wanted the browser gone: the others' new baseline at once.
-    baselines.request(svc.queue, svc.engine, [page.id])
+    baselines.request(svc.queue, svc.engine, [page.id], svc.allow_users)
     return page.url
 
 

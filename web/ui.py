@@ -10,7 +10,14 @@ from werkzeug.exceptions import NotFound
 from crawler_app.quota import QuotaExceeded
 
 from .app import services
-from .auth import batch_limit, current_user, limit, login_required, submission_rules
+from .auth import (
+    batch_limit,
+    current_user,
+    fetch_reach,
+    limit,
+    login_required,
+    submission_rules,
+)
 from .batch import SubmissionError, split_urls
 from .quota import refused
 
@@ -34,12 +41,16 @@ def submit() -> Any:
     if user is None and not svc.settings.web_anonymous_submit:
         flash("Log in to submit URLs.", "error")
         return redirect(url_for("auth.login", next="/"), 303)
-    most, admit = submission_rules()
+    rules = submission_rules()
     limit("submit")
     text = request.form.get("urls", "")
     try:
         submitted = svc.batches.submit(
-            split_urls(text), user.id if user else None, admit=admit, most=most
+            split_urls(text),
+            user.id if user else None,
+            admit=rules.admit,
+            most=rules.most,
+            reach=rules.reach,
         )
     except (SubmissionError, QuotaExceeded) as exc:
         flash(str(exc), "error")
@@ -47,7 +58,7 @@ def submit() -> Any:
         if isinstance(exc, QuotaExceeded):
             code = refused(svc.metrics, exc).code or 403
         return (
-            render_template("index.html", batch_max=most, urls=text[:200_000]),
+            render_template("index.html", batch_max=rules.most, urls=text[:200_000]),
             code,
         )
     svc.metrics.inc("jodl_web_batches_total")
@@ -73,7 +84,7 @@ def reset() -> Any:
         return render_template("reset.html", batch_max=svc.settings.web_batch_max)
     user = current_user()
     try:
-        outcome = svc.batches.reset(urls_from_form(), user.id if user else None)
+        outcome = svc.batches.reset(urls_from_form(), user.id if user else None, fetch_reach())
     except SubmissionError as exc:
         flash(str(exc), "error")
         return render_template("reset.html", batch_max=svc.settings.web_batch_max), 400
