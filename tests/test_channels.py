@@ -19,11 +19,14 @@ from app_support import add_users_tracking, agent_env, app_settings, inbox, run_
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 from test_app_cycle import KILL_CHAIN, html
+from test_web_views import PASSWORD, login
 
 from crawler_app import channels
 from crawler_app.models import AppCycle, Delivery, Notification, NotificationState, User
-from crawler_app.pages import get_user
+from crawler_app.pages import add_user, get_user
 from jodl.log.models import ExecState, Execution
+from web.app import create_app
+from web.settings import WebSettings
 
 pytest_plugins = ("tests.site",)
 __all__ = ["inbox"]  # the fixture, imported for pytest
@@ -174,9 +177,12 @@ def test_an_agent_killed_between_claim_and_send_sends_nothing_twice(
 
 
 def test_a_private_channel_is_refused_when_added_and_when_sent(
-    store, agents, settings, site, inbox, webhook
+    store, agents, settings, site, inbox, webhook, db_url
 ):
     site.set_page("/p", html("P", "v1"), headers={"ETag": '"1"'})
+    with sessionmaker(store.engine).begin() as s:
+        add_user(s, "ann@example.org", PASSWORD)
+        add_user(s, "ops@example.org", PASSWORD).is_admin = True
     add_users_tracking(store, site.url("/p"), ["ann@example.org"])
     with pytest.raises(channels.ChannelRefused, match="private or loopback.*JODL_CHANNEL_ALLOW"):
         add_channel(store, "ann@example.org", webhook.url("ann"), allow=())
@@ -201,6 +207,17 @@ def test_a_private_channel_is_refused_when_added_and_when_sent(
             )
         ).all()
     assert any("private or loopback" in str(e) for e in errors)
+    # Shown on the user's pages and on the notify run's page of the web UI.
+    web = create_app(
+        WebSettings(database_url=db_url, web_secure_cookies=False), engine=store.engine
+    )
+    user, ops = web.test_client(), web.test_client()
+    login(user, "ann@example.org")
+    login(ops, "ops@example.org")
+    notice = user.get("/pages").get_data(as_text=True)
+    assert "did not reach you" in notice and "private or loopback" in notice
+    run_page = ops.get(f"/admin/runs/{cycle.notify_run_id}").get_data(as_text=True)
+    assert "private or loopback" in run_page and "secret-token" not in run_page
 
 
 def test_channels_commands(store, db_url, webhook) -> None:
