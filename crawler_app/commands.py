@@ -1,4 +1,5 @@
-"""The page checker's ``jodl`` commands: users, track, untrack, tracked, check, cycle.
+"""The page checker's ``jodl`` commands: users, track, untrack, tracked, check, cycle,
+channels.
 
 Installed through the entry point group ``jodl.commands``: :func:`register`
 receives the ``jodl`` click group and adds the commands to it.
@@ -330,9 +331,10 @@ def _cycle_by(holder: str, store: Any) -> Any:
 
 def register(group: click.Group) -> None:
     """Add the page checker's commands to the ``jodl`` group (entry point ``jodl.commands``)."""
+    from .channel_commands import channels
     from .quota_commands import quota as quota_command
 
     users.add_command(quota_command)
 
-    for command in (users, track, untrack, tracked, check, cycle):
+    for command in (users, track, untrack, tracked, check, cycle, channels):
         group.add_command(command)

@@ -46,8 +46,6 @@ from .models import (
     WHOLE_PAGE,
     AppCycle,
     CycleStep,
-    Notification,
-    NotificationState,
     Page,
     PageView,
     Snapshot,
@@ -361,12 +359,7 @@ class PageCycle:
         Sent digests' jobs end as ``done`` so no later ``notify`` cycle runs them again.
         """
         with self.sessions() as s:
-            prepared = s.scalar(
-                select(func.count()).where(
-                    Notification.cycle_id == cycle.id,
-                    Notification.state == NotificationState.PREPARED,
-                )
-            )
+            prepared = digests.pending(s, cycle.id)
         if not prepared:
             return
         run = self._family_run(cycle, NOTIFY_FAMILY, "notify_run_id")

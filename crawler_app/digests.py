@@ -1,9 +1,12 @@
-"""Digests: one e-mail per user per cycle, listing the user's changed pages.
+"""Digests: one per user per cycle, listing the user's changed pages, by e-mail and
+to each of the user's notification channels (:mod:`crawler_app.channels`).
 
 :func:`prepare` turns the cycle's confirmed changes into one :class:`Notification`
 row per user (its idempotency key ``digest-<cycle>-<user>`` names the ``notify``
-job and builds the Message-ID) and commits it with its job; :func:`record_outcomes`
-marks each digest sent or failed from the ``notify`` run and retires the jobs.
+job and builds the Message-ID) and one :class:`Delivery` per channel of the user
+(key ``digest-<cycle>-<user>-c<channel>``, a ``notify`` job of its own), and commits
+them with their jobs; :func:`record_outcomes` marks each e-mail and delivery sent or
+failed from the ``notify`` run and retires the jobs.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from . import change, mail
 from .models import (
     WHOLE_PAGE,
     AppCycle,
+    Delivery,
     Notification,
     NotificationState,
     Page,
@@ -26,6 +30,7 @@ from .models import (
     Snapshot,
     Tracking,
     User,
+    UserChannel,
     decompress,
 )
 from .pages import NOTIFY_FAMILY, family_id
@@ -114,35 +119,87 @@ def prepare(s: Session, cycle: AppCycle, settings: AppSettings) -> int:
             "html": html,
         }
         job_id = JobLog.add_one(s.connection(), fid, key, json.dumps(payload))
-        s.add(
-            Notification(
-                cycle_id=cycle.id,
-                user_id=user_id,
-                idem_key=key,
-                message_id=message_id,
-                state=NotificationState.PREPARED,
-                job_id=job_id,
-                snapshots=[snap.id for snap, _ in digests[user_id]],
-                created_at=utcnow(),
-            )
+        note = Notification(
+            cycle_id=cycle.id,
+            user_id=user_id,
+            idem_key=key,
+            message_id=message_id,
+            state=NotificationState.PREPARED,
+            job_id=job_id,
+            snapshots=[snap.id for snap, _ in digests[user_id]],
+            created_at=utcnow(),
         )
+        s.add(note)
+        s.flush()
+        channel_ids = s.scalars(
+            select(UserChannel.id).where(UserChannel.user_id == user_id).order_by(UserChannel.id)
+        )
+        for channel_id in channel_ids:
+            # The same digest once more: the agent reads the channel's URL (its secrets)
+            # from the table when it sends, so the job log never holds them.
+            delivery_key = f"{key}-c{channel_id}"
+            job_payload = {
+                "key": delivery_key,
+                "channel_id": channel_id,
+                "title": subject,
+                "body": text,
+            }
+            delivery_job = JobLog.add_one(
+                s.connection(), fid, delivery_key, json.dumps(job_payload)
+            )
+            s.add(
+                Delivery(
+                    notification_id=note.id,
+                    channel_id=channel_id,
+                    idem_key=delivery_key,
+                    state=NotificationState.PREPARED,
+                    job_id=delivery_job,
+                    created_at=utcnow(),
+                )
+            )
     row = s.get(AppCycle, cycle.id)
     assert row is not None
     row.notifications = len(digests)
     return len(digests)
 
 
+def pending(s: Session, cycle_id: int) -> int:
+    """E-mails and channel deliveries of the cycle not sent nor failed yet."""
+    notes = s.scalar(
+        select(func.count()).where(
+            Notification.cycle_id == cycle_id,
+            Notification.state == NotificationState.PREPARED,
+        )
+    )
+    deliveries = s.scalar(
+        select(func.count())
+        .select_from(Delivery)
+        .join(Notification, Notification.id == Delivery.notification_id)
+        .where(Notification.cycle_id == cycle_id, Delivery.state == NotificationState.PREPARED)
+    )
+    return (notes or 0) + (deliveries or 0)
+
+
 def record_outcomes(s: Session, cycle_id: int, run_id: int) -> int:
-    """Mark the cycle's prepared digests sent (a committed result in the ``notify``
-    run) or failed (the job is dead), and retire their jobs (``done``) so no later
-    ``notify`` run sends them again. Returns the number sent."""
-    notes = list(
+    """Mark the cycle's prepared e-mails and channel deliveries sent (a committed result
+    in the ``notify`` run) or failed (the job is dead), and retire their jobs (``done``)
+    so no later ``notify`` run sends them again. Returns the number sent."""
+    notes: list[Notification | Delivery] = list(
         s.scalars(
             select(Notification).where(
                 Notification.cycle_id == cycle_id,
                 Notification.state == NotificationState.PREPARED,
                 Notification.job_id.is_not(None),
             )
+        )
+    )
+    notes += s.scalars(
+        select(Delivery)
+        .join(Notification, Notification.id == Delivery.notification_id)
+        .where(
+            Notification.cycle_id == cycle_id,
+            Delivery.state == NotificationState.PREPARED,
+            Delivery.job_id.is_not(None),
         )
     )
     conn = s.connection()

@@ -7,11 +7,12 @@ trackers asked for (whole page, CSS selectors). A view's text travels back only
 when its fingerprint is not one the master already knows, so an unchanged page
 costs a few hundred bytes.
 
-``notify`` sends one digest e-mail over SMTP. Once connected and greeted, it
-claims the digest's idempotency key in the shared database *before* handing the
-message to the server and marks it sent as soon as the server accepted it, so a
-digest run twice, on any agents (a master restart, a retry elsewhere after a lost
-answer), goes out at most once.
+``notify`` sends one digest e-mail over SMTP, or one digest to one of the user's
+notification channels (:mod:`crawler_app.channels`, through Apprise). Once connected
+and greeted (for a channel: once its target passed the SSRF guard), it claims the
+digest's idempotency key in the shared database *before* handing the message over
+and marks it sent as soon as it was accepted, so a digest run twice, on any agents
+(a master restart, a retry elsewhere after a lost answer), goes out at most once.
 """
 
 from __future__ import annotations
@@ -28,15 +29,16 @@ from typing import Any
 from sqlalchemy import Engine, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from jodl import Family, Permanent
+from jodl import Family, Permanent, failpoint
 from jodl.log import make_engine, utcnow
 from jodl.settings.config import Settings
 
 from .browser import Renderer
+from .channels import ChannelError, open_channel
 from .confirm import BASELINE_FETCHES, Known, ViewCheck
 from .fetcher import THREAD_PARSE_BYTES, Fetcher
 from .metrics import FETCHES, NOTIFICATIONS
-from .models import DigestClaim, DigestClaimState
+from .models import DigestClaim, DigestClaimState, UserChannel
 from .pagekind import built_by_script, error_page
 from .reach import Reach
 from .settings import SMTP_IN_CLEAR, AppSettings
@@ -288,6 +290,11 @@ class Journal:
         with self.engine.begin() as conn:
             conn.execute(delete(DigestClaim).where(DigestClaim.idem_key == key))
 
+    def channel_url(self, channel_id: int) -> str | None:
+        """The Apprise URL of a channel (None once its user removed it)."""
+        with self.engine.connect() as conn:
+            return conn.scalar(select(UserChannel.url).where(UserChannel.id == channel_id))
+
 
 class SmtpRefused(Permanent):
     """SMTP settings ``notify`` will not use (one line saying what to set)."""
@@ -324,6 +331,10 @@ class Notify(Family):
     taken in the shared database (``JODL_DATABASE_URL``, see :class:`Journal`);
     SMTP settings come from the agent's environment (``JODL_SMTP_*``).
 
+    A channel's delivery has ``key``, ``channel_id``, ``title`` and ``body`` instead;
+    its URL is read from the database when it is sent, its target checked by the
+    SSRF guard (``JODL_CHANNEL_ALLOW``) before the claim, and the same claim guards it.
+
     Not idempotent: a second run could mail twice if the claim were bypassed, so
     the master runs no backup copy of it and does not time a running one out.
     """
@@ -346,6 +357,8 @@ class Notify(Family):
             return self._journal
 
     def run(self, payload: dict[str, Any]) -> Any:
+        if "channel_id" in payload:
+            return self._to_channel(payload)
         key = str(payload["key"])
         message_id = str(payload["message_id"])
         check_smtp_tls(self.settings)
@@ -370,6 +383,7 @@ class Notify(Family):
                     f"digest {key} may already have been delivered (an earlier attempt was "
                     "interrupted during the SMTP conversation); not sent again"
                 )
+            failpoint.hit("notify_claimed")  # claimed, nothing sent: crash tests stop here
             try:
                 refused = smtp.send_message(msg)
             except smtplib.SMTPRecipientsRefused as exc:
@@ -388,6 +402,39 @@ class Notify(Family):
             "to": payload["to"],
             "refused": {str(k): str(v) for k, v in refused.items()},
         }
+
+    def _to_channel(self, payload: dict[str, Any]) -> Any:
+        """One digest to one notification channel, claimed like an e-mail."""
+        key = str(payload["key"])
+        url = self.journal.channel_url(int(payload["channel_id"]))
+        if url is None:
+            raise Permanent(f"digest {key}: the channel was removed before it was sent")
+        try:
+            channel = open_channel(url)
+            # Checked here, on the agent that sends, as well as when it was added: the
+            # operator's allowlist and the name's DNS answer may have changed since.
+            channel.check(self.settings.channel_allow)
+        except ChannelError as exc:
+            raise Permanent(str(exc)) from None
+        found = self.journal.claim(key, key, str(self.context.get("node", "")))
+        if found == DigestClaimState.SENT:
+            NOTIFICATIONS.labels("duplicate").inc()
+            return {"sent": False, "duplicate": True, "channel": channel.shown()}
+        if found is not None:
+            raise Permanent(
+                f"digest {key} may already have been delivered to {channel.shown()} (an "
+                "earlier attempt was interrupted while sending); not sent again"
+            )
+        failpoint.hit("notify_claimed")  # claimed, nothing sent: crash tests stop here
+        try:
+            channel.send(str(payload["title"]), str(payload["body"]))
+        except ChannelError as exc:
+            # The service took nothing (an error answer, no connection): a retry may send.
+            self.journal.release(key)
+            raise RuntimeError(str(exc)) from None
+        self.journal.sent(key)
+        NOTIFICATIONS.labels("sent").inc()
+        return {"sent": True, "channel": channel.shown()}
 
     def _connect(self) -> smtplib.SMTP:
         """A connection to the SMTP server, greeted, over TLS as configured, logged in."""

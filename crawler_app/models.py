@@ -66,6 +66,9 @@ class User(Base):
     email_confirmed: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     #: Raised by logout and password changes: web sessions of an older version end.
     session_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: The secret in the URL of the user's Atom feed (:mod:`crawler_app.feeds`); None
+    #: until the feed is first asked for; a new one (rotation) ends the old URL.
+    feed_token: Mapped[str | None] = mapped_column(String(64), unique=True)
 
 
 class UserQuota(Base):
@@ -290,3 +293,43 @@ class DigestClaim(Base):
     node: Mapped[str] = mapped_column(String(255))
     claimed_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     sent_at: Mapped[dt.datetime | None]
+
+
+class UserChannel(Base):
+    """A notification channel of a user (:mod:`crawler_app.channels`): an Apprise URL.
+
+    The URL holds the channel's secrets (tokens, passwords); it is read by the agent
+    that sends to it and never shown back in full (:func:`crawler_app.channels.masked`).
+    """
+
+    __tablename__ = "app_channel"
+    __table_args__ = (UniqueConstraint("user_id", "url", name="uq_app_channel_user_url"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("app_user.id", ondelete="CASCADE"))
+    url: Mapped[str] = mapped_column(String(URL_LENGTH))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Delivery(Base):
+    """A digest sent to one of its user's channels: one more delivery of a
+    :class:`Notification`, with its own idempotency key, ``notify`` job and state
+    (:class:`NotificationState`)."""
+
+    __tablename__ = "app_delivery"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    notification_id: Mapped[int] = mapped_column(
+        ForeignKey("app_notification.id", ondelete="CASCADE"), index=True
+    )
+    #: The channel (None once its user removed it; the row stays as history).
+    channel_id: Mapped[int | None] = mapped_column(
+        ForeignKey("app_channel.id", ondelete="SET NULL")
+    )
+    #: ``digest-<cycle>-<user>-c<channel>``: the ``notify`` job's key and the claim's.
+    idem_key: Mapped[str] = mapped_column(String(100), unique=True)
+    state: Mapped[str] = mapped_column(String(16), default=NotificationState.PREPARED)
+    job_id: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("jodl_job.id", ondelete="SET NULL")
+    )
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    sent_at: Mapped[dt.datetime | None]
+    error: Mapped[str | None] = mapped_column(Text)

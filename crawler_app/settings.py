@@ -179,6 +179,15 @@ OPTIONS: tuple[Option, ...] = (
         "queued: masters, `jodl web`, the CLI)",
         "master",
     ),
+    AppOption(
+        "JODL_CHANNEL_ALLOW",
+        "",
+        "list",
+        "Comma-separated networks notification channels (Apprise URLs such as json://, "
+        "ntfy://, mailto://) may reach although not public; checked where channels are "
+        "added and on the agents that send; everything else private is refused",
+        "agent",
+    ),
     AppOption("JODL_FETCH_USER_AGENT", FS.user_agent, "str", "User-Agent of every fetch", "agent"),
     AppOption(
         "JODL_FETCH_CONNECT_TIMEOUT",
@@ -340,6 +349,7 @@ class AppSettings:
     smtp_timeout: float = 30.0
     fetch_allow: tuple[str, ...] = ()
     fetch_allow_users: tuple[str, ...] = (reach.DEFAULT_USERS,)
+    channel_allow: tuple[str, ...] = ()
     fetch_user_agent: str = FS.user_agent
     fetch_connect_timeout: float = FS.connect_timeout
     fetch_read_timeout: float = FS.read_timeout
@@ -375,6 +385,10 @@ class AppSettings:
         except ValueError as exc:
             raise ConfigError(f"JODL_FETCH_ALLOW: {exc}") from None
         settings.allow_users()
+        try:
+            parse_allowlist(tuple(settings.channel_allow))
+        except ValueError as exc:
+            raise ConfigError(f"JODL_CHANNEL_ALLOW: {exc}") from None
         settings.fetch_settings()
         settings.browser_settings()
         if settings.smtp_user and not (settings.smtp_starttls or settings.smtp_ssl):

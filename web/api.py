@@ -19,7 +19,7 @@ from werkzeug.exceptions import BadRequest, Forbidden, NotFound, UnsupportedMedi
 from crawler_app.pages import PageError
 from crawler_app.quota import QuotaExceeded
 
-from . import admin, tracking
+from . import admin, channels, tracking
 from .app import services
 from .auth import (
     SIGNUP_SENT,
@@ -317,6 +317,52 @@ def pages_history(page_id: int) -> Any:
 def pages_diff(page_id: int) -> Any:
     args = request.args
     return jsonify(tracking.diff_data(services(), _me(), page_id, args.get("a"), args.get("b")))
+
+
+# -- notifications ------------------------------------------------------------------------------
+
+
+@bp.route("/channels")
+@login_required
+def channels_list() -> Any:
+    return jsonify({"channels": channels.list_channels(services(), _me())})
+
+
+@bp.route("/channels", methods=["POST"])
+@login_required
+def channels_add() -> Any:
+    return jsonify(channels.add_channel(services(), _me(), body().get("url"))), 201
+
+
+@bp.route("/channels/<id:channel_id>", methods=["DELETE"])
+@login_required
+def channels_remove(channel_id: int) -> Any:
+    channels.remove_channel(services(), _me(), channel_id)
+    return "", 204
+
+
+@bp.route("/channels/<id:channel_id>/test", methods=["POST"])
+@login_required
+def channels_test(channel_id: int) -> Any:
+    return jsonify(channels.test_channel(services(), _me(), channel_id))
+
+
+@bp.route("/notifications")
+@login_required
+def notifications_list() -> Any:
+    return jsonify({"digests": channels.recent_digests(services(), _me())})
+
+
+@bp.route("/feed")
+@login_required
+def feed_get() -> Any:
+    return jsonify({"url": channels.feed_url(services(), _me())})
+
+
+@bp.route("/feed/rotate", methods=["POST"])
+@login_required
+def feed_rotate() -> Any:
+    return jsonify({"url": channels.feed_url(services(), _me(), rotate=True)})
 
 
 @bp.route("/quota")

@@ -169,9 +169,9 @@ def create_app(
     app.jinja_env.filters["when"] = when
     app.context_processor(lambda: {"user": g.get("user")})
 
-    from . import admin, api, auth, mailsink, ops, stream, tracking, ui
+    from . import admin, api, auth, channels, feeds, mailsink, ops, stream, tracking, ui
 
-    for module in (ui, auth, tracking, admin, stream, api, ops, mailsink):
+    for module in (ui, auth, tracking, channels, feeds, admin, stream, api, ops, mailsink):
         app.register_blueprint(module.bp)
     from . import families
 

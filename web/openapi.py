@@ -423,6 +423,59 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 params=[_path_int("page_id"), _query_int("a"), _query_int("b")],
             )
         },
+        "/api/channels": {
+            "get": _op(
+                "Your notification channels (Apprise URLs, secrets masked)",
+                _responses(200, "Channels", obj, 401),
+                auth=True,
+            ),
+            "post": _op(
+                "Add a notification channel: an Apprise URL (mailto://, ntfy://, slack://, "
+                "json://, ...); a private address is refused unless JODL_CHANNEL_ALLOW allows it",
+                _responses(201, "Added (its URL masked)", obj, *WITH_BODY),
+                {"type": "object", "required": ["url"], "properties": {"url": _text(2048)}},
+                auth=True,
+            ),
+        },
+        "/api/channels/{channel_id}": {
+            "delete": _op(
+                "Remove a notification channel",
+                _responses(204, "Removed", None, 401, 403, 404),
+                auth=True,
+                params=[_path_int("channel_id")],
+            ),
+        },
+        "/api/channels/{channel_id}/test": {
+            "post": _op(
+                "Send a test message to a channel now (ok false and the reason if it failed)",
+                _responses(200, "What happened", obj, *WITH_BODY, 404),
+                {"type": "object"},
+                auth=True,
+                params=[_path_int("channel_id")],
+            ),
+        },
+        "/api/notifications": {
+            "get": _op(
+                "Your recent digests: the e-mail's state and each channel delivery's",
+                _responses(200, "Digests, newest first", obj, 401),
+                auth=True,
+            ),
+        },
+        "/api/feed": {
+            "get": _op(
+                "The secret URL of your Atom feed of changes (no login needed to read it)",
+                _responses(200, "The feed's URL", obj, 401),
+                auth=True,
+            ),
+        },
+        "/api/feed/rotate": {
+            "post": _op(
+                "Give your feed a new secret URL; the old one answers 404 from now on",
+                _responses(200, "The feed's new URL", obj, *WITH_BODY),
+                {"type": "object"},
+                auth=True,
+            ),
+        },
         "/api/quota": {
             "get": _op(
                 "Your quotas (0: no limit) and what you used of them",

@@ -37,3 +37,11 @@ def when(value: Any, empty: str = "") -> Markup:
     iso = moment.isoformat(timespec="seconds").replace("+00:00", "Z")
     text = moment.strftime("%d %b %Y, %H:%M UTC")
     return Markup('<time datetime="{}" title="{}">{}</time>').format(iso, iso, text)
+
+
+def iso(value: Any) -> str | None:
+    """ISO text in UTC with a Z (JSON answers); None when there is no time."""
+    moment = parse(value)
+    if moment is None:
+        return None
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")

@@ -22,6 +22,7 @@ from crawler_app.schedule import next_checks
 from crawler_app.settings import AppSettings
 from jodl.exceptions import JodlError
 
+from . import channels
 from .app import Services, services
 from .auth import CurrentUser, current_user, limit, login_required
 from .diff import inline, side_by_side
@@ -259,7 +260,12 @@ def _user() -> CurrentUser:
 @bp.route("/pages")
 @login_required
 def pages() -> Any:
-    return render_template("pages.html", pages=list_pages(services(), _user()))
+    svc = services()
+    return render_template(
+        "pages.html",
+        pages=list_pages(svc, _user()),
+        digest_failure=channels.last_failure(svc, _user()),
+    )
 
 
 @bp.route("/pages", methods=["POST"])

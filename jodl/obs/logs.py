@@ -38,6 +38,7 @@ QUIET_LIBRARIES = (
     "mail.log",
     "asyncio",
     "httpx",
+    "apprise",
 )
 
 
