@@ -271,6 +271,19 @@ def test_a_changed_page_reaches_the_mail_sink(tmp_path: Path, site: TestSite) ->
             expect(digest.locator("pre")).to_contain_text(site.url("/watched"))
             expect(digest.locator("pre")).to_contain_text("the second text")
             page.screenshot(path=str(ARTIFACTS / "browser-mail-digest.png"), full_page=True)
+            # The page's history shows the change as people read it: the changed word
+            # marked within its line, no diff syntax.
+            page.goto(url + "pages")
+            page.locator("#tracked tbody tr a").first.click()
+            inline = page.locator("#diff-inline")
+            expect(inline.locator("del")).to_have_text(["first"])
+            expect(inline.locator("ins")).to_have_text(["second"])
+            expect(inline.locator("tr.add td.text")).to_have_text(["the second text"])
+            assert "@@" not in inline.inner_text()
+            page.click("text=Side by side")
+            expect(page.locator("#diff-side tr.change del")).to_have_text(["first"])
+            expect(page.locator("#diff-side tr.change ins")).to_have_text(["second"])
+            page.screenshot(path=str(ARTIFACTS / "browser-word-diff.png"), full_page=True)
             browser.close()
     finally:
         if proc.poll() is None:

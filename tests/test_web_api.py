@@ -217,9 +217,16 @@ def test_tracked_pages_history_and_diff(app: Flask, client: FlaskClient) -> None
     diff = client.get(f"/api/pages/{page_id}/diff", headers=USER)
     assert diff.headers["Content-Type"] == "application/json"
     data = diff.get_json()
-    assert {"kind": "remove", "text": "-b"} in data["inline"]
-    assert {"kind": "add", "text": "+c"} in data["inline"]
-    assert any(r["kind"] == "change" and r["left"] == "b" for r in data["side_by_side"])
+    kinds = [(ln["kind"], ln["text"], ln["old_no"], ln["new_no"]) for ln in data["inline"]]
+    assert kinds == [
+        ("same", "a", 1, 1),
+        ("remove", "b", 2, None),
+        ("add", "c", None, 2),
+        ("same", "<script>", 3, 3),
+    ]  # no diff syntax: no "---", "@@", "-b"
+    assert data["inline"][1]["pieces"] == [{"text": "b", "changed": True}]
+    (change,) = [r for r in data["side_by_side"] if r["kind"] == "change"]
+    assert (change["left"], change["right"]) == ("b", "c")
     for query, status in [("?a=x", 400), ("?a=999", 404), ("?a=99999999999999999999", 404)]:
         assert client.get(f"/api/pages/{page_id}/diff{query}", headers=USER).status_code == status
     assert client.get(f"/api/pages/{page_id}", headers=OPS).status_code == 404

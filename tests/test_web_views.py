@@ -53,6 +53,7 @@ ALLOWED_TAGS = {
     "html", "head", "meta", "title", "link", "script", "body", "header", "nav", "main", "a",
     "div", "span", "form", "input", "button", "label", "textarea", "p", "h1", "h2", "table",
     "thead", "tbody", "tr", "th", "td", "code", "pre", "ul", "li", "br", "progress", "time",
+    "del", "ins", "select", "option",
 }  # fmt: skip
 
 
@@ -429,7 +430,7 @@ def test_hostile_text_is_escaped_everywhere(app: Flask, user_client: FlaskClient
     side = assert_safe(user_client.get(f"/pages/{page_id}?mode=side").get_data(as_text=True))
     assert side.xpath("//table[@id='diff-side']//tr[@class='add' or @class='change']")
     inline = assert_safe(user_client.get(f"/pages/{page_id}").get_data(as_text=True))
-    assert inline.xpath("//pre[@id='diff-inline']/span[@class='add']")
+    assert inline.xpath("//table[@id='diff-inline']//tr[@class='add']//ins")
 
 
 def test_admin_page_escapes_node_errors(app: Flask, admin_client: FlaskClient) -> None:
@@ -541,3 +542,59 @@ def test_malformed_input_never_gives_500(
         "/batches", data=b"--x\r\n", content_type="multipart/form-data; boundary=x"
     )
     assert odd.status_code < 500
+
+
+# -- diffs people read ----------------------------------------------------------------------------
+
+
+def page_with_history(app: Flask, email: str, texts: list[str]) -> tuple[int, list[int]]:
+    """A tracked page with one snapshot per text, oldest first; its id and the snapshots'."""
+    sessions = sessionmaker(app.extensions["jodl"].engine, expire_on_commit=False)
+    ids = []
+    with sessions.begin() as s:
+        tracking = track(s, email, "http://shop.example/item", selector="p")
+        for n, text in enumerate(texts):
+            snap = Snapshot(
+                page_id=tracking.page_id,
+                selector="p",
+                kind="baseline" if n == 0 else "change",
+                fingerprint=str(n),
+                text_z=compress(text),
+                chars=len(text),
+                status=200,
+            )
+            s.add(snap)
+            s.flush()
+            ids.append(snap.id)
+        return tracking.page_id, ids
+
+
+def test_changed_words_are_marked_within_changed_lines(
+    app: Flask, user_client: FlaskClient
+) -> None:
+    texts = [
+        "Blue kettle\nPrice: 10 EUR, in stock\nShips in 2 days",
+        "Blue kettle\nPrice: 12 EUR, in stock\nShips in 2 days",
+        "Blue kettle\nPrice: 12 EUR, sold out\nShips in 2 days",
+    ]
+    page_id, (first, second, third) = page_with_history(app, "user@example.org", texts)
+    doc = assert_safe(user_client.get(f"/pages/{page_id}").get_data(as_text=True))
+    # The newest two by default: only "in stock" -> "sold out" is marked, not the line.
+    assert [d.text_content() for d in doc.xpath("//table[@id='diff-inline']//del")] == ["in stock"]
+    assert [i.text_content() for i in doc.xpath("//table[@id='diff-inline']//ins")] == ["sold out"]
+    removed = doc.xpath("//table[@id='diff-inline']//tr[@class='remove']/td[@class='text']")
+    assert [r.text_content() for r in removed] == ["Price: 12 EUR, in stock"]
+    shown = text_of(doc)
+    assert "@@" not in shown and "+++" not in shown and "---" not in shown
+    # Any two snapshots: the history's form offers every one on both sides.
+    form = doc.xpath("//form[@id='compare']")[0]
+    for name in ("a", "b"):
+        options = form.xpath(f".//select[@name='{name}']/option/@value")
+        assert sorted(int(v) for v in options) == [first, second, third]
+    side = assert_safe(
+        user_client.get(f"/pages/{page_id}?a={first}&b={third}&mode=side").get_data(as_text=True)
+    )
+    (row,) = side.xpath("//table[@id='diff-side']//tr[@class='change']")
+    assert [d.text_content() for d in row.xpath(".//del")] == ["10", "in stock"]
+    assert [i.text_content() for i in row.xpath(".//ins")] == ["12", "sold out"]
+    assert row.xpath("./td[@class='no']/text()") == ["2", "2"]

@@ -25,7 +25,7 @@ from jodl.exceptions import JodlError
 from . import channels
 from .app import Services, services
 from .auth import CurrentUser, current_user, limit, login_required
-from .diff import inline, side_by_side
+from .diff import Piece, inline, side_by_side
 from .quota import QuotaRefused, refused
 
 bp = Blueprint("tracking", __name__)
@@ -234,18 +234,33 @@ def diff_data(svc: Services, user: CurrentUser, page_id: int, a: Any, b: Any) ->
     return {
         "a": old.id,
         "b": new.id,
-        "inline": [{"kind": line.kind, "text": line.text} for line in inline(old.text, new.text)],
+        "inline": [
+            {
+                "kind": line.kind,
+                "old_no": line.old_no,
+                "new_no": line.new_no,
+                "text": line.text,
+                "pieces": _pieces(line.pieces),
+            }
+            for line in inline(old.text, new.text)
+        ],
         "side_by_side": [
             {
                 "kind": row.kind,
                 "left_no": row.left_no,
-                "left": row.left,
+                "left": "".join(p.text for p in row.left),
+                "left_pieces": _pieces(row.left),
                 "right_no": row.right_no,
-                "right": row.right,
+                "right": "".join(p.text for p in row.right),
+                "right_pieces": _pieces(row.right),
             }
             for row in side_by_side(old.text, new.text)
         ],
     }
+
+
+def _pieces(pieces: tuple[Piece, ...]) -> list[dict[str, Any]]:
+    return [{"text": p.text, "changed": p.changed} for p in pieces]
 
 
 # -- views ------------------------------------------------------------------------------------
