@@ -122,6 +122,33 @@ def test_an_outcome_batch_commits_results_learning_and_dead_jobs(store: Store) -
     ]
 
 
+def test_a_runs_executions_are_read_a_page_at_a_time(store: Store) -> None:
+    keys = ["a_1", "ab1", "a%1", "b"]
+    run_id, jobs = open_run(store, keys)
+    ids = store.next_exec_ids(len(keys))
+    writer = LogWriter(store)
+    try:
+        writer.submit(
+            [
+                execution(i, jobs[k], run_id, ExecState.DONE, '"' + "x" * 1000 + '"')
+                for i, k in zip(ids, keys, strict=True)
+            ],
+            settle=True,
+        )
+        writer.flush()
+    finally:
+        writer.close()
+    first = store.reads.run_executions(run_id, limit=3)
+    assert [e.key for e in first] == keys[:3]
+    assert len(first[0].result or "") == 300  # cut for a listing
+    rest = store.reads.run_executions(run_id, after=first[-1].exec_id, limit=3)
+    assert [e.key for e in rest] == ["b"]
+    # The key is searched as text: "_" and "%" match only themselves.
+    assert [e.key for e in store.reads.run_executions(run_id, key="a_")] == ["a_1"]
+    assert [e.key for e in store.reads.run_executions(run_id, key="a%")] == ["a%1"]
+    assert store.reads.run_executions(run_id, state=ExecState.FAILED) == []
+
+
 def test_a_resumed_run_read_in_two_parts_is_the_run_read_at_once(store: Store) -> None:
     """A first part (the oldest due, and the jobs of logged executions wherever they
     are in that order) and the rest (``loaded`` left out) make exactly the jobs left."""

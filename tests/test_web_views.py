@@ -598,3 +598,72 @@ def test_changed_words_are_marked_within_changed_lines(
     assert [d.text_content() for d in row.xpath(".//del")] == ["10", "in stock"]
     assert [i.text_content() for i in row.xpath(".//ins")] == ["12", "sold out"]
     assert row.xpath("./td[@class='no']/text()") == ["2", "2"]
+
+
+# -- a run's jobs ------------------------------------------------------------------------------
+
+
+def test_a_runs_page_lists_its_jobs_filtered_and_paged(
+    app: Flask, admin_client: FlaskClient, user_client: FlaskClient
+) -> None:
+    """A real cycle on an in-process agent: every job fails once, then succeeds."""
+    from jodl.agent.local import start_agent
+    from jodl.master import Master
+    from jodl.settings.config import Settings
+
+    engine = app.extensions["jodl"].engine
+    store = Store(engine)
+    settings = Settings.from_env(env={}, database_url=str(engine.url), call_timeout=5.0)
+    agent = start_agent(settings.replace(secret=None, agent_slots=3), "local:1")
+    family = store.ensure_family("flaky")
+    store.add_jobs(family, ((f"job-{i:02d}", f'{{"key": "job-{i:02d}"}}') for i in range(60)))
+    store.add_node("local:1", slots=3)
+    master = Master(settings.replace(secret=None, max_attempts=3), store=store)
+    try:
+        summary = master.run_cycle("flaky")
+    finally:
+        master.close()
+        agent.close()
+    assert (summary.total, summary.done) == (60, 60)
+
+    def listed(query: str) -> tuple[list[tuple[str, str, str]], str | None]:
+        doc = assert_safe(
+            admin_client.get(f"/admin/runs/{summary.run_id}{query}").get_data(as_text=True)
+        )
+        rows = [
+            tuple(td.text_content().strip() for td in tr.xpath("./td"))
+            for tr in doc.xpath("//table[@id='jobs']/tbody/tr")
+        ]
+        nxt = doc.xpath("//a[@id='jobs-next']/@href")
+        return [(r[0], r[3], r[6]) for r in rows], (nxt[0] if nxt else None)
+
+    # All 120 attempts, 50 a page, in the order they were logged.
+    seen: list[tuple[str, str, str]] = []
+    query: str | None = ""
+    while query is not None:
+        rows, href = listed(query)
+        seen += rows
+        query = href.partition("?")[1] + href.partition("?")[2] if href else None
+    assert len(seen) == 120
+    assert sorted(k for k, state, _ in seen if state == "failed") == [
+        f"job-{i:02d}" for i in range(60)
+    ]
+    assert all("fails on purpose" in text for _, state, text in seen if state == "failed")
+    assert all(text == '{"attempt":2}' for _, state, text in seen if state == "done")
+    # Filtered by state and by part of the key.
+    rows, href = listed("?state=done&key=job-1")
+    assert sorted(k for k, _, _ in rows) == [f"job-1{i}" for i in range(10)]
+    assert {state for _, state, _ in rows} == {"done"} and href is None
+    # The same through the API, with its cursor; bad input is one clear 400.
+    api = admin_client.get(f"/api/admin/runs/{summary.run_id}/jobs?state=failed&limit=40")
+    data = api.get_json()
+    assert len(data["jobs"]) == 40 and data["next"] == data["jobs"][-1]["exec_id"]
+    rest = admin_client.get(
+        f"/api/admin/runs/{summary.run_id}/jobs?state=failed&limit=40&after={data['next']}"
+    ).get_json()
+    assert len(rest["jobs"]) == 20 and rest["next"] is None
+    assert {j["node"] for j in data["jobs"] + rest["jobs"]} == {"local:1"}
+    bad = admin_client.get(f"/api/admin/runs/{summary.run_id}/jobs?state=nosuch")
+    assert bad.status_code == 400 and "state: one of" in str(bad.get_json())
+    assert admin_client.get("/api/admin/runs/999999/jobs").status_code == 404
+    assert user_client.get(f"/api/admin/runs/{summary.run_id}/jobs").status_code == 403

@@ -28,6 +28,16 @@ bp = Blueprint("admin", __name__, url_prefix="/admin")
 FAILURES_LISTED = 100
 #: Most slots an operator may give a node from the web UI.
 MAX_SLOTS = 10_000
+#: A run's attempts per page of its listing (the API may ask for up to 500).
+JOBS_PER_PAGE = 50
+#: The states an attempt is listed in (a sent one has no row until its outcome).
+LISTED_STATES = (
+    ExecState.DONE,
+    ExecState.FAILED,
+    ExecState.LOST,
+    ExecState.TAKEN_BACK,
+    ExecState.CANCELLED,
+)
 
 
 def _iso(value: Any) -> Any:
@@ -134,6 +144,44 @@ def cancel_run(svc: Services, run_id: int) -> dict[str, Any]:
     return {"state": "cancelled", "message": f"run {family}#{row.number} cancelled"}
 
 
+def run_jobs(svc: Services, run_id: int, args: Any, limit: int = JOBS_PER_PAGE) -> dict[str, Any]:
+    """One page of a run's attempts, filtered by ``state`` and ``key`` (text in the
+    job's key), after the execution ``after``; ``next`` is the cursor of the next page."""
+    state = args.get("state") or None
+    if state is not None and state not in LISTED_STATES:
+        raise BadRequest(f"state: one of {', '.join(LISTED_STATES)}")
+    key = (args.get("key") or "").strip()[:200] or None
+    try:
+        after = min(max(int(args.get("after") or 0), 0), 2**62)
+        limit = int(args.get("limit") or limit)
+    except ValueError:
+        raise BadRequest("after, limit: whole numbers") from None
+    if svc.store.reads.run(run_id) is None:
+        raise NotFound("no such run")
+    rows = svc.store.reads.run_executions(run_id, state=state, key=key, after=after, limit=limit)
+    return {
+        "jobs": [
+            {
+                "exec_id": r.exec_id,
+                "key": r.key,
+                "node": r.address,
+                "attempt": r.attempt,
+                "state": r.state,
+                "backup": r.backup,
+                "sent_at": _iso(r.sent_at),
+                "finished_at": _iso(r.finished_at),
+                "duration": r.duration,
+                "result": r.result,
+                "error": r.error,
+            }
+            for r in rows
+        ],
+        "state": state,
+        "key": key,
+        "next": rows[-1].exec_id if len(rows) >= max(1, min(limit, 500)) else None,
+    }
+
+
 def _slots(text: str | None) -> int:
     try:
         return int(text or "1")
@@ -158,7 +206,16 @@ def run(run_id: int) -> Any:
     family = reads.family_of_run(run_id)
     counts = reads.outcome_counts([run_id]).get(run_id, {})
     failures = reads.failed_attempts(run_id, FAILURES_LISTED)
-    return render_template("run.html", run=row, family=family, counts=counts, failures=failures)
+    jobs = run_jobs(svc, run_id, request.args)
+    return render_template(
+        "run.html",
+        run=row,
+        family=family,
+        counts=counts,
+        failures=failures,
+        jobs=jobs,
+        states=LISTED_STATES,
+    )
 
 
 @bp.route("/runs/<id:run_id>/cancel", methods=["POST"])

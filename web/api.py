@@ -405,6 +405,12 @@ def admin_nodes_remove() -> Any:
     return jsonify({"message": admin.remove_node(services(), address.strip())})
 
 
+@bp.route("/admin/runs/<id:run_id>/jobs")
+@admin_required
+def admin_run_jobs(run_id: int) -> Any:
+    return jsonify(admin.run_jobs(services(), run_id, request.args))
+
+
 @bp.route("/admin/runs/<id:run_id>/cancel", methods=["POST"])
 @admin_required
 def admin_run_cancel(run_id: int) -> Any:

@@ -556,6 +556,30 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 auth=True,
             )
         },
+        "/api/admin/runs/{run_id}/jobs": {
+            "get": _op(
+                "A run's attempts in the order they were logged, a page at a time: key, "
+                "node, attempt, state, duration, result or error (cut); filter by state and "
+                "by text in the key; `next` is the `after` of the following page",
+                _responses(200, "Jobs", obj, 400, 401, 403, 404),
+                auth=True,
+                params=[
+                    _path_int("run_id"),
+                    {
+                        "name": "state",
+                        "in": "query",
+                        "required": False,
+                        "schema": {
+                            "type": "string",
+                            "enum": ["done", "failed", "lost", "taken_back", "cancelled"],
+                        },
+                    },
+                    {"name": "key", "in": "query", "required": False, "schema": _text(200, 0)},
+                    _query_int("after"),
+                    _query_int("limit"),
+                ],
+            )
+        },
         "/api/admin/runs/{run_id}/cancel": {
             "post": _op(
                 "Cancel a running run (asked of the running master, or recorded at once)",

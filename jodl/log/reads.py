@@ -14,10 +14,15 @@ from sqlalchemy import Connection, Engine, and_, func, or_, select
 from sqlalchemy.orm import sessionmaker
 
 from .models import ExecState, Execution, FamilyRow, Job, JobState, Node, Run
-from .records import DoneResult, FailedAttempt, JobError, JobTiming
+from .records import DoneResult, ExecutionView, FailedAttempt, JobError, JobTiming
 
 #: Ids per ``IN (...)`` list.
 CHUNK = 500
+#: Characters of a result or an error a listing of executions shows (the API's results
+#: endpoints give whole results).
+SHOWN_CHARS = 300
+#: Executions one page of a run's listing holds at most.
+MAX_PAGE = 500
 
 
 class Reads:
@@ -135,6 +140,42 @@ class Reads:
                     .limit(limit)
                 )
             ]
+
+    def run_executions(
+        self,
+        run_id: int,
+        *,
+        state: str | None = None,
+        key: str | None = None,
+        after: int = 0,
+        limit: int = 50,
+    ) -> list[ExecutionView]:
+        """One page of a run's attempts in the order they were logged: those after
+        execution ``after`` (keyset paging, as cheap on page 2,000 as on page 1), of one
+        ``state`` and with ``key`` in their job's key when given."""
+        shown = (
+            func.substr(Execution.result, 1, SHOWN_CHARS),
+            func.substr(Execution.error, 1, SHOWN_CHARS),
+        )
+        query = (
+            select(
+                Execution.id, Job.key, Node.address, Execution.attempt, Execution.state,
+                Execution.backup, Execution.sent_at, Execution.finished_at, Execution.duration,
+                *shown,
+            )
+            .join(Job, Job.id == Execution.job_id)
+            .outerjoin(Node, Node.id == Execution.node_id)
+            .where(Execution.run_id == run_id, Execution.id > after)
+            .order_by(Execution.id)
+            .limit(max(1, min(limit, MAX_PAGE)))
+        )  # fmt: skip
+        if state is not None:
+            query = query.where(Execution.state == state)
+        if key:
+            escaped = key.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            query = query.where(Job.key.like(f"%{escaped}%", escape="\\"))
+        with self.engine.connect() as conn:
+            return [ExecutionView(*row) for row in conn.execute(query)]
 
     def job_timings(self, job_ids: Sequence[int]) -> dict[int, JobTiming]:
         """job id -> its every-N-cycles and last run, for those of these jobs not deleted."""

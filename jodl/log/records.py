@@ -144,6 +144,23 @@ class FailedAttempt(NamedTuple):
     error: str | None
 
 
+class ExecutionView(NamedTuple):
+    """One attempt of a run's job as the run page lists it (result and error cut to
+    :data:`~jodl.log.reads.SHOWN_CHARS`)."""
+
+    exec_id: int
+    key: str
+    address: str | None
+    attempt: int
+    state: str
+    backup: bool
+    sent_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    duration: float | None
+    result: str | None
+    error: str | None
+
+
 class JobTiming(NamedTuple):
     """When a job runs again by its every-N-cycles, as a schedule preview reads it."""
 
