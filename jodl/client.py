@@ -52,6 +52,7 @@ def add_jobs(
     database_url: str | None = None,
     priority: int | None = None,
     create: bool = False,
+    store: Store | None = None,
 ) -> int:
     """Add jobs (key -> payload, a dict) to ``family``, all or none; the number added.
 
@@ -63,9 +64,11 @@ def add_jobs(
 
     ``priority`` None: the family's (``jodl family set --priority``), else 0.
     Keys the family already has are kept as they are. The next cycle
-    (``jodl run FAMILY``, or a serving master) runs them.
+    (``jodl run FAMILY``, or a serving master) runs them. ``store``: an open
+    :class:`~jodl.log.store.Store` to use instead of ``database_url`` (kept open).
     """
-    store = connect(database_url)
+    own = store is None
+    store = connect(database_url) if store is None else store
     try:
         if not create and store.family(family) is None:
             from .family import load
@@ -77,7 +80,8 @@ def add_jobs(
             create = True  # installed here: created as `jodl jobs add` would
         return store.add_jobs(family, jobs, priority=priority, create=create)
     finally:
-        store.engine.dispose()
+        if own:
+            store.engine.dispose()
 
 
 def results(family: str, run: int | None = None, database_url: str | None = None) -> RunResults:

@@ -19,7 +19,7 @@ from werkzeug.exceptions import BadRequest, Forbidden, NotFound, UnsupportedMedi
 from crawler_app.pages import PageError
 from crawler_app.quota import QuotaExceeded
 
-from . import admin, channels, tracking
+from . import admin, channels, jobs, tracking
 from .app import services
 from .auth import (
     SIGNUP_SENT,
@@ -269,9 +269,47 @@ def session_delete() -> Any:
 @bp.route("/tokens", methods=["POST"])
 @login_required
 def tokens_create() -> Any:
-    """A bearer token: API requests without a password hash each (revoked by logout)."""
+    """A bearer token: API requests without a password hash each (revoked by logout);
+    with ``{"families": [...]}``, for those families' jobs and results only."""
     user = _me()
-    return jsonify({"token": issue_token(user), "expires_in": TOKEN_SECONDS}), 201
+    data = body() if request.content_length else {}
+    families = jobs.token_families(data, user)
+    out: dict[str, Any] = {"token": issue_token(user, families), "expires_in": TOKEN_SECONDS}
+    if families is not None:
+        out["families"] = list(families)
+    return jsonify(out), 201
+
+
+# -- jobs over HTTP -----------------------------------------------------------------------------
+
+
+@bp.route("/families/<name>/jobs", methods=["POST"])
+@login_required
+def family_jobs_add(name: str) -> Any:
+    jobs.check_access(_me(), name)
+    return jsonify(jobs.add_to_family(services(), name, body())), 201
+
+
+@bp.route("/families/<name>/results")
+@login_required
+def family_results(name: str) -> Any:
+    jobs.check_access(_me(), name)
+    args = request.args
+    return jsonify(jobs.family_results(services(), name, args.get("after"), args.get("limit")))
+
+
+@bp.route("/queue/<name>/jobs", methods=["POST"])
+@login_required
+def queue_jobs_add(name: str) -> Any:
+    jobs.check_access(_me(), name)
+    return jsonify(jobs.add_to_queue(services(), name, body())), 201
+
+
+@bp.route("/queue/<name>/jobs/<path:key>")
+@login_required
+def queue_job(name: str, key: str) -> Any:
+    jobs.check_access(_me(), name)
+    return jsonify(jobs.queued_job(services(), name, key))
 
 
 # -- tracked pages ------------------------------------------------------------------------------

@@ -86,6 +86,9 @@ class CurrentUser:
     #: "session" (cookie: CSRF applies), "basic" (credentials in the request) or
     #: "token" (a bearer token from POST /api/tokens).
     via: str
+    #: The families a token is scoped to (jobs in, results out of them and nothing
+    #: else of the API); None: the whole account.
+    families: tuple[str, ...] | None = None
 
 
 def load_user() -> None:
@@ -100,10 +103,15 @@ def load_user() -> None:
         g.user = CurrentUser(user.id, user.email, bool(user.is_admin), "basic")
         return
     if auth is not None and auth.type == "bearer":
-        found = _token_user(auth.token or "")
+        found, families = _token_user(auth.token or "")
         if found is None:
             raise Unauthorized("the token is unknown, expired or revoked: get a new one")
-        g.user = CurrentUser(found.id, found.email, bool(found.is_admin), "token")
+        if families is not None and request.endpoint not in FAMILY_SCOPED_ENDPOINTS:
+            raise Forbidden(
+                f"this token is for the jobs of {', '.join(families)} only: "
+                "use the account's session or another token for the rest of the API"
+            )
+        g.user = CurrentUser(found.id, found.email, bool(found.is_admin), "token", families)
         return
     uid, version = session.get("uid"), session.get("sv")
     if not isinstance(uid, int):
@@ -135,22 +143,35 @@ def _serializer(salt: str) -> URLSafeTimedSerializer:
     return URLSafeTimedSerializer(current_app.secret_key or "", salt=salt)
 
 
-def issue_token(user: CurrentUser) -> str:
-    """A bearer token for ``user``, good until it expires or the user's sessions end."""
+#: The API's endpoints a token scoped to families may call (web/jobs.py).
+FAMILY_SCOPED_ENDPOINTS = frozenset(
+    {"api.family_jobs_add", "api.family_results", "api.queue_jobs_add", "api.queue_job"}
+)
+
+
+def issue_token(user: CurrentUser, families: tuple[str, ...] | None = None) -> str:
+    """A bearer token for ``user``, good until it expires or the user's sessions end;
+    scoped to ``families`` (their jobs and results only) when given."""
     with services().batches.sessions() as s:
         found = s.get(User, user.id)
         version = found.session_version if found is not None else -1
-    return str(_serializer("jodl-api-token").dumps({"uid": user.id, "sv": version}))
+    data: dict[str, Any] = {"uid": user.id, "sv": version}
+    if families is not None:
+        data["fam"] = list(families)
+    return str(_serializer("jodl-api-token").dumps(data))
 
 
-def _token_user(token: str) -> User | None:
+def _token_user(token: str) -> tuple[User | None, tuple[str, ...] | None]:
+    """The token's user (None: unknown, expired or revoked) and its families' scope."""
     try:
         data = _serializer("jodl-api-token").loads(token, max_age=TOKEN_SECONDS)
     except BadSignature:
-        return None
+        return None, None
     if not isinstance(data, dict):
-        return None
-    return _user_at_version(data.get("uid"), data.get("sv"))
+        return None, None
+    families = data.get("fam")
+    scope = tuple(str(f) for f in families) if isinstance(families, list) else None
+    return _user_at_version(data.get("uid"), data.get("sv")), scope
 
 
 def end_sessions(user_id: int) -> None:

@@ -70,6 +70,10 @@ def _path_int(name: str) -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "schema": {"type": "integer"}}
 
 
+def _path_str(name: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": _text(500)}
+
+
 def _text(most: int, least: int = 1) -> dict[str, Any]:
     return {"type": "string", "minLength": least, "maxLength": most}
 
@@ -99,6 +103,25 @@ def _stream(*events: str) -> dict[str, Any]:
 def _query_int(name: str) -> dict[str, Any]:
     return {"name": name, "in": "query", "required": False, "schema": {"type": "integer"}}
 
+
+#: The body of jobs added over HTTP (web/jobs.py).
+JOBS_BODY: dict[str, Any] = {
+    "type": "object",
+    "required": ["jobs"],
+    "properties": {
+        "jobs": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 10_000,
+            "items": {
+                "type": "object",
+                "required": ["key"],
+                "additionalProperties": False,
+                "properties": {"key": _text(500), "payload": {"type": "object"}},
+            },
+        }
+    },
+}
 
 BATCH_ID = {"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}
 
@@ -334,7 +357,9 @@ def document(settings: WebSettings) -> dict[str, Any]:
         },
         "/api/tokens": {
             "post": _op(
-                "A bearer token for API requests (no password hash each); logout ends it",
+                "A bearer token for API requests (no password hash each); logout ends it. "
+                "An operator may scope it to families (`families`): it then adds and reads "
+                "those families' jobs and nothing else",
                 _responses(
                     201,
                     "The token",
@@ -344,12 +369,61 @@ def document(settings: WebSettings) -> dict[str, Any]:
                         "properties": {
                             "token": {"type": "string"},
                             "expires_in": {"type": "integer"},
+                            "families": {"type": "array", "items": {"type": "string"}},
                         },
                     },
                     *WITH_BODY,
                 ),
-                {"type": "object"},
+                {
+                    "type": "object",
+                    "properties": {
+                        "families": {"type": "array", "minItems": 1, "items": _text(200)}
+                    },
+                },
                 auth=True,
+            )
+        },
+        "/api/families/{name}/jobs": {
+            "post": _op(
+                "Add jobs to a family, run by its next cycle: all or none; keys it has are "
+                "kept (operators, or a token scoped to the family)",
+                _responses(201, "Added", obj, *WITH_BODY),
+                JOBS_BODY,
+                auth=True,
+                params=[_path_str("name")],
+            )
+        },
+        "/api/families/{name}/results": {
+            "get": _op(
+                "Committed results of the family's jobs after a cursor (`after`); pass the "
+                "answer's `next` to read on",
+                _responses(200, "Results", obj, 400, 401, 403, 404),
+                auth=True,
+                params=[_path_str("name"), _query_int("after"), _query_int("limit")],
+            )
+        },
+        "/api/queue/{name}/jobs": {
+            "post": _op(
+                "Queue jobs of a family on demand (a key queued again is updated in place); "
+                "`delay`: seconds before they are due",
+                _responses(201, "Queued", obj, *WITH_BODY),
+                {
+                    **JOBS_BODY,
+                    "properties": {
+                        **JOBS_BODY["properties"],
+                        "delay": {"type": "number", "minimum": 0, "maximum": 86400 * 366},
+                    },
+                },
+                auth=True,
+                params=[_path_str("name")],
+            )
+        },
+        "/api/queue/{name}/jobs/{key}": {
+            "get": _op(
+                "A queued job's state, attempts and result",
+                _responses(200, "The job", obj, 400, 401, 403, 404),
+                auth=True,
+                params=[_path_str("name"), _path_str("key")],
             )
         },
         "/api/session": {

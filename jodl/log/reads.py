@@ -14,7 +14,14 @@ from sqlalchemy import Connection, Engine, and_, func, or_, select
 from sqlalchemy.orm import sessionmaker
 
 from .models import ExecState, Execution, FamilyRow, Job, JobState, Node, Run
-from .records import DoneResult, ExecutionView, FailedAttempt, JobError, JobTiming
+from .records import (
+    DoneResult,
+    ExecutionView,
+    FailedAttempt,
+    FamilyResult,
+    JobError,
+    JobTiming,
+)
 
 #: Ids per ``IN (...)`` list.
 CHUNK = 500
@@ -210,6 +217,26 @@ class Reads:
             return [DoneResult(*row) for row in conn.execute(query)]
         with self.engine.connect() as own:
             return [DoneResult(*row) for row in own.execute(query)]
+
+    def family_results(self, family: str, after: int, limit: int) -> list[FamilyResult]:
+        """Up to ``limit`` committed results of ``family``'s jobs (of every run, and
+        on demand) with execution ids above ``after`` (a cursor: pass the last id
+        seen), in id order."""
+        query = (
+            select(Execution.id, Job.key, Run.number, Execution.result, Execution.finished_at)
+            .join(Job, Job.id == Execution.job_id)
+            .join(FamilyRow, FamilyRow.id == Job.family_id)
+            .outerjoin(Run, Run.id == Execution.run_id)
+            .where(
+                FamilyRow.name == family,
+                Execution.state == ExecState.DONE,
+                Execution.id > after,
+            )
+            .order_by(Execution.id)
+            .limit(max(1, min(limit, MAX_PAGE)))
+        )
+        with self.engine.connect() as conn:
+            return [FamilyResult(*row) for row in conn.execute(query)]
 
     def dead_in_run(self, run_id: int, conn: Connection | None = None) -> dict[int, str | None]:
         """job id -> last error of the jobs a run gave up on (failed every attempt)."""

@@ -144,6 +144,16 @@ class FailedAttempt(NamedTuple):
     error: str | None
 
 
+class FamilyResult(NamedTuple):
+    """A committed result of a family's job, read since a cursor (``exec_id``)."""
+
+    exec_id: int
+    key: str
+    run_number: int | None  # None: an on-demand job's
+    result: str | None
+    finished_at: dt.datetime | None
+
+
 class ExecutionView(NamedTuple):
     """One attempt of a run's job as the run page lists it (result and error cut to
     :data:`~jodl.log.reads.SHOWN_CHARS`)."""
