@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .exceptions import ConfigError, UnknownFamily
+from .family import check_payloads
 from .log.engine import ensure_schema, make_engine, missing_sqlite_file
 from .log.records import RunResults
 from .log.store import Store
@@ -60,13 +61,16 @@ def add_jobs(
     group ``jodl.families``, as ``jodl jobs add`` requires); any other name is
     refused (:class:`~jodl.exceptions.UnknownFamily`) unless ``create`` is True, for
     a family only the agents have installed. A payload that is not a JSON object
-    is refused (:class:`~jodl.exceptions.BadPayload`), and nothing is added.
+    is refused (:class:`~jodl.exceptions.BadPayload`), as is one its family's
+    ``payload_model`` refuses (naming the job's index and key), and nothing is added.
 
     ``priority`` None: the family's (``jodl family set --priority``), else 0.
     Keys the family already has are kept as they are. The next cycle
     (``jodl run FAMILY``, or a serving master) runs them. ``store``: an open
     :class:`~jodl.log.store.Store` to use instead of ``database_url`` (kept open).
     """
+    rows = list(jobs.items() if isinstance(jobs, Mapping) else jobs)
+    check_payloads(family, rows, lambda n, key: f"jobs[{n}] (key {key!r})")
     own = store is None
     store = connect(database_url) if store is None else store
     try:
@@ -78,7 +82,7 @@ def add_jobs(
             except UnknownFamily as exc:
                 raise UnknownFamily(f"{exc}; add_jobs(..., create=True) adds it anyway") from None
             create = True  # installed here: created as `jodl jobs add` would
-        return store.add_jobs(family, jobs, priority=priority, create=create)
+        return store.add_jobs(family, rows, priority=priority, create=create)
     finally:
         if own:
             store.engine.dispose()

@@ -32,17 +32,35 @@ result is discarded in any case, and a long job stops early when it looks::
 
 An ``async def run`` has its task cancelled (``asyncio.CancelledError`` at its
 next ``await``).
+
+A family may declare its payload's type as a pydantic model; jobs are then checked
+where they are added (``jodl.add_jobs``, ``jodl jobs add``, the queue, the HTTP API: a
+bad one is refused with its index or line, and nothing is added) and ``run`` gets
+the parsed object::
+
+    class Size(pydantic.BaseModel):
+        w: pydantic.PositiveInt
+        h: pydantic.PositiveInt
+
+    class Resize(Family):
+        name = "resize"
+        payload_model = Size
+
+        def run(self, size: Size):
+            return {"pixels": size.w * size.h}
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import time
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from functools import cache
 from typing import Any, ClassVar
 
-from .exceptions import UnknownFamily
+from .exceptions import BadPayload, UnknownFamily
 
 ENTRY_POINT_GROUP = "jodl.families"
 
@@ -61,6 +79,9 @@ class Family:
     version: ClassVar[str] = "1"
     #: True when running a job twice is harmless (allows straggler backups).
     idempotent: ClassVar[bool] = False
+    #: The payload's type: a pydantic model (any class with ``model_validate``), or
+    #: None for the JSON object as it is. See :meth:`parse_payload`.
+    payload_model: ClassVar[Any] = None
 
     def __init__(self, context: dict[str, Any] | None = None) -> None:
         #: Agent-side settings: ``speed``, ``node`` and the master's family settings.
@@ -74,6 +95,18 @@ class Family:
         family's limit of attempts.
         """
         raise NotImplementedError
+
+    @classmethod
+    def parse_payload(cls, payload: dict[str, Any]) -> Any:
+        """``payload`` as :meth:`run` takes it: parsed by :attr:`payload_model` (a
+        :class:`~jodl.exceptions.BadPayload` naming each field at fault), else as it is."""
+        model = cls.payload_model
+        if model is None:
+            return payload
+        try:
+            return model.model_validate(payload)
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            raise BadPayload(_fields_at_fault(exc)) from None
 
     @classmethod
     def is_async(cls) -> bool:
@@ -170,6 +203,57 @@ def installed_class(name: str) -> type[Family] | None:
 
     cls = load_entry(ENTRY_POINT_GROUP, name)
     return cls if isinstance(cls, type) and issubclass(cls, Family) else None
+
+
+#: Bad payloads named in one error at most.
+BAD_PAYLOADS_SHOWN = 5
+
+
+def payload_checker(name: str) -> Callable[[dict[str, Any]], Any] | None:
+    """How jobs of the family installed here as ``name`` are checked where they are
+    added: its :meth:`Family.parse_payload`, when it declares a payload model; None when
+    it declares none or is not installed here (its agents check then, at the run).
+    Looked up once per process, as :func:`installed` is."""
+    cls = _installed_once(name)
+    return cls.parse_payload if cls is not None and cls.payload_model is not None else None
+
+
+@cache
+def _installed_once(name: str) -> type[Family] | None:
+    return installed_class(name)
+
+
+def check_payloads(
+    name: str, rows: Iterable[tuple[str, Any]], place: Callable[[int, str], str]
+) -> None:
+    """Check (key, payload) ``rows`` of family ``name`` (payloads as objects or JSON
+    text) before any is added; :class:`BadPayload` naming the bad ones by ``place(index,
+    key)``."""
+    check = payload_checker(name)
+    if check is None:
+        return
+    bad = []
+    for n, (key, payload) in enumerate(rows):
+        try:
+            check(json.loads(payload) if isinstance(payload, str | bytes) else payload)
+        except BadPayload as exc:
+            bad.append(f"{place(n, key)}: {exc}")
+            if len(bad) == BAD_PAYLOADS_SHOWN:
+                break
+    if bad:
+        raise BadPayload("; ".join(bad) + "; no job added")
+
+
+def _fields_at_fault(exc: ValueError) -> str:
+    """A pydantic validation error as one line: ``field: reason`` for each field."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc).splitlines()[0]
+    parts = []
+    for error in errors():
+        where = ".".join(str(part) for part in error.get("loc", ())) or "payload"
+        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    return ", ".join(parts)
 
 
 def load(name: str) -> type[Family]:

@@ -450,7 +450,11 @@ class AgentCore:
                 started = time.perf_counter()
                 heard.exec_id = exec_id
                 try:
-                    result = self.installed.instance(fam).run(json.loads(payload))
+                    family_ = self.installed.instance(fam)
+                    parsed = json.loads(payload)
+                    if family_.payload_model is not None:
+                        parsed = family_.parse_payload(parsed)
+                    result = family_.run(parsed)
                 except Exception as exc:  # noqa: BLE001 - every failure is reported to the master
                     log.debug(
                         "job %s failed: %s",
@@ -503,7 +507,11 @@ class AgentCore:
         current_cancellation.set(self._cancels.of(exec_id))  # in this task's own context
         self._cancels.track(exec_id, asyncio.current_task())  # type: ignore[arg-type]
         try:
-            result = await self.installed.instance(fam).run(json.loads(payload))
+            family_ = self.installed.instance(fam)
+            parsed = json.loads(payload)
+            if family_.payload_model is not None:
+                parsed = family_.parse_payload(parsed)
+            result = await family_.run(parsed)
         except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - cancelled: discarded
             self._finish(exec_id, started, None, exc)
         else:

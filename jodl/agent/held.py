@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any, NamedTuple
 
-from ..exceptions import UnknownFamily
+from ..exceptions import BadPayload, UnknownFamily
 from ..family import Permanent
 
 #: Longest error text kept for one failure.
@@ -33,7 +33,7 @@ def held_row(exec_id: int, duration: float, outcome: Any, error: BaseException |
             return Held((exec_id, duration, finished, _RESULT.encode(outcome)), None)
         except (TypeError, ValueError) as exc:
             error = exc
-    retryable = not isinstance(error, Permanent | UnknownFamily)
+    retryable = not isinstance(error, Permanent | UnknownFamily | BadPayload)
     message = f"{type(error).__name__}: {error}"[:MAX_ERROR]
     return Held(None, (exec_id, duration, finished, message, retryable))
 

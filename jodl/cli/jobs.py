@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -53,16 +54,19 @@ def jobs_add(
     from .. import family as families
 
     families.load(family)  # refuse an unknown family before writing anything
+    check = families.payload_checker(family)
     if from_file is not None:
         if count is not None or payload is not None:
             raise click.BadParameter("give --from, or --count/--payload", param_hint="--from")
-        rows = _read_jobs(from_file)
+        rows = _read_jobs(from_file, check)
     else:
         payload = payload or "{}"
         from ..agent.codec import loads_object
 
         try:
-            loads_object(payload)
+            parsed = loads_object(payload)
+            if check is not None:
+                check(parsed)
         except BadPayload as exc:
             raise click.BadParameter(str(exc), param_hint="--payload") from None
         rows = [(f"{key_prefix}{i}", payload) for i in range(count or 1)]
@@ -88,9 +92,10 @@ def jobs_add(
 BAD_LINES_SHOWN = 5
 
 
-def _read_jobs(fh: Any) -> list[tuple[str, str]]:
+def _read_jobs(fh: Any, check: Callable[[dict[str, Any]], Any] | None) -> list[tuple[str, str]]:
     """(key, payload JSON) per line of a JSON Lines file; :class:`JodlError` naming every
-    bad line's number (blank lines are skipped)."""
+    bad line's number (blank lines are skipped). ``check``: the family's payload model's
+    (a payload it refuses is a bad line)."""
     rows: list[tuple[str, str]] = []
     seen: dict[str, int] = {}
     bad: list[str] = []
@@ -109,6 +114,12 @@ def _read_jobs(fh: Any) -> list[tuple[str, str]]:
         if not isinstance(body, dict):
             bad.append(f"line {number}: payload is not a JSON object")
             continue
+        if check is not None:
+            try:
+                check(body)
+            except BadPayload as exc:
+                bad.append(f"line {number}: {exc}")
+                continue
         key = item["key"]
         if key in seen:
             bad.append(f"line {number}: key {key!r} repeats line {seen[key]}")

@@ -19,6 +19,7 @@ from sqlalchemy import Engine
 
 from ..agent.codec import loads_object
 from ..exceptions import BadPayload, JodlError
+from ..family import check_payloads
 from ..log.engine import make_engine
 from ..log.listener import Listener
 from ..log.models import JobState, utcnow
@@ -172,6 +173,7 @@ class Queue:
             payloads[key] = payload_text(payload)
         if not payloads:
             return []
+        check_payloads(family, payloads.items(), lambda n, key: f"job {key!r}")
         fid = self.sql.family_id(family, create=True)
         assert fid is not None
         ids = self.sql.enqueue(fid, family, payloads, int(priority), due, now)
