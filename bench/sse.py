@@ -4,18 +4,22 @@ Everything real, in one process tree: a fresh PostgreSQL database (default), a
 local HTTP site, K agent subprocesses, a serving master with the on-demand queue
 feeder (a thread here, as in ``jodl up``) and ``jodl web`` (waitress).
 
+The benchmark signs in as a user of its own (created in the database, as ``jodl
+users add`` does) and submits with a bearer token from ``POST /api/tokens``.
+
 1. **Latency**: N URLs of the local site are submitted through the API and
    their batch stream is read over HTTP. A watcher polls the execution log every
    millisecond on its own connection and notes when each result is first
    visible (its commit); the figure is the time from there to the moment the
-   result's SSE event reached the client (median and 95th percentile).
-2. **Throughput**: M more URLs are submitted in batches of the API's maximum
-   size, all their streams read at once; on-demand jobs per second from the
-   first submission to the last event.
+   result's SSE event reached the client (median and 95th percentile: ``p95_ms``).
+2. **Many streams**: M more URLs are submitted in S batches, all S streams read
+   at once; the same latency over all of them (``p95_ms_50_streams`` for the
+   default 50 streams), and on-demand jobs per second from the first submission
+   to the last event.
 
 The last line printed is one JSON object with the figures.
 
-    python bench/sse.py --urls 100 --jobs 1000 --agents 2
+    python bench/sse.py --urls 100 --jobs 1000 --streams 50 --agents 2
 """
 
 from __future__ import annotations
@@ -105,11 +109,36 @@ class CommitWatcher:
         self.thread.join(timeout=5)
 
 
-def read_stream(url: str, arrivals: dict[int, float], done: threading.Event) -> None:
+#: The benchmark's user (created in the fresh database) and its password.
+EMAIL = "bench@example.org"
+PASSWORD = "bench password, not secret"
+
+
+def sign_in(web: str, engine: Any) -> dict[str, str]:
+    """Create the benchmark's user; the headers of its bearer token (``POST /api/tokens``)."""
+    import httpx
+    from sqlalchemy.orm import sessionmaker
+
+    from crawler_app.pages import add_user
+
+    with sessionmaker(engine).begin() as s:
+        add_user(s, EMAIL, PASSWORD)
+    r = httpx.post(web + "/api/tokens", json={}, auth=(EMAIL, PASSWORD), timeout=60)
+    r.raise_for_status()
+    return {"Authorization": f"Bearer {r.json()['token']}"}
+
+
+def read_stream(
+    url: str, arrivals: dict[int, float], done: threading.Event, headers: dict[str, str]
+) -> None:
     """Read one batch stream to its end; note each result's arrival time by position."""
     import httpx
 
-    with httpx.Client(timeout=120) as client, client.stream("GET", url) as response:
+    with (
+        httpx.Client(timeout=120, headers=headers) as client,
+        client.stream("GET", url) as response,
+    ):
+        response.raise_for_status()
         event = None
         for line in response.iter_lines():
             if line.startswith("event: "):
@@ -121,10 +150,10 @@ def read_stream(url: str, arrivals: dict[int, float], done: threading.Event) -> 
     done.set()
 
 
-def submit(web: str, urls: list[str]) -> dict[str, Any]:
+def submit(web: str, urls: list[str], headers: dict[str, str]) -> dict[str, Any]:
     import httpx
 
-    r = httpx.post(web + "/api/batches", json={"urls": urls}, timeout=60)
+    r = httpx.post(web + "/api/batches", json={"urls": urls}, headers=headers, timeout=60)
     r.raise_for_status()
     data: dict[str, Any] = r.json()
     return data
@@ -146,16 +175,30 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+def latencies_ms(
+    engine: Any, batches: list[tuple[str, dict[int, float]]], seen: dict[int, float]
+) -> list[float]:
+    """Commit-to-event milliseconds of every result of these (batch id, arrivals)."""
+    out = []
+    for batch_id, arrivals in batches:
+        for pos, jid in job_ids(engine, batch_id).items():
+            if pos in arrivals and jid in seen:
+                out.append((arrivals[pos] - seen[jid]) * 1000.0)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--database-url", default=os.environ.get("JODL_BENCH_DATABASE_URL", DEFAULT_PG)
     )
     parser.add_argument("--urls", type=int, default=100, help="URLs of the latency batch")
-    parser.add_argument("--jobs", type=int, default=1000, help="URLs of the throughput run")
+    parser.add_argument("--jobs", type=int, default=1000, help="URLs of the many-streams run")
+    parser.add_argument("--streams", type=int, default=50, help="streams of the many-streams run")
     parser.add_argument("--agents", type=int, default=2)
     parser.add_argument("--slots", type=int, default=4)
     args = parser.parse_args()
+    streams = max(1, min(args.streams, args.jobs))
 
     from jodl import Master, Settings, Store, make_engine
     from jodl.migrate import upgrade
@@ -179,6 +222,7 @@ def main() -> None:
         serving = threading.Thread(target=master.serve, args=(stopping,), daemon=True)
         serving.start()
         port = free_port()
+        # The product's stream settings; room for every stream of one user at once.
         env = {
             **os.environ,
             "JODL_DATABASE_URL": db_url,
@@ -186,9 +230,11 @@ def main() -> None:
             "JODL_SECRET": SECRET,
             "JODL_WEB_SECURE_COOKIES": "false",
             "JODL_WEB_SUBMIT_BURST": "10000",
-            "JODL_WEB_STREAM_POLL": "0.05",
-            "JODL_WEB_THREADS": "48",
-            "JODL_WEB_MAX_STREAMS": "40",
+            "JODL_WEB_THREADS": str(streams + 24),
+            "JODL_WEB_MAX_STREAMS": str(streams + 8),
+            "JODL_WEB_STREAMS_PER_CLIENT": str(streams + 8),
+            "JODL_USER_URLS_PER_DAY": "0",
+            "JODL_USER_MAX_BATCH": "0",
         }
         web_proc = subprocess.Popen(
             [sys.executable, "-m", "jodl", "web", "--listen", f"127.0.0.1:{port}"],
@@ -199,40 +245,45 @@ def main() -> None:
         web = f"http://127.0.0.1:{port}"
         try:
             wait_port(port, timeout=30)
+            auth = sign_in(web, engine)
             # Warm-up: the agents' fetchers, the master's connections, the web process.
-            warm = submit(web, [f"{base}/warm/{i}" for i in range(10)])
-            read_stream(web + warm["events"], {}, threading.Event())
+            warm = submit(web, [f"{base}/warm/{i}" for i in range(10)], auth)
+            read_stream(web + warm["events"], {}, threading.Event(), auth)
 
-            # 1. latency from commit to event
+            # 1. latency from commit to event, one stream
             arrivals: dict[int, float] = {}
             with CommitWatcher(engine) as watcher:
-                batch = submit(web, [f"{base}/latency/{i}" for i in range(args.urls)])
-                read_stream(web + batch["events"], arrivals, threading.Event())
+                batch = submit(web, [f"{base}/latency/{i}" for i in range(args.urls)], auth)
+                read_stream(web + batch["events"], arrivals, threading.Event(), auth)
                 time.sleep(0.05)
-            ids = job_ids(engine, batch["id"])
-            latencies = [
-                (arrivals[pos] - watcher.seen[jid]) * 1000.0
-                for pos, jid in ids.items()
-                if pos in arrivals and jid in watcher.seen
-            ]
+            latencies = latencies_ms(engine, [(batch["id"], arrivals)], watcher.seen)
             if len(latencies) != args.urls:
                 raise SystemExit(f"only {len(latencies)} of {args.urls} results were timed")
 
-            # 2. on-demand throughput through API, queue, agents and streams
-            size = 100
-            started = time.monotonic()
+            # 2. the same over many streams open at once, and on-demand throughput
+            size = -(-args.jobs // streams)
+            many: list[tuple[str, dict[int, float]]] = []
             threads = []
-            for start in range(0, args.jobs, size):
-                count = min(size, args.jobs - start)
-                sub = submit(web, [f"{base}/load/{start + i}" for i in range(count)])
-                t = threading.Thread(
-                    target=read_stream, args=(web + sub["events"], {}, threading.Event())
-                )
-                t.start()
-                threads.append(t)
-            for t in threads:
-                t.join(timeout=600)
-            seconds = time.monotonic() - started
+            with CommitWatcher(engine) as watcher:
+                started = time.monotonic()
+                for start in range(0, args.jobs, size):
+                    count = min(size, args.jobs - start)
+                    urls = [f"{base}/load/{start + i}" for i in range(count)]
+                    sub = submit(web, urls, auth)
+                    many.append((sub["id"], {}))
+                    t = threading.Thread(
+                        target=read_stream,
+                        args=(web + sub["events"], many[-1][1], threading.Event(), auth),
+                    )
+                    t.start()
+                    threads.append(t)
+                for t in threads:
+                    t.join(timeout=600)
+                seconds = time.monotonic() - started
+                time.sleep(0.05)
+            spread = latencies_ms(engine, many, watcher.seen)
+            if len(spread) != args.jobs:
+                raise SystemExit(f"only {len(spread)} of {args.jobs} results were timed")
         finally:
             web_proc.terminate()
             web_proc.wait(timeout=30)
@@ -247,16 +298,24 @@ def main() -> None:
         "database": db_url.split(":", 1)[0].split("+")[0],
         "agents": args.agents,
         "urls": args.urls,
-        "sse_latency_ms_median": round(statistics.median(latencies), 2),
-        "sse_latency_ms_p95": round(percentile(latencies, 0.95), 2),
-        "sse_latency_ms_max": round(max(latencies), 2),
+        "median_ms": round(statistics.median(latencies), 2),
+        "p95_ms": round(percentile(latencies, 0.95), 2),
+        "max_ms": round(max(latencies), 2),
+        "streams": len(many),
+        "median_ms_many_streams": round(statistics.median(spread), 2),
+        f"p95_ms_{len(many)}_streams": round(percentile(spread, 0.95), 2),
         "ondemand_jobs": args.jobs,
         "ondemand_seconds": round(seconds, 2),
         "ondemand_jobs_per_s": round(args.jobs / seconds, 1),
     }
     print(
-        f"commit -> SSE event over {args.urls} URLs: median {figures['sse_latency_ms_median']} ms, "
-        f"p95 {figures['sse_latency_ms_p95']} ms"
+        f"commit -> SSE event over {args.urls} URLs in one stream: "
+        f"median {figures['median_ms']} ms, p95 {figures['p95_ms']} ms"
+    )
+    print(
+        f"commit -> SSE event over {args.jobs} URLs in {len(many)} streams: "
+        f"median {figures['median_ms_many_streams']} ms, "
+        f"p95 {figures[f'p95_ms_{len(many)}_streams']} ms"
     )
     print(
         f"on-demand check_page jobs through API, queue and {args.agents} agents: "
