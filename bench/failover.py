@@ -270,6 +270,9 @@ def restart(url: str, jobs: int, ttl: float, agent_count: int, slots: int) -> di
                 if newest_epoch() > epoch:
                     dispatched = time.monotonic() - started
                     break
+                row = store.run_request(request)
+                if row is not None and row.finished_at is not None:
+                    break  # a small run ended without a new dispatch: nothing to time
                 time.sleep(0.005)
             time.sleep(2.0)  # let it run on: a job rerun after its commit shows in the marks
             row = store.run_request(request)
