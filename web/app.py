@@ -29,7 +29,7 @@ from werkzeug.exceptions import (
 from werkzeug.middleware.proxy_fix import ProxyFix
 from werkzeug.routing import IntegerConverter
 
-from jodl.log import Store, make_engine
+from jodl.log import ResultWatch, Store, make_engine
 from jodl.queue import Queue
 
 from .batch import Batches
@@ -82,6 +82,8 @@ class Services:
     streams: StreamSlots
     #: Set when the server shuts down: open streams end at once.
     stopping: threading.Event
+    #: Wakes the event streams waiting for these jobs when they end (one per process).
+    results: ResultWatch
 
 
 def services() -> Services:
@@ -131,6 +133,7 @@ def create_app(
         )
     store = Store(engine)
     queue = Queue(store)
+    stopping = threading.Event()
     from .auth import ADDRESS_LOGIN_FACTOR, LOGIN_WINDOW_MINUTES
 
     app.extensions["jodl"] = Services(
@@ -156,7 +159,8 @@ def create_app(
             settings.web_streams_per_client,
             settings.web_operator_streams,
         ),
-        stopping=threading.Event(),
+        stopping=stopping,
+        results=ResultWatch(engine, stopping),
     )
     app.jinja_env.globals["csrf_token"] = csrf_token
     app.jinja_env.globals["csrf_field"] = CSRF_FIELD
