@@ -170,8 +170,10 @@ def batch_events(svc: Services, batch_id: str, last_event_id: str | None) -> Ite
 
     def follow() -> Iterator[str]:
         waiting = [i for i in items if i.position not in cursor]
-        for event in svc.batches.immediate(waiting):
-            yield emit(event)
+        # The events of one look go out in one write (one send, not one per result).
+        first = "".join(emit(event) for event in svc.batches.immediate(waiting))
+        if first:
+            yield first
         pending = {i.position: i for i in waiting if i.pending}
         if not pending:
             if cursor.complete:
@@ -207,10 +209,14 @@ def batch_events(svc: Services, batch_id: str, last_event_id: str | None) -> Ite
                 backoff = min(DB_BACKOFF_MAX, max(backoff * 2, 0.1))
                 log.warning("event stream cannot read the log (retry in %.1fs): %s", backoff, exc)
                 answered = []
-            for item, event in answered:
-                if pending.pop(item.position, None) is not None:
-                    yield emit(event)
-                    quiet_since = now
+            out = [
+                emit(event)
+                for item, event in answered
+                if pending.pop(item.position, None) is not None
+            ]
+            if out:
+                yield "".join(out)
+                quiet_since = now
             if not pending:
                 break
             if answered:

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, event, text
 
 from .listener import Listener
 
@@ -190,6 +190,8 @@ class ResultWatch:
         self.notices = 0
         if not self.postgres:
             HERE.attach(self.key, self)
+        # A disposed engine ends its watch (no thread left trying a database gone).
+        event.listen(engine, "engine_disposed", self._disposed)
 
     @property
     def live(self) -> bool:
@@ -257,6 +259,9 @@ class ResultWatch:
         if self.stopping is not None:
             stop = threading.Thread(target=self._close_on_stop, name="jodl-stop", daemon=True)
             stop.start()
+
+    def _disposed(self, _engine: Engine) -> None:
+        self.close()
 
     def _close_on_stop(self) -> None:
         assert self.stopping is not None
