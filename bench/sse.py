@@ -1,8 +1,9 @@
 """Latency of the batch event stream and on-demand throughput through the web UI.
 
 Everything real, in one process tree: a fresh PostgreSQL database (default), a
-local HTTP site, K agent subprocesses, a serving master with the on-demand queue
-feeder (a thread here, as in ``jodl up``) and ``jodl web`` (waitress).
+local HTTP site, K agent subprocesses, ``jodl master`` (which serves the on-demand
+queue) and ``jodl web`` (waitress), each a process of its own, so that this one
+only submits, reads the streams and notes the times.
 
 The benchmark signs in as a user of its own (created in the database, as ``jodl
 users add`` does) and submits with a bearer token from ``POST /api/tokens``.
@@ -38,7 +39,15 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import DEFAULT_PG, SECRET, agents, free_port, fresh_database, wait_port  # noqa: E402
+from _common import (  # noqa: E402
+    DEFAULT_PG,
+    SECRET,
+    agents,
+    free_port,
+    fresh_database,
+    stop_all,
+    wait_port,
+)
 
 AGENT_ENV = {
     "JODL_FETCH_ALLOW": "127.0.0.0/8",
@@ -80,34 +89,59 @@ def start_site() -> tuple[ThreadingHTTPServer, str]:
 
 
 class CommitWatcher:
-    """Notes when each job's first done execution becomes visible (polls every ms)."""
+    """Notes when each job's first done execution becomes visible: one thread polls every
+    ms and, on PostgreSQL, another listens for the notice its commit sends
+    (:data:`RESULTS_CHANNEL`, delivered at the commit itself); the earlier one counts."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.seen: dict[int, float] = {}
+        self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.threads = [threading.Thread(target=self._poll, daemon=True)]
+        if engine.dialect.name == "postgresql":
+            self.threads.append(threading.Thread(target=self._listen, daemon=True))
 
-    def _run(self) -> None:
+    def note(self, job_ids: list[int], now: float) -> None:
+        with self.lock:
+            for job_id in job_ids:
+                if job_id not in self.seen or now < self.seen[job_id]:
+                    self.seen[job_id] = now
+
+    def _poll(self) -> None:
         from sqlalchemy import text
 
         query = text("SELECT DISTINCT job_id FROM jodl_execution WHERE state = 'done'")
         with self.engine.connect() as conn:
             while not self.stopping.is_set():
+                started = time.monotonic()  # visible at the latest when the query began
                 rows = conn.execute(query).all()
                 conn.commit()  # a fresh snapshot for the next look
-                now = time.monotonic()
-                for (job_id,) in rows:
-                    self.seen.setdefault(job_id, now)
+                self.note([job_id for (job_id,) in rows if job_id not in self.seen], started)
                 time.sleep(0.001)
 
+    def _listen(self) -> None:
+        import psycopg
+        from sqlalchemy import make_url
+
+        from jodl.log import RESULTS_CHANNEL
+
+        url = make_url(self.engine.url).set(drivername="postgresql")
+        with psycopg.connect(url.render_as_string(hide_password=False), autocommit=True) as conn:
+            conn.execute(f"LISTEN {RESULTS_CHANNEL}")
+            while not self.stopping.is_set():
+                for notice in conn.notifies(timeout=0.1):
+                    self.note([int(w) for w in notice.payload.split()], time.monotonic())
+
     def __enter__(self) -> CommitWatcher:
-        self.thread.start()
+        for thread in self.threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stopping.set()
-        self.thread.join(timeout=5)
+        for thread in self.threads:
+            thread.join(timeout=5)
 
 
 #: The benchmark's user (created in the fresh database) and its password.
@@ -208,9 +242,8 @@ def main() -> None:
     args = parser.parse_args()
     streams = max(1, min(args.streams, args.jobs))
 
-    from jodl import Master, Settings, Store, make_engine
+    from jodl import Store, make_engine
     from jodl.migrate import upgrade
-    from jodl.queue import Queue, QueueFeeder
 
     site, base = start_site()
     with (
@@ -222,13 +255,19 @@ def main() -> None:
         store = Store(engine)
         for address in addresses:
             store.add_node(address, slots=args.slots)
-        settings = Settings(database_url=db_url, log_level="WARNING", secret=SECRET)
-        master = Master(settings, store=store)
-        queue = Queue(store)
-        master.feeders.append(QueueFeeder(queue))
-        stopping = threading.Event()
-        serving = threading.Thread(target=master.serve, args=(stopping,), daemon=True)
-        serving.start()
+        master_env = {
+            **os.environ,
+            "JODL_DATABASE_URL": db_url,
+            "JODL_LOG_LEVEL": "WARNING",
+            "JODL_SECRET": SECRET,
+            "JODL_METRICS_LISTEN": "",
+        }
+        master = subprocess.Popen(
+            [sys.executable, "-m", "jodl", "master"],
+            env=master_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         port = free_port()
         # The product's stream settings; room for every stream of one user at once.
         env = {
@@ -293,12 +332,7 @@ def main() -> None:
             if len(spread) != args.jobs:
                 raise SystemExit(f"only {len(spread)} of {args.jobs} results were timed")
         finally:
-            web_proc.terminate()
-            web_proc.wait(timeout=30)
-            stopping.set()
-            serving.join(timeout=30)
-            master.close()
-            queue.close()
+            stop_all([web_proc, master], wait=30)
             engine.dispose()
             site.shutdown()
 
