@@ -17,6 +17,8 @@ from sqlalchemy import create_engine, make_url, text
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 #: Shared secret of this run's master and agents (agents refuse to start without one).
 SECRET = secrets.token_urlsafe(32)
+#: Seconds between the two SIGTERMs that stop an agent (the first one's handler runs first).
+TERM_AGAIN = 0.3
 
 
 def free_port() -> int:
@@ -49,11 +51,22 @@ def fresh_database(url: str) -> Iterator[str]:
         admin.dispose()
 
 
-def stop_all(procs: list[subprocess.Popen[bytes]], wait: float = 10) -> None:
-    """SIGTERM to every process still running, SIGKILL to those still there after ``wait``."""
+def stop_all(procs: list[subprocess.Popen[bytes]], wait: float = 10, twice: bool = False) -> None:
+    """SIGTERM to every process still running, SIGKILL to those still there after ``wait``.
+
+    ``twice``: a second SIGTERM shortly after the first, for agents, whose first one
+    drains (they wait for a master that is gone) and whose second one stops at once.
+    """
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()
+    if twice:
+        deadline = time.monotonic() + TERM_AGAIN
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.02)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
     for proc in procs:
         try:
             proc.wait(wait)
@@ -107,4 +120,4 @@ def agents(
             wait_port(int(address.rsplit(":", 1)[1]))
         yield addresses
     finally:
-        stop_all(procs, wait=5)
+        stop_all(procs, wait=5, twice=True)

@@ -112,6 +112,13 @@ def committed_keys(engine: Any) -> set[str]:
         )
 
 
+def marked(marks: Path) -> Counter[str]:
+    """How often each job ran (its marks); none when no job ran (a run ended before)."""
+    if not marks.exists():
+        return Counter()
+    return Counter(line.split(" ")[1] for line in marks.read_text().splitlines())
+
+
 def rerun_after(ran: Counter[str], committed: set[str]) -> int:
     """Jobs that ran more than once (marks) although a result of theirs was committed."""
     return sum(1 for key, n in ran.items() if n > 1 and key in committed)
@@ -209,7 +216,7 @@ def run(
                 time.sleep(0.1)
         finally:
             stop_all(masters)
-    ran = Counter(line.split(" ")[1] for line in marks.read_text().splitlines())
+    ran = marked(marks)
     return {
         "jobs": jobs,
         "ttl_s": ttl,
@@ -270,12 +277,15 @@ def restart(url: str, jobs: int, ttl: float, agent_count: int, slots: int) -> di
                 if newest_epoch() > epoch:
                     dispatched = time.monotonic() - started
                     break
+                row = store.run_request(request)
+                if row is not None and row.finished_at is not None:
+                    break  # a small run ended without a new dispatch: nothing to time
                 time.sleep(0.005)
             time.sleep(2.0)  # let it run on: a job rerun after its commit shows in the marks
             row = store.run_request(request)
         finally:
             stop_all([p for p in (first, second) if p is not None])
-    ran = Counter(line.split(" ")[1] for line in marks.read_text().splitlines())
+    ran = marked(marks)
     return {
         "restart_jobs": jobs,
         "restart_done_at_kill": len(committed),

@@ -144,15 +144,15 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 """
 
 
-def run_pgqueuer(url: str, jobs: int, workers: int, batch: int) -> dict[str, float] | None:
-    """The same no-op jobs through pgqueuer; None when it is not installed."""
+def run_pgqueuer(url: str, jobs: int, workers: int, batch: int) -> dict[str, float] | str:
+    """The same no-op jobs through pgqueuer; why not when it is not installed."""
     try:
         import asyncio
 
         import psycopg
         from pgqueuer import PsycopgDriver, Queries
     except ImportError:
-        return None
+        return "skipped: pgqueuer not installed (pip install '.[bench]')"
     from sqlalchemy import make_url
 
     with fresh_database(url) as db_url:
@@ -236,6 +236,10 @@ def main() -> None:
     # Alternate the systems so that a busy moment of the machine hits both.
     ours: list[float] = []
     theirs: list[float] = []
+    if not postgres:
+        figures["pgqueuer"] = "skipped: needs PostgreSQL"
+    elif args.no_pgqueuer:
+        figures["pgqueuer"] = "skipped: --no-pgqueuer"
     for _ in range(max(1, args.rounds)):
         jodl = run_jodl(args.db_url, args.jobs, args.agents, args.slots)
         ours.append(jodl["jobs_per_s"])
@@ -243,9 +247,12 @@ def main() -> None:
             f"jodl queue -> master -> agents: {args.jobs} jobs in {jodl['seconds']:.2f}s = "
             f"{jodl['jobs_per_s']:.0f} jobs/s (enqueueing took {jodl['enqueue_seconds']:.2f}s)"
         )
-        if postgres and not args.no_pgqueuer:
+        if "pgqueuer" not in figures:
             peer = run_pgqueuer(args.db_url, args.jobs, args.agents, args.batch)
-            if peer is not None:
+            if isinstance(peer, str):
+                print(f"pgqueuer: {peer}")
+                figures["pgqueuer"] = peer
+            else:
                 theirs.append(peer["jobs_per_s"])
                 print(
                     f"pgqueuer: {args.jobs} jobs in {peer['seconds']:.2f}s = "
@@ -265,7 +272,7 @@ def main() -> None:
     figures["claim_complete_per_s"] = round(bare["claim_complete_per_s"])
     from throughput import celery_peer
 
-    celery = celery_peer(args.celery_jobs, args.agents)
+    celery = celery_peer(args.celery_jobs, args.agents, figures)
     if celery is not None:
         figures["celery_jobs_per_s"] = round(celery)
         figures["ratio_celery"] = round(statistics.median(ours) / celery, 2)

@@ -144,7 +144,9 @@ async def bare_loop(urls: list[str], concurrency: int) -> float:
 # -- the page checker -------------------------------------------------------------------------
 
 
-def start_agent(concurrency: int, loop: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_agent(
+    concurrency: int, loop: str, confirm_delay: float | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("JODL_")},
@@ -157,6 +159,8 @@ def start_agent(concurrency: int, loop: str) -> tuple[subprocess.Popen[bytes], s
         "JODL_FETCH_HOST_INTERVAL": "0",
         "JODL_FETCH_MAX_CONNECTIONS": str(concurrency),
     }
+    if confirm_delay is not None:
+        env["JODL_CONFIRM_DELAY"] = str(confirm_delay)
     # The master fills the agent's async slots (JODL_AGENT_ASYNC_SLOTS) for async
     # families such as check_page; the thread slots stay at their default.
     proc = subprocess.Popen(
@@ -234,7 +238,12 @@ def track_pages(engine: object, urls: list[str]) -> None:
 
 
 def run_page_checker(
-    db_url: str, urls: list[str], concurrency: int, site_pid: int, loop: str
+    db_url: str,
+    urls: list[str],
+    concurrency: int,
+    site_pid: int,
+    loop: str,
+    confirm_delay: float | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
     from crawler_app.cycle import PageCycle
     from crawler_app.settings import AppSettings
@@ -245,7 +254,7 @@ def run_page_checker(
     upgrade(engine)
     track_pages(engine, urls)
     store = Store(engine)
-    agent, address = start_agent(concurrency, loop)
+    agent, address = start_agent(concurrency, loop, confirm_delay)
     try:
         store.add_node(address)
         settings = Settings(database_url=db_url, log_level="WARNING", secret=SECRET)
@@ -328,6 +337,13 @@ def main() -> None:
         "--database-url", default="sqlite", help="'sqlite' (a temp file) or a PostgreSQL URL"
     )
     parser.add_argument("--agent-loop", default="auto", help="the agent's JODL_AGENT_LOOP (auto)")
+    parser.add_argument(
+        "--confirm-delay",
+        type=float,
+        default=None,
+        help="the agent's JODL_CONFIRM_DELAY (default: the product's); a new page's "
+        "baseline takes two fetches this far apart",
+    )
     parser.add_argument("--serve-site", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_site is not None:
@@ -350,7 +366,12 @@ def main() -> None:
             if when:
                 with fresh_database(args.database_url) as db_url:
                     cold, warm = run_page_checker(
-                        db_url, urls, args.concurrency, site.pid, args.agent_loop
+                        db_url,
+                        urls,
+                        args.concurrency,
+                        site.pid,
+                        args.agent_loop,
+                        args.confirm_delay,
                     )
                 report(cold, warm)
             for loop in bare_loops:

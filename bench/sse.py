@@ -1,21 +1,27 @@
 """Latency of the batch event stream and on-demand throughput through the web UI.
 
 Everything real, in one process tree: a fresh PostgreSQL database (default), a
-local HTTP site, K agent subprocesses, a serving master with the on-demand queue
-feeder (a thread here, as in ``jodl up``) and ``jodl web`` (waitress).
+local HTTP site, K agent subprocesses, ``jodl master`` (which serves the on-demand
+queue) and ``jodl web`` (waitress), each a process of its own, so that this one
+only submits, reads the streams and notes the times.
+
+The benchmark signs in as a user of its own (created in the database, as ``jodl
+users add`` does) and submits with a bearer token from ``POST /api/tokens``.
 
 1. **Latency**: N URLs of the local site are submitted through the API and
    their batch stream is read over HTTP. A watcher polls the execution log every
    millisecond on its own connection and notes when each result is first
-   visible (its commit); the figure is the time from there to the moment the
-   result's SSE event reached the client (median and 95th percentile).
-2. **Throughput**: M more URLs are submitted in batches of the API's maximum
-   size, all their streams read at once; on-demand jobs per second from the
-   first submission to the last event.
+   visible (its commit); the figure is the time from there (or from the stream's
+   opening, for a result committed before it) to the moment the result's SSE event
+   reached the client (median and 95th percentile: ``p95_ms``).
+2. **Many streams**: M more URLs are submitted in S batches, all S streams read
+   at once; the same latency over all of them (``p95_ms_50_streams`` for the
+   default 50 streams), and on-demand jobs per second from the first submission
+   to the last event.
 
 The last line printed is one JSON object with the figures.
 
-    python bench/sse.py --urls 100 --jobs 1000 --agents 2
+    python bench/sse.py --urls 100 --jobs 1000 --streams 50 --agents 2
 """
 
 from __future__ import annotations
@@ -33,7 +39,15 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import DEFAULT_PG, SECRET, agents, free_port, fresh_database, wait_port  # noqa: E402
+from _common import (  # noqa: E402
+    DEFAULT_PG,
+    SECRET,
+    agents,
+    free_port,
+    fresh_database,
+    stop_all,
+    wait_port,
+)
 
 AGENT_ENV = {
     "JODL_FETCH_ALLOW": "127.0.0.0/8",
@@ -75,41 +89,97 @@ def start_site() -> tuple[ThreadingHTTPServer, str]:
 
 
 class CommitWatcher:
-    """Notes when each job's first done execution becomes visible (polls every ms)."""
+    """Notes when each job's first done execution becomes visible: one thread polls every
+    ms and, on PostgreSQL, another listens for the notice its commit sends
+    (:data:`RESULTS_CHANNEL`, delivered at the commit itself); the earlier one counts."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.seen: dict[int, float] = {}
+        self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.threads = [threading.Thread(target=self._poll, daemon=True)]
+        if engine.dialect.name == "postgresql":
+            self.threads.append(threading.Thread(target=self._listen, daemon=True))
 
-    def _run(self) -> None:
+    def note(self, job_ids: list[int], now: float) -> None:
+        with self.lock:
+            for job_id in job_ids:
+                if job_id not in self.seen or now < self.seen[job_id]:
+                    self.seen[job_id] = now
+
+    def _poll(self) -> None:
         from sqlalchemy import text
 
         query = text("SELECT DISTINCT job_id FROM jodl_execution WHERE state = 'done'")
         with self.engine.connect() as conn:
             while not self.stopping.is_set():
+                started = time.monotonic()  # visible at the latest when the query began
                 rows = conn.execute(query).all()
                 conn.commit()  # a fresh snapshot for the next look
-                now = time.monotonic()
-                for (job_id,) in rows:
-                    self.seen.setdefault(job_id, now)
+                self.note([job_id for (job_id,) in rows if job_id not in self.seen], started)
                 time.sleep(0.001)
 
+    def _listen(self) -> None:
+        import psycopg
+        from sqlalchemy import make_url
+
+        from jodl.log import RESULTS_CHANNEL
+
+        url = make_url(self.engine.url).set(drivername="postgresql")
+        with psycopg.connect(url.render_as_string(hide_password=False), autocommit=True) as conn:
+            conn.execute(f"LISTEN {RESULTS_CHANNEL}")
+            while not self.stopping.is_set():
+                for notice in conn.notifies(timeout=0.1):
+                    self.note([int(w) for w in notice.payload.split()], time.monotonic())
+
     def __enter__(self) -> CommitWatcher:
-        self.thread.start()
+        for thread in self.threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stopping.set()
-        self.thread.join(timeout=5)
+        for thread in self.threads:
+            thread.join(timeout=5)
 
 
-def read_stream(url: str, arrivals: dict[int, float], done: threading.Event) -> None:
-    """Read one batch stream to its end; note each result's arrival time by position."""
+#: The benchmark's user (created in the fresh database) and its password.
+EMAIL = "bench@example.org"
+PASSWORD = "bench password, not secret"
+
+
+def sign_in(web: str, engine: Any) -> dict[str, str]:
+    """Create the benchmark's user; the headers of its bearer token (``POST /api/tokens``)."""
+    import httpx
+    from sqlalchemy.orm import sessionmaker
+
+    from crawler_app.pages import add_user
+
+    with sessionmaker(engine).begin() as s:
+        add_user(s, EMAIL, PASSWORD)
+    r = httpx.post(web + "/api/tokens", json={}, auth=(EMAIL, PASSWORD), timeout=60)
+    r.raise_for_status()
+    return {"Authorization": f"Bearer {r.json()['token']}"}
+
+
+#: Key of a stream's arrivals that holds the moment it opened (no position is negative).
+OPENED = -1
+
+
+def read_stream(
+    url: str, arrivals: dict[int, float], done: threading.Event, headers: dict[str, str]
+) -> None:
+    """Read one batch stream to its end; note when it opened (:data:`OPENED`) and each
+    result's arrival time by position."""
     import httpx
 
-    with httpx.Client(timeout=120) as client, client.stream("GET", url) as response:
+    with (
+        httpx.Client(timeout=120, headers=headers) as client,
+        client.stream("GET", url) as response,
+    ):
+        response.raise_for_status()
+        arrivals[OPENED] = time.monotonic()
         event = None
         for line in response.iter_lines():
             if line.startswith("event: "):
@@ -121,10 +191,10 @@ def read_stream(url: str, arrivals: dict[int, float], done: threading.Event) -> 
     done.set()
 
 
-def submit(web: str, urls: list[str]) -> dict[str, Any]:
+def submit(web: str, urls: list[str], headers: dict[str, str]) -> dict[str, Any]:
     import httpx
 
-    r = httpx.post(web + "/api/batches", json={"urls": urls}, timeout=60)
+    r = httpx.post(web + "/api/batches", json={"urls": urls}, headers=headers, timeout=60)
     r.raise_for_status()
     data: dict[str, Any] = r.json()
     return data
@@ -146,20 +216,34 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+def latencies_ms(
+    engine: Any, batches: list[tuple[str, dict[int, float]]], seen: dict[int, float]
+) -> list[float]:
+    """Commit-to-event milliseconds of every result of these (batch id, arrivals); from
+    the stream's opening for a result committed before it (nothing could push it then)."""
+    out = []
+    for batch_id, arrivals in batches:
+        for pos, jid in job_ids(engine, batch_id).items():
+            if pos in arrivals and jid in seen:
+                out.append((arrivals[pos] - max(seen[jid], arrivals[OPENED])) * 1000.0)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--database-url", default=os.environ.get("JODL_BENCH_DATABASE_URL", DEFAULT_PG)
     )
     parser.add_argument("--urls", type=int, default=100, help="URLs of the latency batch")
-    parser.add_argument("--jobs", type=int, default=1000, help="URLs of the throughput run")
+    parser.add_argument("--jobs", type=int, default=1000, help="URLs of the many-streams run")
+    parser.add_argument("--streams", type=int, default=50, help="streams of the many-streams run")
     parser.add_argument("--agents", type=int, default=2)
     parser.add_argument("--slots", type=int, default=4)
     args = parser.parse_args()
+    streams = max(1, min(args.streams, args.jobs))
 
-    from jodl import Master, Settings, Store, make_engine
+    from jodl import Store, make_engine
     from jodl.log.migrate import upgrade
-    from jodl.queue import Queue, QueueFeeder
 
     site, base = start_site()
     with (
@@ -171,14 +255,21 @@ def main() -> None:
         store = Store(engine)
         for address in addresses:
             store.add_node(address, slots=args.slots)
-        settings = Settings(database_url=db_url, log_level="WARNING", secret=SECRET)
-        master = Master(settings, store=store)
-        queue = Queue(store)
-        master.feeders.append(QueueFeeder(queue))
-        stopping = threading.Event()
-        serving = threading.Thread(target=master.serve, args=(stopping,), daemon=True)
-        serving.start()
+        master_env = {
+            **os.environ,
+            "JODL_DATABASE_URL": db_url,
+            "JODL_LOG_LEVEL": "WARNING",
+            "JODL_SECRET": SECRET,
+            "JODL_METRICS_LISTEN": "",
+        }
+        master = subprocess.Popen(
+            [sys.executable, "-m", "jodl", "master"],
+            env=master_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         port = free_port()
+        # The product's stream settings; room for every stream of one user at once.
         env = {
             **os.environ,
             "JODL_DATABASE_URL": db_url,
@@ -186,9 +277,11 @@ def main() -> None:
             "JODL_SECRET": SECRET,
             "JODL_WEB_SECURE_COOKIES": "false",
             "JODL_WEB_SUBMIT_BURST": "10000",
-            "JODL_WEB_STREAM_POLL": "0.05",
-            "JODL_WEB_THREADS": "48",
-            "JODL_WEB_MAX_STREAMS": "40",
+            "JODL_WEB_THREADS": str(streams + 24),
+            "JODL_WEB_MAX_STREAMS": str(streams + 8),
+            "JODL_WEB_STREAMS_PER_CLIENT": str(streams + 8),
+            "JODL_USER_URLS_PER_DAY": "0",
+            "JODL_USER_MAX_BATCH": "0",
         }
         web_proc = subprocess.Popen(
             [sys.executable, "-m", "jodl", "web", "--listen", f"127.0.0.1:{port}"],
@@ -199,47 +292,47 @@ def main() -> None:
         web = f"http://127.0.0.1:{port}"
         try:
             wait_port(port, timeout=30)
+            auth = sign_in(web, engine)
             # Warm-up: the agents' fetchers, the master's connections, the web process.
-            warm = submit(web, [f"{base}/warm/{i}" for i in range(10)])
-            read_stream(web + warm["events"], {}, threading.Event())
+            warm = submit(web, [f"{base}/warm/{i}" for i in range(10)], auth)
+            read_stream(web + warm["events"], {}, threading.Event(), auth)
 
-            # 1. latency from commit to event
+            # 1. latency from commit to event, one stream
             arrivals: dict[int, float] = {}
             with CommitWatcher(engine) as watcher:
-                batch = submit(web, [f"{base}/latency/{i}" for i in range(args.urls)])
-                read_stream(web + batch["events"], arrivals, threading.Event())
+                batch = submit(web, [f"{base}/latency/{i}" for i in range(args.urls)], auth)
+                read_stream(web + batch["events"], arrivals, threading.Event(), auth)
                 time.sleep(0.05)
-            ids = job_ids(engine, batch["id"])
-            latencies = [
-                (arrivals[pos] - watcher.seen[jid]) * 1000.0
-                for pos, jid in ids.items()
-                if pos in arrivals and jid in watcher.seen
-            ]
+            latencies = latencies_ms(engine, [(batch["id"], arrivals)], watcher.seen)
             if len(latencies) != args.urls:
                 raise SystemExit(f"only {len(latencies)} of {args.urls} results were timed")
 
-            # 2. on-demand throughput through API, queue, agents and streams
-            size = 100
-            started = time.monotonic()
+            # 2. the same over many streams open at once, and on-demand throughput
+            size = -(-args.jobs // streams)
+            many: list[tuple[str, dict[int, float]]] = []
             threads = []
-            for start in range(0, args.jobs, size):
-                count = min(size, args.jobs - start)
-                sub = submit(web, [f"{base}/load/{start + i}" for i in range(count)])
-                t = threading.Thread(
-                    target=read_stream, args=(web + sub["events"], {}, threading.Event())
-                )
-                t.start()
-                threads.append(t)
-            for t in threads:
-                t.join(timeout=600)
-            seconds = time.monotonic() - started
+            with CommitWatcher(engine) as watcher:
+                started = time.monotonic()
+                for start in range(0, args.jobs, size):
+                    count = min(size, args.jobs - start)
+                    urls = [f"{base}/load/{start + i}" for i in range(count)]
+                    sub = submit(web, urls, auth)
+                    many.append((sub["id"], {}))
+                    t = threading.Thread(
+                        target=read_stream,
+                        args=(web + sub["events"], many[-1][1], threading.Event(), auth),
+                    )
+                    t.start()
+                    threads.append(t)
+                for t in threads:
+                    t.join(timeout=600)
+                seconds = time.monotonic() - started
+                time.sleep(0.05)
+            spread = latencies_ms(engine, many, watcher.seen)
+            if len(spread) != args.jobs:
+                raise SystemExit(f"only {len(spread)} of {args.jobs} results were timed")
         finally:
-            web_proc.terminate()
-            web_proc.wait(timeout=30)
-            stopping.set()
-            serving.join(timeout=30)
-            master.close()
-            queue.close()
+            stop_all([web_proc, master], wait=30)
             engine.dispose()
             site.shutdown()
 
@@ -247,16 +340,24 @@ def main() -> None:
         "database": db_url.split(":", 1)[0].split("+")[0],
         "agents": args.agents,
         "urls": args.urls,
-        "sse_latency_ms_median": round(statistics.median(latencies), 2),
-        "sse_latency_ms_p95": round(percentile(latencies, 0.95), 2),
-        "sse_latency_ms_max": round(max(latencies), 2),
+        "median_ms": round(statistics.median(latencies), 2),
+        "p95_ms": round(percentile(latencies, 0.95), 2),
+        "max_ms": round(max(latencies), 2),
+        "streams": len(many),
+        "median_ms_many_streams": round(statistics.median(spread), 2),
+        f"p95_ms_{len(many)}_streams": round(percentile(spread, 0.95), 2),
         "ondemand_jobs": args.jobs,
         "ondemand_seconds": round(seconds, 2),
         "ondemand_jobs_per_s": round(args.jobs / seconds, 1),
     }
     print(
-        f"commit -> SSE event over {args.urls} URLs: median {figures['sse_latency_ms_median']} ms, "
-        f"p95 {figures['sse_latency_ms_p95']} ms"
+        f"commit -> SSE event over {args.urls} URLs in one stream: "
+        f"median {figures['median_ms']} ms, p95 {figures['p95_ms']} ms"
+    )
+    print(
+        f"commit -> SSE event over {args.jobs} URLs in {len(many)} streams: "
+        f"median {figures['median_ms_many_streams']} ms, "
+        f"p95 {figures[f'p95_ms_{len(many)}_streams']} ms"
     )
     print(
         f"on-demand check_page jobs through API, queue and {args.agents} agents: "

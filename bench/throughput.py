@@ -72,7 +72,7 @@ def run_jodl(url: str, jobs: int, agent_count: int, slots: int, cycles: int) -> 
 
 CELERY_APP = """
 from celery import Celery
-app = Celery("bench", broker="redis://127.0.0.1:6379/14", backend="redis://127.0.0.1:6379/14")
+app = Celery("bench", broker="redis://{redis}/14", backend="redis://{redis}/14")
 app.conf.update(worker_prefetch_multiplier=4, task_acks_late=False, result_expires=600,
                 worker_hijack_root_logger=False)
 
@@ -82,25 +82,29 @@ def noop():
 """
 
 
-def run_celery(jobs: int, workers: int) -> dict[str, float] | None:
-    """The same no-op tasks through Celery + Redis; None when Celery or Redis is missing."""
+#: Where the Celery peer's broker and result backend must answer.
+REDIS = "127.0.0.1:6379"
+
+
+def run_celery(jobs: int, workers: int) -> dict[str, float] | str:
+    """The same no-op tasks through Celery + Redis; why not when Celery or Redis is missing."""
     try:
         import redis  # noqa: F401
         from celery import group  # noqa: F401
     except ImportError:
-        return None
+        return "skipped: celery not installed (pip install '.[bench]')"
     import tempfile
 
     tmp = tempfile.mkdtemp()
     with open(os.path.join(tmp, "benchapp.py"), "w") as fh:
-        fh.write(CELERY_APP)
+        fh.write(CELERY_APP.format(redis=REDIS))
     sys.path.insert(0, tmp)
     import benchapp  # type: ignore[import-not-found]
 
     try:
         benchapp.app.backend.client.ping()
     except Exception:  # noqa: BLE001 - Redis not running: no peer figures
-        return None
+        return f"skipped: redis not answering on {REDIS}"
     benchapp.app.backend.client.flushdb()
     worker = subprocess.Popen(
         [
@@ -141,12 +145,15 @@ def run_celery(jobs: int, workers: int) -> dict[str, float] | None:
     return {"seconds": seconds, "jobs_per_s": jobs / seconds}
 
 
-def celery_peer(jobs: int, workers: int) -> float | None:
-    """Run the Celery peer (unless ``jobs`` is 0), print its line, return its tasks/s."""
-    if not jobs:
-        return None
-    celery = run_celery(jobs, workers)
-    if celery is None:
+def celery_peer(jobs: int, workers: int, figures: dict[str, Any]) -> float | None:
+    """Run the Celery peer (unless ``jobs`` is 0), print its line, return its tasks/s.
+
+    A peer that cannot run is skipped with a printed note, and ``figures["celery"]``
+    says why, so a missing peer never passes for a broken one."""
+    celery = run_celery(jobs, workers) if jobs else "skipped: --celery-jobs 0"
+    if isinstance(celery, str):
+        print(f"celery: {celery}")
+        figures["celery"] = celery
         return None
     print(f"celery: {jobs} tasks in {celery['seconds']:.2f}s = {celery['jobs_per_s']:.0f} tasks/s")
     return float(celery["jobs_per_s"])
@@ -193,7 +200,7 @@ def main() -> None:
         "cycles_jobs_per_s": [round(r) for r in jodl["jobs_per_s"]],
         "us_per_job": round(min(jodl["us_per_job"]), 1),
     }
-    celery = celery_peer(args.celery_jobs, args.agents)
+    celery = celery_peer(args.celery_jobs, args.agents, figures)
     if celery is not None:
         figures["celery_jobs_per_s"] = round(celery)
         figures["ratio"] = round(figures["jobs_per_s"] / celery, 2)

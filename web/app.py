@@ -31,7 +31,7 @@ from werkzeug.routing import IntegerConverter
 
 from crawler_app.reach import AllowUsers
 from crawler_app.settings import AppSettings
-from jodl.log import Store, make_engine
+from jodl.log import ResultWatch, Store, make_engine
 from jodl.queue import Queue
 
 from .batch import Batches
@@ -87,6 +87,8 @@ class Services:
     #: Who may have pages fetched from the fetch allowlist's networks
     #: (JODL_FETCH_ALLOW_USERS, read and checked at start).
     allow_users: AllowUsers
+    #: Wakes the event streams waiting for these jobs when they end (one per process).
+    results: ResultWatch
 
 
 def services() -> Services:
@@ -136,6 +138,7 @@ def create_app(
         )
     store = Store(engine)
     queue = Queue(store)
+    stopping = threading.Event()
     from .auth import ADDRESS_LOGIN_FACTOR, LOGIN_WINDOW_MINUTES
 
     app.extensions["jodl"] = Services(
@@ -162,7 +165,8 @@ def create_app(
             settings.web_streams_per_client,
             settings.web_operator_streams,
         ),
-        stopping=threading.Event(),
+        stopping=stopping,
+        results=ResultWatch(engine, stopping),
     )
     app.jinja_env.globals["csrf_token"] = csrf_token
     app.jinja_env.globals["csrf_field"] = CSRF_FIELD

@@ -32,7 +32,8 @@ DEFAULT_REFRESH_FRACTION = 0.1
 #: Submissions per minute per client (user or address), and the burst allowed.
 DEFAULT_SUBMIT_PER_MINUTE = 30.0
 DEFAULT_SUBMIT_BURST = 10
-#: Seconds between two looks of an event stream at the log for new results.
+#: Seconds between two looks of an event stream at the log when no notice of results can
+#: come (web/stream.py); 0.1 s keeps such a stream within a tenth of a second of a result.
 DEFAULT_STREAM_POLL = 0.1
 #: Seconds an event stream stays open; the browser then resumes it (Last-Event-ID).
 DEFAULT_STREAM_SECONDS = 300.0
@@ -134,7 +135,9 @@ OPTIONS: tuple[Option, ...] = (
         "JODL_WEB_STREAM_POLL",
         str(DEFAULT_STREAM_POLL),
         "float+",
-        "Seconds between two looks of an open event stream at the log for new results",
+        "Seconds between two looks of an open event stream at the log for new results "
+        "when no notice of them can come (SQLite with the master in another process, or "
+        "PostgreSQL's LISTEN connection down); else streams are woken by each result",
         "web",
     ),
     Option(

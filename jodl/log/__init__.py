@@ -6,7 +6,9 @@ methods of :class:`~jodl.log.store.Store` and the gateways it is composed of.
 
 Public (``__all__`` below; docs/architecture.md#parts-and-layering): the gateway
 (:class:`Store`, :class:`Reads`, :class:`JobLog`, :func:`make_engine`), the result
-records, and the tables applications point foreign keys at or read states of
+records, the watch over ended on-demand jobs (:class:`ResultWatch`,
+:class:`Subscription`, their PostgreSQL channel :data:`RESULTS_CHANNEL`), and the
+tables applications point foreign keys at or read states of
 (:class:`Base`, :data:`BigId`, :class:`Job`, :class:`Run`, :class:`Node`,
 :class:`Execution`, their ``*State`` constants, :func:`utcnow`), and the tables
 audits and benchmarks read (:class:`Dispatch`, :class:`MasterLease`). The modules of this
@@ -30,6 +32,9 @@ from .models import RequestKind as RequestKind
 from .models import Run as Run
 from .models import RunState as RunState
 from .models import utcnow as utcnow
+from .notices import CHANNEL as RESULTS_CHANNEL
+from .notices import ResultWatch as ResultWatch
+from .notices import Subscription as Subscription
 from .reads import Reads as Reads
 from .records import DoneResult as DoneResult
 from .records import JobError as JobError
@@ -56,8 +61,11 @@ __all__ = [
     "Run",
     "RunResults",
     "RequestKind",
+    "RESULTS_CHANNEL",
+    "ResultWatch",
     "RunState",
     "Store",
+    "Subscription",
     "make_engine",
     "normalise_url",
     "utcnow",

@@ -1,8 +1,9 @@
-"""PostgreSQL's wake-up call for the on-demand queue: the channel and its LISTEN connection.
+"""PostgreSQL's wake-up calls: a LISTEN connection, and the on-demand queue's channel.
 
 An enqueue ``NOTIFY``s :data:`CHANNEL` in its transaction
 (:meth:`jodl.log.queue_sql.QueueSQL.notify`); a consumer waiting for due jobs
-holds one :class:`Listener` and is woken when a notification arrives.
+holds one :class:`Listener` and is woken when a notification arrives. Ended
+on-demand jobs have a channel of their own (:mod:`jodl.log.notices`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ CHANNEL = "jodl_queue"
 
 
 class Listener:
-    """A dedicated autocommit connection LISTENing on :data:`CHANNEL`."""
+    """A dedicated autocommit connection LISTENing on ``channel`` (:data:`CHANNEL`)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, channel: str = CHANNEL) -> None:
         raw = engine.raw_connection()
         # Taken before detach(): a detached pool proxy no longer names its driver connection.
         conn = raw.driver_connection
@@ -31,7 +32,7 @@ class Listener:
         self._raw = raw
         try:
             self.conn.autocommit = True
-            self.conn.execute(f"LISTEN {CHANNEL}")
+            self.conn.execute(f"LISTEN {channel}")
         except Exception:
             raw.close()
             raise
@@ -51,6 +52,14 @@ class Listener:
             log.warning("queue LISTEN connection failed: %s", exc)
             self.close()
             return True  # look once, then poll until a new listener is up
+
+    def payloads(self, timeout: float) -> list[str]:
+        """The payloads of the notifications arriving within ``timeout`` s (the first one
+        waited for, the rest drained); raises when the connection failed."""
+        out = [n.payload for n in self.conn.notifies(timeout=timeout, stop_after=1)]
+        if out:
+            out += [n.payload for n in self.conn.notifies(timeout=0)]
+        return out
 
     def close(self) -> None:
         """Close the connection; the listener is broken from then on."""

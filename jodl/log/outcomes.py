@@ -29,6 +29,7 @@ from . import bulk
 from .learning import learn_from_executions, settle_homes, write_homes
 from .lease import check_fence
 from .models import Dispatch, Execution, Job, JobState, table_of, utcnow
+from .notices import announce, begin
 from .records import EXEC_COLUMNS, ClaimDone, ClaimFailed, OutcomeBatch
 
 #: First pause before an on-demand job that failed runs again (seconds); doubles per failure.
@@ -54,8 +55,10 @@ def close_claims(
     attempt, error, due_at): back in the queue at ``due_at`` (an enqueue made
     while it ran wins), or dead when ``due_at`` is None. Only a job still claimed
     by that very attempt changes, so a late outcome of a superseded attempt (its
-    lease ended and another claim took the job) changes nothing.
+    lease ended and another claim took the job) changes nothing. The jobs are
+    announced to their waiters (:func:`jodl.log.notices.announce`).
     """
+    announce(conn, [c[0] for c in done] + [c[0] for c in failed])
     now = utcnow()
     changed = 0
     guard = (
@@ -153,7 +156,7 @@ class OutcomeLog:
         """
         if not batch:
             return
-        with self.engine.begin() as conn:
+        with begin(self.engine) as conn:
             if batch.epoch:
                 check_fence(conn, batch.epoch)
             if batch.executions:

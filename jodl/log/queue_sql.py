@@ -35,6 +35,7 @@ from .exec_ids import ExecIds
 from .limits import HourlyBudgets
 from .listener import CHANNEL
 from .models import ExecState, Execution, FamilyRow, Job, JobState, utcnow
+from .notices import begin
 from .outcomes import close_claims
 from .queue_records import QUEUE_STATES, Claimed, QueuedJob
 from .queue_upsert import UPSERT_SQLITE, UPSERT_UNNEST
@@ -249,7 +250,7 @@ class QueueSQL:
     def complete(self, job_id: int, attempt: int, exec_id: int | None, result: str) -> bool:
         """End the claim ``attempt`` as done; with ``exec_id``, log ``result`` (JSON) as its
         execution row in the same transaction. False (and no change) if not held."""
-        with self.engine.begin() as conn:
+        with begin(self.engine) as conn:
             failures = conn.scalar(
                 select(Job.failures).where(
                     Job.id == job_id, Job.state == JobState.CLAIMED, Job.attempts == attempt
@@ -267,7 +268,7 @@ class QueueSQL:
 
     def complete_many(self, claims: Sequence[tuple[int, int]]) -> int:
         """End many (job_id, attempt) claims as done in one transaction; how many were held."""
-        with self.engine.begin() as conn:
+        with begin(self.engine) as conn:
             return close_claims(conn, done=list(claims))
 
     def fail(
@@ -282,7 +283,7 @@ class QueueSQL:
         ``due_for(failures, family's max_attempts)`` gives when the job is due
         again, None making it dead.
         """
-        with self.engine.begin() as conn:
+        with begin(self.engine) as conn:
             row = conn.execute(
                 select(Job.failures, FamilyRow.max_attempts)
                 .join(FamilyRow, FamilyRow.id == Job.family_id)

@@ -11,12 +11,14 @@ the next due time comes, or a short poll (SQLite).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+from ..log.notices import HERE
 from ..log.queue_records import Claimed
 from ..log.records import PendingJob
 from ..master import Feeder
@@ -61,6 +63,10 @@ class QueueFeeder(Feeder):
         self._families: tuple[str, ...] = ()
         self._thread: threading.Thread | None = None
         self._closing = False
+        # The results of the jobs it claims commit in this process: watches here hear of
+        # them without polling, SQLite included (jodl.log.notices).
+        self._writing = contextlib.ExitStack()
+        self._writing.enter_context(HERE.writing(queue.engine))
 
     # -- the master's thread ----------------------------------------------------------------
 
@@ -158,6 +164,7 @@ class QueueFeeder(Feeder):
         if left:
             self.queue.release(left)
         self.queue.close()
+        self._writing.close()
 
     # -- the claiming thread ------------------------------------------------------------------
 
