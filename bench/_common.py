@@ -20,6 +20,10 @@ SECRET = secrets.token_urlsafe(32)
 #: Seconds between the two SIGTERMs that stop an agent (the first one's handler runs first).
 TERM_AGAIN = 0.3
 
+# The benchmarks' sites listen on loopback, which their agents admit (JODL_FETCH_ALLOW);
+# the jobs their users queue, here and in the processes started from here, may use it.
+os.environ.setdefault("JODL_FETCH_ALLOW_USERS", "*")
+
 
 def free_port() -> int:
     with socket.socket() as s:
