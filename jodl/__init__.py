@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .family import Family as Family
     from .family import Permanent as Permanent
     from .family import cancelled as cancelled
+    from .family import progress as progress
     from .family import wait_cancelled as wait_cancelled
     from .log.engine import make_engine as make_engine
     from .log.records import JobResult as JobResult
@@ -58,6 +59,7 @@ _PUBLIC = {
     "Permanent": ("family", "Permanent"),
     "cancelled": ("family", "cancelled"),
     "wait_cancelled": ("family", "wait_cancelled"),
+    "progress": ("family", "progress"),
     "Master": ("master", "Master"),
     "RunSummary": ("master", "RunSummary"),
     "Knowledge": ("placement", "Knowledge"),
@@ -116,6 +118,7 @@ __all__ = [
     "collect_status",
     "connect",
     "make_engine",
+    "progress",
     "register_strategy",
     "results",
     "wait_cancelled",

@@ -7,7 +7,7 @@ import os
 import threading
 from typing import Any
 
-from .family import Family, Permanent, cancelled, wait_cancelled
+from .family import Family, Permanent, cancelled, progress, wait_cancelled
 
 
 class Noop(Family):
@@ -109,6 +109,22 @@ class Mark(Family):
         finally:
             os.close(fd)
 
+
+
+class Steps(Family):
+    """Takes ``payload["steps"]`` steps of ``payload["seconds"]`` each, saying how far it
+    is after each (:func:`jodl.progress`); stops early when cancelled."""
+
+    name = "steps"
+    idempotent = True
+
+    def run(self, payload: dict[str, Any]) -> Any:
+        steps = int(payload.get("steps", 3))
+        for step in range(steps):
+            progress(step, steps, f"step {step + 1} of {steps}")
+            if wait_cancelled(float(payload.get("seconds", 1.0))):
+                return None
+        return {"steps": steps}
 
 try:  # pydantic is not a dependency of the library; this example uses it when present
     from pydantic import BaseModel, PositiveInt

@@ -115,7 +115,8 @@ class Family:
 
 
 class Cancellation:
-    """How a running job hears that it was cancelled; the agent sets one per job.
+    """How a running job hears that it was cancelled, and where it reports how far it
+    is; the agent sets one per job.
 
     This one (outside an agent, e.g. a family's own tests) is never cancelled.
     """
@@ -131,6 +132,9 @@ class Cancellation:
         time.sleep(max(0.0, seconds))
         return False
 
+    def report(self, done: float, total: float | None, note: str) -> None:
+        """Where the job's progress goes; outside an agent, nowhere."""
+
 
 #: The cancellation of the job running in this thread (or asyncio task); None: none.
 current_cancellation: ContextVar[Cancellation | None] = ContextVar(
@@ -143,6 +147,14 @@ def cancelled() -> bool:
     """True when the job running in this thread (or task) was cancelled: stop early,
     its result is discarded anyway."""
     return (current_cancellation.get() or _NEVER).is_set()
+
+
+def progress(done: float, total: float | None = None, note: str = "") -> None:
+    """Say how far the job running in this thread (or task) is: ``done`` out of
+    ``total`` (None: not known), with a short ``note``. The master collects it about
+    once a second; ``jodl status``, the run page and the API show it while the job
+    runs. Outside an agent it does nothing."""
+    (current_cancellation.get() or _NEVER).report(done, total, note)
 
 
 def wait_cancelled(seconds: float) -> bool:

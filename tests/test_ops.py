@@ -409,7 +409,14 @@ def test_page_checks_count_fetches_and_politeness_waits(store, agents, settings,
     for i in range(pages):
         site.set_page(f"/p{i}", f"<html><title>P{i}</title><body>page {i}</body></html>")
     fam = store.ensure_family("check_page")
-    store.add_jobs(fam, ((f"p{i}", json.dumps({"url": site.url(f"/p{i}")})) for i in range(pages)))
+    # The site is on loopback: jobs of a user allowed the allowlist (crawler_app.reach).
+    store.add_jobs(
+        fam,
+        (
+            (f"p{i}", json.dumps({"url": site.url(f"/p{i}"), "reach": "allowlist"}))
+            for i in range(pages)
+        ),
+    )
     master = Master(settings)
     try:
         assert master.run_cycle("check_page").done == pages

@@ -179,6 +179,17 @@ def run_jobs(svc: Services, run_id: int, args: Any, limit: int = JOBS_PER_PAGE) 
         "state": state,
         "key": key,
         "next": rows[-1].exec_id if len(rows) >= max(1, min(limit, 500)) else None,
+        "running": [
+            {
+                "key": r.key,
+                "node": r.address,
+                "done": r.done,
+                "total": r.total,
+                "note": r.note,
+                "reported_at": _iso(r.reported_at),
+            }
+            for r in svc.store.reads.running_jobs(run_id)
+        ],
     }
 
 

@@ -25,6 +25,7 @@ same name). "stamp" is the master's epoch, or ``(epoch, session, since)`` after
 ``done``       stamp, ack ids, limit -> (exec_id, duration, finished, result_json) rows
 ``failed``     stamp, ack ids, limit -> (exec_id, duration, finished, error, retryable)
 ``remaining``  stamp -> (queued, running, held_done, held_failed)
+``progress``   stamp -> (exec_id, done, total, note, unix time) per running job that reported
 ``take_back``  stamp, count, ids -> exec ids handed back unstarted
 ``ack``        stamp, ids -> number forgotten (results the master committed)
 ``cancel``     stamp, ids -> ids cancelled

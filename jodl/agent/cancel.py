@@ -12,6 +12,7 @@ import asyncio
 import threading
 
 from ..family import Cancellation
+from .progress import ProgressBoard
 
 
 class Cancels:
@@ -19,10 +20,12 @@ class Cancels:
 
     ``cancelled``: exec ids cancelled while running (their outcomes are discarded);
     ``_events``: exec id -> the Event its job waits on (made by its first wait only,
-    so a job of microseconds costs no Event); ``_tasks``: exec id -> an async job's task.
+    so a job of microseconds costs no Event); ``_tasks``: exec id -> an async job's task;
+    ``board``: where the jobs' progress reports go (the handle a job consults is one).
     """
 
     def __init__(self) -> None:
+        self.board = ProgressBoard()
         self.cancelled: set[int] = set()
         self._events: dict[int, threading.Event] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
@@ -80,6 +83,9 @@ class JobCancellation(Cancellation):
     def __init__(self, cancels: Cancels, exec_id: int) -> None:
         self._cancels = cancels
         self.exec_id = exec_id
+
+    def report(self, done: float, total: float | None, note: str) -> None:
+        self._cancels.board.report(self.exec_id, done, total, note)
 
     def is_set(self) -> bool:
         return self.exec_id in self._cancels.cancelled

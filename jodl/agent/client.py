@@ -41,6 +41,7 @@ from .replies import (
     FailedRow,
     Leader,
     Ping,
+    ProgressReport,
     Refused,
     Remaining,
     check_count,
@@ -52,6 +53,7 @@ from .replies import (
     check_info,
     check_leaders,
     check_ping,
+    check_progress,
     check_refused,
     check_remaining,
 )
@@ -75,6 +77,7 @@ CALLS = (
     "done",
     "failed",
     "remaining",
+    "progress",
     "take_back",
     "ack",
     "cancel",
@@ -199,6 +202,10 @@ class AgentLink:
         """The generation of the agent's families (another one than at ``init``: they
         changed); ``now`` asks it to reload them first."""
         return self._stamped("reload", check_count, epoch, now)
+
+    def progress(self, epoch: int) -> tuple[ProgressReport, ...]:
+        """The running jobs' newest progress reports."""
+        return self._stamped("progress", check_progress, epoch)
 
     def ping(self) -> Ping:
         """The agent's name, epoch and clock (no stamp: any master may ask)."""

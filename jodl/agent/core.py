@@ -34,6 +34,7 @@ from .eventloop import loop_name, new_event_loop
 from .held import Done, Failed, held_row
 from .installed import FamilyRow, Installed
 from .known import KnownIds
+from .progress import Report
 from .replies import KNOWN_ID
 from .sessions import Session, Sessions, check_fence_hold, detach_time
 
@@ -326,6 +327,10 @@ class AgentCore:
             self._acked.popitem(last=False)
         return count
 
+    def progress(self) -> tuple[Report, ...]:
+        """The newest progress report of each running job that made one."""
+        return self._cancels.board.reports()
+
     def remaining(self) -> tuple[int, int, int, int]:
         with self._cond:
             return (
@@ -411,6 +416,7 @@ class AgentCore:
     ) -> None:
         """Hold one outcome (under the lock) for the master to collect."""
         self._running.discard(exec_id)
+        self._cancels.board.forget(exec_id)
         if self._cancels.finished(exec_id):
             self._family_of.pop(exec_id, None)
             return  # cancelled while it ran: discarded

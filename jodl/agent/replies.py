@@ -71,6 +71,16 @@ class Remaining(NamedTuple):
     held_failed: int
 
 
+class ProgressReport(NamedTuple):
+    """How far a running job is, as it said (``progress``; :func:`jodl.progress`)."""
+
+    exec_id: int
+    done: float
+    total: float | None
+    note: str
+    at: float  # unix time of the report
+
+
 class Ping(NamedTuple):
     """The agent's name, epoch and clock (``ping``)."""
 
@@ -239,6 +249,26 @@ def check_remaining(value: Any) -> Remaining:
     if len(check_ids(value)) != 4 or any(v < 0 for v in value):
         raise BadReply("remaining: four counts expected")
     return Remaining._make(value)
+
+
+def check_progress(value: Any) -> tuple[ProgressReport, ...]:
+    """(exec_id, done, total or None, note, unix time) per running job that reported."""
+    if type(value) is not tuple:
+        raise BadReply(f"progress: a tuple expected, got {_kind(value)}")
+    out = []
+    for row in value:
+        if (
+            type(row) is not tuple
+            or len(row) != 5
+            or type(row[0]) is not int
+            or type(row[1]) is not float
+            or not (row[2] is None or type(row[2]) is float)
+            or type(row[3]) is not str
+            or type(row[4]) is not float
+        ):
+            raise BadReply(f"progress: (exec_id, done, total, note, time) rows, got {_kind(row)}")
+        out.append(ProgressReport._make(row))
+    return tuple(out)
 
 
 def check_ping(value: Any) -> Ping:

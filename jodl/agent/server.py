@@ -22,6 +22,7 @@ from .auth import require_auth
 from .codec import decode_ids, decode_jobs, encode_done, encode_failed
 from .core import AgentCore, Done, Failed, FamilyRow
 from .drain import Drain
+from .progress import Report
 from .sessions import Session
 from .wire import STRICT_CONFIG, GuardedServer, is_loopback, split_address
 
@@ -140,6 +141,10 @@ class AgentService(rpyc.Service):
 
     def exposed_remaining(self, epoch: Any) -> tuple[int, int, int, int]:
         return self._call(epoch, self._core.remaining)
+
+    def exposed_progress(self, epoch: Any) -> tuple[Report, ...]:
+        """The running jobs' newest progress reports (``jodl.progress``)."""
+        return self._call(epoch, self._core.progress)
 
     def exposed_take_back(self, epoch: Any, count: int, ids: tuple) -> tuple[int, ...]:
         return self._call(epoch, self._core.take_back, _int(count, "count"), _ids(ids), scoped=True)

@@ -389,6 +389,15 @@ def status(ctx: click.Context, as_json: bool, watch: bool) -> None:
         )
         if r.get("unserved") and r["state"] == "running":
             click.echo(f"      {r['unserved']}")
+        for job in r.get("progress", ()):
+            click.echo(f"      {job['key']}: {progress_text(job)}")
+
+
+def progress_text(job: dict[str, Any]) -> str:
+    """A running job's report (``jodl.progress``) as ``40/100 (40%) resizing``."""
+    done, total = job["done"], job["total"]
+    text = f"{done:g}/{total:g} ({100 * done / total:.0f}%)" if total else f"{done:g}"
+    return f"{text} {job['note']}".rstrip()
 
 
 def load_apps(group: click.Group) -> None:

@@ -346,6 +346,23 @@ class Execution(Base):
     error: Mapped[str | None] = mapped_column(Text)
 
 
+class JobProgress(Base):
+    """How far a running execution is, as its job last said (``jodl.progress``), written
+    by the master about once a second; a run's rows go when it ends."""
+
+    __tablename__ = "jodl_progress"
+    __table_args__ = (Index("ix_jodl_progress_run", "run_id"),)
+
+    exec_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)
+    run_id: Mapped[int | None] = mapped_column(Integer)
+    job_id: Mapped[int] = mapped_column(BigId)
+    node_id: Mapped[int | None] = mapped_column(Integer)
+    done: Mapped[float] = mapped_column(Float)
+    total: Mapped[float | None] = mapped_column(Float)
+    note: Mapped[str] = mapped_column(String(200), default="")
+    reported_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
 class MasterLease(Base):
     """Which master leads; ``epoch`` grows with every takeover (agents fence older ones)."""
 

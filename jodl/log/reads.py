@@ -10,10 +10,20 @@ import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, or_, select
+from sqlalchemy import Connection, Engine, and_, exists, func, or_, select
 from sqlalchemy.orm import sessionmaker
 
-from .models import ExecState, Execution, FamilyRow, Job, JobState, Node, Run
+from .models import (
+    ExecState,
+    Execution,
+    FamilyRow,
+    Job,
+    JobProgress,
+    JobState,
+    Node,
+    Run,
+    RunState,
+)
 from .records import (
     DoneResult,
     ExecutionView,
@@ -21,6 +31,7 @@ from .records import (
     FamilyResult,
     JobError,
     JobTiming,
+    RunningJob,
 )
 
 #: Ids per ``IN (...)`` list.
@@ -90,6 +101,9 @@ class Reads:
                 }
                 for r in s.scalars(select(Run).order_by(Run.id.desc()).limit(runs))
             ]
+        for run in recent:  # the few running runs: how far their long jobs are
+            if run["state"] == RunState.RUNNING:
+                run["progress"] = [p._asdict() for p in self.running_jobs(run["id"], 5)]
         return {"nodes": nodes, "families": families, "runs": recent}
 
     # -- runs --------------------------------------------------------------------------------
@@ -183,6 +197,23 @@ class Reads:
             query = query.where(Job.key.like(f"%{escaped}%", escape="\\"))
         with self.engine.connect() as conn:
             return [ExecutionView(*row) for row in conn.execute(query)]
+
+    def running_jobs(self, run_id: int, limit: int = 50) -> list[RunningJob]:
+        """A run's jobs that are running and said how far they are, newest report first."""
+        ended = exists().where(Execution.id == JobProgress.exec_id)
+        query = (
+            select(
+                Job.key, Node.address, JobProgress.done, JobProgress.total, JobProgress.note,
+                JobProgress.reported_at,
+            )
+            .join(Job, Job.id == JobProgress.job_id)
+            .outerjoin(Node, Node.id == JobProgress.node_id)
+            .where(JobProgress.run_id == run_id, ~ended)
+            .order_by(JobProgress.reported_at.desc())
+            .limit(max(1, min(limit, MAX_PAGE)))
+        )  # fmt: skip
+        with self.engine.connect() as conn:
+            return [RunningJob(*row) for row in conn.execute(query)]
 
     def job_timings(self, job_ids: Sequence[int]) -> dict[int, JobTiming]:
         """job id -> its every-N-cycles and last run, for those of these jobs not deleted."""

@@ -144,6 +144,30 @@ class FailedAttempt(NamedTuple):
     error: str | None
 
 
+class ProgressRow(NamedTuple):
+    """How far a running execution is (a row of ``jodl_progress``)."""
+
+    exec_id: int
+    run_id: int | None
+    job_id: int
+    node_id: int | None
+    done: float
+    total: float | None
+    note: str
+    reported_at: dt.datetime
+
+
+class RunningJob(NamedTuple):
+    """A running job's newest progress report, as the run page and the API show it."""
+
+    key: str
+    address: str | None
+    done: float
+    total: float | None
+    note: str
+    reported_at: dt.datetime
+
+
 class FamilyResult(NamedTuple):
     """A committed result of a family's job, read since a cursor (``exec_id``)."""
 

@@ -7,13 +7,27 @@ import json
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, exists, func, literal_column, or_, select, update
+from sqlalchemy import Engine, delete, exists, func, insert, literal_column, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..exceptions import JodlError
 from . import budgets, limits
-from .models import Dispatch, ExecState, Execution, FamilyRow, Job, JobState, Run, RunState, utcnow
-from .records import JobResult, PendingJob, RunResults, Sent
+from .models import (
+    Dispatch,
+    ExecState,
+    Execution,
+    FamilyRow,
+    Job,
+    JobProgress,
+    JobState,
+    Run,
+    RunState,
+    utcnow,
+)
+from .records import JobResult, PendingJob, ProgressRow, RunResults, Sent
+
+#: How long a progress report no run end clears is kept.
+PROGRESS_KEPT = dt.timedelta(days=1)
 
 
 class Runs:
@@ -186,6 +200,23 @@ class Runs:
                 .values(jobs_done=done, jobs_failed=failed, jobs_dead=dead)
             )
 
+    def record_progress(self, rows: Sequence[ProgressRow]) -> None:
+        """The running executions' newest progress reports, in one transaction (each
+        replaces the execution's previous one); reports older than a day go too (those
+        of on-demand jobs, which no run end clears)."""
+        if not rows:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(
+                delete(JobProgress).where(
+                    or_(
+                        JobProgress.exec_id.in_([r.exec_id for r in rows]),
+                        JobProgress.reported_at < utcnow() - PROGRESS_KEPT,
+                    )
+                )
+            )
+            conn.execute(insert(JobProgress), [r._asdict() for r in rows])
+
     def set_unserved(self, run_id: int, why: str | None) -> None:
         """Record why no live agent runs an open run's jobs now (None: one does)."""
         with self.engine.begin() as conn:
@@ -245,6 +276,7 @@ class Runs:
                 .where(Dispatch.run_id == run.id, Dispatch.is_open)
                 .values(is_open=False)
             )
+            s.execute(delete(JobProgress).where(JobProgress.run_id == run.id))
             counts: dict[str, int] = {
                 state: count
                 for state, count in s.execute(

@@ -29,7 +29,7 @@ from .models import FamilyOnNode, FamilyRow, Node, RequestKind, Run, RunRequest,
 from .nodes import Families, NodeLog
 from .outcomes import OutcomeLog
 from .reads import Reads
-from .records import Home, OutcomeBatch, PendingJob, RunResults, Sent
+from .records import Home, OutcomeBatch, PendingJob, ProgressRow, RunResults, Sent
 from .requests import Request, RequestLog
 from .runs import Runs
 
@@ -172,6 +172,10 @@ class Store:
         family named that is not in the database is refused unless ``create``; a
         payload that is not a JSON object is refused, and nothing is added."""
         return self.families.add_jobs(family, jobs, priority, create)
+
+    def record_progress(self, rows: Sequence[ProgressRow]) -> None:
+        """Running executions' newest progress reports (see :meth:`Runs.record_progress`)."""
+        self.runs.record_progress(rows)
 
     def nodes(self, include_removed: bool = False) -> list[Node]:
         return self.node_log.nodes(include_removed)

@@ -39,6 +39,7 @@ from . import drain, suspects
 from .book import JobBook
 from .calls import Calls, Outcome
 from .families import FamilySettings
+from .progress import ProgressRelay
 from .records import Ledger, execution_row
 from .reloads import Reloads
 from .rules import REMOVED, UNREACHABLE, USABLE, allows
@@ -159,6 +160,7 @@ class Nodes:
         self.on_gone: Callable[[int], None] = lambda _node_id: None
         #: Agents' families reloaded (``jodl node reload``, SIGHUP): see :mod:`.reloads`.
         self.reloads = Reloads(self)
+        self.progress = ProgressRelay()  # long jobs' reports: see :mod:`.progress`
 
     def __iter__(self) -> Iterator[NodeSlot]:
         return iter(self.slots.values())
@@ -221,6 +223,8 @@ class Nodes:
                 drain.follow(slot, node.state, dict(node.labels or {}))
             drain.poll(self, epoch)
             self.reloads.poll(epoch)
+            ask = lambda slot: self.call(slot, epoch, AgentLink.progress, epoch)  # noqa: E731
+            self.progress.poll(self.slots.values(), self.book.flights, ask, self.store)
         self._take_opened(epoch)
         for slot in self.slots.values():
             if not slot.removed and slot.opening is None and slot.link.retry_due():
