@@ -285,6 +285,9 @@ def parse_selector(selector: str) -> Selector:
             compiled: Any = CSSSelector(expression)
         elif kind == XPATH:
             compiled = lxml.etree.XPath(expression, smart_strings=False)
+            # Some errors (a wrong number of arguments, an unknown function) show only
+            # when the expression runs: run it once on an empty document.
+            compiled(lxml.etree.Element("html"))
         else:
             compiled = _jsonpath_parse(expression)
     except (_CssSelectorError, SyntaxError, ValueError, lxml.etree.XPathError) as exc:

@@ -377,8 +377,7 @@ def pages_add() -> Any:
                 pages=list_pages(svc, _user()),
                 url=request.form.get("url", "")[:2100],
                 form={
-                    name: request.form.get(name, "")[:2000]
-                    for name in ("selector", *FILTER_FIELDS)
+                    name: request.form.get(name, "")[:2000] for name in ("selector", *FILTER_FIELDS)
                 },
                 browser=request.form.get("browser") == "on",
             ),
