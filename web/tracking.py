@@ -29,7 +29,7 @@ from crawler_app.settings import AppSettings
 from jodl.exceptions import JodlError
 
 from . import channels
-from .app import Services, services
+from .app import IdConverter, Services, services
 from .auth import CurrentUser, current_user, limit, login_required
 from .diff import inline, side_by_side
 from .quota import QuotaRefused, refused
@@ -175,9 +175,12 @@ def _tracking_id(value: Any) -> int | None:
     if value in (None, ""):
         return None
     try:
-        return int(value)
+        number = int(value)
     except (TypeError, ValueError):
         raise BadRequest("tracking: the id of one of your trackings of this page") from None
+    if not 1 <= number <= IdConverter.MAX:  # no row has it (and the column holds no more)
+        raise NotFound("you do not track such a page")
+    return number
 
 
 def _tracking(
