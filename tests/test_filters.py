@@ -362,3 +362,35 @@ def test_a_view_key_round_trips_and_stays_a_plain_selector_alone():
     assert ViewSpec.parse("#a") == ViewSpec(selector="#a")
     with pytest.raises(FilterError, match="at most"):
         ViewSpec.build(include=["x" * 200] * 10)
+
+
+def test_the_cli_tracks_and_untracks_one_view_of_a_page(store, db_url):
+    with sessionmaker(store.engine).begin() as s:
+        pages.add_user(s, "a@example.org")
+
+    def jodl(*args: str) -> Any:
+        return CliRunner().invoke(main, ["--database-url", db_url, *args])
+
+    url = "http://example.org/shop"
+    assert jodl("track", url, "--user", "a@example.org").exit_code == 0
+    out = jodl("track", url, "--user", "a@example.org", "--xpath", "//ul", "--trigger", "sold out")
+    assert out.exit_code == 0, out.output
+    assert "(xpath://ul; alert on 'sold out')" in out.output
+    again = jodl(
+        "track", url, "--user", "a@example.org", "--xpath", "//ul", "--trigger", "sold out"
+    )
+    assert again.exit_code == 0  # the same view: nothing added
+    listing = jodl("tracked", "--user", "a@example.org").output.splitlines()
+    assert len(listing) == 2 and "[xpath://ul; alert on 'sold out']" in listing[1]
+    gone = jodl("untrack", url, "--user", "a@example.org", "--selector", "//ul")
+    assert gone.exit_code == 1  # no such view: the trigger is part of it
+    assert "does not track http://example.org/shop through that view" in gone.output
+    gone = jodl(
+        "untrack", url, "--user", "a@example.org", "--xpath", "//ul", "--trigger", "sold out"
+    )
+    assert gone.exit_code == 0, gone.output
+    with sessionmaker(store.engine)() as s:
+        assert list(s.scalars(select(Tracking.selector))) == [""]
+    both = jodl("track", url, "--user", "a@example.org", "--selector", "#a", "--jsonpath", "$.a")
+    assert both.exit_code == 1
+    assert both.output.strip() == "error: give one of --selector, --xpath, --jsonpath"
