@@ -398,7 +398,10 @@ def json_select(
         value = json.loads(text)
     except ValueError:
         return "", 0
-    found = [match.value for match in selector.compiled.find(value)]
+    try:
+        found = [match.value for match in selector.compiled.find(value)]
+    except Exception as exc:  # a filter comparing values of other types, ...
+        raise SelectorError(f"{selector.name} fails on this page: {_first_line(exc)}") from None
     return normalise("\n".join(_json_lines(v) for v in found)), len(found)
 
 
