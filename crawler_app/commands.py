@@ -160,16 +160,14 @@ def view_of(
     is refused naming it."""
     from .pages import PageError, check_view
 
+    # An explicit option names the kind, whatever the expression starts with.
     given = [
-        f"{kind}:{value}" if kind != "css" else value
+        value if kind == "css" else f"{kind}:{value}"
         for kind, value in (("css", selector), ("xpath", xpath), ("jsonpath", jsonpath))
         if value
     ]
     if len(given) > 1:
         raise PageError("give one of --selector, --xpath, --jsonpath")
-    if xpath or jsonpath:
-        # An explicit option names the kind, whatever the expression starts with.
-        given = [f"{'xpath' if xpath else 'jsonpath'}:{xpath or jsonpath}"]
     return check_view(
         selector=given[0] if given else None,
         include=list(include),

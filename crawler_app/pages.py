@@ -62,14 +62,14 @@ def normalise_url(url: str) -> str:
 def check_selector(selector: str | None) -> str | None:
     """A selector (CSS, XPath, JSONPath) ready to use (None for the whole page) or
     :class:`PageError` naming it."""
-    return check_view(ViewSpec, selector=selector).selector
+    return check_view(selector=selector).selector
 
 
-def check_view(build: type[ViewSpec] = ViewSpec, **filters: Any) -> ViewSpec:
+def check_view(**filters: Any) -> ViewSpec:
     """A view's filters checked (:meth:`ViewSpec.build`'s arguments), or :class:`PageError`
     naming the first bad expression."""
     try:
-        return build.build(**filters)
+        return ViewSpec.build(**filters)
     except FilterError as exc:
         raise PageError(str(exc)) from None
 
