@@ -1,11 +1,13 @@
 """Analysis of check results: each view's verdict stored.
 
 A ``check_page`` result updates its page (status, validators, title, error, the
-script-built flag) and each of the page's views (whole page, CSS selectors). The
-agent judged each view over the fetches of its check (:mod:`crawler_app.confirm`):
-a ``baseline`` or a ``change`` becomes a snapshot (a change is notified), and
-what the fetches taught about the view's noise is kept in its model; a failed
-fetch or a ``304`` changes nothing.
+script-built flag) and each of the page's views (whole page, filters:
+:mod:`crawler_app.filters`). The agent judged each view over the fetches of its
+check (:mod:`crawler_app.confirm`): a ``baseline`` or a ``change`` becomes a
+snapshot (a change is notified, unless the view has a trigger its new text
+lacks: then it is a ``quiet`` snapshot, the new baseline), and what the fetches
+taught about the view's noise is kept in its model; a view left without text
+says why in its ``problem``. A failed fetch or a ``304`` changes nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from sqlalchemy.orm import Session
 from jodl.log import utcnow
 
 from . import confirm
+from .filters import FilterError, ViewSpec
 from .models import WHOLE_PAGE, AppCycle, Page, PageView, Snapshot, compress
 
 # Columns read and written per page and per view. The chunk is applied with plain
@@ -29,7 +32,9 @@ _VIEW = PageView.__table__
 _PAGE_SET = ("etag", "last_modified", "title", "fingerprint", "last_status", "last_error",
              "last_checked_at", "last_changed_at", "analysed_cycle_id", "script_page",
              "refused_requests")  # fmt: skip
-_VIEW_SET = ("fingerprint", "recent", "model", "last_changed_at")
+_VIEW_SET = ("fingerprint", "recent", "model", "last_changed_at", "problem")
+#: Snapshot kind of a confirmed change the view's trigger kept from its trackers.
+QUIET = "quiet"
 #: Exact fingerprints of fetches judged the same as a view's baseline, kept so the next
 #: fetch with one of them is settled at once (an A/B variant, a CDN edge's stamp).
 KNOWN_FINGERPRINTS = 8
@@ -80,6 +85,32 @@ def apply_chunk(s: Session, cycle_id: int, rows: list[Any]) -> None:
         .where(AppCycle.id == cycle_id)
         .values({key: getattr(AppCycle, key) + value for key, value in counts.items()})
     )
+
+
+def view_problem(key: str, fetched: dict[str, Any]) -> str | None:
+    """Why a good fetch gave the view ``key`` no text, in one line for its trackers; None
+    when it gave some."""
+    if fetched.get("error"):
+        return str(fetched["error"])[:500]
+    if fetched.get("chars"):
+        return None
+    try:
+        spec = ViewSpec.parse(key)
+    except FilterError as exc:
+        return str(exc)
+    if spec.selector is not None and fetched.get("matches") == 0:
+        return f"the selector {spec.selector} matches nothing on the page"
+    if spec.filters_lines:
+        return "the line filters leave no text of the page"
+    return "the page has no text there"
+
+
+def _triggered(key: str, text: str | None) -> bool:
+    """Whether a change of the view ``key`` to ``text`` is told (its trigger, if any)."""
+    try:
+        return ViewSpec.parse(key).triggered(text)
+    except FilterError:
+        return True
 
 
 def decode_result(text: str | None) -> dict[str, Any]:
@@ -170,8 +201,11 @@ def apply_result(
     changed = 0
     for view in views:
         fetched = seen.get(view["selector"])
-        if not fetched or fetched.get("error") or not fetched.get("verdict"):
-            continue  # a view added after the payload was made, a bad selector, no text
+        if not fetched:
+            continue  # a view added after the payload was made
+        view["problem"] = view_problem(view["selector"], fetched)
+        if fetched.get("error") or not fetched.get("verdict"):
+            continue  # a bad selector, no text
         verdict, new = fetched["verdict"], fetched["fingerprint"]
         if verdict == confirm.BASELINE and view["fingerprint"] is not None:
             continue  # a baseline taken meanwhile (crawler_app.baselines) stays the baseline
@@ -183,6 +217,8 @@ def apply_result(
             continue
         text = fetched.get("text")
         kind = "change" if verdict == confirm.CHANGE and view["fingerprint"] else "baseline"
+        if kind == "change" and not _triggered(view["selector"], text):
+            kind = QUIET
         snapshots.append(
             {
                 "page_id": page["id"],

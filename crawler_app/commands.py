@@ -108,10 +108,79 @@ def users_remove(ctx: click.Context, email: str) -> None:
 # -- tracking ---------------------------------------------------------------------------------
 
 
+def view_options(command: Any) -> Any:
+    """The options that say which view of a page a tracking is (crawler_app.filters)."""
+    options = [
+        click.option(
+            "--selector",
+            default=None,
+            help="Track only the part this picks: a CSS selector, or XPath (starts with / "
+            "or '(', or xpath:...), or JSONPath (starts with $, or jsonpath:...).",
+        ),
+        click.option("--xpath", default=None, help="XPath expression: track only what it picks."),
+        click.option(
+            "--jsonpath", default=None, help="JSONPath expression (JSON documents): the same."
+        ),
+        click.option(
+            "--include",
+            multiple=True,
+            help="Regular expression: keep only lines matching it (repeatable).",
+        ),
+        click.option(
+            "--exclude", multiple=True, help="Regular expression: drop lines matching it."
+        ),
+        click.option(
+            "--ignore",
+            multiple=True,
+            help="Text: drop lines containing it, in any case (re:REGEX for a regular "
+            "expression), before comparing.",
+        ),
+        click.option(
+            "--trigger",
+            default=None,
+            help="Alert only when the filtered text contains this (any case; re:REGEX: "
+            "matches it).",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def view_of(
+    selector: str | None,
+    xpath: str | None,
+    jsonpath: str | None,
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
+    ignore: tuple[str, ...],
+    trigger: str | None,
+) -> Any:
+    """The :class:`~crawler_app.filters.ViewSpec` the view options give; a bad expression
+    is refused naming it."""
+    from .pages import PageError, check_view
+
+    # An explicit option names the kind, whatever the expression starts with.
+    given = [
+        value if kind == "css" else f"{kind}:{value}"
+        for kind, value in (("css", selector), ("xpath", xpath), ("jsonpath", jsonpath))
+        if value
+    ]
+    if len(given) > 1:
+        raise PageError("give one of --selector, --xpath, --jsonpath")
+    return check_view(
+        selector=given[0] if given else None,
+        include=list(include),
+        exclude=list(exclude),
+        ignore=list(ignore),
+        trigger=trigger,
+    )
+
+
 @click.command()
 @click.argument("url")
 @click.option("--user", "email", required=True, help="E-mail of the user who tracks it.")
-@click.option("--selector", default=None, help="CSS selector: track only that part of the page.")
+@view_options
 @click.option(
     "--period",
     type=click.IntRange(min=1),
@@ -129,29 +198,35 @@ def track(
     ctx: click.Context,
     url: str,
     email: str,
-    selector: str | None,
     period: int | None,
     browser: bool | None,
+    **filters: Any,
 ) -> None:
     """USER tracks URL: they get a digest when it changes.
 
-    The page's first check is queued at once: it takes the baseline that later
-    checks compare with (a running master serves it)."""
+    The filters make a view of the page; the same user may track a page through
+    several views (each compared and alerted on its own; the page is still fetched
+    once per cycle). The page's first check is queued at once: it takes the
+    baseline that later checks compare with (a running master serves it)."""
     from sqlalchemy import func, select
 
     from jodl.queue import Queue
 
     from . import baselines
+    from .filters import describe_key
     from .models import Page, Tracking
     from .pages import track as do_track
 
+    view = view_of(**filters)
     with _session(ctx) as s:
-        tracking = do_track(s, email, url, selector=selector, period=period, browser=browser)
+        tracking = do_track(s, email, url, period=period, browser=browser, view=view)
         page = s.get(Page, tracking.page_id)
         assert page is not None
         trackers = s.scalar(select(func.count()).where(Tracking.page_id == page.id))
     baselines.request(Queue(_engine(ctx)), _engine(ctx), [page.id])
-    part = f" (selector {tracking.selector})" if tracking.selector else ""
+    key = tracking.selector or ""
+    part = f" ({describe_key(key)})" if view.filters_lines or view.trigger else ""
+    part = f" (selector {key})" if key and not part else part
     part += " in a browser" if page.browser else ""
     click.echo(f"{email} tracks {page.url}{part}; {trackers} tracker(s), one fetch per cycle")
 
@@ -159,18 +234,23 @@ def track(
 @click.command()
 @click.argument("url")
 @click.option("--user", "email", required=True, help="E-mail of the user.")
+@view_options
 @click.pass_context
-def untrack(ctx: click.Context, url: str, email: str) -> None:
-    """USER stops tracking URL."""
+def untrack(ctx: click.Context, url: str, email: str, **filters: Any) -> None:
+    """USER stops tracking URL: through the view the filters give, if any; else
+    through all their views of it."""
     from jodl.queue import Queue
 
     from . import baselines
     from .pages import normalise_url, page_ids
     from .pages import untrack as do_untrack
 
+    only = any(filters.values())
+    view = view_of(**filters) if only else None
     with _session(ctx) as s:
-        if not do_untrack(s, email, url):
-            raise JodlError(f"{email} does not track {url}")
+        if not do_untrack(s, email, url, view=view):
+            part = " through that view" if only else ""
+            raise JodlError(f"{email} does not track {url}{part}")
         ids = page_ids(s, [normalise_url(url)])
     # The last tracker who wanted the browser gone: the others' new baseline at once.
     baselines.request(Queue(_engine(ctx)), _engine(ctx), ids)
@@ -181,31 +261,38 @@ def untrack(ctx: click.Context, url: str, email: str) -> None:
 @click.option("--user", "email", default=None, help="Only this user's trackings.")
 @click.pass_context
 def tracked(ctx: click.Context, email: str | None) -> None:
-    """List tracked pages with their last check."""
-    from sqlalchemy import select
+    """List tracked pages with their last check (and each view's filters and problem)."""
+    from sqlalchemy import func, select
 
     from . import pages
-    from .models import Page, Tracking, User
+    from .filters import describe_key
+    from .models import Page, PageView, Tracking, User
 
     with _session(ctx) as s:
         query = (
-            select(User.email, Page, Tracking.selector)
+            select(User.email, Page, Tracking.selector, PageView.problem)
             .join(Tracking, Tracking.user_id == User.id)
             .join(Page, Page.id == Tracking.page_id)
-            .order_by(Page.url, User.email)
+            .outerjoin(
+                PageView,
+                (PageView.page_id == Page.id)
+                & (PageView.selector == func.coalesce(Tracking.selector, "")),
+            )
+            .order_by(Page.url, User.email, Tracking.id)
         )
         if email:
             from .pages import normalise_email
 
             query = query.where(User.email == normalise_email(email))
         rows = s.execute(query).all()
-    for address, page, selector in rows:
+    for address, page, selector, problem in rows:
         checked = (
             page.last_checked_at.isoformat(timespec="seconds") if page.last_checked_at else "never"
         )
         state = page.last_error or (f"HTTP {page.last_status}" if page.last_status else "-")
-        part = f" [{selector}]" if selector else ""
+        part = f" [{describe_key(selector)}]" if selector else ""
         note = f"  ({pages.page_note(page)})" if pages.page_note(page) else ""
+        note += f"  (filter: {problem})" if problem else ""
         click.echo(f"{page.url}{part}  {address}  checked={checked}  {state}{note}")
 
 
@@ -214,7 +301,9 @@ def tracked(ctx: click.Context, email: str | None) -> None:
 
 @click.command()
 @click.argument("urls", nargs=-1, required=True)
-@click.option("--selector", default=None, help="CSS selector applied to every page.")
+@click.option(
+    "--selector", default=None, help="CSS selector, XPath or JSONPath applied to every page."
+)
 @click.option("--text", "show_text", is_flag=True, help="Print the normalised text too.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON result per line.")
 def check(urls: tuple[str, ...], selector: str | None, show_text: bool, as_json: bool) -> None:

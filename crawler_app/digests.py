@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from jodl.log import JobLog, JobState, utcnow
 
 from . import change, mail
+from .filters import describe_key
 from .models import (
     WHOLE_PAGE,
     AppCycle,
@@ -74,7 +75,7 @@ def prepare(s: Session, cycle: AppCycle, settings: AppSettings) -> int:
         item = mail.ChangedPage(
             url=page.url,
             title=page.title,
-            selector=snap.selector or None,
+            selector=describe_key(snap.selector) or None,
             changed_at=snap.taken_at,
             diff=change.short_diff(
                 decompress(previous) or "",

@@ -3,9 +3,10 @@
 ``check_page`` fetches one page (async, many in flight per agent, one fetcher per
 agent so connections, per-host politeness and robots.txt are shared) and
 returns its status, validators and the fingerprint of each *view* the page's
-trackers asked for (whole page, CSS selectors). A view's text travels back only
-when its fingerprint is not one the master already knows, so an unchanged page
-costs a few hundred bytes.
+trackers asked for (whole page, selectors and line filters,
+:mod:`crawler_app.filters`): however many views, the page is fetched once. A
+view's text travels back only when its fingerprint is not one the master
+already knows, so an unchanged page costs a few hundred bytes.
 
 ``notify`` sends one digest e-mail over SMTP, or one digest to one of the user's
 notification channels (:mod:`crawler_app.channels`, through Apprise). Once connected
@@ -37,6 +38,7 @@ from .browser import Renderer
 from .channels import ChannelError, open_channel
 from .confirm import BASELINE_FETCHES, Known, ViewCheck
 from .fetcher import THREAD_PARSE_BYTES, Fetcher
+from .filters import FilterError, ViewSpec
 from .metrics import FETCHES, NOTIFICATIONS
 from .models import DigestClaim, DigestClaimState, UserChannel
 from .pagekind import built_by_script, error_page
@@ -70,19 +72,38 @@ def _view(text: str, matches: int | None, limit: int, fp: str | None = None) -> 
 
 
 def _selector_texts(
-    body: bytes, content_type: str | None, selectors: list[str]
+    body: bytes, content_type: str | None, keys: list[str], whole: str
 ) -> dict[str, tuple[str, int | None] | str]:
-    """Each selector's text and match count, or the selector's error message."""
+    """Each view's filtered text and selector match count, or its error message.
+
+    ``keys``: view keys (:attr:`~crawler_app.filters.ViewSpec.key`); ``whole``: the
+    whole page's text, the start of a view that filters lines only. The body is
+    parsed once per selector, not once per view."""
     if not content_type:
         content_type = "text/html" if body.lstrip()[:1] == b"<" else "text/plain"
     found: dict[str, tuple[str, int | None] | str] = {}
-    for selector in selectors:
+    picked: dict[str, tuple[str, int | None] | str] = {}
+    for key in keys:
         try:
-            page = extract(body, content_type, selector=selector)
-        except SelectorError as exc:
-            found[selector] = str(exc)
+            spec = ViewSpec.parse(key)
+        except FilterError as exc:
+            found[key] = str(exc)
             continue
-        found[selector] = (page.text, page.selector_matches)
+        if spec.selector is None:
+            text, matches = whole, None
+        else:
+            if spec.selector not in picked:
+                try:
+                    page = extract(body, content_type, selector=spec.selector)
+                    picked[spec.selector] = (page.text, page.selector_matches)
+                except SelectorError as exc:
+                    picked[spec.selector] = str(exc)
+            value = picked[spec.selector]
+            if isinstance(value, str):
+                found[key] = value
+                continue
+            text, matches = value
+        found[key] = (spec.filter_lines(text), matches)
     return found
 
 
@@ -90,12 +111,15 @@ class CheckPage(Family):
     """Fetch one page with its stored validators; judge each requested view.
 
     Payload: ``url``; ``etag`` and ``last_modified`` as the server sent them last;
-    ``views``: ``{selector: {"known": [fingerprints], "model": {...}}}`` (``""`` is
-    the whole page; see :mod:`crawler_app.confirm`); ``start_at``: Unix time before
-    which the fetch does not start (spread). A view that differs from its baseline
-    has the page fetched again (``JODL_CONFIRM_DELAY``, ``JODL_CONFIRM_FETCHES``).
+    ``views``: ``{view key: {"known": [fingerprints], "model": {...}}}`` (``""`` is
+    the whole page, :mod:`crawler_app.filters`; see :mod:`crawler_app.confirm`);
+    ``start_at``: Unix time before which the fetch does not start (spread). A view
+    that differs from its baseline has the page fetched again
+    (``JODL_CONFIRM_DELAY``, ``JODL_CONFIRM_FETCHES``).
     Result: the fetcher's status fields of the last fetch, ``fetches``, and
-    ``views``: ``{selector: {fingerprint, chars, matches, verdict, text?, model?}}``
+    ``views``: ``{view key: {fingerprint, chars, matches, verdict, text?, model?}}``
+    (``error`` instead for a view whose filters cannot be used; no ``verdict`` for
+    one left without text)
     (``text`` only for a new baseline). Fetch errors, and a 200 page that reads as
     an error page (``error_page``), are results (``ok`` false), not failures;
     ``script_page`` says the page builds its text with scripts. With ``browser``
@@ -192,19 +216,19 @@ class CheckPage(Family):
             texts[""] = (result.get("text") or "", None, result.get("fingerprint"))
         others = [sel for sel in checks if sel]
         views: dict[str, dict[str, Any]] = {}
+        whole = result.get("text") or ""
         if others and body is not None:
             if len(body) > THREAD_PARSE_BYTES:
                 found = await asyncio.to_thread(
-                    _selector_texts, body, result.get("content_type"), others
+                    _selector_texts, body, result.get("content_type"), others, whole
                 )
             else:
-                found = _selector_texts(body, result.get("content_type"), others)
+                found = _selector_texts(body, result.get("content_type"), others, whole)
             for sel, value in found.items():
                 if isinstance(value, str):
                     views[sel] = {"error": value}
                 else:
                     texts[sel] = (value[0], value[1], None)
-        whole = result.get("text") or ""
         model = checks[""].known.model if "" in checks else Model()
         # A rendered page ran its scripts: its text is what they built, however short.
         out["script_page"] = not browser and built_by_script(body, whole)
@@ -214,7 +238,7 @@ class CheckPage(Family):
             return out
         for sel, (text, matches, fp) in texts.items():
             view = _view(text, matches, limit, fp)
-            if view["text"]:  # an empty selector match is no state of the view
+            if view["text"]:  # no text left is no state of the view (the user is told)
                 checks[sel].add(view["text"], view["fingerprint"])
             views[sel] = view
         out["views"] = views

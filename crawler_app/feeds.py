@@ -21,6 +21,7 @@ from lxml import etree
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, aliased
 
+from .filters import describe_key
 from .models import WHOLE_PAGE, Page, Snapshot, Tracking, User
 
 #: Entries in one feed (readers poll it; older changes are on the pages' history).
@@ -139,7 +140,7 @@ def atom(
         sub(item, "id", f"{feed_id}:change:{entry.snapshot_id}")
         name = entry.title or entry.url
         if entry.selector:
-            name = f"{name} ({entry.selector})"
+            name = f"{name} ({describe_key(entry.selector)})"
         sub(item, "title", f"Changed: {name}")
         sub(item, "updated", _stamp(entry.changed_at))
         sub(item, "link", rel="alternate", href=diff_url(entry), type="text/html")

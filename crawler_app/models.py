@@ -3,7 +3,9 @@
 Users track pages; a page is fetched once per cycle however many users track it
 (its :class:`Page` is linked 1 : 0..1 to a JODL job of family ``check_page``
 keyed by the normalised URL). A page is seen through one or more *views*: the
-whole page, and each CSS selector some tracking asks for. Every view keeps the
+whole page, and each set of filters some tracking asks for (a selector, line
+filters, a trigger: :mod:`crawler_app.filters`; the ``selector`` columns hold the
+view's key). Every view keeps the
 state the confirmed-change rule needs (:mod:`crawler_app.change`) and a history
 of snapshots for diffs. An application cycle (:class:`AppCycle`) records the
 step it is at, so a killed process resumes there; a digest e-mail is one
@@ -35,8 +37,8 @@ from jodl.log import Base, BigId, utcnow
 
 #: Longest normalised URL kept (the guard refuses longer ones anyway).
 URL_LENGTH = 2048
-#: Longest CSS selector accepted for a tracking.
-SELECTOR_LENGTH = 500
+#: Longest view key stored (a selector, or a view's filters as JSON: crawler_app.filters).
+SELECTOR_LENGTH = 1000
 #: The view of the whole page (no selector).
 WHOLE_PAGE = ""
 
@@ -120,21 +122,25 @@ class Page(Base):
 
 
 class Tracking(Base):
-    """User U tracks page P since T, optionally only the part a CSS selector picks."""
+    """User U tracks page P since T through a view (its filters); a user may track one
+    page through several views."""
 
     __tablename__ = "app_tracking"
-    __table_args__ = (UniqueConstraint("user_id", "page_id", name="uq_app_tracking_user_page"),)
+    __table_args__ = (
+        UniqueConstraint("user_id", "page_id", "selector", name="uq_app_tracking_user_page_view"),
+    )
     id: Mapped[int] = mapped_column(primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("app_user.id", ondelete="CASCADE"))
     page_id: Mapped[int] = mapped_column(ForeignKey("app_page.id", ondelete="CASCADE"), index=True)
-    selector: Mapped[str | None] = mapped_column(String(SELECTOR_LENGTH))
+    #: The view's key (:attr:`crawler_app.filters.ViewSpec.key`); empty: the whole page.
+    selector: Mapped[str | None] = mapped_column(String(SELECTOR_LENGTH), default=WHOLE_PAGE)
     since: Mapped[dt.datetime] = mapped_column(default=utcnow)
     #: The tracker wants the page rendered in a browser (it builds its text with scripts).
     browser: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class PageView(Base):
-    """A page seen through one selector: its current text and what varies on it."""
+    """A page seen through one view's filters: its current text and what varies on it."""
 
     __tablename__ = "app_page_view"
     __table_args__ = (
@@ -142,7 +148,7 @@ class PageView(Base):
     )
     id: Mapped[int] = mapped_column(primary_key=True)
     page_id: Mapped[int] = mapped_column(ForeignKey("app_page.id", ondelete="CASCADE"))
-    #: The CSS selector; empty for the whole page.
+    #: The view's key (:attr:`crawler_app.filters.ViewSpec.key`); empty for the whole page.
     selector: Mapped[str] = mapped_column(String(SELECTOR_LENGTH), default=WHOLE_PAGE)
     #: Fingerprint of the current (confirmed) text; None before the first good fetch.
     fingerprint: Mapped[str | None] = mapped_column(String(64))
@@ -152,6 +158,9 @@ class PageView(Base):
     #: (:class:`crawler_app.variance.Model`); None before the first baseline.
     model: Mapped[dict[str, str] | None] = mapped_column(JSON)
     last_changed_at: Mapped[dt.datetime | None]
+    #: Why the last good fetch gave this view no text (its selector matches nothing,
+    #: its filters leave no line, an expression fails on the page); None when it gave some.
+    problem: Mapped[str | None] = mapped_column(Text)
 
 
 class Snapshot(Base):
@@ -169,7 +178,8 @@ class Snapshot(Base):
     taken_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     #: HTTP status of the fetch that confirmed it (304 when confirmed by a 304).
     status: Mapped[int | None] = mapped_column(Integer)
-    #: ``baseline`` (first state seen) or ``change`` (a confirmed change, notified).
+    #: ``baseline`` (first state seen), ``change`` (a confirmed change, notified) or
+    #: ``quiet`` (a confirmed change without the view's trigger: the new baseline, untold).
     kind: Mapped[str] = mapped_column(String(16))
     fingerprint: Mapped[str] = mapped_column(String(64))
     text_z: Mapped[bytes | None] = mapped_column(LargeBinary)

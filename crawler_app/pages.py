@@ -21,11 +21,11 @@ from werkzeug.security import check_password_hash, generate_password_hash
 from jodl.exceptions import JodlError
 from jodl.log import JobLog, JobState, utcnow
 
+from .filters import FilterError, ViewSpec
 from .guard import FetchRefused, parse_url
-from .models import SELECTOR_LENGTH, URL_LENGTH, WHOLE_PAGE, Page, PageView, Tracking, User
+from .models import URL_LENGTH, WHOLE_PAGE, Page, PageView, Tracking, User
 from .quota import check_tracking
 from .reach import Reach
-from .text import SelectorError, compile_selector
 
 #: Family of the jobs that fetch pages.
 CHECK_FAMILY = "check_page"
@@ -43,7 +43,7 @@ _EMAIL = re.compile(rf"^{_ATOM}@{_ATOM}\.{_ATOM}$|^{_ATOM}@localhost$")
 
 
 class PageError(JodlError):
-    """A user, URL or selector the page checker cannot accept (one-line message)."""
+    """A user, URL or filter the page checker cannot accept (one-line message)."""
 
 
 def normalise_url(url: str) -> str:
@@ -60,17 +60,18 @@ def normalise_url(url: str) -> str:
 
 
 def check_selector(selector: str | None) -> str | None:
-    """A CSS selector ready to store (stripped; None for the whole page) or :class:`PageError`."""
-    if selector is None or not selector.strip():
-        return None
-    selector = selector.strip()
-    if len(selector) > SELECTOR_LENGTH:
-        raise PageError(f"a CSS selector may have at most {SELECTOR_LENGTH} characters")
+    """A selector (CSS, XPath, JSONPath) ready to use (None for the whole page) or
+    :class:`PageError` naming it."""
+    return check_view(selector=selector).selector
+
+
+def check_view(**filters: Any) -> ViewSpec:
+    """A view's filters checked (:meth:`ViewSpec.build`'s arguments), or :class:`PageError`
+    naming the first bad expression."""
     try:
-        compile_selector(selector)
-    except SelectorError as exc:
+        return ViewSpec.build(**filters)
+    except FilterError as exc:
         raise PageError(str(exc)) from None
-    return selector
 
 
 def normalise_email(email: str) -> str:
@@ -143,22 +144,28 @@ def track(
     selector: str | None = None,
     period: int | None = None,
     browser: bool | None = None,
+    view: ViewSpec | None = None,
 ) -> Tracking:
-    """``email`` tracks ``url`` (only the part ``selector`` picks, if given).
+    """``email`` tracks ``url`` through a view: ``view`` (filters and trigger,
+    :mod:`crawler_app.filters`), or only the part ``selector`` picks, or the whole page.
 
-    Tracking a page again replaces the selector (and ``browser`` when given). The
-    page's ``check_page`` job is created (or revived) at once. ``period`` (checked
-    every N-th cycle) applies to the page, hence to all its trackers. ``browser``:
-    the page is rendered in a browser, for all its trackers (see :func:`_render_mode`).
-    Queue its first check with :func:`crawler_app.baselines.request` once committed.
+    A user may track one page through several views: tracking it again through a
+    view they have changes only ``browser`` (when given); through another view it
+    adds a tracking. The page's ``check_page`` job is created (or revived) at once,
+    and fetches the page once for all its views. ``period`` (checked every N-th
+    cycle) applies to the page, hence to all its trackers. ``browser``: the page is
+    rendered in a browser, for all its trackers (see :func:`_render_mode`). Queue
+    its first check with :func:`crawler_app.baselines.request` once committed.
     """
     user = get_user(session, email)
     normal = normalise_url(url)
-    selector = check_selector(selector)
+    if view is None:
+        view = check_view(selector=selector)
+    key = view.key
     if period is not None and period < 1:
         raise PageError("the period is a whole number of cycles, at least 1")
     page = session.scalar(select(Page).where(Page.url == normal))
-    check_tracking(session, user, page.id if page is not None else None)
+    check_tracking(session, user, page.id if page is not None else None, key)
     if page is None:
         page = Page(url=normal, period=period or 1, created_at=utcnow())
         session.add(page)
@@ -166,21 +173,21 @@ def track(
     elif period is not None:
         page.period = period
     tracking = session.scalar(
-        select(Tracking).where(Tracking.user_id == user.id, Tracking.page_id == page.id)
+        select(Tracking).where(
+            Tracking.user_id == user.id, Tracking.page_id == page.id, _view_is(key)
+        )
     )
     if tracking is None:
         tracking = Tracking(
             user_id=user.id,
             page_id=page.id,
-            selector=selector,
+            selector=key,
             since=utcnow(),
             browser=bool(browser),
         )
         session.add(tracking)
-    else:
-        tracking.selector = selector
-        if browser is not None:
-            tracking.browser = browser
+    elif browser is not None:
+        tracking.browser = browser
     session.flush()
     sync_jobs(session, [page.id])
     _render_mode(session, page.id)
@@ -215,8 +222,23 @@ def _render_mode(session: Session, page_id: int) -> None:
     session.flush()
 
 
-def untrack(session: Session, email: str, url: str) -> bool:
-    """Stop ``email`` tracking ``url``; False if they did not track it.
+def _view_is(key: str) -> Any:
+    """The trackings through the view ``key`` (a whole-page tracking kept from before
+    views had keys has NULL)."""
+    if key == WHOLE_PAGE:
+        return (Tracking.selector == WHOLE_PAGE) | Tracking.selector.is_(None)
+    return Tracking.selector == key
+
+
+def untrack(
+    session: Session,
+    email: str,
+    url: str,
+    view: ViewSpec | None = None,
+    tracking_id: int | None = None,
+) -> bool:
+    """Stop ``email`` tracking ``url`` (through ``view``, or the tracking
+    ``tracking_id``, only; else through all their views); False if they did not.
 
     A page nobody tracks keeps its history but its job is deleted (no more fetches).
     """
@@ -225,12 +247,16 @@ def untrack(session: Session, email: str, url: str) -> bool:
     page = session.scalar(select(Page).where(Page.url == normal))
     if page is None:
         return False
-    tracking = session.scalar(
-        select(Tracking).where(Tracking.user_id == user.id, Tracking.page_id == page.id)
-    )
-    if tracking is None:
+    query = select(Tracking).where(Tracking.user_id == user.id, Tracking.page_id == page.id)
+    if view is not None:
+        query = query.where(_view_is(view.key))
+    if tracking_id is not None:
+        query = query.where(Tracking.id == tracking_id)
+    trackings = list(session.scalars(query))
+    if not trackings:
         return False
-    session.delete(tracking)
+    for tracking in trackings:
+        session.delete(tracking)
     session.flush()
     sync_jobs(session, [page.id])
     _render_mode(session, page.id)
@@ -260,13 +286,13 @@ def page_ids(session: Session, urls: Iterable[str]) -> list[int]:
 
 
 def trackings_of(session: Session, email: str) -> list[tuple[Tracking, Page]]:
-    """A user's trackings with their pages, by URL."""
+    """A user's trackings with their pages, by URL (a page's views in the order tracked)."""
     user = get_user(session, email)
     rows = session.execute(
         select(Tracking, Page)
         .join(Page, Page.id == Tracking.page_id)
         .where(Tracking.user_id == user.id)
-        .order_by(Page.url)
+        .order_by(Page.url, Tracking.id)
     )
     return [(t, p) for t, p in rows.tuples()]
 
@@ -301,7 +327,7 @@ def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
     """Give every tracked page an idle ``check_page`` job and delete the untracked ones' jobs.
 
     ``page_ids`` limits the work to those pages (None: all pages). Also gives each
-    page a view per selector its trackers use. A handful of statements whatever
+    page a view per view key its trackers use. A handful of statements whatever
     the number of pages. Returns the number of pages with a live job.
     """
     fid = family_id(session, CHECK_FAMILY)

@@ -107,15 +107,22 @@ def limits_of(session: Session, user_id: int, defaults: Limits | None = None) ->
     )
 
 
-def check_tracking(session: Session, user: User, page_id: int | None) -> None:
-    """QuotaExceeded when ``user`` may not track one page more (``page_id`` None: a new
-    page; tracking a page again only changes its selector and is always allowed)."""
+def check_tracking(
+    session: Session, user: User, page_id: int | None, view: str | None = None
+) -> None:
+    """QuotaExceeded when ``user`` may not track one page (or view of a page) more
+    (``page_id`` None: a new page; tracking a page again through a view the user
+    already has changes nothing and is always allowed; each view counts)."""
     most = limits_of(session, user.id).trackings
     if not most:
         return
     if page_id is not None:
         already = session.scalar(
-            select(Tracking.id).where(Tracking.user_id == user.id, Tracking.page_id == page_id)
+            select(Tracking.id).where(
+                Tracking.user_id == user.id,
+                Tracking.page_id == page_id,
+                func.coalesce(Tracking.selector, "") == (view or ""),
+            )
         )
         if already is not None:
             return

@@ -3,10 +3,12 @@
 The checker compares *what a reader sees*, not bytes: markup, scripts, styles,
 ``noscript``, ``template`` and comments are dropped, each block element starts a
 new line, whitespace inside a line is folded to single spaces, blank lines are
-removed and the text is put in Unicode NFC form. An optional CSS selector
-restricts the text to the matching elements (e.g. ``#prices`` to ignore a
-changing sidebar). JSON is re-serialised with sorted keys so key order does not
-count; plain text is only folded.
+removed and the text is put in Unicode NFC form. An optional selector
+restricts the text to what it picks: a CSS selector or an XPath expression in
+HTML and XML (e.g. ``#prices`` to ignore a changing sidebar), a JSONPath
+expression in JSON (:func:`parse_selector` tells them apart). JSON is
+re-serialised with sorted keys so key order does not count; plain text is only
+folded.
 
 :func:`fingerprint` is the SHA-256 of the normalised text; two fetches whose
 visible text is the same have the same fingerprint.
@@ -20,9 +22,12 @@ import json
 import re
 import unicodedata
 from dataclasses import dataclass
+from typing import Any
 
 import lxml.etree
 from cssselect import SelectorError as _CssSelectorError
+from jsonpath_ng.exceptions import JsonPathLexerError, JsonPathParserError
+from jsonpath_ng.ext import parse as _jsonpath_parse
 from lxml.cssselect import CSSSelector
 
 #: Elements whose content is never visible text.
@@ -50,8 +55,36 @@ _CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([a-zA-Z0-9_:.-]+)""", re.I)
 
 
+#: Selector kinds, and the prefixes that name them explicitly (``xpath://p``).
+CSS, XPATH, JSONPATH = "css", "xpath", "jsonpath"
+_PREFIXES = (CSS, XPATH, JSONPATH)
+_KIND_NAMES = {CSS: "CSS selector", XPATH: "XPath expression", JSONPATH: "JSONPath expression"}
+
+
 class SelectorError(ValueError):
-    """A CSS selector that cannot be parsed."""
+    """A CSS selector, XPath or JSONPath expression that cannot be parsed."""
+
+
+@dataclass(frozen=True)
+class Selector:
+    """A parsed selector: its kind, its expression, and the compiled form.
+
+    ``text`` is how it is stored: a CSS selector as it is (what trackings stored
+    before XPath and JSONPath existed), the others with their prefix.
+    """
+
+    kind: str
+    expression: str
+    compiled: Any
+
+    @property
+    def text(self) -> str:
+        return self.expression if self.kind == CSS else f"{self.kind}:{self.expression}"
+
+    @property
+    def name(self) -> str:
+        """``CSS selector '#a'``: the selector as a message names it."""
+        return f"{_KIND_NAMES[self.kind]} {self.expression!r}"
 
 
 @dataclass(frozen=True)
@@ -226,19 +259,81 @@ def _visible_lines_kept(root: lxml.etree._Element, *, xml: bool = False) -> str:
     return "".join(out)
 
 
-def compile_selector(selector: str) -> CSSSelector:
-    """Compile a CSS selector; raises :class:`SelectorError` with a clear message."""
+def selector_kind(selector: str) -> tuple[str, str]:
+    """``(kind, expression)`` of a selector as typed: an explicit ``css:``, ``xpath:`` or
+    ``jsonpath:`` prefix; else XPath when it starts with ``/`` or ``(``, JSONPath with
+    ``$``, CSS otherwise."""
+    head, sep, rest = selector.partition(":")
+    if sep and head.strip().lower() in _PREFIXES:
+        return head.strip().lower(), rest.strip()
+    if selector.startswith(("/", "(")):
+        return XPATH, selector
+    if selector.startswith("$"):
+        return JSONPATH, selector
+    return CSS, selector
+
+
+def parse_selector(selector: str) -> Selector:
+    """Parse and compile a selector (see :func:`selector_kind`); raises
+    :class:`SelectorError` with one line naming it."""
+    kind, expression = selector_kind(selector.strip())
+    name = f"{_KIND_NAMES[kind]} {expression!r}"
+    if not expression:
+        raise SelectorError(f"empty {_KIND_NAMES[kind]}")
     try:
-        return CSSSelector(selector)
-    except (_CssSelectorError, SyntaxError, ValueError) as exc:
-        raise SelectorError(f"invalid CSS selector {selector!r}: {exc}") from None
+        if kind == CSS:
+            compiled: Any = CSSSelector(expression)
+        elif kind == XPATH:
+            compiled = lxml.etree.XPath(expression, smart_strings=False)
+            # Some errors (a wrong number of arguments, an unknown function) show only
+            # when the expression runs: run it once on an empty document.
+            compiled(lxml.etree.Element("html"))
+        else:
+            compiled = _jsonpath_parse(expression)
+    except (_CssSelectorError, SyntaxError, ValueError, lxml.etree.XPathError) as exc:
+        raise SelectorError(f"invalid {name}: {_first_line(exc)}") from None
+    except (JsonPathLexerError, JsonPathParserError, Exception) as exc:  # noqa: B014
+        # jsonpath-ng raises bare Exceptions for some syntax errors.
+        raise SelectorError(f"invalid {name}: {_first_line(exc)}") from None
+    return Selector(kind, expression, compiled)
 
 
-def _select(root: lxml.etree._Element, selector: str) -> list[lxml.etree._Element]:
-    found = compile_selector(selector)(root)
-    chosen = set(found)
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+def compile_selector(selector: str) -> Selector:
+    """Check a selector (CSS, XPath or JSONPath); raises :class:`SelectorError`."""
+    return parse_selector(selector)
+
+
+def _select(root: lxml.etree._Element, selector: Selector) -> list[Any]:
+    """What ``selector`` picks in ``root``: elements (outermost only), or strings."""
+    try:
+        found = selector.compiled(root)
+    except lxml.etree.XPathError as exc:
+        raise SelectorError(f"{selector.name} fails on this page: {_first_line(exc)}") from None
+    if not isinstance(found, list):  # an XPath number, string or boolean
+        found = [] if found is None or found is False else [found]
+    elements = [el for el in found if isinstance(el, lxml.etree._Element)]
+    chosen = set(elements)
     # Keep outermost matches only, so nested matches do not repeat their text.
-    return [el for el in found if not any(a in chosen for a in el.iterancestors())]
+    return [
+        el
+        for el in found
+        if not isinstance(el, lxml.etree._Element)
+        or not any(a in chosen for a in el.iterancestors())
+    ]
+
+
+def _match_text(match: Any, *, xml: bool) -> str:
+    if isinstance(match, lxml.etree._Element):
+        return _visible_lines(match, xml=xml)
+    if isinstance(match, bool):
+        return "true" if match else "false"
+    if isinstance(match, float) and match.is_integer():
+        return str(int(match))
+    return str(match)
 
 
 def html_title(root: lxml.etree._Element) -> str | None:
@@ -252,11 +347,16 @@ def html_title(root: lxml.etree._Element) -> str | None:
 def element_text(
     root: lxml.etree._Element, selector: str | None = None, *, xml: bool = False
 ) -> tuple[str, int | None]:
-    """Normalised visible text of ``root`` (or of its ``selector`` matches) and the match count."""
+    """Normalised visible text of ``root`` (or of its ``selector`` matches) and the match count.
+
+    A JSONPath expression matches nothing in a tree."""
     if selector is None:
         return normalise(_visible_lines(root, xml=xml)), None
-    matches = _select(root, selector)
-    return normalise("\n".join(_visible_lines(el, xml=xml) for el in matches)), len(matches)
+    parsed = parse_selector(selector)
+    if parsed.kind == JSONPATH:
+        return "", 0
+    matches = _select(root, parsed)
+    return normalise("\n".join(_match_text(m, xml=xml) for m in matches)), len(matches)
 
 
 def html_to_text(
@@ -278,7 +378,31 @@ def json_to_text(body: bytes | str, *, charset: str | None = None) -> str:
         value = json.loads(text)
     except ValueError:
         return normalise(text)
+    return _json_lines(value)
+
+
+def _json_lines(value: Any) -> str:
+    if isinstance(value, str):
+        return normalise(value)
     return normalise(json.dumps(value, sort_keys=True, indent=1, ensure_ascii=False))
+
+
+def json_select(
+    body: bytes | str, selector: Selector, *, charset: str | None = None
+) -> tuple[str, int]:
+    """The text of what a JSONPath expression picks in a JSON body (each value as
+    :func:`json_to_text` writes it; a string as it is), and how many values; a body
+    that is not JSON matches nothing."""
+    text = body if isinstance(body, str) else _decode(body, charset)
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return "", 0
+    try:
+        found = [match.value for match in selector.compiled.find(value)]
+    except Exception as exc:  # a filter comparing values of other types, ...
+        raise SelectorError(f"{selector.name} fails on this page: {_first_line(exc)}") from None
+    return normalise("\n".join(_json_lines(v) for v in found)), len(found)
 
 
 def _parse_xml(body: bytes) -> lxml.etree._Element | None:
@@ -301,15 +425,20 @@ def extract(body: bytes, content_type: str | None, *, selector: str | None = Non
     """Title and normalised text of a body of the given Content-Type.
 
     HTML and XHTML go through the HTML parser, other XML through a safe XML
-    parser, JSON is canonicalised, anything else is decoded as text. The
-    selector applies to HTML and XML. Raises :class:`SelectorError`.
+    parser, JSON is canonicalised, anything else is decoded as text. A CSS or
+    XPath selector applies to HTML and XML, a JSONPath one to JSON (elsewhere it
+    matches nothing). Raises :class:`SelectorError`.
     """
-    if selector is not None:
-        compile_selector(selector)  # a bad selector is an error even on an empty page
+    # A bad selector is an error even on an empty page.
+    parsed = parse_selector(selector) if selector is not None else None
     kind = media_type(content_type)
     charset = charset_of(content_type)
     is_json = kind == "application/json" or kind.endswith("+json")
     is_xml = (kind.endswith("/xml") or kind.endswith("+xml")) and kind != "application/xhtml+xml"
+    if parsed is not None and parsed.kind == JSONPATH:
+        if not is_json and kind not in ("text/plain", "text/javascript", ""):
+            return Extract(None, "", 0)
+        return Extract(None, *json_select(body, parsed, charset=charset))
     if is_json:
         return Extract(None, json_to_text(body, charset=charset))
     if is_xml:

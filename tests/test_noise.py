@@ -110,7 +110,7 @@ def test_noisy_pages_never_alert_while_real_edits_do(store, agents, settings, si
     part = inbox.to("part@example.org")
     assert len(part) == 1
     assert "+ Mon-Fri 8-18" in part[0].text
-    assert "(the part matching article)" in part[0].text
+    assert "(seen through article)" in part[0].text
     assert "time" not in part[0].text.split("changed")[1]
     whole = inbox.to("whole@example.org")
     assert len(whole) == 1 and "+ Mon-Fri 8-18" in whole[0].text

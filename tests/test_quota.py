@@ -112,8 +112,10 @@ def test_trackings_quota_refuses_the_first_page_over_it(app: Flask, db_url: str)
         "first, or ask an operator for a larger quota"
     )
     assert counts(app) == before
-    # Tracking a page again (another selector) is no new tracking: allowed.
-    assert jodl(db_url, "track", urls(1)[0], "--user", USER, "--selector", "h1").exit_code == 0
+    # Tracking a page again through the same view is no new tracking: allowed; another
+    # view of it is one more tracking, and counts.
+    assert jodl(db_url, "track", urls(1)[0], "--user", USER).exit_code == 0
+    assert jodl(db_url, "track", urls(1)[0], "--user", USER, "--selector", "h1").exit_code == 1
     # API: 403 quota_exceeded, counted.
     client = app.test_client()
     r = client.post("/api/pages", json={"url": "http://third.example/"}, headers=basic(USER))

@@ -53,7 +53,7 @@ ALLOWED_TAGS = {
     "html", "head", "meta", "title", "link", "script", "body", "header", "nav", "main", "a",
     "div", "span", "form", "input", "button", "label", "textarea", "p", "h1", "h2", "table",
     "thead", "tbody", "tr", "th", "td", "code", "pre", "ul", "li", "br", "progress", "time",
-    "del", "ins", "select", "option",
+    "del", "ins", "select", "option", "details", "summary",
 }  # fmt: skip
 
 

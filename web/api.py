@@ -331,30 +331,32 @@ def pages_list() -> Any:
 @login_required
 def pages_add() -> Any:
     data = body()
-    added = tracking.add_page(
-        services(), _me(), data.get("url"), data.get("selector"), data.get("browser", False)
-    )
+    added = tracking.add_page(services(), _me(), data.get("url"), data, data.get("browser", False))
     return jsonify(added), 201
 
 
 @bp.route("/pages/<id:page_id>", methods=["DELETE"])
 @login_required
 def pages_remove(page_id: int) -> Any:
-    tracking.remove_page(services(), _me(), page_id)
+    tracking.remove_page(services(), _me(), page_id, request.args.get("tracking"))
     return "", 204
 
 
 @bp.route("/pages/<id:page_id>")
 @login_required
 def pages_history(page_id: int) -> Any:
-    return jsonify(tracking.history(services(), _me(), page_id))
+    return jsonify(tracking.history(services(), _me(), page_id, request.args.get("tracking")))
 
 
 @bp.route("/pages/<id:page_id>/diff")
 @login_required
 def pages_diff(page_id: int) -> Any:
     args = request.args
-    return jsonify(tracking.diff_data(services(), _me(), page_id, args.get("a"), args.get("b")))
+    return jsonify(
+        tracking.diff_data(
+            services(), _me(), page_id, args.get("a"), args.get("b"), args.get("tracking")
+        )
+    )
 
 
 # -- notifications ------------------------------------------------------------------------------

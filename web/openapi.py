@@ -460,15 +460,44 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 auth=True,
             ),
             "post": _op(
-                "Track a page (optionally only what a CSS selector picks; rendered in a "
-                "browser first with browser: true, for pages built by JavaScript)",
+                "Track a page through a view: a selector (CSS, XPath, JSONPath), line "
+                "filters and a trigger, all optional; tracking it through another view adds "
+                "a tracking (rendered in a browser first with browser: true, for pages "
+                "built by JavaScript). A bad expression is refused with 400 naming it",
                 _responses(201, "Tracked", obj, *WITH_BODY),
                 {
                     "type": "object",
                     "required": ["url"],
                     "properties": {
                         "url": _text(settings.web_url_max),
-                        "selector": {"type": ["string", "null"]},
+                        "selector": {
+                            "type": ["string", "null"],
+                            "description": "CSS selector; XPath when it starts with / or ( "
+                            "or xpath:, JSONPath when it starts with $ or jsonpath:",
+                        },
+                        "xpath": {"type": ["string", "null"]},
+                        "jsonpath": {"type": ["string", "null"]},
+                        "include": {
+                            "type": "array",
+                            "items": {"type": "string"},
+                            "description": "regular expressions: keep only lines matching one",
+                        },
+                        "exclude": {
+                            "type": "array",
+                            "items": {"type": "string"},
+                            "description": "regular expressions: drop lines matching one",
+                        },
+                        "ignore": {
+                            "type": "array",
+                            "items": {"type": "string"},
+                            "description": "texts: drop lines containing one, any case "
+                            "(re:REGEX for a regular expression)",
+                        },
+                        "trigger": {
+                            "type": ["string", "null"],
+                            "description": "alert only when the filtered text contains this "
+                            "(any case; re:REGEX: matches it)",
+                        },
                         "browser": {"type": "boolean"},
                     },
                 },
@@ -477,16 +506,17 @@ def document(settings: WebSettings) -> dict[str, Any]:
         },
         "/api/pages/{page_id}": {
             "get": _op(
-                "A tracked page's history (snapshots, newest first)",
-                _responses(200, "History", obj, 401, 404),
+                "A tracked page's history (snapshots, newest first) through one of your "
+                "views of it (?tracking=ID; default: the first)",
+                _responses(200, "History", obj, 400, 401, 404),
                 auth=True,
-                params=[_path_int("page_id")],
+                params=[_path_int("page_id"), _query_int("tracking")],
             ),
             "delete": _op(
-                "Stop tracking a page",
-                _responses(204, "Removed", None, 401, 403, 404),
+                "Stop tracking a page (only through the tracking ?tracking=ID, if given)",
+                _responses(204, "Removed", None, 400, 401, 403, 404),
                 auth=True,
-                params=[_path_int("page_id")],
+                params=[_path_int("page_id"), _query_int("tracking")],
             ),
         },
         "/api/pages/{page_id}/diff": {
@@ -494,7 +524,12 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "Inline and side-by-side diff of two snapshots (default: the newest two)",
                 _responses(200, "Diff", obj, 400, 401, 404),
                 auth=True,
-                params=[_path_int("page_id"), _query_int("a"), _query_int("b")],
+                params=[
+                    _path_int("page_id"),
+                    _query_int("a"),
+                    _query_int("b"),
+                    _query_int("tracking"),
+                ],
             )
         },
         "/api/channels": {
@@ -743,8 +778,22 @@ def document(settings: WebSettings) -> dict[str, Any]:
                     "description": "A page you track, its last check and how it is read",
                     "properties": {
                         "id": {"type": "integer"},
+                        "tracking": {
+                            "type": "integer",
+                            "description": "this tracking (a view of the page): ?tracking=",
+                        },
                         "url": {"type": "string"},
                         "selector": {"type": ["string", "null"]},
+                        "filters": {
+                            "type": "object",
+                            "description": "selector, include, exclude, ignore, trigger",
+                        },
+                        "view": {"type": "string", "description": "the filters in words"},
+                        "problem": {
+                            "type": ["string", "null"],
+                            "description": "why the view's last good check gave no text "
+                            "(a selector that matches nothing, filters that leave no line)",
+                        },
                         "browser": {
                             "type": "boolean",
                             "description": "you asked for the page to be rendered in a browser",

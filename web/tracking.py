@@ -1,4 +1,9 @@
-"""Tracked pages of the logged-in user: add (with a CSS selector), remove, history, diffs.
+"""Tracked pages of the logged-in user: add (through a view: selector, line filters,
+trigger), remove, history, diffs.
+
+A user may track one page through several views; each is a tracking of its own
+(``tracking`` in the list). The routes of a page take ``?tracking=ID`` to pick one
+of the user's views of it (default: the first).
 
 The functions here are shared by the HTML views and the JSON API; they use the
 page checker's own operations (track, untrack) so the web UI and the ``jodl``
@@ -15,7 +20,8 @@ from sqlalchemy import select
 from werkzeug.exceptions import BadRequest, NotFound
 
 from crawler_app import baselines
-from crawler_app.models import WHOLE_PAGE, Page, Snapshot, Tracking
+from crawler_app.filters import FilterError, ViewSpec
+from crawler_app.models import WHOLE_PAGE, Page, PageView, Snapshot, Tracking
 from crawler_app.pages import PageError, page_note, track, trackings_of, untrack
 from crawler_app.quota import QuotaExceeded
 from crawler_app.schedule import next_checks
@@ -23,7 +29,7 @@ from crawler_app.settings import AppSettings
 from jodl.exceptions import JodlError
 
 from . import channels
-from .app import Services, services
+from .app import IdConverter, Services, services
 from .auth import CurrentUser, current_user, limit, login_required
 from .diff import Piece, inline, side_by_side
 from .quota import QuotaRefused, refused
@@ -55,12 +61,23 @@ def list_pages(svc: Services, user: CurrentUser) -> list[dict[str, Any]]:
     """The user's tracked pages with their last check and the next one the schedule makes."""
     with svc.batches.sessions() as s:
         rows = trackings_of(s, user.email)
+        problems = {
+            (page_id, key): problem
+            for page_id, key, problem in s.execute(
+                select(PageView.page_id, PageView.selector, PageView.problem).where(
+                    PageView.page_id.in_([page.id for _, page in rows]),
+                    PageView.problem.is_not(None),
+                )
+            )
+        }
     upcoming = _next_checks(svc, [page.id for _, page in rows])
     return [
         {
             "id": page.id,
+            "tracking": tracking.id,
             "url": page.url,
-            "selector": tracking.selector,
+            **_view_fields(tracking.selector),
+            "problem": problems.get((page.id, tracking.selector or WHOLE_PAGE)),
             "since": _iso(tracking.since),
             "title": page.title,
             "last_status": page.last_status,
@@ -78,29 +95,72 @@ def list_pages(svc: Services, user: CurrentUser) -> list[dict[str, Any]]:
     ]
 
 
+def _view_fields(key: str | None) -> dict[str, Any]:
+    """A tracking's view as the list and the API show it: ``selector`` (kept for
+    clients from before filters), ``filters`` and a short description."""
+    try:
+        spec = ViewSpec.parse(key)
+    except FilterError:
+        spec = ViewSpec()
+    return {"selector": spec.selector, "filters": spec.as_dict(), "view": spec.describe()}
+
+
+#: The fields of a view in a form or a JSON body (besides ``selector``).
+FILTER_FIELDS = ("xpath", "jsonpath", "include", "exclude", "ignore", "trigger")
+
+
+def view_from(data: Any) -> ViewSpec:
+    """The view a form or JSON body asks for (``selector`` or ``xpath`` or ``jsonpath``;
+    ``include``, ``exclude``, ``ignore``: lists or one rule per line; ``trigger``);
+    :class:`BadRequest` naming the first bad expression."""
+    fields: dict[str, Any] = {}
+    for name in ("selector", *FILTER_FIELDS):
+        value = data.get(name)
+        if value is None or value == "":
+            continue
+        if name in ("include", "exclude", "ignore") and isinstance(value, str):
+            value = value.splitlines()
+        if name not in ("include", "exclude", "ignore") and not isinstance(value, str):
+            raise BadRequest(f"{name}: an expression as text")
+        fields[name] = value
+    picked = [name for name in ("selector", "xpath", "jsonpath") if name in fields]
+    if len(picked) > 1:
+        raise BadRequest("give one of selector, xpath, jsonpath")
+    selector = None
+    if picked:
+        kind = picked[0]
+        value = fields.pop(kind)
+        selector = value if kind == "selector" else f"{kind}:{value}"
+    try:
+        return ViewSpec.build(selector=selector, **fields)
+    except FilterError as exc:
+        raise BadRequest(str(exc)) from None
+
+
 def add_page(
-    svc: Services, user: CurrentUser, url: Any, selector: Any, browser: Any = False
+    svc: Services, user: CurrentUser, url: Any, data: Any, browser: Any = False
 ) -> dict[str, Any]:
-    """Track ``url`` (with ``selector``, rendered in a browser with ``browser``) and queue
-    its first check, which takes its baseline; :class:`BadRequest` saying why not."""
+    """Track ``url`` through the view ``data`` asks for (:func:`view_from`; rendered in a
+    browser with ``browser``) and queue its first check, which takes its baseline;
+    :class:`BadRequest` saying why not."""
     if not isinstance(url, str) or not url.strip():
         raise BadRequest("url: give the address of the page")
-    if selector is not None and not isinstance(selector, str):
-        raise BadRequest("selector: a CSS selector as text")
     if not isinstance(browser, bool):
         raise BadRequest("browser: true or false")
     if len(url) > svc.settings.web_url_max:
         raise BadRequest(f"url: at most {svc.settings.web_url_max} characters")
+    view = view_from(data)
     try:
         with svc.batches.sessions.begin() as s:
-            tracking = track(s, user.email, url, selector=selector or None, browser=browser)
+            tracking = track(s, user.email, url, browser=browser, view=view)
             page_id = tracking.page_id
             page = s.get(Page, page_id)
             assert page is not None
             added = {
                 "id": page_id,
+                "tracking": tracking.id,
                 "url": page.url,
-                "selector": tracking.selector,
+                **_view_fields(tracking.selector),
                 "browser": tracking.browser,
             }
     except QuotaExceeded as exc:
@@ -111,13 +171,33 @@ def add_page(
     return added
 
 
-def _tracking(svc: Services, user: CurrentUser, page_id: int) -> tuple[Page, Tracking]:
+def _tracking_id(value: Any) -> int | None:
+    if value in (None, ""):
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise BadRequest("tracking: the id of one of your trackings of this page") from None
+    if not 1 <= number <= IdConverter.MAX:  # no row has it (and the column holds no more)
+        raise NotFound("you do not track such a page")
+    return number
+
+
+def _tracking(
+    svc: Services, user: CurrentUser, page_id: int, tracking_id: Any = None
+) -> tuple[Page, Tracking]:
+    """The page and the user's tracking of it (``tracking_id``, else the first one)."""
+    query = (
+        select(Page, Tracking)
+        .join(Tracking, Tracking.page_id == Page.id)
+        .where(Page.id == page_id, Tracking.user_id == user.id)
+        .order_by(Tracking.id)
+    )
+    wanted = _tracking_id(tracking_id)
+    if wanted is not None:
+        query = query.where(Tracking.id == wanted)
     with svc.batches.sessions() as s:
-        row = s.execute(
-            select(Page, Tracking)
-            .join(Tracking, Tracking.page_id == Page.id)
-            .where(Page.id == page_id, Tracking.user_id == user.id)
-        ).first()
+        row = s.execute(query).first()
     if row is None:
         raise NotFound("you do not track such a page")
     return row[0], row[1]
@@ -146,20 +226,28 @@ def check_now(svc: Services, user: CurrentUser, page_id: int) -> str:
     return batch
 
 
-def remove_page(svc: Services, user: CurrentUser, page_id: int) -> str:
-    page, _ = _tracking(svc, user, page_id)
+def remove_page(svc: Services, user: CurrentUser, page_id: int, tracking_id: Any = None) -> str:
+    """Stop tracking the page (through the tracking ``tracking_id`` only, if given)."""
+    page, _ = _tracking(svc, user, page_id, tracking_id)
     with svc.batches.sessions.begin() as s:
-        untrack(s, user.email, page.url)
+        untrack(s, user.email, page.url, tracking_id=_tracking_id(tracking_id))
     # The last tracker who wanted the browser gone: the others' new baseline at once.
     baselines.request(svc.queue, svc.engine, [page.id], svc.allow_users)
     return page.url
 
 
-def history(svc: Services, user: CurrentUser, page_id: int) -> dict[str, Any]:
-    """The page's snapshots (newest first) for the user's selector."""
-    page, tracking = _tracking(svc, user, page_id)
+def history(
+    svc: Services, user: CurrentUser, page_id: int, tracking_id: Any = None
+) -> dict[str, Any]:
+    """The page's snapshots (newest first) for the user's view (tracking ``tracking_id``)."""
+    page, tracking = _tracking(svc, user, page_id, tracking_id)
     selector = tracking.selector or WHOLE_PAGE
     with svc.batches.sessions() as s:
+        problem = s.scalar(
+            select(PageView.problem).where(
+                PageView.page_id == page.id, PageView.selector == selector
+            )
+        )
         snaps = s.execute(
             select(
                 Snapshot.id,
@@ -177,7 +265,9 @@ def history(svc: Services, user: CurrentUser, page_id: int) -> dict[str, Any]:
         "id": page.id,
         "url": page.url,
         "title": page.title,
-        "selector": tracking.selector,
+        "tracking": tracking.id,
+        **_view_fields(tracking.selector),
+        "problem": problem,
         "last_checked_at": _iso(page.last_checked_at),
         "last_status": page.last_status,
         "last_error": page.last_error,
@@ -197,10 +287,10 @@ def history(svc: Services, user: CurrentUser, page_id: int) -> dict[str, Any]:
 
 
 def snapshot_pair(
-    svc: Services, user: CurrentUser, page_id: int, a: Any, b: Any
+    svc: Services, user: CurrentUser, page_id: int, a: Any, b: Any, tracking_id: Any = None
 ) -> tuple[dict[str, Any], Snapshot | None, Snapshot | None]:
     """History plus the two snapshots to compare (default: the newest two)."""
-    data = history(svc, user, page_id)
+    data = history(svc, user, page_id, tracking_id)
     ids = [snap["id"] for snap in data["snapshots"]]
 
     def pick(value: Any, default: int | None) -> int | None:
@@ -226,9 +316,11 @@ def snapshot_pair(
     return data, old, new
 
 
-def diff_data(svc: Services, user: CurrentUser, page_id: int, a: Any, b: Any) -> dict[str, Any]:
+def diff_data(
+    svc: Services, user: CurrentUser, page_id: int, a: Any, b: Any, tracking_id: Any = None
+) -> dict[str, Any]:
     """The inline and side-by-side diff of two snapshots, as plain data (API)."""
-    _data, old, new = snapshot_pair(svc, user, page_id, a, b)
+    _data, old, new = snapshot_pair(svc, user, page_id, a, b, tracking_id)
     if old is None or new is None:
         return {"a": None, "b": None, "inline": [], "side_by_side": []}
     return {
@@ -292,7 +384,7 @@ def pages_add() -> Any:
             svc,
             _user(),
             request.form.get("url", ""),
-            request.form.get("selector"),
+            request.form,
             request.form.get("browser") == "on",
         )
     except (BadRequest, QuotaRefused) as exc:
@@ -302,7 +394,9 @@ def pages_add() -> Any:
                 "pages.html",
                 pages=list_pages(svc, _user()),
                 url=request.form.get("url", "")[:2100],
-                selector=request.form.get("selector", "")[:600],
+                form={
+                    name: request.form.get(name, "")[:2000] for name in ("selector", *FILTER_FIELDS)
+                },
                 browser=request.form.get("browser") == "on",
             ),
             exc.code,
@@ -322,7 +416,7 @@ def pages_check(page_id: int) -> Any:
 @bp.route("/pages/<id:page_id>/remove", methods=["POST"])
 @login_required
 def pages_remove(page_id: int) -> Any:
-    url = remove_page(services(), _user(), page_id)
+    url = remove_page(services(), _user(), page_id, request.args.get("tracking"))
     flash(f"No longer tracking {url}.", "ok")
     return redirect(url_for("tracking.pages"), 303)
 
@@ -335,7 +429,12 @@ def page(page_id: int) -> Any:
     if mode not in ("inline", "side"):
         mode = "inline"
     data, old, new = snapshot_pair(
-        svc, _user(), page_id, request.args.get("a"), request.args.get("b")
+        svc,
+        _user(),
+        page_id,
+        request.args.get("a"),
+        request.args.get("b"),
+        request.args.get("tracking"),
     )
     lines = inline(old.text, new.text) if old and new and mode == "inline" else []
     rows = side_by_side(old.text, new.text) if old and new and mode == "side" else []
