@@ -169,10 +169,13 @@ class Leases:
             if not over:
                 return 0
             try:
+                # Only this role's sessions on this database: the right any role has
+                # over its own sessions, and no other application's, whatever its name.
                 ended = conn.scalar(
                     text(
                         "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))"
                         " FROM pg_stat_activity WHERE application_name = ANY(:names)"
+                        " AND usename = current_user AND datname = current_database()"
                         " AND pid <> pg_backend_pid()"
                     ),
                     {"names": sorted(over)},
