@@ -89,8 +89,12 @@ def test_a_run_page_shows_why_attempts_failed(
                 )
             )
     page = admin_client.get(f"/admin/runs/{run.id}")
-    text = text_of(assert_safe(page.get_data(as_text=True)))
-    assert text.count(reason) == 2
+    doc = assert_safe(page.get_data(as_text=True))
+    # Both attempts in the failures table, and again in the listing of the run's jobs.
+    for table in ("failures", "jobs"):
+        (found,) = doc.xpath(f"//table[@id='{table}']")
+        assert found.text_content().count(reason) == 2, table
+    text = text_of(doc)
     assert "alice@example.org" in text and "127.0.0.1:9" in text
 
 
