@@ -9,15 +9,18 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from agents import TEST_SECRET, AgentProcess, port_answers, spawn_jodl, wait_for
 
 from jodl.agent.codec import decode_done, decode_failed, encode_ids, encode_jobs
+from jodl.agent.core import QUICK_JOB, AgentCore
 from jodl.agent.replies import check_families
 from jodl.agent.wire import connect
+from jodl.family import Family
 from jodl.settings.config import Settings
 
 EPOCH = 1
@@ -273,3 +276,72 @@ def test_an_agent_listens_on_ipv6_loopback_and_stops_on_sigterm(tmp_path):
         if agent.poll() is None:
             agent.kill()
             agent.wait()
+
+
+# -- chunks of quick jobs (in-process agent core) -------------------------------------------
+
+
+class Quick(Family):
+    """A no-op job, or one that sleeps ``payload["sleep"]``; each start is recorded."""
+
+    name = "quick"
+    started: ClassVar[list[int]] = []
+
+    def run(self, payload: dict[str, Any]) -> Any:
+        Quick.started.append(payload["n"])
+        time.sleep(payload.get("sleep", 0.0))
+        return None
+
+
+def quick_core(detach: float) -> tuple[AgentCore, Any]:
+    """One slot running ``quick`` jobs in chunks, its master's session resumed."""
+    Quick.started.clear()
+    core = AgentCore("chunks", slots=1, families={"quick": Quick}, detach=detach)
+    session, _ = core.hear(1, json.loads(core.init("m1", 1, "{}"))["session"], 0.0)
+    core.resume(session)
+    core.send([(n, "quick", json.dumps({"n": n})) for n in range(1, 101)], session)
+    wait_for(lambda: core.remaining() == (0, 0, 100, 0), 30, "the quick jobs")
+    assert core._recent < QUICK_JOB  # the slot takes them in chunks from now on
+    return core, session
+
+
+def a_chunk(core: AgentCore, session: Any) -> None:
+    """Jobs 101..140, taken as a chunk whose first job sleeps past the detach time."""
+    core.hear(1, session.number, 0.0)  # the master was just heard from
+    slow = (101, "quick", json.dumps({"n": 101, "sleep": 0.8}))
+    rest = [(n, "quick", json.dumps({"n": n})) for n in range(102, 141)]
+    core.send([slow, *rest], session)
+    wait_for(lambda: 101 in Quick.started, 10, "the chunk's first job")
+
+
+def test_a_slot_starts_nothing_more_of_its_chunk_once_its_master_went_silent() -> None:
+    """A chunk skips the check of each take from the queue: the slot makes it again
+    before the rest once time passed (a freeze, a slow job), so a detached agent does not
+    start up to a chunk of jobs its master may have placed elsewhere."""
+    core, session = quick_core(detach=0.3)
+    try:
+        a_chunk(core, session)
+        time.sleep(1.2)  # the slow job ended, the session detached meanwhile
+        assert Quick.started[100:] == [101]
+        assert core.remaining()[:2] == (39, 0)  # the rest back in the queue, unstarted
+    finally:
+        core.close()
+
+
+def test_a_new_masters_init_lists_a_chunks_waiting_jobs_and_cancels_them() -> None:
+    """A master that took over while a slot runs a chunk learns its jobs at ``init``,
+    like queued ones, and the ones it cancels never start."""
+    core, session = quick_core(detach=0.3)
+    try:
+        a_chunk(core, session)
+        info = json.loads(core.init("m2", 2, "{}"))
+        assert set(info["queued"]) == set(range(102, 141))
+        second, resume = core.hear(2, info["session"], 0.0)
+        assert resume
+        core.cancel(info["queued"], second)
+        core.resume(second)
+        time.sleep(1.2)
+        assert Quick.started[100:] == [101]
+        assert core.remaining() == (0, 0, 101, 0)
+    finally:
+        core.close()

@@ -98,14 +98,30 @@ def judge(store: Store, path: Path, frozen_port: int, committed: set[str], at: i
     assert len(again) <= SLOTS and {p for p, _ in again} <= {str(frozen_port)}, (
         f"jobs with a committed result started again: {again}"
     )
-    # A job the frozen agent ran (or finished, its result uncollected) before its node was
-    # given up on runs again elsewhere: its result was never committed. What must not
-    # happen is the thawed agent starting a copy of a job that runs elsewhere too; one
-    # per slot may have left its queue just before the freeze.
-    runs = Counter(key for _, key in marks)
-    thawed = {key for port, key in marks[at:] if port == str(frozen_port)}
-    twice = sorted(key for key in thawed if runs[key] > 1)
-    assert len(twice) <= SLOTS, f"the thawed agent ran copies of jobs run elsewhere: {twice}"
+    copies = copies_by_the_thawed(marks, str(frozen_port), at, SLOTS)
+    assert not copies, f"the thawed agent ran copies of jobs run elsewhere: {copies}"
+
+
+def copies_by_the_thawed(
+    marks: list[tuple[str, str]], frozen: str, at: int, slots: int
+) -> dict[str, list[tuple[int, str]]]:
+    """The thawed agent's copies of jobs run elsewhere, if more than ``slots`` (else {}):
+    job key -> (line, agent port) of each of its marks.
+
+    A job the frozen agent ran (or finished, its result uncollected) before its node was
+    given up on runs again: its result was never committed. The new master may place it
+    anywhere, the thawed agent included: a second mark *there*, after one before the
+    freeze, is that rerun (the agent never runs one execution twice), not a copy. A copy
+    is a job the thawed agent ran after ``at`` that also ran on another agent, or that
+    it ran twice after ``at`` (its old execution and a new one). One per slot may have
+    left the queue just before the freeze (taken, its mark not yet written).
+    """
+    elsewhere = {key for port, key in marks if port != frozen}
+    after = Counter(key for port, key in marks[at:] if port == frozen)
+    copies = sorted(key for key, n in after.items() if key in elsewhere or n > 1)
+    if len(copies) <= slots:
+        return {}
+    return {key: [(i, port) for i, (port, k) in enumerate(marks) if k == key] for key in copies}
 
 
 @pytest.mark.parametrize("point", KILL_POINTS)

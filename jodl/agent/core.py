@@ -22,7 +22,7 @@ import time
 import traceback
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from itertools import islice
+from itertools import chain, islice
 from typing import Any
 
 from .. import family as family_registry
@@ -49,6 +49,12 @@ REMEMBER_ACKED = 200_000
 QUICK_JOB = 0.001
 #: ... at most this many (and never more than its share of the queue).
 QUICK_CHUNK = 32
+#: A slot running a chunk looks again whether the chunk's session may start jobs before
+#: its next one once this long passed since it last looked (seconds, monotonic: time
+#: the agent was frozen counts). A freeze or a slow job in the chunk may have detached
+#: the session meanwhile, and its master may have placed the rest elsewhere. Far
+#: below any detach time; a lock every 10 ms at most costs quick jobs nothing.
+CHUNK_LOOK = 0.01
 
 
 class AgentCore:
@@ -85,6 +91,9 @@ class AgentCore:
         self._queue: deque[tuple[int, str, str]] = deque()
         self._aqueue: deque[tuple[int, str, str]] = deque()
         self._running: set[int] = set()
+        #: slot -> the jobs of the chunk it took, not started when it last looked: listed
+        #: by ``init`` like queued ones, so a new master cancels those it gave up on.
+        self._chunks: dict[int, list[tuple[int, str, str]]] = {}
         self._done: dict[int, Done] = {}
         self._failed: dict[int, Failed] = {}
         #: execution id -> its family, from its send until it is acknowledged or dropped.
@@ -96,7 +105,7 @@ class AgentCore:
         self._recent = 1.0
         self._closing = False
         self._threads = [
-            threading.Thread(target=self._worker, name=f"slot-{i}", daemon=True)
+            threading.Thread(target=self._worker, args=(i,), name=f"slot-{i}", daemon=True)
             for i in range(slots)
         ]
         for thread in self._threads:
@@ -185,7 +194,8 @@ class AgentCore:
             opened = self.sessions.open(master_id, epoch, families)
             self.sessions.detach_after = detach
             owns = self.sessions.owns
-            queued = [job[0] for job in self._queues() if owns(opened, job[1])]
+            waiting = chain(self._queues(), *self._chunks.values())
+            queued = [job[0] for job in waiting if owns(opened, job[1])]
         return json.dumps(
             {
                 "name": self.name,
@@ -211,6 +221,7 @@ class AgentCore:
             self._cancels.cancel(exec_id)
         self._queue.clear()
         self._aqueue.clear()
+        self._chunks.clear()
         self._done.clear()
         self._failed.clear()
         self._acked.clear()
@@ -428,7 +439,7 @@ class AgentCore:
             self._failed[exec_id] = held.failed
             _FINISHED_FAILED.inc()
 
-    def _worker(self) -> None:
+    def _worker(self, slot: int) -> None:
         cond, queue, running = self._cond, self._queue, self._running
         heard = self._cancels.of(0)  # this slot's, pointed at each job it runs
         current_cancellation.set(heard)
@@ -450,9 +461,18 @@ class AgentCore:
                     jobs = [queue.popleft()]
                     while len(jobs) < take and queue and queue[0][1] == family:
                         jobs.append(queue.popleft())
+                    if len(jobs) > 1:
+                        self._chunks[slot] = jobs[1:]
                 running.update(job[0] for job in jobs)
             outcomes: list[tuple[int, float, Any, Exception | None]] = []
-            for exec_id, fam, payload in jobs:
+            looked, index = time.monotonic(), 0
+            while index < len(jobs):
+                if index and time.monotonic() - looked > CHUNK_LOOK:
+                    if not self._chunk_goes_on(slot, jobs, index):
+                        break
+                    looked = time.monotonic()
+                exec_id, fam, payload = jobs[index]
+                index += 1
                 started = time.perf_counter()
                 heard.exec_id = exec_id
                 try:
@@ -472,9 +492,35 @@ class AgentCore:
                 else:
                     outcomes.append((exec_id, time.perf_counter() - started, result, None))
             with cond:
+                self._chunks.pop(slot, None)
                 for exec_id, duration, result, error in outcomes:
                     self._store(exec_id, duration, result, error)
                     self._recent = 0.8 * self._recent + 0.2 * duration
+
+    def _chunk_goes_on(self, slot: int, jobs: list[tuple[int, str, str]], index: int) -> bool:
+        """Whether ``slot`` may go on with the chunk it took, from ``jobs[index]``: the
+        check every take from the queue makes, made again for the rest of a chunk. If
+        their session halted meanwhile (detached, or paused by a new master's init), the
+        rest goes back to the head of the queue, where the new master's first call
+        cancels what it gave up on; ones cancelled meanwhile are dropped either way."""
+        with self._cond:
+            rest = []
+            for job in jobs[index:]:
+                if self._cancels.finished(job[0]):  # cancelled while it waited in the chunk
+                    self._running.discard(job[0])
+                    self._family_of.pop(job[0], None)
+                else:
+                    rest.append(job)
+            jobs[index:] = rest  # what the slot goes on with, if it does
+            if rest and not self.sessions.halted(rest[0][1], time.monotonic()):
+                self._chunks[slot] = rest[1:]
+                return True
+            self._chunks.pop(slot, None)
+            self._running.difference_update(job[0] for job in rest)
+            self._queue.extendleft(reversed(rest))
+            if rest:
+                self._cond.notify()  # another slot may run them if another session leads
+            return False
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
