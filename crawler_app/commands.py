@@ -1,5 +1,5 @@
-"""The page checker's ``jodl`` commands: users, track, untrack, tracked, check, cycle,
-channels.
+"""The page checker's ``jodl`` commands: users, track, untrack, pause, resume, tracked,
+check, cycle, channels.
 
 Installed through the entry point group ``jodl.commands``: :func:`register`
 receives the ``jodl`` click group and adds the commands to it.
@@ -257,6 +257,41 @@ def untrack(ctx: click.Context, url: str, email: str, **filters: Any) -> None:
     click.echo(f"{email} no longer tracks {url}")
 
 
+def _pause(ctx: click.Context, url: str, email: str, paused: bool) -> None:
+    from jodl.queue import Queue
+
+    from . import baselines
+    from .pages import normalise_url, page_ids, set_paused
+
+    with _session(ctx) as s:
+        changed = set_paused(s, email, url, paused)
+        ids = page_ids(s, [normalise_url(url)])
+    if not paused:
+        # Views that never got a baseline take one now, as a new tracking's do.
+        baselines.request(Queue(_engine(ctx)), _engine(ctx), ids)
+    word = "paused" if paused else "resumed"
+    click.echo(f"{email}: {changed} tracking(s) of {url} {word}")
+
+
+@click.command()
+@click.argument("url")
+@click.option("--user", "email", required=True, help="E-mail of the user.")
+@click.pass_context
+def pause(ctx: click.Context, url: str, email: str) -> None:
+    """Pause USER's trackings of URL: their history stays, no digests come, and a
+    page whose trackings are all paused is not fetched."""
+    _pause(ctx, url, email, True)
+
+
+@click.command()
+@click.argument("url")
+@click.option("--user", "email", required=True, help="E-mail of the user.")
+@click.pass_context
+def resume(ctx: click.Context, url: str, email: str) -> None:
+    """Resume USER's paused trackings of URL: the page is checked again."""
+    _pause(ctx, url, email, False)
+
+
 @click.command()
 @click.option("--user", "email", default=None, help="Only this user's trackings.")
 @click.pass_context
@@ -270,7 +305,7 @@ def tracked(ctx: click.Context, email: str | None) -> None:
 
     with _session(ctx) as s:
         query = (
-            select(User.email, Page, Tracking.selector, PageView.problem)
+            select(User.email, Page, Tracking.selector, PageView.problem, Tracking.paused)
             .join(Tracking, Tracking.user_id == User.id)
             .join(Page, Page.id == Tracking.page_id)
             .outerjoin(
@@ -285,7 +320,7 @@ def tracked(ctx: click.Context, email: str | None) -> None:
 
             query = query.where(User.email == normalise_email(email))
         rows = s.execute(query).all()
-    for address, page, selector, problem in rows:
+    for address, page, selector, problem, paused in rows:
         checked = (
             page.last_checked_at.isoformat(timespec="seconds") if page.last_checked_at else "never"
         )
@@ -293,6 +328,7 @@ def tracked(ctx: click.Context, email: str | None) -> None:
         part = f" [{describe_key(selector)}]" if selector else ""
         note = f"  ({pages.page_note(page)})" if pages.page_note(page) else ""
         note += f"  (filter: {problem})" if problem else ""
+        note += "  (paused)" if paused else ""
         click.echo(f"{page.url}{part}  {address}  checked={checked}  {state}{note}")
 
 
@@ -425,5 +461,5 @@ def register(group: click.Group) -> None:
 
     users.add_command(quota_command)
 
-    for command in (users, track, untrack, tracked, check, cycle, channels):
+    for command in (users, track, untrack, pause, resume, tracked, check, cycle, channels):
         group.add_command(command)

@@ -263,6 +263,35 @@ def untrack(
     return True
 
 
+def set_paused(
+    session: Session, email: str, url: str, paused: bool, tracking_id: int | None = None
+) -> int:
+    """Pause (or resume) ``email``'s trackings of ``url`` (only ``tracking_id``, if
+    given); the number of trackings that changed. :class:`PageError` if they track
+    no such page.
+
+    A paused tracking keeps its history and views; it gets no digest, and a page
+    whose trackings are all paused is not fetched (its job is retired and comes
+    back when one of them resumes).
+    """
+    user = get_user(session, email)
+    normal = normalise_url(url)
+    page = session.scalar(select(Page).where(Page.url == normal))
+    query = select(Tracking).where(Tracking.user_id == user.id)
+    query = query.where(Tracking.page_id == (page.id if page is not None else -1))
+    if tracking_id is not None:
+        query = query.where(Tracking.id == tracking_id)
+    trackings = list(session.scalars(query))
+    if page is None or not trackings:
+        raise PageError(f"{user.email} does not track {normal}")
+    changed = [t for t in trackings if t.paused != paused]
+    for tracking in changed:
+        tracking.paused = paused
+    session.flush()
+    sync_jobs(session, [page.id])
+    return len(changed)
+
+
 #: What a tracker is told about a page that builds its text with scripts.
 SCRIPT_PAGE_NOTE = "this page builds its text with JavaScript: turn on the browser"
 
@@ -324,7 +353,8 @@ def family_id(session: Session, name: str) -> int:
 
 
 def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
-    """Give every tracked page an idle ``check_page`` job and delete the untracked ones' jobs.
+    """Give every tracked page an idle ``check_page`` job and delete the untracked ones' jobs
+    (a page whose trackings are all paused counts as untracked).
 
     ``page_ids`` limits the work to those pages (None: all pages). Also gives each
     page a view per view key its trackers use. A handful of statements whatever
@@ -349,10 +379,13 @@ def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
         state, every = (line.state, line.every_n_cycles) if line else (None, None)
         pages.append((page_id, url, job_id, period, state, every))
     selectors: dict[int, set[str]] = {}
-    for page_id, selector in session.execute(
-        select(Tracking.page_id, Tracking.selector).where(only(Tracking.page_id))
+    active: set[int] = set()  # pages with a tracking that is not paused
+    for page_id, selector, paused in session.execute(
+        select(Tracking.page_id, Tracking.selector, Tracking.paused).where(only(Tracking.page_id))
     ):
         selectors.setdefault(page_id, set()).add(selector or WHOLE_PAGE)
+        if not paused:
+            active.add(page_id)
     views = set(
         session.execute(select(PageView.page_id, PageView.selector).where(only(PageView.page_id)))
         .tuples()
@@ -362,7 +395,9 @@ def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
     revive: list[dict[str, Any]] = []
     delete: list[int] = []
     for page_id, url, job_id, period, state, every in pages:
-        if page_id in selectors:
+        # A page whose trackings are all paused is not fetched: its job goes as if
+        # nobody tracked it (views and history stay), and comes back on resume.
+        if page_id in active:
             if job_id is None or state is None:
                 missing[url] = (page_id, period)
             elif state != JobState.IDLE or every != period:
@@ -405,4 +440,4 @@ def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
     if new_views:
         session.execute(insert(PageView), new_views)
     session.expire_all()
-    return len(selectors)
+    return len(active)

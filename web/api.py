@@ -335,6 +335,21 @@ def pages_add() -> Any:
     return jsonify(added), 201
 
 
+@bp.route("/pages/<id:page_id>", methods=["PATCH"])
+@login_required
+def pages_update(page_id: int) -> Any:
+    data = body()
+    unknown = sorted(set(data) - {"paused"})
+    if unknown:
+        raise BadRequest(f"{unknown[0]}: cannot be changed here (only paused)")
+    if "paused" not in data:
+        raise BadRequest("paused: true or false")
+    done = tracking.pause_page(
+        services(), _me(), page_id, data["paused"], request.args.get("tracking")
+    )
+    return jsonify(done)
+
+
 @bp.route("/pages/<id:page_id>", methods=["DELETE"])
 @login_required
 def pages_remove(page_id: int) -> Any:

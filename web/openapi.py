@@ -499,6 +499,10 @@ def document(settings: WebSettings) -> dict[str, Any]:
                             "(any case; re:REGEX: matches it)",
                         },
                         "browser": {"type": "boolean"},
+                        "paused": {
+                            "type": "boolean",
+                            "description": "start paused: no checks, no digests until resumed",
+                        },
                     },
                 },
                 auth=True,
@@ -509,6 +513,20 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "A tracked page's history (snapshots, newest first) through one of your "
                 "views of it (?tracking=ID; default: the first)",
                 _responses(200, "History", obj, 400, 401, 404),
+                auth=True,
+                params=[_path_int("page_id"), _query_int("tracking")],
+            ),
+            "patch": _op(
+                "Pause (paused: true) or resume (paused: false) your trackings of a page "
+                "(only the tracking ?tracking=ID, if given). A paused tracking keeps its "
+                "history and gets no digest; a page whose trackings are all paused is not "
+                "fetched",
+                _responses(200, "Changed", obj, *WITH_BODY, 404),
+                {
+                    "type": "object",
+                    "required": ["paused"],
+                    "properties": {"paused": {"type": "boolean"}},
+                },
                 auth=True,
                 params=[_path_int("page_id"), _query_int("tracking")],
             ),
@@ -814,7 +832,14 @@ def document(settings: WebSettings) -> dict[str, Any]:
                         "note": {"type": ["string", "null"]},
                         "last_checked_at": {"type": ["string", "null"]},
                         "last_changed_at": {"type": ["string", "null"]},
-                        "next_check_at": {"type": ["string", "null"]},
+                        "next_check_at": {
+                            "type": ["string", "null"],
+                            "description": "null when paused or when no schedule checks it",
+                        },
+                        "paused": {
+                            "type": "boolean",
+                            "description": "paused: no checks for you, no digests",
+                        },
                     },
                 },
                 "Batch": {

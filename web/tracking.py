@@ -1,5 +1,5 @@
 """Tracked pages of the logged-in user: add (through a view: selector, line filters,
-trigger), remove, history, diffs.
+trigger), pause and resume, remove, history, diffs.
 
 A user may track one page through several views; each is a tracking of its own
 (``tracking`` in the list). The routes of a page take ``?tracking=ID`` to pick one
@@ -22,7 +22,7 @@ from werkzeug.exceptions import BadRequest, NotFound
 from crawler_app import baselines
 from crawler_app.filters import FilterError, ViewSpec
 from crawler_app.models import WHOLE_PAGE, Page, PageView, Snapshot, Tracking
-from crawler_app.pages import PageError, page_note, track, trackings_of, untrack
+from crawler_app.pages import PageError, page_note, set_paused, track, trackings_of, untrack
 from crawler_app.quota import QuotaExceeded
 from crawler_app.schedule import next_checks
 from crawler_app.settings import AppSettings
@@ -84,7 +84,9 @@ def list_pages(svc: Services, user: CurrentUser) -> list[dict[str, Any]]:
             "last_error": page.last_error,
             "last_checked_at": _iso(page.last_checked_at),
             "last_changed_at": _iso(page.last_changed_at),
-            "next_check_at": _iso(upcoming.get(page.id)),
+            # A paused tracking asks for no check (the page may still be checked for others).
+            "next_check_at": None if tracking.paused else _iso(upcoming.get(page.id)),
+            "paused": tracking.paused,
             "browser": tracking.browser,
             "rendered": page.browser,
             "script_page": page.script_page,
@@ -149,11 +151,19 @@ def add_page(
         raise BadRequest("browser: true or false")
     if len(url) > svc.settings.web_url_max:
         raise BadRequest(f"url: at most {svc.settings.web_url_max} characters")
+    paused = data.get("paused", False)
+    if not isinstance(paused, bool):
+        raise BadRequest("paused: true or false")
+    if data.get("interval") not in (None, ""):
+        # Refused rather than ignored: every page follows the operator's schedule.
+        raise BadRequest("interval: not supported; pages are checked on the operator's schedule")
     view = view_from(data)
     try:
         with svc.batches.sessions.begin() as s:
             tracking = track(s, user.email, url, browser=browser, view=view)
             page_id = tracking.page_id
+            if paused:
+                set_paused(s, user.email, url, True, tracking.id)
             page = s.get(Page, page_id)
             assert page is not None
             added = {
@@ -162,6 +172,7 @@ def add_page(
                 "url": page.url,
                 **_view_fields(tracking.selector),
                 "browser": tracking.browser,
+                "paused": tracking.paused,
             }
     except QuotaExceeded as exc:
         raise refused(svc.metrics, exc) from None
@@ -234,6 +245,21 @@ def remove_page(svc: Services, user: CurrentUser, page_id: int, tracking_id: Any
     # The last tracker who wanted the browser gone: the others' new baseline at once.
     baselines.request(svc.queue, svc.engine, [page.id], svc.allow_users)
     return page.url
+
+
+def pause_page(
+    svc: Services, user: CurrentUser, page_id: int, paused: Any, tracking_id: Any = None
+) -> dict[str, Any]:
+    """Pause (``paused`` True) or resume the user's tracking ``tracking_id`` of the page
+    (else all their trackings of it); the page's URL and the new state."""
+    if not isinstance(paused, bool):
+        raise BadRequest("paused: true or false")
+    page, _ = _tracking(svc, user, page_id, tracking_id)
+    with svc.batches.sessions.begin() as s:
+        set_paused(s, user.email, page.url, paused, _tracking_id(tracking_id))
+    if not paused:  # views that never got a baseline take one now
+        baselines.request(svc.queue, svc.engine, [page.id], svc.allow_users)
+    return {"id": page.id, "url": page.url, "paused": paused}
 
 
 def history(
@@ -411,6 +437,15 @@ def pages_check(page_id: int) -> Any:
     limit("submit")
     batch_id = check_now(services(), _user(), page_id)
     return redirect(url_for("ui.batch", batch_id=batch_id), 303)
+
+
+@bp.route("/pages/<id:page_id>/pause", methods=["POST"])
+@login_required
+def pages_pause(page_id: int) -> Any:
+    paused = request.form.get("paused", "on") == "on"
+    done = pause_page(services(), _user(), page_id, paused, request.args.get("tracking"))
+    flash(f"{'Paused' if paused else 'Resumed'} {done['url']}.", "ok")
+    return redirect(url_for("tracking.pages"), 303)
 
 
 @bp.route("/pages/<id:page_id>/remove", methods=["POST"])
