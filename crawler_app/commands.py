@@ -193,6 +193,12 @@ def view_of(
     help="Render the page in a browser (Chromium) first: for pages that build their text "
     "with JavaScript.",
 )
+@click.option(
+    "--tag",
+    "tags",
+    multiple=True,
+    help="A label for this tracking (repeat for several; given tags replace the old ones).",
+)
 @click.pass_context
 def track(
     ctx: click.Context,
@@ -200,6 +206,7 @@ def track(
     email: str,
     period: int | None,
     browser: bool | None,
+    tags: tuple[str, ...],
     **filters: Any,
 ) -> None:
     """USER tracks URL: they get a digest when it changes.
@@ -219,7 +226,9 @@ def track(
 
     view = view_of(**filters)
     with _session(ctx) as s:
-        tracking = do_track(s, email, url, period=period, browser=browser, view=view)
+        tracking = do_track(
+            s, email, url, period=period, browser=browser, view=view, tags=tags or None
+        )
         page = s.get(Page, tracking.page_id)
         assert page is not None
         trackers = s.scalar(select(func.count()).where(Tracking.page_id == page.id))
@@ -228,6 +237,7 @@ def track(
     part = f" ({describe_key(key)})" if view.filters_lines or view.trigger else ""
     part = f" (selector {key})" if key and not part else part
     part += " in a browser" if page.browser else ""
+    part += f" tagged {', '.join(tracking.tags)}" if tracking.tags else ""
     click.echo(f"{email} tracks {page.url}{part}; {trackers} tracker(s), one fetch per cycle")
 
 
@@ -305,7 +315,14 @@ def tracked(ctx: click.Context, email: str | None) -> None:
 
     with _session(ctx) as s:
         query = (
-            select(User.email, Page, Tracking.selector, PageView.problem, Tracking.paused)
+            select(
+                User.email,
+                Page,
+                Tracking.selector,
+                PageView.problem,
+                Tracking.paused,
+                Tracking.tags,
+            )
             .join(Tracking, Tracking.user_id == User.id)
             .join(Page, Page.id == Tracking.page_id)
             .outerjoin(
@@ -320,7 +337,7 @@ def tracked(ctx: click.Context, email: str | None) -> None:
 
             query = query.where(User.email == normalise_email(email))
         rows = s.execute(query).all()
-    for address, page, selector, problem, paused in rows:
+    for address, page, selector, problem, paused, tags in rows:
         checked = (
             page.last_checked_at.isoformat(timespec="seconds") if page.last_checked_at else "never"
         )
@@ -329,6 +346,7 @@ def tracked(ctx: click.Context, email: str | None) -> None:
         note = f"  ({pages.page_note(page)})" if pages.page_note(page) else ""
         note += f"  (filter: {problem})" if problem else ""
         note += "  (paused)" if paused else ""
+        note += f"  tags: {', '.join(tags)}" if tags else ""
         click.echo(f"{page.url}{part}  {address}  checked={checked}  {state}{note}")
 
 

@@ -140,6 +140,9 @@ class Tracking(Base):
     #: Paused by its user: keeps its history, asks for no check and gets no digest; a
     #: page whose trackings are all paused is not fetched (crawler_app.pages.sync_jobs).
     paused: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    #: The user's labels for it (:func:`crawler_app.pages.check_tags`), searched with the
+    #: page's URL and title.
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
 
 
 class PageView(Base):

@@ -74,6 +74,36 @@ def check_view(**filters: Any) -> ViewSpec:
         raise PageError(str(exc)) from None
 
 
+#: Tags per tracking at most, and characters per tag.
+MAX_TAGS = 10
+TAG_LENGTH = 40
+_TAG = re.compile(rf"^[\w.-]{{1,{TAG_LENGTH}}}$", re.ASCII)
+
+
+def check_tags(tags: Iterable[str]) -> list[str]:
+    """Tags ready to store: lower-cased, stripped, without repeats, in the order given;
+    :class:`PageError` naming a bad one (letters, digits, ``_ . -``; at most
+    :data:`TAG_LENGTH` characters, :data:`MAX_TAGS` tags)."""
+    out: list[str] = []
+    for raw in tags:
+        tag = raw.strip().lower() if isinstance(raw, str) else raw
+        if not isinstance(tag, str) or not _TAG.match(tag):
+            raise PageError(
+                f"tag {raw!r}: ASCII letters, digits, _ . - only, 1 to {TAG_LENGTH} characters"
+            )
+        if tag not in out:
+            out.append(tag)
+    if len(out) > MAX_TAGS:
+        raise PageError(f"at most {MAX_TAGS} tags per tracking")
+    return out
+
+
+def matches(query: str, url: str, title: str | None, tags: Iterable[str]) -> bool:
+    """True when every word of ``query`` is in the URL, the title or a tag (any case)."""
+    haystack = " ".join([url, title or "", *tags]).lower()
+    return all(word in haystack for word in query.lower().split())
+
+
 def normalise_email(email: str) -> str:
     """Lower-cased, stripped address; :class:`PageError` if it does not look like one."""
     email = email.strip().lower()
@@ -145,6 +175,7 @@ def track(
     period: int | None = None,
     browser: bool | None = None,
     view: ViewSpec | None = None,
+    tags: Iterable[str] | None = None,
 ) -> Tracking:
     """``email`` tracks ``url`` through a view: ``view`` (filters and trigger,
     :mod:`crawler_app.filters`), or only the part ``selector`` picks, or the whole page.
@@ -154,7 +185,8 @@ def track(
     adds a tracking. The page's ``check_page`` job is created (or revived) at once,
     and fetches the page once for all its views. ``period`` (checked every N-th
     cycle) applies to the page, hence to all its trackers. ``browser``: the page is
-    rendered in a browser, for all its trackers (see :func:`_render_mode`). Queue
+    rendered in a browser, for all its trackers (see :func:`_render_mode`). ``tags``
+    (when given) replace the tracking's tags (:func:`check_tags`). Queue
     its first check with :func:`crawler_app.baselines.request` once committed.
     """
     user = get_user(session, email)
@@ -164,6 +196,7 @@ def track(
     key = view.key
     if period is not None and period < 1:
         raise PageError("the period is a whole number of cycles, at least 1")
+    labels = check_tags(tags) if tags is not None else None
     page = session.scalar(select(Page).where(Page.url == normal))
     check_tracking(session, user, page.id if page is not None else None, key)
     if page is None:
@@ -184,10 +217,14 @@ def track(
             selector=key,
             since=utcnow(),
             browser=bool(browser),
+            tags=labels or [],
         )
         session.add(tracking)
-    elif browser is not None:
-        tracking.browser = browser
+    else:
+        if browser is not None:
+            tracking.browser = browser
+        if labels is not None:
+            tracking.tags = labels
     session.flush()
     sync_jobs(session, [page.id])
     _render_mode(session, page.id)

@@ -1,5 +1,5 @@
 """Tracked pages of the logged-in user: add (through a view: selector, line filters,
-trigger), pause and resume, remove, history, diffs.
+trigger), tag, search, pause and resume, remove, history, diffs.
 
 A user may track one page through several views; each is a tracking of its own
 (``tracking`` in the list). The routes of a page take ``?tracking=ID`` to pick one
@@ -22,7 +22,16 @@ from werkzeug.exceptions import BadRequest, NotFound
 from crawler_app import baselines
 from crawler_app.filters import FilterError, ViewSpec
 from crawler_app.models import WHOLE_PAGE, Page, PageView, Snapshot, Tracking
-from crawler_app.pages import PageError, page_note, set_paused, track, trackings_of, untrack
+from crawler_app.pages import (
+    PageError,
+    check_tags,
+    matches,
+    page_note,
+    set_paused,
+    track,
+    trackings_of,
+    untrack,
+)
 from crawler_app.quota import QuotaExceeded
 from crawler_app.schedule import next_checks
 from crawler_app.settings import AppSettings
@@ -38,6 +47,8 @@ bp = Blueprint("tracking", __name__)
 
 #: Snapshots listed in a page's history at most.
 HISTORY_LIMIT = 200
+#: Longest search of the tracked pages (``?q=``).
+SEARCH_MAX = 200
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -57,10 +68,15 @@ def _next_checks(svc: Services, page_ids: list[int]) -> dict[int, dt.datetime]:
         return {}  # the master refuses such settings too, and says why
 
 
-def list_pages(svc: Services, user: CurrentUser) -> list[dict[str, Any]]:
-    """The user's tracked pages with their last check and the next one the schedule makes."""
+def list_pages(svc: Services, user: CurrentUser, query: Any = None) -> list[dict[str, Any]]:
+    """The user's tracked pages with their last check and the next one the schedule makes;
+    with ``query``, only those whose URL, title or tags hold each of its words."""
+    if query is not None and (not isinstance(query, str) or len(query) > SEARCH_MAX):
+        raise BadRequest(f"q: at most {SEARCH_MAX} characters")
     with svc.batches.sessions() as s:
         rows = trackings_of(s, user.email)
+        if query and query.strip():
+            rows = [(t, p) for t, p in rows if matches(query, p.url, p.title, t.tags or [])]
         problems = {
             (page_id, key): problem
             for page_id, key, problem in s.execute(
@@ -87,6 +103,7 @@ def list_pages(svc: Services, user: CurrentUser) -> list[dict[str, Any]]:
             # A paused tracking asks for no check (the page may still be checked for others).
             "next_check_at": None if tracking.paused else _iso(upcoming.get(page.id)),
             "paused": tracking.paused,
+            "tags": list(tracking.tags or []),
             "browser": tracking.browser,
             "rendered": page.browser,
             "script_page": page.script_page,
@@ -139,6 +156,21 @@ def view_from(data: Any) -> ViewSpec:
         raise BadRequest(str(exc)) from None
 
 
+def tags_from(value: Any) -> list[str] | None:
+    """Tags from a JSON list or a form's text (separated by commas or spaces); None when
+    not given; :class:`BadRequest` naming a bad one."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        value = value.replace(",", " ").split()
+    if not isinstance(value, list):
+        raise BadRequest("tags: a list of words")
+    try:
+        return check_tags(value)
+    except PageError as exc:
+        raise BadRequest(f"tags: {exc}") from None
+
+
 def add_page(
     svc: Services, user: CurrentUser, url: Any, data: Any, browser: Any = False
 ) -> dict[str, Any]:
@@ -158,9 +190,10 @@ def add_page(
         # Refused rather than ignored: every page follows the operator's schedule.
         raise BadRequest("interval: not supported; pages are checked on the operator's schedule")
     view = view_from(data)
+    tags = tags_from(data.get("tags"))
     try:
         with svc.batches.sessions.begin() as s:
-            tracking = track(s, user.email, url, browser=browser, view=view)
+            tracking = track(s, user.email, url, browser=browser, view=view, tags=tags)
             page_id = tracking.page_id
             if paused:
                 set_paused(s, user.email, url, True, tracking.id)
@@ -173,6 +206,7 @@ def add_page(
                 **_view_fields(tracking.selector),
                 "browser": tracking.browser,
                 "paused": tracking.paused,
+                "tags": list(tracking.tags or []),
             }
     except QuotaExceeded as exc:
         raise refused(svc.metrics, exc) from None
@@ -245,6 +279,20 @@ def remove_page(svc: Services, user: CurrentUser, page_id: int, tracking_id: Any
     # The last tracker who wanted the browser gone: the others' new baseline at once.
     baselines.request(svc.queue, svc.engine, [page.id], svc.allow_users)
     return page.url
+
+
+def set_tags(
+    svc: Services, user: CurrentUser, page_id: int, value: Any, tracking_id: Any = None
+) -> list[str]:
+    """Replace the tags of the user's tracking ``tracking_id`` of the page (default: the
+    first); the tags stored."""
+    tags = tags_from(value) or []
+    _, tracking = _tracking(svc, user, page_id, tracking_id)
+    with svc.batches.sessions.begin() as s:
+        row = s.get(Tracking, tracking.id)
+        assert row is not None
+        row.tags = tags
+    return tags
 
 
 def pause_page(
@@ -394,9 +442,11 @@ def _user() -> CurrentUser:
 @login_required
 def pages() -> Any:
     svc = services()
+    query = request.args.get("q", "")[:SEARCH_MAX]
     return render_template(
         "pages.html",
-        pages=list_pages(svc, _user()),
+        pages=list_pages(svc, _user(), query),
+        query=query,
         digest_failure=channels.last_failure(svc, _user()),
     )
 
@@ -421,7 +471,8 @@ def pages_add() -> Any:
                 pages=list_pages(svc, _user()),
                 url=request.form.get("url", "")[:2100],
                 form={
-                    name: request.form.get(name, "")[:2000] for name in ("selector", *FILTER_FIELDS)
+                    name: request.form.get(name, "")[:2000]
+                    for name in ("selector", "tags", *FILTER_FIELDS)
                 },
                 browser=request.form.get("browser") == "on",
             ),

@@ -1,9 +1,10 @@
-"""page checker: a tracking may be paused
+"""page checker: a tracking may be paused, and carries tags
 
 ``app_tracking.paused``: a paused tracking keeps its history and its views but
 does not ask for checks; a page whose trackings are all paused is not fetched
 (its job is retired as if nobody tracked it, and revived on resume), and a
-paused tracking gets no digest.
+paused tracking gets no digest. ``app_tracking.tags``: its user's labels (a JSON
+list), searched with the URL and title on the tracked pages.
 
 Revision ID: crawler_0012
 Revises: crawler_0011
@@ -26,8 +27,10 @@ def upgrade() -> None:
         batch.add_column(
             sa.Column("paused", sa.Boolean(), nullable=False, server_default=sa.false())
         )
+        batch.add_column(sa.Column("tags", sa.JSON(), nullable=False, server_default="[]"))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("app_tracking") as batch:
+        batch.drop_column("tags")
         batch.drop_column("paused")
