@@ -117,11 +117,14 @@ def test_api_pause_resume_and_refused_fields(tmp_path: Path) -> None:
             "/api/pages", json={"url": "http://a.example/", "paused": True}, headers=USER
         )
         assert r.status_code == 201 and r.get_json()["paused"] is True
+        queue = application.extensions["jodl"].queue
+        assert queue.jobs("check_page", state="queued") == []  # no baseline fetch while paused
         page_id = r.get_json()["id"]
         (listed,) = client.get("/api/pages", headers=USER).get_json()["pages"]
         assert listed["paused"] is True and listed["next_check_at"] is None
         r = client.patch(f"/api/pages/{page_id}", json={"paused": False}, headers=USER)
         assert r.status_code == 200 and r.get_json()["paused"] is False
+        assert len(queue.jobs("check_page", state="queued")) == 1  # its baseline, on resume
         (listed,) = client.get("/api/pages", headers=USER).get_json()["pages"]
         assert listed["paused"] is False
         for body, field in (

@@ -212,7 +212,8 @@ def add_page(
         raise refused(svc.metrics, exc) from None
     except PageError as exc:
         raise BadRequest(str(exc)) from None
-    baselines.request(svc.queue, svc.engine, [page_id], svc.allow_users)
+    if not paused:  # a tracking added paused takes its baseline when resumed
+        baselines.request(svc.queue, svc.engine, [page_id], svc.allow_users)
     return added
 
 
