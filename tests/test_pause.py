@@ -15,10 +15,11 @@ from sqlalchemy.orm import sessionmaker
 from test_web_api import USER, make_app
 from test_web_views import assert_safe, token
 
-from crawler_app import pages
+from crawler_app import baselines, pages
 from crawler_app.models import Page, Snapshot, Tracking
 from crawler_app.pages import normalise_url
 from jodl.log.models import Job, JobState
+from jodl.queue import Queue
 
 pytest_plugins = ("tests.site",)
 
@@ -88,6 +89,16 @@ def test_pausing_a_page_one_does_not_track_is_refused(store):
         pause(store, "bob@example.org", "http://news.example/", True)
     with pytest.raises(pages.PageError, match="does not track"):
         pause(store, "ann@example.org", "http://other.example/", True)
+    queue = Queue(store.engine)
+    pause(store, "ann@example.org", "http://news.example/", True)
+    assert baselines.request(queue, store.engine, page_ids(store)) == 0  # all paused
+    pause(store, "ann@example.org", "http://news.example/", False)
+    assert baselines.request(queue, store.engine, page_ids(store)) == 1
+
+
+def page_ids(store) -> list[int]:
+    with sessionmaker(store.engine)() as s:
+        return list(s.scalars(select(Page.id)))
 
 
 def test_cli_pause_and_resume(store, db_url):
