@@ -50,11 +50,17 @@ class _Wanted(NamedTuple):
 
 
 def _missing(s: Session, page_ids: Iterable[int] | None = None) -> dict[int, _Wanted]:
-    """Tracked pages with views that have no baseline."""
+    """Tracked pages (not all of whose trackings are paused) with views that have no
+    baseline."""
     query = (
         select(Page.id, Page.url, Page.browser, PageView.selector)
         .join(PageView, PageView.page_id == Page.id)
-        .where(PageView.fingerprint.is_(None), Page.job_id.is_not(None))
+        .where(
+            PageView.fingerprint.is_(None),
+            Page.job_id.is_not(None),
+            # A page whose trackings are all paused is not fetched, its baseline neither.
+            Page.id.in_(select(Tracking.page_id).where(Tracking.paused.is_(False))),
+        )
     )
     if page_ids is not None:
         query = query.where(Page.id.in_(list(page_ids)))

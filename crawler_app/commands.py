@@ -1,5 +1,5 @@
-"""The page checker's ``jodl`` commands: users, track, untrack, tracked, check, cycle,
-channels.
+"""The page checker's ``jodl`` commands: users, track, untrack, pause, resume, tracked,
+check, cycle, channels.
 
 Installed through the entry point group ``jodl.commands``: :func:`register`
 receives the ``jodl`` click group and adds the commands to it.
@@ -193,6 +193,12 @@ def view_of(
     help="Render the page in a browser (Chromium) first: for pages that build their text "
     "with JavaScript.",
 )
+@click.option(
+    "--tag",
+    "tags",
+    multiple=True,
+    help="A label for this tracking (repeat for several; given tags replace the old ones).",
+)
 @click.pass_context
 def track(
     ctx: click.Context,
@@ -200,6 +206,7 @@ def track(
     email: str,
     period: int | None,
     browser: bool | None,
+    tags: tuple[str, ...],
     **filters: Any,
 ) -> None:
     """USER tracks URL: they get a digest when it changes.
@@ -219,7 +226,9 @@ def track(
 
     view = view_of(**filters)
     with _session(ctx) as s:
-        tracking = do_track(s, email, url, period=period, browser=browser, view=view)
+        tracking = do_track(
+            s, email, url, period=period, browser=browser, view=view, tags=tags or None
+        )
         page = s.get(Page, tracking.page_id)
         assert page is not None
         trackers = s.scalar(select(func.count()).where(Tracking.page_id == page.id))
@@ -228,6 +237,7 @@ def track(
     part = f" ({describe_key(key)})" if view.filters_lines or view.trigger else ""
     part = f" (selector {key})" if key and not part else part
     part += " in a browser" if page.browser else ""
+    part += f" tagged {', '.join(tracking.tags)}" if tracking.tags else ""
     click.echo(f"{email} tracks {page.url}{part}; {trackers} tracker(s), one fetch per cycle")
 
 
@@ -257,6 +267,41 @@ def untrack(ctx: click.Context, url: str, email: str, **filters: Any) -> None:
     click.echo(f"{email} no longer tracks {url}")
 
 
+def _pause(ctx: click.Context, url: str, email: str, paused: bool) -> None:
+    from jodl.queue import Queue
+
+    from . import baselines
+    from .pages import normalise_url, page_ids, set_paused
+
+    with _session(ctx) as s:
+        changed = set_paused(s, email, url, paused)
+        ids = page_ids(s, [normalise_url(url)])
+    if not paused:
+        # Views that never got a baseline take one now, as a new tracking's do.
+        baselines.request(Queue(_engine(ctx)), _engine(ctx), ids)
+    word = "paused" if paused else "resumed"
+    click.echo(f"{email}: {changed} tracking(s) of {url} {word}")
+
+
+@click.command()
+@click.argument("url")
+@click.option("--user", "email", required=True, help="E-mail of the user.")
+@click.pass_context
+def pause(ctx: click.Context, url: str, email: str) -> None:
+    """Pause USER's trackings of URL: their history stays, no digests come, and a
+    page whose trackings are all paused is not fetched."""
+    _pause(ctx, url, email, True)
+
+
+@click.command()
+@click.argument("url")
+@click.option("--user", "email", required=True, help="E-mail of the user.")
+@click.pass_context
+def resume(ctx: click.Context, url: str, email: str) -> None:
+    """Resume USER's paused trackings of URL: the page is checked again."""
+    _pause(ctx, url, email, False)
+
+
 @click.command()
 @click.option("--user", "email", default=None, help="Only this user's trackings.")
 @click.pass_context
@@ -270,7 +315,14 @@ def tracked(ctx: click.Context, email: str | None) -> None:
 
     with _session(ctx) as s:
         query = (
-            select(User.email, Page, Tracking.selector, PageView.problem)
+            select(
+                User.email,
+                Page,
+                Tracking.selector,
+                PageView.problem,
+                Tracking.paused,
+                Tracking.tags,
+            )
             .join(Tracking, Tracking.user_id == User.id)
             .join(Page, Page.id == Tracking.page_id)
             .outerjoin(
@@ -285,7 +337,7 @@ def tracked(ctx: click.Context, email: str | None) -> None:
 
             query = query.where(User.email == normalise_email(email))
         rows = s.execute(query).all()
-    for address, page, selector, problem in rows:
+    for address, page, selector, problem, paused, tags in rows:
         checked = (
             page.last_checked_at.isoformat(timespec="seconds") if page.last_checked_at else "never"
         )
@@ -293,6 +345,8 @@ def tracked(ctx: click.Context, email: str | None) -> None:
         part = f" [{describe_key(selector)}]" if selector else ""
         note = f"  ({pages.page_note(page)})" if pages.page_note(page) else ""
         note += f"  (filter: {problem})" if problem else ""
+        note += "  (paused)" if paused else ""
+        note += f"  tags: {', '.join(tags)}" if tags else ""
         click.echo(f"{page.url}{part}  {address}  checked={checked}  {state}{note}")
 
 
@@ -425,5 +479,5 @@ def register(group: click.Group) -> None:
 
     users.add_command(quota_command)
 
-    for command in (users, track, untrack, tracked, check, cycle, channels):
+    for command in (users, track, untrack, pause, resume, tracked, check, cycle, channels):
         group.add_command(command)

@@ -90,6 +90,7 @@ def prepare(s: Session, cycle: AppCycle, settings: AppSettings) -> int:
             .where(
                 Tracking.page_id == snap.page_id,
                 func.coalesce(Tracking.selector, WHOLE_PAGE) == snap.selector,
+                Tracking.paused.is_(False),  # a paused tracking keeps quiet
                 # Only to addresses their owners confirmed (web sign-ups follow a link).
                 User.email_confirmed.is_(True),
             )

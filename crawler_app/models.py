@@ -137,6 +137,12 @@ class Tracking(Base):
     since: Mapped[dt.datetime] = mapped_column(default=utcnow)
     #: The tracker wants the page rendered in a browser (it builds its text with scripts).
     browser: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    #: Paused by its user: keeps its history, asks for no check and gets no digest; a
+    #: page whose trackings are all paused is not fetched (crawler_app.pages.sync_jobs).
+    paused: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    #: The user's labels for it (:func:`crawler_app.pages.check_tags`), searched with the
+    #: page's URL and title.
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
 
 
 class PageView(Base):

@@ -74,6 +74,36 @@ def check_view(**filters: Any) -> ViewSpec:
         raise PageError(str(exc)) from None
 
 
+#: Tags per tracking at most, and characters per tag.
+MAX_TAGS = 10
+TAG_LENGTH = 40
+_TAG = re.compile(rf"^[\w.-]{{1,{TAG_LENGTH}}}$", re.ASCII)
+
+
+def check_tags(tags: Iterable[str]) -> list[str]:
+    """Tags ready to store: lower-cased, stripped, without repeats, in the order given;
+    :class:`PageError` naming a bad one (letters, digits, ``_ . -``; at most
+    :data:`TAG_LENGTH` characters, :data:`MAX_TAGS` tags)."""
+    out: list[str] = []
+    for raw in tags:
+        tag = raw.strip().lower() if isinstance(raw, str) else raw
+        if not isinstance(tag, str) or not _TAG.match(tag):
+            raise PageError(
+                f"tag {raw!r}: ASCII letters, digits, _ . - only, 1 to {TAG_LENGTH} characters"
+            )
+        if tag not in out:
+            out.append(tag)
+    if len(out) > MAX_TAGS:
+        raise PageError(f"at most {MAX_TAGS} tags per tracking")
+    return out
+
+
+def matches(query: str, url: str, title: str | None, tags: Iterable[str]) -> bool:
+    """True when every word of ``query`` is in the URL, the title or a tag (any case)."""
+    haystack = " ".join([url, title or "", *tags]).lower()
+    return all(word in haystack for word in query.lower().split())
+
+
 def normalise_email(email: str) -> str:
     """Lower-cased, stripped address; :class:`PageError` if it does not look like one."""
     email = email.strip().lower()
@@ -145,6 +175,7 @@ def track(
     period: int | None = None,
     browser: bool | None = None,
     view: ViewSpec | None = None,
+    tags: Iterable[str] | None = None,
 ) -> Tracking:
     """``email`` tracks ``url`` through a view: ``view`` (filters and trigger,
     :mod:`crawler_app.filters`), or only the part ``selector`` picks, or the whole page.
@@ -154,7 +185,8 @@ def track(
     adds a tracking. The page's ``check_page`` job is created (or revived) at once,
     and fetches the page once for all its views. ``period`` (checked every N-th
     cycle) applies to the page, hence to all its trackers. ``browser``: the page is
-    rendered in a browser, for all its trackers (see :func:`_render_mode`). Queue
+    rendered in a browser, for all its trackers (see :func:`_render_mode`). ``tags``
+    (when given) replace the tracking's tags (:func:`check_tags`). Queue
     its first check with :func:`crawler_app.baselines.request` once committed.
     """
     user = get_user(session, email)
@@ -164,6 +196,7 @@ def track(
     key = view.key
     if period is not None and period < 1:
         raise PageError("the period is a whole number of cycles, at least 1")
+    labels = check_tags(tags) if tags is not None else None
     page = session.scalar(select(Page).where(Page.url == normal))
     check_tracking(session, user, page.id if page is not None else None, key)
     if page is None:
@@ -184,10 +217,14 @@ def track(
             selector=key,
             since=utcnow(),
             browser=bool(browser),
+            tags=labels or [],
         )
         session.add(tracking)
-    elif browser is not None:
-        tracking.browser = browser
+    else:
+        if browser is not None:
+            tracking.browser = browser
+        if labels is not None:
+            tracking.tags = labels
     session.flush()
     sync_jobs(session, [page.id])
     _render_mode(session, page.id)
@@ -263,6 +300,35 @@ def untrack(
     return True
 
 
+def set_paused(
+    session: Session, email: str, url: str, paused: bool, tracking_id: int | None = None
+) -> int:
+    """Pause (or resume) ``email``'s trackings of ``url`` (only ``tracking_id``, if
+    given); the number of trackings that changed. :class:`PageError` if they track
+    no such page.
+
+    A paused tracking keeps its history and views; it gets no digest, and a page
+    whose trackings are all paused is not fetched (its job is retired and comes
+    back when one of them resumes).
+    """
+    user = get_user(session, email)
+    normal = normalise_url(url)
+    page = session.scalar(select(Page).where(Page.url == normal))
+    query = select(Tracking).where(Tracking.user_id == user.id)
+    query = query.where(Tracking.page_id == (page.id if page is not None else -1))
+    if tracking_id is not None:
+        query = query.where(Tracking.id == tracking_id)
+    trackings = list(session.scalars(query))
+    if page is None or not trackings:
+        raise PageError(f"{user.email} does not track {normal}")
+    changed = [t for t in trackings if t.paused != paused]
+    for tracking in changed:
+        tracking.paused = paused
+    session.flush()
+    sync_jobs(session, [page.id])
+    return len(changed)
+
+
 #: What a tracker is told about a page that builds its text with scripts.
 SCRIPT_PAGE_NOTE = "this page builds its text with JavaScript: turn on the browser"
 
@@ -324,7 +390,8 @@ def family_id(session: Session, name: str) -> int:
 
 
 def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
-    """Give every tracked page an idle ``check_page`` job and delete the untracked ones' jobs.
+    """Give every tracked page an idle ``check_page`` job and delete the untracked ones' jobs
+    (a page whose trackings are all paused counts as untracked).
 
     ``page_ids`` limits the work to those pages (None: all pages). Also gives each
     page a view per view key its trackers use. A handful of statements whatever
@@ -349,10 +416,13 @@ def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
         state, every = (line.state, line.every_n_cycles) if line else (None, None)
         pages.append((page_id, url, job_id, period, state, every))
     selectors: dict[int, set[str]] = {}
-    for page_id, selector in session.execute(
-        select(Tracking.page_id, Tracking.selector).where(only(Tracking.page_id))
+    active: set[int] = set()  # pages with a tracking that is not paused
+    for page_id, selector, paused in session.execute(
+        select(Tracking.page_id, Tracking.selector, Tracking.paused).where(only(Tracking.page_id))
     ):
         selectors.setdefault(page_id, set()).add(selector or WHOLE_PAGE)
+        if not paused:
+            active.add(page_id)
     views = set(
         session.execute(select(PageView.page_id, PageView.selector).where(only(PageView.page_id)))
         .tuples()
@@ -362,7 +432,9 @@ def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
     revive: list[dict[str, Any]] = []
     delete: list[int] = []
     for page_id, url, job_id, period, state, every in pages:
-        if page_id in selectors:
+        # A page whose trackings are all paused is not fetched: its job goes as if
+        # nobody tracked it (views and history stay), and comes back on resume.
+        if page_id in active:
             if job_id is None or state is None:
                 missing[url] = (page_id, period)
             elif state != JobState.IDLE or every != period:
@@ -405,4 +477,4 @@ def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
     if new_views:
         session.execute(insert(PageView), new_views)
     session.expire_all()
-    return len(selectors)
+    return len(active)

@@ -5,7 +5,7 @@ expression ``JODL_SCHEDULE`` (five fields, local time; a sixth leading field
 gives seconds; ``off`` turns the schedule off). The cycle runs in the
 scheduler's thread; its two job steps ask the serving master (single-threaded)
 to run a JODL cycle with ``Master.request_cycle`` and wait for it. A slot with
-no tracked page and no unfinished cycle does nothing.
+no tracked page (paused trackings do not count) and no unfinished cycle does nothing.
 
 * One cycle at a time: the job has ``max_instances=1`` and a lock guards the
   cycle; at most one application cycle is open in the database anyway.
@@ -328,7 +328,8 @@ def next_checks(
 
 def _anything_tracked(engine: Engine) -> bool:
     with engine.connect() as conn:
-        return bool(conn.scalar(select(exists().where(Tracking.id.is_not(None)))))
+        # Paused trackings ask for no check.
+        return bool(conn.scalar(select(exists().where(Tracking.paused.is_(False)))))
 
 
 def _undefined() -> Any:

@@ -324,15 +324,43 @@ def _me() -> Any:
 @bp.route("/pages")
 @login_required
 def pages_list() -> Any:
-    return jsonify({"pages": tracking.list_pages(services(), _me())})
+    return jsonify({"pages": tracking.list_pages(services(), _me(), request.args.get("q"))})
 
 
 @bp.route("/pages", methods=["POST"])
 @login_required
 def pages_add() -> Any:
     data = body()
+    _tags_are_a_list(data)
     added = tracking.add_page(services(), _me(), data.get("url"), data, data.get("browser", False))
     return jsonify(added), 201
+
+
+def _tags_are_a_list(data: dict[str, Any]) -> None:
+    """In JSON, tags come as a list (the form's text, split by spaces, is the web page's)."""
+    if data.get("tags") is not None and not isinstance(data["tags"], list):
+        raise BadRequest("tags: a list of words")
+
+
+@bp.route("/pages/<id:page_id>", methods=["PATCH"])
+@login_required
+def pages_update(page_id: int) -> Any:
+    data = body()
+    unknown = sorted(set(data) - {"paused", "tags"})
+    if unknown:
+        raise BadRequest(f"{unknown[0]}: cannot be changed here (only paused and tags)")
+    if not data:
+        raise BadRequest("paused: true or false (or tags: a list)")
+    _tags_are_a_list(data)
+    which = request.args.get("tracking")
+    done: dict[str, Any] = {"id": page_id}
+    if "tags" in data:  # checked first: a refused body changes nothing
+        tracking.tags_from(data["tags"])
+    if "paused" in data:
+        done = tracking.pause_page(services(), _me(), page_id, data["paused"], which)
+    if "tags" in data:
+        done["tags"] = tracking.set_tags(services(), _me(), page_id, data["tags"], which)
+    return jsonify(done)
 
 
 @bp.route("/pages/<id:page_id>", methods=["DELETE"])

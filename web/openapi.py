@@ -25,6 +25,14 @@ ANY = (401, 429)
 #: ... and a request with a JSON body: malformed, not JSON, no CSRF header (session).
 WITH_BODY = (400, 401, 403, 415, 429)
 
+#: A tracking's tags, as the API takes and shows them.
+_TAGS = {
+    "type": "array",
+    "items": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,40}$"},
+    "maxItems": 10,
+    "description": "labels of this tracking (lower-cased); searched by ?q=",
+}
+
 REASONS = {
     400: "Malformed or refused input",
     401: "Not logged in, or wrong credentials (session, bearer token or HTTP Basic)",
@@ -442,7 +450,8 @@ def document(settings: WebSettings) -> dict[str, Any]:
         },
         "/api/pages": {
             "get": _op(
-                "Your tracked pages",
+                "Your tracked pages (?q=WORDS: only those whose URL, title or tags hold "
+                "every word, any case)",
                 _responses(
                     200,
                     "Pages",
@@ -458,6 +467,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                     401,
                 ),
                 auth=True,
+                params=[{"name": "q", "in": "query", "required": False, "schema": _text(200, 0)}],
             ),
             "post": _op(
                 "Track a page through a view: a selector (CSS, XPath, JSONPath), line "
@@ -499,6 +509,11 @@ def document(settings: WebSettings) -> dict[str, Any]:
                             "(any case; re:REGEX: matches it)",
                         },
                         "browser": {"type": "boolean"},
+                        "paused": {
+                            "type": "boolean",
+                            "description": "start paused: no checks, no digests until resumed",
+                        },
+                        "tags": _TAGS,
                     },
                 },
                 auth=True,
@@ -509,6 +524,20 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "A tracked page's history (snapshots, newest first) through one of your "
                 "views of it (?tracking=ID; default: the first)",
                 _responses(200, "History", obj, 400, 401, 404),
+                auth=True,
+                params=[_path_int("page_id"), _query_int("tracking")],
+            ),
+            "patch": _op(
+                "Pause (paused: true) or resume (paused: false) your trackings of a page "
+                "(only the tracking ?tracking=ID, if given), or replace the tags of one "
+                "(?tracking=ID, default: the first). A paused tracking keeps its "
+                "history and gets no digest; a page whose trackings are all paused is not "
+                "fetched",
+                _responses(200, "Changed", obj, *WITH_BODY, 404),
+                {
+                    "type": "object",
+                    "properties": {"paused": {"type": "boolean"}, "tags": _TAGS},
+                },
                 auth=True,
                 params=[_path_int("page_id"), _query_int("tracking")],
             ),
@@ -814,7 +843,15 @@ def document(settings: WebSettings) -> dict[str, Any]:
                         "note": {"type": ["string", "null"]},
                         "last_checked_at": {"type": ["string", "null"]},
                         "last_changed_at": {"type": ["string", "null"]},
-                        "next_check_at": {"type": ["string", "null"]},
+                        "next_check_at": {
+                            "type": ["string", "null"],
+                            "description": "null when paused or when no schedule checks it",
+                        },
+                        "paused": {
+                            "type": "boolean",
+                            "description": "paused: no checks for you, no digests",
+                        },
+                        "tags": _TAGS,
                     },
                 },
                 "Batch": {

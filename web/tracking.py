@@ -1,5 +1,5 @@
 """Tracked pages of the logged-in user: add (through a view: selector, line filters,
-trigger), remove, history, diffs.
+trigger), tag, search, pause and resume, remove, history, diffs.
 
 A user may track one page through several views; each is a tracking of its own
 (``tracking`` in the list). The routes of a page take ``?tracking=ID`` to pick one
@@ -22,7 +22,16 @@ from werkzeug.exceptions import BadRequest, NotFound
 from crawler_app import baselines
 from crawler_app.filters import FilterError, ViewSpec
 from crawler_app.models import WHOLE_PAGE, Page, PageView, Snapshot, Tracking
-from crawler_app.pages import PageError, page_note, track, trackings_of, untrack
+from crawler_app.pages import (
+    PageError,
+    check_tags,
+    matches,
+    page_note,
+    set_paused,
+    track,
+    trackings_of,
+    untrack,
+)
 from crawler_app.quota import QuotaExceeded
 from crawler_app.schedule import next_checks
 from crawler_app.settings import AppSettings
@@ -38,6 +47,8 @@ bp = Blueprint("tracking", __name__)
 
 #: Snapshots listed in a page's history at most.
 HISTORY_LIMIT = 200
+#: Longest search of the tracked pages (``?q=``).
+SEARCH_MAX = 200
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -57,10 +68,15 @@ def _next_checks(svc: Services, page_ids: list[int]) -> dict[int, dt.datetime]:
         return {}  # the master refuses such settings too, and says why
 
 
-def list_pages(svc: Services, user: CurrentUser) -> list[dict[str, Any]]:
-    """The user's tracked pages with their last check and the next one the schedule makes."""
+def list_pages(svc: Services, user: CurrentUser, query: Any = None) -> list[dict[str, Any]]:
+    """The user's tracked pages with their last check and the next one the schedule makes;
+    with ``query``, only those whose URL, title or tags hold each of its words."""
+    if query is not None and (not isinstance(query, str) or len(query) > SEARCH_MAX):
+        raise BadRequest(f"q: at most {SEARCH_MAX} characters")
     with svc.batches.sessions() as s:
         rows = trackings_of(s, user.email)
+        if query and query.strip():
+            rows = [(t, p) for t, p in rows if matches(query, p.url, p.title, t.tags or [])]
         problems = {
             (page_id, key): problem
             for page_id, key, problem in s.execute(
@@ -84,7 +100,10 @@ def list_pages(svc: Services, user: CurrentUser) -> list[dict[str, Any]]:
             "last_error": page.last_error,
             "last_checked_at": _iso(page.last_checked_at),
             "last_changed_at": _iso(page.last_changed_at),
-            "next_check_at": _iso(upcoming.get(page.id)),
+            # A paused tracking asks for no check (the page may still be checked for others).
+            "next_check_at": None if tracking.paused else _iso(upcoming.get(page.id)),
+            "paused": tracking.paused,
+            "tags": list(tracking.tags or []),
             "browser": tracking.browser,
             "rendered": page.browser,
             "script_page": page.script_page,
@@ -137,6 +156,21 @@ def view_from(data: Any) -> ViewSpec:
         raise BadRequest(str(exc)) from None
 
 
+def tags_from(value: Any) -> list[str] | None:
+    """Tags from a JSON list or a form's text (separated by commas or spaces); None when
+    not given; :class:`BadRequest` naming a bad one."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        value = value.replace(",", " ").split()
+    if not isinstance(value, list):
+        raise BadRequest("tags: a list of words")
+    try:
+        return check_tags(value)
+    except PageError as exc:
+        raise BadRequest(f"tags: {exc}") from None
+
+
 def add_page(
     svc: Services, user: CurrentUser, url: Any, data: Any, browser: Any = False
 ) -> dict[str, Any]:
@@ -149,11 +183,20 @@ def add_page(
         raise BadRequest("browser: true or false")
     if len(url) > svc.settings.web_url_max:
         raise BadRequest(f"url: at most {svc.settings.web_url_max} characters")
+    paused = data.get("paused", False)
+    if not isinstance(paused, bool):
+        raise BadRequest("paused: true or false")
+    if data.get("interval") not in (None, ""):
+        # Refused rather than ignored: every page follows the operator's schedule.
+        raise BadRequest("interval: not supported; pages are checked on the operator's schedule")
     view = view_from(data)
+    tags = tags_from(data.get("tags"))
     try:
         with svc.batches.sessions.begin() as s:
-            tracking = track(s, user.email, url, browser=browser, view=view)
+            tracking = track(s, user.email, url, browser=browser, view=view, tags=tags)
             page_id = tracking.page_id
+            if paused:
+                set_paused(s, user.email, url, True, tracking.id)
             page = s.get(Page, page_id)
             assert page is not None
             added = {
@@ -162,12 +205,15 @@ def add_page(
                 "url": page.url,
                 **_view_fields(tracking.selector),
                 "browser": tracking.browser,
+                "paused": tracking.paused,
+                "tags": list(tracking.tags or []),
             }
     except QuotaExceeded as exc:
         raise refused(svc.metrics, exc) from None
     except PageError as exc:
         raise BadRequest(str(exc)) from None
-    baselines.request(svc.queue, svc.engine, [page_id], svc.allow_users)
+    if not paused:  # a tracking added paused takes its baseline when resumed
+        baselines.request(svc.queue, svc.engine, [page_id], svc.allow_users)
     return added
 
 
@@ -234,6 +280,35 @@ def remove_page(svc: Services, user: CurrentUser, page_id: int, tracking_id: Any
     # The last tracker who wanted the browser gone: the others' new baseline at once.
     baselines.request(svc.queue, svc.engine, [page.id], svc.allow_users)
     return page.url
+
+
+def set_tags(
+    svc: Services, user: CurrentUser, page_id: int, value: Any, tracking_id: Any = None
+) -> list[str]:
+    """Replace the tags of the user's tracking ``tracking_id`` of the page (default: the
+    first); the tags stored."""
+    tags = tags_from(value) or []
+    _, tracking = _tracking(svc, user, page_id, tracking_id)
+    with svc.batches.sessions.begin() as s:
+        row = s.get(Tracking, tracking.id)
+        assert row is not None
+        row.tags = tags
+    return tags
+
+
+def pause_page(
+    svc: Services, user: CurrentUser, page_id: int, paused: Any, tracking_id: Any = None
+) -> dict[str, Any]:
+    """Pause (``paused`` True) or resume the user's tracking ``tracking_id`` of the page
+    (else all their trackings of it); the page's URL and the new state."""
+    if not isinstance(paused, bool):
+        raise BadRequest("paused: true or false")
+    page, _ = _tracking(svc, user, page_id, tracking_id)
+    with svc.batches.sessions.begin() as s:
+        set_paused(s, user.email, page.url, paused, _tracking_id(tracking_id))
+    if not paused:  # views that never got a baseline take one now
+        baselines.request(svc.queue, svc.engine, [page.id], svc.allow_users)
+    return {"id": page.id, "url": page.url, "paused": paused}
 
 
 def history(
@@ -368,9 +443,11 @@ def _user() -> CurrentUser:
 @login_required
 def pages() -> Any:
     svc = services()
+    query = request.args.get("q", "")[:SEARCH_MAX]
     return render_template(
         "pages.html",
-        pages=list_pages(svc, _user()),
+        pages=list_pages(svc, _user(), query),
+        query=query,
         digest_failure=channels.last_failure(svc, _user()),
     )
 
@@ -395,7 +472,8 @@ def pages_add() -> Any:
                 pages=list_pages(svc, _user()),
                 url=request.form.get("url", "")[:2100],
                 form={
-                    name: request.form.get(name, "")[:2000] for name in ("selector", *FILTER_FIELDS)
+                    name: request.form.get(name, "")[:2000]
+                    for name in ("selector", "tags", *FILTER_FIELDS)
                 },
                 browser=request.form.get("browser") == "on",
             ),
@@ -411,6 +489,15 @@ def pages_check(page_id: int) -> Any:
     limit("submit")
     batch_id = check_now(services(), _user(), page_id)
     return redirect(url_for("ui.batch", batch_id=batch_id), 303)
+
+
+@bp.route("/pages/<id:page_id>/pause", methods=["POST"])
+@login_required
+def pages_pause(page_id: int) -> Any:
+    paused = request.form.get("paused", "on") == "on"
+    done = pause_page(services(), _user(), page_id, paused, request.args.get("tracking"))
+    flash(f"{'Paused' if paused else 'Resumed'} {done['url']}.", "ok")
+    return redirect(url_for("tracking.pages"), 303)
 
 
 @bp.route("/pages/<id:page_id>/remove", methods=["POST"])
