@@ -110,7 +110,6 @@ class Mark(Family):
             os.close(fd)
 
 
-
 class Steps(Family):
     """Takes ``payload["steps"]`` steps of ``payload["seconds"]`` each, saying how far it
     is after each (:func:`jodl.progress`); stops early when cancelled."""
@@ -125,6 +124,7 @@ class Steps(Family):
             if wait_cancelled(float(payload.get("seconds", 1.0))):
                 return None
         return {"steps": steps}
+
 
 try:  # pydantic is not a dependency of the library; this example uses it when present
     from pydantic import BaseModel, PositiveInt

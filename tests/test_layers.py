@@ -35,11 +35,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("web",),
 )
 
-#: Circles left to break (each only through ``TYPE_CHECKING`` imports of the master's
-#: loop or node table by the modules split out of them); none may be added.
+#: Circles left to break (only through ``TYPE_CHECKING`` imports of the master's loop
+#: by the modules split out of it); none may be added.
 KNOWN_CIRCLES = {
-    frozenset({"jodl.master.nodes", "jodl.master.drain", "jodl.master.reloads",
-               "jodl.master.suspects"}),
     frozenset({"jodl.master.loop", "jodl.master.feeder", "jodl.master.sharing"}),
 }  # fmt: skip
 

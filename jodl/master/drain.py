@@ -10,13 +10,10 @@ collected and acknowledged until its agent exits.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from ..agent.client import AgentLink
 from ..log.models import NodeState
-
-if TYPE_CHECKING:
-    from .nodes import Nodes, NodeSlot
+from .slot import NodeSlot, NodeTable
 
 log = logging.getLogger("jodl.master")
 
@@ -32,7 +29,7 @@ def follow(slot: NodeSlot, state: str, labels: dict[str, str]) -> None:
         slot.link.next_try = 0.0
 
 
-def poll(nodes: Nodes, epoch: int) -> None:
+def poll(nodes: NodeTable, epoch: int) -> None:
     """Ask each agent whether it drains, relaying ``jodl node drain`` to it.
 
     A draining agent is asked too: the call that fails once it exited removes it.

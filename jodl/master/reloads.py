@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import TYPE_CHECKING
 
 from ..agent.client import AgentLink
 from ..agent.replies import AgentInfo
-
-if TYPE_CHECKING:
-    from .nodes import Nodes, NodeSlot
+from .slot import NodeSlot, NodeTable
 
 log = logging.getLogger("jodl.master")
 
@@ -30,7 +27,7 @@ log = logging.getLogger("jodl.master")
 class Reloads:
     """Relays asked reloads and re-initialises agents whose families changed."""
 
-    def __init__(self, nodes: Nodes) -> None:
+    def __init__(self, nodes: NodeTable) -> None:
         self.nodes = nodes
         #: node id -> (when its reload was asked, the agent's info from before, the
         #: generation it answered): relayed; cleared in the log once the families of

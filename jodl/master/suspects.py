@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from ..placement import NodeLoad
 from .records import job_info
 from .rules import STEAL_WINDOW
-
-if TYPE_CHECKING:
-    from .nodes import Nodes, NodeSlot
+from .slot import NodeSlot, NodeTable
 
 log = logging.getLogger("jodl.master")
 
 
-def review(nodes: Nodes, epoch: int) -> None:
+def review(nodes: NodeTable, epoch: int) -> None:
     """Give up suspect nodes past their grace; move their queued jobs if sooner elsewhere."""
     now = time.monotonic()
     for slot in nodes.slots.values():
@@ -52,7 +49,7 @@ def review(nodes: Nodes, epoch: int) -> None:
             move_sooner(nodes, slot, now)
 
 
-def move_sooner(nodes: Nodes, slot: NodeSlot, now: float) -> int:
+def move_sooner(nodes: NodeTable, slot: NodeSlot, now: float) -> int:
     """Jobs queued here (not sent) for a suspect node move to a node where they are
     expected to finish sooner than on it once it answers (at its next retry at best)."""
     queue = nodes.book.queues[slot.id]
