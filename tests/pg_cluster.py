@@ -21,6 +21,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,3 +157,21 @@ class ThrowawayCluster:
             raise ClusterUnavailable(
                 f"{what or program} failed: {(done.stderr or done.stdout).strip()}{tail}"
             )
+
+
+def cluster_for_tests() -> Iterator[ThrowawayCluster]:
+    """A throwaway cluster for a test module's fixture: skipped without PostgreSQL tests
+    (``JODL_TEST_DATABASE_URL`` unset), a failure when this machine cannot run one,
+    removed at the end."""
+    import pytest
+
+    if not os.environ.get("JODL_TEST_DATABASE_URL", "").strip():
+        pytest.skip("JODL_TEST_DATABASE_URL is not set: PostgreSQL tests skipped (CI sets it)")
+    try:
+        made = ThrowawayCluster.create()
+    except ClusterUnavailable as exc:
+        pytest.fail(f"no throwaway PostgreSQL cluster: {exc}")
+    try:
+        yield made
+    finally:
+        made.remove()

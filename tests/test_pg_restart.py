@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 import pytest
 from agents import spawn_jodl, wait_for
-from pg_cluster import ClusterUnavailable, ThrowawayCluster
+from pg_cluster import ThrowawayCluster, cluster_for_tests
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.exc import OperationalError
 from test_crash import add_mark_jobs, check_complete, check_marks, executions, runs_by_key
@@ -51,14 +51,7 @@ BACK_WITHIN = 60.0
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ThrowawayCluster]:
     """This file's own PostgreSQL server, the one its tests restart."""
-    if not os.environ.get("JODL_TEST_DATABASE_URL", "").strip():
-        pytest.skip("JODL_TEST_DATABASE_URL is not set: PostgreSQL tests skipped (CI sets it)")
-    try:
-        made = ThrowawayCluster.create()
-    except ClusterUnavailable as exc:
-        pytest.fail(f"no throwaway PostgreSQL cluster for the restart tests: {exc}")
-    yield made
-    made.remove()
+    yield from cluster_for_tests()
 
 
 @pytest.fixture

@@ -5,13 +5,12 @@ server. Run on a throwaway cluster of the test's own, where making roles harms n
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 
 import psycopg
 import pytest
-from pg_cluster import ClusterUnavailable, ThrowawayCluster
+from pg_cluster import ThrowawayCluster, cluster_for_tests
 from sqlalchemy import create_engine, text
 
 from jodl.log import Store, make_engine
@@ -27,21 +26,15 @@ OTHER = "other_app"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ThrowawayCluster]:
-    if not os.environ.get("JODL_TEST_DATABASE_URL", "").strip():
-        pytest.skip("JODL_TEST_DATABASE_URL is not set: PostgreSQL tests skipped (CI sets it)")
-    try:
-        made = ThrowawayCluster.create()
-    except ClusterUnavailable as exc:
-        pytest.fail(f"no throwaway PostgreSQL cluster: {exc}")
-    admin = create_engine(made.url(), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        for role in (MASTERS, OTHER):
-            conn.execute(text(f"CREATE ROLE {role} LOGIN NOSUPERUSER NOCREATEROLE"))
-        conn.execute(text(f"CREATE DATABASE jodl OWNER {MASTERS}"))
-        conn.execute(text(f"CREATE DATABASE other OWNER {OTHER}"))
-    admin.dispose()
-    yield made
-    made.remove()
+    for made in cluster_for_tests():
+        admin = create_engine(made.url(), isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            for role in (MASTERS, OTHER):
+                conn.execute(text(f"CREATE ROLE {role} LOGIN NOSUPERUSER NOCREATEROLE"))
+            conn.execute(text(f"CREATE DATABASE jodl OWNER {MASTERS}"))
+            conn.execute(text(f"CREATE DATABASE other OWNER {OTHER}"))
+        admin.dispose()
+        yield made
 
 
 def as_role(cluster: ThrowawayCluster, role: str, database: str) -> str:
