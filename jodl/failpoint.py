@@ -10,6 +10,8 @@ On the path of a node given up on: ``lost_queued`` (its executions closed as los
 and handed to the log writer), ``giveups_committed`` (those rows committed, nothing
 placed again logged yet), ``replacements_logged`` (the dispatches that place its
 jobs again logged, nothing sent), ``replacements_sent`` (and sent).
+``run_ended``: a serving master's run committed as ended, the request that asked
+for it not yet settled.
 
 ``JODL_FAILPOINT_SLOW=commit_lost:SECONDS`` makes the log writer take that long to
 commit a batch that closes executions as lost (as under load), so a kill lands

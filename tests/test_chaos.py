@@ -182,15 +182,16 @@ def test_chaos_with_three_serving_masters(
             fault()
             time.sleep(PAUSE)
         # The request is settled by the run's last leader, or, when that one died with
-        # the run ended, by the next ("ended while its master changed"); the log says
-        # how the run ended (check_complete below).
+        # the run ended, by the next with that run's outcome; the log says how the run
+        # ended (check_complete below).
         wait_logged(
             lambda: store.run_request(request).finished_at is not None,
             tmp_path,
             120,
             f"the run to end (seed {seed}, {chaos.done})",
         )
-        assert store.run_request(request).error is None
+        row = store.run_request(request)
+        assert row.error is None and row.run_id is not None, row.summary
         print(f"chaos seed {seed}: {', '.join(chaos.done)}")
     finally:
         samples = sampler.close()

@@ -25,7 +25,7 @@ from agents import run_jodl, spawn_jodl, wait_for
 from sqlalchemy import func, select
 from test_crash import add_mark_jobs, check_complete, check_marks, executions, runs_by_key
 
-from jodl.log.models import Dispatch, ExecState, Execution, Job, MasterLease, MasterNode
+from jodl.log.models import Dispatch, ExecState, Execution, Job, MasterLease, MasterNode, Run
 from jodl.log.store import Store
 from jodl.master.leadership import rendezvous
 
@@ -278,6 +278,39 @@ def test_leader_killed_mid_cycle_a_standby_finishes_the_run(store, agents, db_ur
 @postgres
 def test_leader_stalled_past_its_ttl_is_fenced(store, agents, db_url, tmp_path):
     take_over_mid_cycle(store, agents, db_url, tmp_path, stall=True)
+
+
+@postgres
+def test_a_request_whose_run_ended_under_a_dead_master_gets_that_runs_outcome(
+    store, agents, db_url, tmp_path
+):
+    """The leader dies after committing the run's end and before settling the request:
+    the next leader settles it with that run (never running it again)."""
+    marks = tmp_path / "marks.txt"
+    add_mark_jobs(store, marks, count=12, seconds=0.01)
+    agents(1, slots=3)
+    env = {"JODL_DATABASE_URL": db_url, "JODL_LEASE_TTL": str(TTL), "JODL_METRICS_LISTEN": ""}
+    first = spawn_jodl(
+        "master", log_path=tmp_path / "master0.log", env={**env, "JODL_FAILPOINT": "run_ended"}
+    )
+    masters = [first]
+    try:
+        settled(store, 1)
+        request = store.request_run("mark")
+        assert first.wait(timeout=60) == -signal.SIGKILL, logs(tmp_path)
+        assert store.run_request(request).finished_at is None
+        masters.append(spawn_jodl("master", log_path=tmp_path / "master1.log", env=env))
+        row = run_finished(store, request, tmp_path, "the next leader to settle the request")
+    finally:
+        stop_all(masters)
+    (run_id,) = runs_of(store)
+    assert row.run_id == run_id and "12/12 done" in row.summary, row.summary
+    assert set(runs_by_key(marks).values()) == {1}, "no job ran twice"
+
+
+def runs_of(store: Store) -> list[int]:
+    with store.engine.connect() as conn:
+        return list(conn.scalars(select(Run.id)))
 
 
 @postgres

@@ -80,11 +80,16 @@ class RunRequests(Feeder):
                     dead=summary.dead,
                 )
 
+    def hand_over(self, families: list[str]) -> None:
+        # Their runs ended (the families are idle): settle them before the next leader
+        # adopts what is left.
+        self._settle_finished()
+
     def take_over(self, master: Master, families: list[str] | None = None) -> None:
         """Adopt the requests the last leader of ``families`` (None: of all) took and did
         not settle: a request whose family's run is unfinished follows that run
         (resumed by ``master``); one whose run ended before its master could settle it
-        is settled as ended (never run again).
+        is settled with that run's outcome (never run again).
         """
         self._taker = master.name
         running = set(self.store.running_families())
@@ -92,11 +97,24 @@ class RunRequests(Feeder):
             if family in running:
                 self._running[request_id] = master.request_cycle(family)
             else:
-                self.store.settle_run_request(
-                    request_id,
-                    master.name,
-                    summary=f"run {family}: ended while its master changed (see `jodl status`)",
-                )
+                self._settle_ended(request_id, family)
+
+    def _settle_ended(self, request_id: int, family: str) -> None:
+        """Settle an adopted request whose run ended under the last leader."""
+        row = self.store.run_request(request_id)
+        taken = None if row is None else row.taken_at
+        run = None if taken is None else self.store.run_ended_since(family, taken)
+        if run is None:
+            self.store.settle_run_request(
+                request_id,
+                self._taker,
+                summary=f"run {family}: ended while its master changed (see `jodl status`)",
+            )
+            return
+        summary = RunSummary.of_run(run, family)
+        self.store.settle_run_request(
+            request_id, self._taker, run_id=run.id, summary=summary.line(), dead=summary.dead
+        )
 
     def close(self) -> None:
         self._settle_finished()

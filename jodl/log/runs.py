@@ -368,6 +368,17 @@ class Runs:
                 .limit(1)
             )
 
+    def ended_since(self, family: str, since: dt.datetime) -> Run | None:
+        """The family's last run that ended at or after ``since``, if any."""
+        with self.sessions() as s:
+            return s.scalar(
+                select(Run)
+                .join(FamilyRow, FamilyRow.id == Run.family_id)
+                .where(FamilyRow.name == family, Run.finished_at >= since)
+                .order_by(Run.number.desc())
+                .limit(1)
+            )
+
 
 def _member_filter(run: Run) -> tuple[Any, ...]:
     """Jobs due in ``run``: idle, older than the run, and due by their every-N-cycles."""

@@ -126,6 +126,10 @@ class Store:
         """Names of the families with an unfinished run."""
         return self.runs.running_families()
 
+    def run_ended_since(self, family: str, since: dt.datetime) -> Run | None:
+        """The family's last run that ended at or after ``since`` (None: none did)."""
+        return self.runs.ended_since(family, since)
+
     def family_names(self) -> list[str]:
         """Names of every family, sorted (what serving masters spread among them)."""
         with self.engine.connect() as conn:

@@ -13,7 +13,7 @@ import time
 from concurrent.futures import Future
 
 from ..exceptions import JodlError
-from ..log.models import Run, RunState
+from ..log.models import Run
 from ..log.store import Store
 from .records import RunSummary
 
@@ -45,22 +45,7 @@ def ask_leader(store: Store, family: str) -> Future[RunSummary]:
         if run is None:
             future.set_exception(JodlError(f"run {row.run_id} of {family} disappeared"))
             return
-        future.set_result(
-            RunSummary(
-                family=family,
-                run_id=run.id,
-                number=run.number,
-                resumed=False,
-                total=run.jobs_total,
-                done=run.jobs_done,
-                failed=run.jobs_failed,
-                dead=run.jobs_dead,
-                elapsed=time.perf_counter() - started,
-                makespan=run.makespan,
-                lower_bound=run.lower_bound,
-                cancelled=run.state == RunState.CANCELLED,
-            )
-        )
+        future.set_result(RunSummary.of_run(run, family, time.perf_counter() - started))
 
     threading.Thread(target=follow, name=f"ask-{family}", daemon=True).start()
     return future

@@ -23,6 +23,10 @@ class Feeder:
     def close(self) -> None:
         """Called by :meth:`Master.close`: stop, and give back what was taken but not run."""
 
+    def hand_over(self, families: list[str]) -> None:
+        """Called before ``master`` hands the idle ``families`` to another master: record
+        what it finished of them (the next leader adopts only what is left)."""
+
     def take_over(self, master: Master, families: list[str] | None = None) -> None:
         """Called when ``master`` became leader of ``families`` (None: of everything)
         after another: adopt what that one took and did not finish (its unfinished

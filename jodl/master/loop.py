@@ -36,6 +36,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from .. import failpoint
 from .. import family as family_registry
 from ..agent.registry import serve_hello
 from ..exceptions import AgentUnavailable, Fenced, Stopped, UnknownFamily
@@ -384,6 +385,7 @@ class Master:
             self._start_deferred()
             for active in [a for a in self.runs.values() if a.remaining <= 0]:
                 summary = self.keeper.finish(active)
+                failpoint.hit("run_ended")
                 for future in self._waiting.pop(active.run.id, []):
                     future.set_result(summary)
 

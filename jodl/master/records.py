@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .. import failpoint
-from ..log.models import ExecState, FamilyRow, Run, utcnow
+from ..log.models import ExecState, FamilyRow, Run, RunState, utcnow
 from ..log.records import ClaimDone, ClaimFailed, DeadJob, ExecutionRow, Home, PendingJob, Sent
 from ..log.writer import LogWriter
 from ..placement import JobInfo
@@ -37,6 +37,29 @@ class RunSummary:
     lower_bound: float | None = None
     #: Ended by ``jodl run cancel`` before its jobs were all done.
     cancelled: bool = False
+
+    @classmethod
+    def of_run(
+        cls, run: Run, family: str, elapsed: float | None = None, resumed: bool = False
+    ) -> RunSummary:
+        """The summary of a run as its row in the log tells it (``elapsed``: from its
+        start to its end in the log)."""
+        if elapsed is None:
+            elapsed = ((run.finished_at or run.started_at) - run.started_at).total_seconds()
+        return cls(
+            family=family,
+            run_id=run.id,
+            number=run.number,
+            resumed=resumed,
+            total=run.jobs_total,
+            done=run.jobs_done,
+            failed=run.jobs_failed,
+            dead=run.jobs_dead,
+            elapsed=elapsed,
+            makespan=run.makespan,
+            lower_bound=run.lower_bound,
+            cancelled=run.state == RunState.CANCELLED,
+        )
 
     @property
     def ratio(self) -> float | None:

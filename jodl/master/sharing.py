@@ -112,6 +112,8 @@ def lead(master: Master) -> None:
         # New sessions without them first (nothing is sent on the old ones), so the
         # next leader's newer epoch does not fence this master on the agents.
         master.fleet.reopen(master.epoch)
+        for feeder in master.feeders:
+            feeder.hand_over(give)
         leadership.give(give)
     if want:
         master.writer.flush()  # the epoch changes: nothing of the old one in flight
