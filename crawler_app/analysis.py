@@ -161,6 +161,13 @@ def write(
         conn.execute(insert(Snapshot), snapshots)
 
 
+def _seen_more(model: dict[str, str] | None, fetches: Any) -> dict[str, str] | None:
+    """``model`` counting ``fetches`` more good fetches of its view (``Model.seen``)."""
+    if not model or not isinstance(fetches, int) or fetches <= 0:
+        return model
+    return {**model, "seen": str(int(model.get("seen") or 0) + fetches)}
+
+
 def apply_result(
     cycle_id: int,
     page: dict[str, Any],
@@ -211,6 +218,7 @@ def apply_result(
             continue  # a baseline taken meanwhile (crawler_app.baselines) stays the baseline
         if fetched.get("model"):
             view["model"] = fetched["model"]
+        view["model"] = _seen_more(view["model"], fetched.get("fetches"))
         if verdict in (confirm.SAME, confirm.NOISE):
             if new != view["fingerprint"] and new not in (view["recent"] or []):
                 view["recent"] = [new, *(view["recent"] or [])][:KNOWN_FINGERPRINTS]

@@ -33,12 +33,17 @@ BASELINE = "baseline"
 
 #: Seconds between the fetches of one check (the page's own noise shows in them).
 DEFAULT_CONFIRM_DELAY = 5.0
-#: Fetches one check may add to confirm a difference. A difference that is noise
-#: goes away on the next fetch with a chance of 1 - p (p: how often the variant
-#: shows); one that holds through n fetches is noise with a chance of p^n: 4 keeps
-#: that under 3 % for a cookie banner shown on 40 % of requests the first time it
-#: is seen, and a learned variant never costs a fetch again.
+#: Fetches one check may add to confirm a difference (at most; fewer once the view's
+#: fetches so far make a rare variant unlikely, :func:`fetches_to_confirm`). A
+#: difference that is noise goes away on the next fetch with a chance of 1 - p (p: how
+#: often the variant shows); one that holds through n fetches is noise with a chance
+#: of p^n: 4 keeps that under 3 % for a cookie banner shown on 40 % of requests the
+#: first time it is seen, and a learned variant never costs a fetch again.
 DEFAULT_CONFIRM_FETCHES = 4
+#: The chance of a false alert that confirming accepts, at worst over how often a
+#: variant shows: that of a view's first check after its baseline (seen twice,
+#: confirmed by 4 fetches, :func:`fetches_to_confirm`).
+RISK = 0.022
 #: Fetches added to a new view's first fetch, to learn what varies from the start.
 BASELINE_FETCHES = 1
 #: Seconds before that added fetch. None: it learns what varies per request (a rotating
@@ -47,6 +52,24 @@ BASELINE_FETCHES = 1
 #: delay here would hold an agent's slot idle for every new page: a bulk of new pages
 #: would be checked at slots / delay pages per second (20/s for 100 slots and 5 s).
 BASELINE_DELAY = 0.0
+
+
+def fetches_to_confirm(seen: int, most: int) -> int:
+    """Fetches that confirm a difference on a view seen ``seen`` times before (at most
+    ``most``).
+
+    A variant shown on a share p of requests went unseen in ``seen`` fetches and then
+    showed in n in a row with a chance of (1 - p)^seen * p^n, at worst (over p) at
+    p = n / (seen + n). The fewest n that keep that worst case under :data:`RISK`:
+    4 after a baseline's two fetches, 3 after three, 2 from four, 1 from seventeen. So a
+    page that has shown its noise, or shown none, over many checks confirms an edit
+    in one or two fetches.
+    """
+    for n in range(1, most):
+        p = n / (seen + n)
+        if (1 - p) ** seen * p**n <= RISK:
+            return n
+    return most
 
 
 @dataclass(frozen=True)
@@ -97,7 +120,7 @@ class ViewCheck:
         if not found.changed:
             self.verdict = SAME if len(self.keys) == 1 else NOISE
             self.model = found.model if found.learned else None
-        elif len(self.keys) > self.confirm_fetches:
+        elif len(self.keys) > fetches_to_confirm(model.seen, self.confirm_fetches):
             self.model = found.model.rebased(self.keys[-1])
             self.verdict = CHANGE
 

@@ -32,7 +32,7 @@ import difflib
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 #: Relative dates, blanked before keys are taken (they tick with no edit).
 RELATIVE_DATE = re.compile(
@@ -86,6 +86,10 @@ class Model:
     tpl: frozenset[str] = frozenset()
     #: False until a baseline exists.
     has_base: bool = False
+    #: Good fetches of the view seen so far (counted by the master): the more of them
+    #: showed no variant of a kind, the rarer that variant can be (how many fetches
+    #: confirm a difference, :func:`crawler_app.confirm.fetches_to_confirm`).
+    seen: int = 0
 
     @classmethod
     def from_json(cls, data: dict[str, str] | None) -> Model:
@@ -97,12 +101,13 @@ class Model:
             frozenset(data.get("vary", "").split()),
             frozenset(data.get("tpl", "").split()),
             True,
+            int(data.get("seen") or 0),
         )
 
     def to_json(self) -> dict[str, str]:
         """Plain strings, compact enough to travel in every payload."""
         return {"base": _encode(self.base), "vary": " ".join(sorted(self.vary)),
-                "tpl": " ".join(sorted(self.tpl))}  # fmt: skip
+                "tpl": " ".join(sorted(self.tpl)), "seen": str(self.seen)}  # fmt: skip
 
     def masked(self, keys: Iterable[tuple[str, str | None]]) -> frozenset[str]:
         """The keys compared: template keys where learned, variable lines left out."""
@@ -124,7 +129,7 @@ class Model:
 
     def rebased(self, keys: Sequence[tuple[str, str | None]]) -> Model:
         """This model with ``keys`` as its baseline."""
-        return Model(tuple(keys), self.vary, self.tpl, True)
+        return replace(self, base=tuple(keys), has_base=True)
 
 
 @dataclass
@@ -216,7 +221,7 @@ def learn(model: Model, fetches: Sequence[Sequence[tuple[str, str | None]]]) -> 
     }  # fmt: skip
     if vary <= model.vary and tpl <= model.tpl:
         return model
-    return Model(model.base, model.vary | vary, model.tpl | tpl, model.has_base)
+    return replace(model, vary=model.vary | vary, tpl=model.tpl | tpl)
 
 
 def judge(model: Model, fetches: Sequence[Sequence[tuple[str, str | None]]]) -> Verdict:
@@ -228,7 +233,7 @@ def judge(model: Model, fetches: Sequence[Sequence[tuple[str, str | None]]]) -> 
     learned = learn(model, fetches)
     fills = set().union(*(_slot_fills(learned, f) for f in fetches))
     if fills - learned.vary:
-        learned = Model(learned.base, learned.vary | fills, learned.tpl, learned.has_base)
+        learned = replace(learned, vary=learned.vary | fills)
     masked = [learned.masked(f) for f in fetches]
     base = learned.base_masked()
     added = frozenset.intersection(*masked) - base

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -133,7 +134,11 @@ class Corpus:
 
     def fetches(self) -> int:
         """Requests for corpus pages so far (robots.txt not counted)."""
-        return sum(1 for r in self.site.requests() if r.path in PAGES or r.path == "/cdn")
+        return sum(self.fetches_by_path().values())
+
+    def fetches_by_path(self) -> Counter[str]:
+        """Requests for each corpus page so far."""
+        return Counter(r.path for r in self.site.requests() if r.path in PAGES or r.path == "/cdn")
 
 
 @dataclass
@@ -147,10 +152,18 @@ class Outcome:
     fetches: int = 0
     page_cycles: int = 0
     errors: dict[str, list[int]] = field(default_factory=dict)  # path -> cycles with an error
+    #: path -> fetches in each cycle.
+    fetch_log: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def fetches_per_page_cycle(self) -> float:
         return self.fetches / max(1, self.page_cycles)
+
+    @property
+    def fetches_per_page_later_cycle(self) -> float:
+        """Without the first cycle (each new page's baseline takes two fetches)."""
+        later = [n for counts in self.fetch_log.values() for n in counts[1:]]
+        return sum(later) / max(1, len(later))
 
 
 def track_corpus(engine: Engine, corpus: Corpus) -> None:
@@ -173,8 +186,12 @@ def run_corpus(
     for cycle in range(cycles):
         corpus.set_cycle(cycle)
         started = time.monotonic()
+        fetched = corpus.fetches_by_path()
         result = run_cycle()
         seconds = time.monotonic() - started
+        fetched = corpus.fetches_by_path() - fetched
+        for path in corpus.paths:
+            outcome.fetch_log.setdefault(path, []).append(fetched[path])
         with engine.connect() as conn:
             rows = conn.execute(
                 select(Page.url, Snapshot.kind)

@@ -21,6 +21,7 @@ from crawler_app.models import (
     Notification,
     NotificationState,
     Page,
+    PageView,
     Snapshot,
 )
 from crawler_app.pages import normalise_url
@@ -98,6 +99,11 @@ def test_a_changed_page_mails_exactly_its_trackers_once(store, agents, settings,
             select(Snapshot.selector, Snapshot.kind).where(Snapshot.page_id == page.id)
         ).all()
         assert sorted(kinds) == [("", "baseline"), ("", "change"), ("#sidebar", "baseline")]
+        # The view's model counts its good fetches (fewer confirm a change as it grows).
+        model = s.scalar(
+            select(PageView.model).where(PageView.page_id == page.id, PageView.selector == "")
+        )
+        assert model["seen"] == str(2 + 1 + DEFAULT_CONFIRM_FETCHES)
         notes = s.scalars(select(Notification)).all()
         assert {n.state for n in notes} == {NotificationState.SENT}
         # The digests' jobs never run again.

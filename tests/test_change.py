@@ -7,11 +7,22 @@ and test_detection.py.
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from crawler_app.change import diff, short_diff
-from crawler_app.confirm import BASELINE, CHANGE, NOISE, SAME, Known, ViewCheck
+from crawler_app.confirm import (
+    BASELINE,
+    CHANGE,
+    NOISE,
+    RISK,
+    SAME,
+    Known,
+    ViewCheck,
+    fetches_to_confirm,
+)
 from crawler_app.pagekind import built_by_script, error_page
 from crawler_app.text import fingerprint
 from crawler_app.variance import Model, text_keys
@@ -62,6 +73,31 @@ def test_an_edit_in_a_stable_line_is_a_change_after_every_confirming_fetch() -> 
     view = check(model, *edited)
     assert view.verdict == CHANGE and len(view.texts) == 1 + CONFIRMS
     assert view.model is not None and "closed" in view.texts[-1]
+
+
+def test_confirming_takes_fewer_fetches_as_a_view_is_seen_more() -> None:
+    needed = [fetches_to_confirm(seen, CONFIRMS) for seen in range(40)]
+    assert needed[:3] == [CONFIRMS] * 3 and needed[-1] == 1
+    assert needed == sorted(needed, reverse=True)
+    for seen, n in enumerate(needed):
+        # A variant shown on a share p of requests, unseen so far and then shown in
+        # every fetch of the check: worst case over p within the accepted risk, and
+        # one fetch fewer would exceed it.
+        worst = max((1 - p) ** seen * p**n for p in (i / 1000 for i in range(1, 1000)))
+        assert n == CONFIRMS or worst <= RISK
+        if n > 1:
+            fewer = max((1 - p) ** seen * p ** (n - 1) for p in (i / 1000 for i in range(1, 1000)))
+            assert fewer > RISK
+
+
+def test_an_edit_on_a_view_seen_many_times_is_confirmed_by_fewer_fetches() -> None:
+    model = dataclasses.replace(baseline(PAGE, PAGE), seen=10)
+    edited = [PAGE.replace("10-14", "closed")] * 9
+    view = check(model, *edited)
+    assert view.verdict == CHANGE and len(view.texts) == 1 + fetches_to_confirm(10, CONFIRMS) == 3
+    # The count travels with the model (the master adds each check's fetches).
+    assert view.model is not None and view.model.seen == 10
+    assert Model.from_json(view.model.to_json()).seen == 10
 
 
 def test_a_new_block_and_a_removed_block_are_changes() -> None:

@@ -101,6 +101,17 @@ def logs(tmp_path: Path) -> str:
     return "\n".join(p.read_text() for p in sorted(tmp_path.glob("master*.log")))
 
 
+def exit_code(process: subprocess.Popen[bytes], tmp_path: Path, timeout: float) -> int:
+    """``process``'s exit code, failing with the masters' logs when it is still running
+    after ``timeout`` seconds."""
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(
+            f"master {process.pid} still running after {timeout:g}s\n{logs(tmp_path)}"
+        ) from None
+
+
 def wait_logged(condition, tmp_path: Path, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
     """:func:`wait_for`, failing with the masters' logs (read when it fails)."""
     try:
@@ -297,7 +308,7 @@ def test_a_request_whose_run_ended_under_a_dead_master_gets_that_runs_outcome(
     try:
         settled(store, 1)
         request = store.request_run("mark")
-        assert first.wait(timeout=60) == -signal.SIGKILL, logs(tmp_path)
+        assert exit_code(first, tmp_path, 60) == -signal.SIGKILL, logs(tmp_path)
         assert store.run_request(request).finished_at is None
         masters.append(spawn_jodl("master", log_path=tmp_path / "master1.log", env=env))
         row = run_finished(store, request, tmp_path, "the next leader to settle the request")
@@ -321,7 +332,7 @@ def test_sigterm_hands_over_at_once(store, db_url, tmp_path):
         holder, _ = settled(store, 2)
         leader = by_pid(masters, holder)
         leader.send_signal(signal.SIGTERM)
-        assert leader.wait(timeout=30) == 0, logs(tmp_path)
+        assert exit_code(leader, tmp_path, 30) == 0, logs(tmp_path)
         with store.engine.connect() as conn:
             left = conn.scalar(select(func.count()).where(MasterNode.name == holder))
         assert left == 0, "a clean stop leaves the live masters"
@@ -348,7 +359,7 @@ def test_sigterm_mid_cycle_ends_the_step_and_a_standby_finishes(store, agents, d
             lambda: len(committed_keys(store)) >= 30, tmp_path, 60, "the cycle to be under way"
         )
         leader.send_signal(signal.SIGTERM)
-        assert leader.wait(timeout=10 * TTL) == 0, logs(tmp_path)
+        assert exit_code(leader, tmp_path, 10 * TTL) == 0, logs(tmp_path)
         exited = time.monotonic()
         done_at_exit = committed_keys(store)
         wait_logged(
@@ -381,7 +392,7 @@ def test_sigterm_stops_a_one_shot_run_between_steps(store, agents, db_url, tmp_p
     try:
         wait_logged(lambda: len(committed_keys(store)) >= 10, tmp_path, 60, "the cycle to start")
         first.send_signal(signal.SIGTERM)
-        assert first.wait(timeout=30) == 1, logs(tmp_path)
+        assert exit_code(first, tmp_path, 30) == 1, logs(tmp_path)
     finally:
         stop_all([first])
     assert "stopped: run mark#1 left unfinished" in logs(tmp_path)

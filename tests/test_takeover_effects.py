@@ -28,6 +28,7 @@ from sqlalchemy import func, select
 from test_crash import add_mark_jobs, check_complete, check_marks, executions
 from test_standby import (
     committed_keys,
+    exit_code,
     lease,
     logs,
     run_finished,
@@ -138,11 +139,11 @@ def test_one_shot_master_killed_on_the_gone_node_path(
     )
     try:
         freeze_when_busy(path, frozen)
-        assert first.wait(timeout=60) == -signal.SIGKILL, logs(tmp_path)
+        assert exit_code(first, tmp_path, 60) == -signal.SIGKILL, logs(tmp_path)
         committed, at = committed_keys(store), len(marks_of(path))
         os.kill(frozen.pid, signal.SIGCONT)
         again = spawn_jodl("run", "mark", log_path=tmp_path / "master1.log", env=env)
-        assert again.wait(timeout=120) == 0, logs(tmp_path)
+        assert exit_code(again, tmp_path, 120) == 0, logs(tmp_path)
     finally:
         os.kill(frozen.pid, signal.SIGCONT)
         stop_all([first])
@@ -169,7 +170,7 @@ def test_serving_leader_killed_on_the_gone_node_path_a_standby_finishes(
         # The standby joins with the run open: the family stays with its leader.
         masters.append(spawn_jodl("master", log_path=tmp_path / "master1.log", env=env))
         freeze_when_busy(path, frozen)
-        assert masters[0].wait(timeout=60) == -signal.SIGKILL, logs(tmp_path)
+        assert exit_code(masters[0], tmp_path, 60) == -signal.SIGKILL, logs(tmp_path)
         committed, at = committed_keys(store), len(marks_of(path))
         os.kill(frozen.pid, signal.SIGCONT)
         row = run_finished(store, request, tmp_path, "the standby to finish the run")
