@@ -35,11 +35,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("web",),
 )
 
-#: Circles left to break (only through ``TYPE_CHECKING`` imports of the master's loop
-#: by the modules split out of it); none may be added.
-KNOWN_CIRCLES = {
-    frozenset({"jodl.master.loop", "jodl.master.feeder", "jodl.master.sharing"}),
-}  # fmt: skip
+#: Circles left to break: none, and none may be added (``TYPE_CHECKING`` imports count).
+KNOWN_CIRCLES: set[frozenset[str]] = set()
 
 
 def module_files() -> dict[str, Path]:

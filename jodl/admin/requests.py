@@ -20,7 +20,7 @@ from ..log.lease import LEASE_SECONDS
 from ..log.models import RunRequest
 from ..log.records import PendingJob
 from ..log.store import Store
-from ..master import Feeder, Master, RunSummary
+from ..master import Feeder, FeedHost, RunSummary
 from ..master.outage import RETRY_EVERY, is_outage, reason
 
 log = logging.getLogger("jodl")
@@ -51,7 +51,7 @@ class RunRequests(Feeder):
         #: request id -> the cycle's future (from Master.request_cycle).
         self._running: dict[int, Future[RunSummary]] = {}
 
-    def claim(self, master: Master, limit: int) -> list[PendingJob]:
+    def claim(self, master: FeedHost, limit: int) -> list[PendingJob]:
         self._taker = master.name
         self._settle_finished()
         now = time.monotonic()
@@ -85,7 +85,7 @@ class RunRequests(Feeder):
         # adopts what is left.
         self._settle_finished()
 
-    def take_over(self, master: Master, families: list[str] | None = None) -> None:
+    def take_over(self, master: FeedHost, families: list[str] | None = None) -> None:
         """Adopt the requests the last leader of ``families`` (None: of all) took and did
         not settle: a request whose family's run is unfinished follows that run
         (resumed by ``master``); one whose run ended before its master could settle it

@@ -16,13 +16,15 @@ records.py    run summaries, execution rows, the ledger that commits them
 from ..exceptions import JodlError
 from .balancer import Balancer
 from .book import JobBook, Stage
-from .loop import Feeder, Master
+from .feeder import Feeder, FeedHost
+from .loop import Master
 from .nodes import NodeSlot
 from .records import ActiveRun, RunSummary
 
 __all__ = [
     "ActiveRun",
     "Balancer",
+    "FeedHost",
     "Feeder",
     "JobBook",
     "JodlError",

@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from concurrent.futures import Future
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from ..log.records import PendingJob
-    from .loop import Master
+from ..log.records import PendingJob
+from .leadership import Leadership
+from .records import RunSummary
+from .slot import NodeSlot
+
+
+class FeedHost(Protocol):
+    """What a feeder sees of the serving master (:class:`~jodl.master.loop.Master`)."""
+
+    name: str
+    #: True for a master of a share of the families (several masters serve).
+    per_family: bool
+    leadership: Leadership
+
+    @property
+    def nodes(self) -> dict[int, NodeSlot]: ...
+
+    @property
+    def pending(self) -> dict[int, PendingJob]: ...
+
+    def leads(self, family: str) -> bool: ...
+
+    def request_cycle(self, family_name: str) -> Future[RunSummary]: ...
+
+    def cancel(self, job_ids: list[int], reason: str = ...) -> int: ...
 
 
 class Feeder:
@@ -17,7 +40,7 @@ class Feeder:
     the master places and runs like jobs of a cycle.
     """
 
-    def claim(self, master: Master, limit: int) -> list[PendingJob]:
+    def claim(self, master: FeedHost, limit: int) -> list[PendingJob]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -27,10 +50,10 @@ class Feeder:
         """Called before ``master`` hands the idle ``families`` to another master: record
         what it finished of them (the next leader adopts only what is left)."""
 
-    def take_over(self, master: Master, families: list[str] | None = None) -> None:
+    def take_over(self, master: FeedHost, families: list[str] | None = None) -> None:
         """Called when ``master`` became leader of ``families`` (None: of everything)
         after another: adopt what that one took and did not finish (its unfinished
         runs are resumed by the master itself)."""
 
 
-__all__ = ["Feeder"]
+__all__ = ["FeedHost", "Feeder"]

@@ -233,11 +233,11 @@ class Master:
         self._gc = gc.get_threshold()
         gc.set_threshold(max(GC_THRESHOLD, self._gc[0]), *self._gc[1:])
         self.store.load_knowledge(self.knowledge)
-        self._listen_for_hellos()
+        self.listen_for_hellos()
         self._started = True
         self.fleet.refresh(self.epoch, force=True)
 
-    def _listen_for_hellos(self) -> None:
+    def listen_for_hellos(self) -> None:
         """Agents' hellos (``JODL_REGISTER_LISTEN``) are recorded as nodes from now on."""
         if self.settings.register_listen and self._hello is None:
             self._hello = serve_hello(
@@ -516,4 +516,4 @@ class Master:
             raise
 
 
-__all__ = ["Feeder", "Master"]
+__all__ = ["Master"]

@@ -1,7 +1,7 @@
 """A serving master's share of the families (docs/architecture.md#several-masters), and
 leading again after a database outage (docs/architecture.md#database-outages).
 
-Functions over a :class:`~jodl.master.loop.Master` on PostgreSQL whose families are
+Functions over a serving master (:class:`Sharer`) on PostgreSQL whose families are
 spread over several masters (:class:`~jodl.master.leadership.Leadership` decides which
 are this master's share): wait for a share, take and hand over families between
 steps, and resume what a newly led family's last leader left.
@@ -12,24 +12,55 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..exceptions import Fenced, LeaseHeld, Stopped
+from ..log.store import Store
+from ..log.writer import LogWriter
+from .book import JobBook
+from .feeder import Feeder, FeedHost
+from .nodes import Nodes
 from .outage import RETRY_EVERY, is_outage, lease_lapsed, reason
+from .records import ActiveRun
 
-if TYPE_CHECKING:
-    from .loop import Master
+
+class Sharer(FeedHost, Protocol):
+    """What sharing reads and drives of a serving master
+    (:class:`~jodl.master.loop.Master`), its feeders' view included."""
+
+    store: Store
+    epoch: int
+    fleet: Nodes
+    writer: LogWriter
+    book: JobBook
+    runs: dict[int, ActiveRun]
+    feeders: list[Feeder]
+    #: Monotonic time of the next look at the leases.
+    next_lead: float
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def requested(self) -> set[str]: ...
+
+    def build(self) -> None: ...
+
+    def start(self) -> None: ...
+
+    def let_go(self, final: bool) -> None: ...
+
+    def listen_for_hellos(self) -> None: ...
+
 
 log = logging.getLogger("jodl.master")
 
 
-def stand_by(master: Master, stop: threading.Event | None = None) -> bool:
+def stand_by(master: Sharer, stop: threading.Event | None = None) -> bool:
     """Wait until ``master`` leads a share of the families (True) or ``stop`` is set
     (False); from then on it is a master of a share (``per_family``)."""
     if master.store.dialect == "sqlite":
         return True  # start() takes the lease or says who holds it
     master.per_family = True
-    master._listen_for_hellos()  # agents register with standbys too
+    master.listen_for_hellos()  # agents register with standbys too
     stop = stop or threading.Event()
     while not stop.is_set():
         try:
@@ -43,7 +74,7 @@ def stand_by(master: Master, stop: threading.Event | None = None) -> bool:
     return False
 
 
-def rejoin(master: Master, exc: BaseException, stop: threading.Event | None) -> None:
+def rejoin(master: Sharer, exc: BaseException, stop: threading.Event | None) -> None:
     """After a database outage, or once fenced (another master took over its leases):
     ``master`` lets go of its agents and leases, then stands by until it leads again
     (:class:`Stopped` when ``stop`` is set first). A master of the whole database (a
@@ -73,7 +104,7 @@ def rejoin(master: Master, exc: BaseException, stop: threading.Event | None) -> 
     raise Stopped("stopped while the database did not answer")
 
 
-def lead_again(master: Master, stop: threading.Event) -> bool:
+def lead_again(master: Sharer, stop: threading.Event) -> bool:
     """After an outage: stand by for a share of the families (a master of a share), or
     take the whole database's lease once it is free (True) or ``stop`` is set first
     (False)."""
@@ -88,7 +119,7 @@ def lead_again(master: Master, stop: threading.Event) -> bool:
     return False
 
 
-def adopt(master: Master, families: list[str] | None) -> None:
+def adopt(master: Sharer, families: list[str] | None) -> None:
     """Newly led ``families`` (None: everything): resume the runs their last leader
     left unfinished, and adopt what it took."""
     for family_name in master.store.running_families():
@@ -98,7 +129,7 @@ def adopt(master: Master, families: list[str] | None) -> None:
         feeder.take_over(master, families)
 
 
-def lead(master: Master) -> None:
+def lead(master: Sharer) -> None:
     """At every look at the leases (TTL/10, or as a refused lease expires), between
     steps: take the free families hashing gives this master, hand over the idle ones
     it gives another live master."""
@@ -126,7 +157,7 @@ def lead(master: Master) -> None:
     master.next_lead = time.monotonic() + leadership.next_look()
 
 
-def idle(master: Master, family: str) -> bool:
+def idle(master: Sharer, family: str) -> bool:
     """Nothing of ``family`` runs or waits in ``master``: it can move to another one."""
     if any(a.family.name == family for a in master.runs.values()):
         return False
@@ -135,4 +166,4 @@ def idle(master: Master, family: str) -> bool:
     return not any(job.family == family for job in master.book.jobs.values())
 
 
-__all__ = ["adopt", "idle", "lead", "lead_again", "rejoin", "stand_by"]
+__all__ = ["Sharer", "adopt", "idle", "lead", "lead_again", "rejoin", "stand_by"]

@@ -16,17 +16,13 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING
 
 from ..log.notices import HERE
 from ..log.queue_records import Claimed
 from ..log.records import PendingJob
-from ..master import Feeder
+from ..master import Feeder, FeedHost
 from ..settings.config import read_values
 from .queue import CHECK_INTERVAL, CLAIM_BATCH, OPTIONS, WAKE_MAX, Queue
-
-if TYPE_CHECKING:
-    from ..master import Master
 
 log = logging.getLogger("jodl.feeder")
 
@@ -70,7 +66,7 @@ class QueueFeeder(Feeder):
 
     # -- the master's thread ----------------------------------------------------------------
 
-    def claim(self, master: Master, limit: int) -> list[PendingJob]:
+    def claim(self, master: FeedHost, limit: int) -> list[PendingJob]:
         now = time.monotonic()
         if now >= self._next_check:
             self._next_check = now + self.check_interval
@@ -113,7 +109,7 @@ class QueueFeeder(Feeder):
             for job in got
         ]
 
-    def check(self, master: Master) -> None:
+    def check(self, master: FeedHost) -> None:
         """Drop jobs no longer claimed by us; renew leases when due; release ended ones."""
         held = {
             job_id: attempt
