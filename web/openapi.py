@@ -601,7 +601,8 @@ def document(settings: WebSettings) -> dict[str, Any]:
         },
         "/api/feed": {
             "get": _op(
-                "The secret URL of your Atom feed of changes (no login needed to read it)",
+                "The secret URL of your Atom feed of changes (no login needed to read it), "
+                "and under tags the URL of the feed of each of your tags (the same secret)",
                 _responses(200, "The feed's URL", obj, 401),
                 auth=True,
             ),
