@@ -256,3 +256,46 @@ def test_a_refusal_while_writing_leaves_nothing(
         user = get_user(s, ALICE)
         assert s.scalar(select(func.count()).where(Tracking.user_id == user.id)) == 0
     assert len(calls) == 3
+
+
+def test_urlwatch_forms_that_map_and_those_that_do_not() -> None:
+    parsed = porting.parse(
+        "navigate: https://spa.example/\n"
+        "---\n"
+        "url: https://b.example/\n"
+        "use_browser: true\n"
+        "filter:\n"
+        "  - xpath: {path: '//main', method: html}\n"
+        "  - html2text: {method: pyhtml2text}\n"
+        "  - grepi-invert: {re: ad}\n"
+    ).checked()
+    spa, b = parsed.specs
+    assert (spa.url, spa.browser, spa.view.key) == ("https://spa.example/", True, "")
+    assert (b.browser, b.view.selector, b.view.exclude) == (True, "xpath://main", ("(?i)ad",))
+    for text, line, why in (
+        ("url: https://a.example/\nfilter: grep:a,grep:b\n", 2, "a second grep"),
+        ("url: https://a.example/\nfilter:\n  - grep: a\n  - css: p\n", 4, "after a line filter"),
+        ("url: https://a.example/\nfilter:\n  - css: p\n  - xpath: //p\n", 4, "a second"),
+        ("url: https://a.example/\nheaders: {X: y}\n", 2, "headers: no equivalent"),
+        ("url: https://a.example/\nfilter:\n  - css: {selector: p, exclude: b}\n", 3, "css:"),
+        ("url: https://a.example/\nfilter: grep:(\n", 2, "invalid regular expression"),
+        ("url: [unclosed\n", 2, "not valid YAML"),
+    ):
+        with pytest.raises(porting.ImportRefused) as refused:
+            porting.parse(text).checked()
+        (problem,) = refused.value.problems
+        assert (problem.line, why in problem.message) == (line, True), problem
+
+
+def test_several_includes_are_one_grep_in_urlwatch() -> None:
+    """A view keeps lines matching any include; urlwatch's greps chain, so the export
+    writes one grep of their union (a case-blind one scoped to its own group)."""
+    view = ViewSpec.build(include=["(?i)price", "stock"], ignore=["Last visit", "re:^Ad"])
+    text = porting.urlwatch.write(
+        [porting.spec.Exported("https://a.example/", None, view, (), False, False, 1)], ALICE
+    )
+    (spec,) = porting.parse(text).checked().specs
+    assert spec.view.include == ("(?i:price)|(?:stock)",)
+    assert spec.view.exclude == ("(?i)Last\\ visit", "^Ad")
+    kept = spec.view.filter_lines("PRICE 3\nLast visit today\nin stock\nAd here\nother")
+    assert kept == view.filter_lines("PRICE 3\nLast visit today\nin stock\nAd here\nother")

@@ -24,8 +24,9 @@ from .spec import Exported, Parsed, TrackingSpec
 
 @dataclass
 class ImportReport:
-    """What an import did; ``baseline_pages``: pages whose first check to queue once
-    committed (:func:`crawler_app.baselines.request`)."""
+    """What an import did; ``baseline_pages``: pages of its active trackings, to queue
+    the first check of those without a baseline once committed
+    (:func:`crawler_app.baselines.request`)."""
 
     added: int = 0
     updated: int = 0
@@ -87,10 +88,10 @@ def import_trackings(s: Session, email: str, parsed: Parsed) -> ImportReport:
             page = s.get(Page, tracking.page_id)
             assert page is not None
             touched.append(page.id)
+            if not tracking.paused:  # queued only where a view has no baseline yet
+                report.baseline_pages.append(page.id)
             if state is None:
                 report.added += 1
-                if not tracking.paused:
-                    report.baseline_pages.append(page.id)
             elif state != _state(tracking, page):
                 report.updated += 1
             else:
