@@ -5,6 +5,8 @@ naming each entry that cannot be mapped by its line."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 #: :data:`crawler_app.porting.FORMATS`, named here so `jodl --help` imports no database code.
@@ -12,7 +14,7 @@ FORMATS = ("urlwatch", "json")
 
 
 @click.command("import")
-@click.argument("file", type=click.File("r", encoding="utf-8"))
+@click.argument("file", type=click.File("rb"))
 @click.option("--user", "email", required=True, help="E-mail of the user who will track them.")
 @click.option(
     "--format",
@@ -22,16 +24,20 @@ FORMATS = ("urlwatch", "json")
     help="The file's format (default: told from its content; JSON starts with {).",
 )
 @click.pass_context
-def import_(ctx: click.Context, file: click.File, email: str, format_: str | None) -> None:
+def import_(ctx: click.Context, file: Any, email: str, format_: str | None) -> None:
     """USER tracks every page of FILE (a urlwatch urls.yaml, or a jodl export --format
     json; - reads standard input). Nothing is imported if one entry cannot be mapped
     or the user's quota would be exceeded; trackings the user has are updated."""
+    from jodl.exceptions import JodlError
     from jodl.queue import Queue
 
     from . import baselines, porting
     from .commands import _engine, _session
 
-    text = file.read(porting.MAX_IMPORT_BYTES + 1)  # type: ignore[attr-defined]
+    try:
+        text = file.read(porting.MAX_IMPORT_BYTES + 1).decode("utf-8")
+    except UnicodeDecodeError:
+        raise JodlError(f"{file.name}: not UTF-8 text; nothing imported") from None
     parsed = porting.parse(text, format_)
     with _session(ctx) as s:
         report = porting.import_trackings(s, email, parsed)
