@@ -1,5 +1,5 @@
 """The page checker's ``jodl`` commands: users, track, untrack, pause, resume, tracked,
-check, cycle, channels.
+check, cycle, channels, import, export.
 
 Installed through the entry point group ``jodl.commands``: :func:`register`
 receives the ``jodl`` click group and adds the commands to it.
@@ -475,9 +475,12 @@ def _cycle_by(holder: str, store: Any) -> Any:
 def register(group: click.Group) -> None:
     """Add the page checker's commands to the ``jodl`` group (entry point ``jodl.commands``)."""
     from .channel_commands import channels
+    from .porting_commands import export, import_
     from .quota_commands import quota as quota_command
 
     users.add_command(quota_command)
 
     for command in (users, track, untrack, pause, resume, tracked, check, cycle, channels):
         group.add_command(command)
+    group.add_command(import_)
+    group.add_command(export)

@@ -4,9 +4,10 @@ A feed reader cannot log in, so the feed's URL carries a secret instead: the use
 ``feed_token`` (made on first use, replaced by :func:`rotate_token`, which ends the
 old URL). :func:`user_by_token` compares it in constant time. The feed lists the
 confirmed changes (``change`` snapshots) of the views the user tracks, newest
-first; :func:`changes` is the one query, so a feed per tag would add its filter
-there. The XML is built with lxml's ElementTree, which escapes every text and
-attribute (page titles and URLs come from the pages users track).
+first; :func:`changes` is the one query, and a feed per tag narrows it to the
+trackings with that tag (same token). The XML is built with lxml's ElementTree,
+which escapes every text and attribute (page titles and URLs come from the pages
+users track).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from lxml import etree
-from sqlalchemy import func, select
+from sqlalchemy import func, select, true
 from sqlalchemy.orm import Session, aliased
 
 from .filters import describe_key
@@ -67,9 +68,19 @@ def user_by_token(s: Session, user_id: int, token: str) -> User | None:
     return user if user is not None and stored and same else None
 
 
-def changes(s: Session, user_id: int, limit: int = MAX_ENTRIES) -> list[FeedEntry]:
-    """The confirmed changes of the views ``user_id`` tracks since they track them,
-    newest first."""
+def tagged(s: Session, user_id: int, tag: str) -> list[int]:
+    """Ids of the user's trackings with the tag ``tag`` (tags are a JSON list: read here
+    rather than matched in SQL, the same way on SQLite and PostgreSQL)."""
+    rows = s.execute(select(Tracking.id, Tracking.tags).where(Tracking.user_id == user_id))
+    return [tracking_id for tracking_id, tags in rows if tag in (tags or [])]
+
+
+def changes(
+    s: Session, user_id: int, limit: int = MAX_ENTRIES, tag: str | None = None
+) -> list[FeedEntry]:
+    """The confirmed changes of the views ``user_id`` tracks since they track them
+    (only through trackings tagged ``tag``, when given), newest first."""
+    only = Tracking.id.in_(tagged(s, user_id, tag)) if tag is not None else true()
     older = aliased(Snapshot)
     previous = (
         select(func.max(older.id))
@@ -91,6 +102,7 @@ def changes(s: Session, user_id: int, limit: int = MAX_ENTRIES) -> list[FeedEntr
             Snapshot.kind == "change",
             Snapshot.selector == func.coalesce(Tracking.selector, WHOLE_PAGE),
             Snapshot.taken_at >= Tracking.since,
+            only,
         )
         .order_by(Snapshot.id.desc())
         .limit(limit)

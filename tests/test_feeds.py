@@ -125,3 +125,51 @@ def test_the_feed_is_linked_from_the_notifications_page(user_client: FlaskClient
     (link,) = doc.xpath("//a[@id='feed-url']")
     assert urlsplit(link.get("href")).path == feed_path(user_client)
     assert feedparser.parse(user_client.get(feed_path(user_client)).data).entries == []
+
+
+def test_a_tag_has_its_own_feed_under_the_same_token(app: Flask, user_client: FlaskClient) -> None:
+    now = dt.datetime.now(dt.UTC).replace(tzinfo=None, microsecond=0)
+    with sessionmaker(app.extensions["jodl"].engine).begin() as s:
+        shop = track(s, "user@example.org", "http://shop.example/", tags=["prices"]).page_id
+        news = track(s, "user@example.org", "http://news.example/", tags=["daily"]).page_id
+        # The same page through a second view, tagged otherwise: its changes are not priced.
+        track(s, "user@example.org", "http://shop.example/", selector="#nav", tags=["daily"])
+        ids = {
+            "shop0": snapshot(s, shop, "baseline", "1 EUR", now + dt.timedelta(seconds=1)),
+            "shop1": snapshot(s, shop, "change", "2 EUR", now + dt.timedelta(seconds=2)),
+            "nav": snapshot(s, shop, "change", "menu", now + dt.timedelta(seconds=3), "#nav"),
+            "news1": snapshot(s, news, "change", "later", now + dt.timedelta(seconds=4)),
+            "shop2": snapshot(s, shop, "change", "3 EUR", now + dt.timedelta(seconds=5)),
+        }
+    # Linked from the tracked pages, beside each tag; the API lists them too.
+    doc = assert_safe(user_client.get("/pages").get_data(as_text=True))
+    links = {a.get("href") for a in doc.xpath("//a[@class='tag-feed']")}
+    tags = user_client.get("/api/feed").get_json()["tags"]
+    assert set(tags) == {"prices", "daily"}
+    assert links == set(tags.values())
+    prices = urlsplit(tags["prices"]).path
+    secret = urlsplit(user_client.get("/api/feed").get_json()["url"]).path.split("/")[3]
+    assert prices == f"/feeds/{prices.split('/')[2]}/{secret}/tags/prices.atom"
+
+    def entries(path: str) -> list[str]:
+        r = app.test_client().get(path)  # no login: the token is the key
+        assert r.status_code == 200 and r.mimetype == "application/atom+xml"
+        parsed = feedparser.parse(r.data)
+        assert not parsed.bozo, parsed.bozo_exception
+        assert "tagged" in parsed.feed.title
+        return [e.id.rsplit(":", 1)[1] for e in parsed.entries]
+
+    assert entries(prices) == [str(ids["shop2"]), str(ids["shop1"])]
+    assert entries(urlsplit(tags["daily"]).path) == [str(ids["news1"]), str(ids["nav"])]
+    # A tag nobody uses is an empty feed; a malformed one is no feed at all.
+    assert entries(prices.replace("prices", "nothing")) == []
+    assert app.test_client().get(prices.replace("prices", "no%20way")).status_code == 404
+    # Rotating the token ends the tag feeds' URLs with the main one.
+    r = user_client.post(
+        "/notifications/feed/rotate", data={"csrf_token": token(user_client, "/notifications")}
+    )
+    assert r.status_code == 303
+    assert app.test_client().get(prices).status_code == 404
+    new = urlsplit(user_client.get("/api/feed").get_json()["tags"]["prices"]).path
+    assert new != prices
+    assert entries(new) == [str(ids["shop2"]), str(ids["shop1"])]

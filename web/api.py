@@ -424,13 +424,13 @@ def notifications_list() -> Any:
 @bp.route("/feed")
 @login_required
 def feed_get() -> Any:
-    return jsonify({"url": channels.feed_url(services(), _me())})
+    return jsonify(channels.feed_urls(services(), _me()))
 
 
 @bp.route("/feed/rotate", methods=["POST"])
 @login_required
 def feed_rotate() -> Any:
-    return jsonify({"url": channels.feed_url(services(), _me(), rotate=True)})
+    return jsonify(channels.feed_urls(services(), _me(), rotate=True))
 
 
 @bp.route("/quota")

@@ -177,10 +177,11 @@ def create_app(
 
     for module in (ui, auth, tracking, channels, feeds, admin, stream, api, ops, mailsink):
         app.register_blueprint(module.bp)
-    from . import families
+    from . import families, porting
 
-    app.register_blueprint(families.bp)
-    app.register_blueprint(families.api_bp)
+    for module in (families, porting):
+        app.register_blueprint(module.bp)
+        app.register_blueprint(module.api_bp)
 
     app.before_request(_check_csrf)
     app.before_request(auth.load_user)

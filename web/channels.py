@@ -7,6 +7,7 @@ checker's channel operations (:mod:`crawler_app.channels`) so the web UI and
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from flask import Blueprint, flash, redirect, render_template, request, url_for
@@ -14,7 +15,7 @@ from sqlalchemy import select
 from werkzeug.exceptions import BadRequest, NotFound
 
 from crawler_app import channels, feeds
-from crawler_app.models import Delivery, Notification, User
+from crawler_app.models import Delivery, Notification, Tracking, User
 from crawler_app.settings import AppSettings
 from jodl.exceptions import ConfigError
 
@@ -130,13 +131,38 @@ def last_failure(svc: Services, user: CurrentUser) -> str | None:
     return None
 
 
-def feed_url(svc: Services, user: CurrentUser, rotate: bool = False) -> str:
-    """The URL of the user's Atom feed (a token made now if none; a new one with ``rotate``)."""
+def _feed_token(svc: Services, user: CurrentUser, rotate: bool = False) -> str:
     with svc.batches.sessions.begin() as s:
         row = s.get(User, user.id)
         assert row is not None
-        token = feeds.rotate_token(s, row) if rotate else feeds.feed_token(s, row)
+        return feeds.rotate_token(s, row) if rotate else feeds.feed_token(s, row)
+
+
+def feed_url(svc: Services, user: CurrentUser, rotate: bool = False) -> str:
+    """The URL of the user's Atom feed (a token made now if none; a new one with ``rotate``)."""
+    token = _feed_token(svc, user, rotate)
     return url_for("feeds.changes", user_id=user.id, token=token, _external=True)
+
+
+def feed_urls(svc: Services, user: CurrentUser, rotate: bool = False) -> dict[str, Any]:
+    """The URL of the user's feed and of the feed of each tag they use (``tags``)."""
+    url = feed_url(svc, user, rotate)
+    with svc.batches.sessions() as s:
+        rows = s.scalars(select(Tracking.tags).where(Tracking.user_id == user.id))
+        tags = [tag for row in rows for tag in (row or [])]
+    return {"url": url, "tags": tag_feed_urls(svc, user, tags)}
+
+
+def tag_feed_urls(svc: Services, user: CurrentUser, tags: Iterable[str]) -> dict[str, str]:
+    """The URL of the Atom feed of each tag (the same token as :func:`feed_url`'s)."""
+    wanted = sorted(set(tags))
+    if not wanted:
+        return {}
+    token = _feed_token(svc, user)
+    return {
+        tag: url_for("feeds.tag_changes", user_id=user.id, token=token, tag=tag, _external=True)
+        for tag in wanted
+    }
 
 
 # -- views ------------------------------------------------------------------------------------

@@ -179,6 +179,61 @@ FAMILY_SCHEMAS = {
 }
 
 
+def _porting_paths() -> dict[str, Any]:
+    """Import and export of the user's trackings (``web/porting.py``)."""
+    fmt = {"type": "string", "enum": ["urlwatch", "json"]}
+    report = {
+        "type": "object",
+        "required": ["added", "updated", "unchanged", "notes"],
+        "properties": {
+            "added": {"type": "integer"},
+            "updated": {"type": "integer"},
+            "unchanged": {"type": "integer"},
+            "notes": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "what the file had that is not kept (urlwatch's own settings)",
+            },
+        },
+    }
+    exported = {
+        "application/json": {"schema": {"type": "object"}},
+        # A stream of YAML documents (one job each) after a comment: no one schema says it.
+        "application/yaml": {},
+    }
+    return {
+        "/api/trackings/import": {
+            "post": _op(
+                "Import trackings, all or nothing: text is a urlwatch urls.yaml or a JODL "
+                "export (format: told from the text when not given). A file with an entry "
+                "that cannot be mapped is refused with 400 naming each one (problems: line "
+                "or position, message); over your trackings quota, 403; a page you track "
+                "through the same filters is updated, not added again",
+                _responses(200, "What the import did", report, *WITH_BODY),
+                {
+                    "type": "object",
+                    "required": ["text"],
+                    "properties": {"text": _text(1_000_000), "format": fmt},
+                },
+                auth=True,
+            )
+        },
+        "/api/trackings/export": {
+            "get": _op(
+                "Your trackings as a file: format json (the default) keeps every field; "
+                "urlwatch (a urls.yaml) leaves out tags, pauses, triggers and periods, "
+                "and says so in a comment at its top",
+                {
+                    "200": {"description": "The file", "content": exported},
+                    **{k: v for k, v in _responses(200, "", None, 400, 401).items() if k != "200"},
+                },
+                auth=True,
+                params=[{"name": "format", "in": "query", "required": False, "schema": fmt}],
+            )
+        },
+    }
+
+
 def _family_paths() -> dict[str, Any]:
     """Operators' family settings, node rules and jobs (``web/families.py``)."""
     name = [FAMILY_NAME]
@@ -601,7 +656,8 @@ def document(settings: WebSettings) -> dict[str, Any]:
         },
         "/api/feed": {
             "get": _op(
-                "The secret URL of your Atom feed of changes (no login needed to read it)",
+                "The secret URL of your Atom feed of changes (no login needed to read it), "
+                "and under tags the URL of the feed of each of your tags (the same secret)",
                 _responses(200, "The feed's URL", obj, 401),
                 auth=True,
             ),
@@ -759,6 +815,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
             )
         },
         **_family_paths(),
+        **_porting_paths(),
         "/healthz": {
             "get": _op(
                 "Health: the database answers",

@@ -444,11 +444,13 @@ def _user() -> CurrentUser:
 def pages() -> Any:
     svc = services()
     query = request.args.get("q", "")[:SEARCH_MAX]
+    rows = list_pages(svc, _user(), query)
     return render_template(
         "pages.html",
-        pages=list_pages(svc, _user(), query),
+        pages=rows,
         query=query,
         digest_failure=channels.last_failure(svc, _user()),
+        tag_feeds=channels.tag_feed_urls(svc, _user(), (t for p in rows for t in p["tags"])),
     )
 
 
