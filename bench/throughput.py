@@ -198,6 +198,7 @@ def main() -> None:
         "jobs_per_s": round(max(jodl["jobs_per_s"])),
         "first_cycle_jobs_per_s": round(jodl["jobs_per_s"][0]),
         "cycles_jobs_per_s": [round(r) for r in jodl["jobs_per_s"]],
+        "add_jobs_per_s": round(args.jobs / jodl["add_seconds"]),
         "us_per_job": round(min(jodl["us_per_job"]), 1),
     }
     celery = celery_peer(args.celery_jobs, args.agents, figures)

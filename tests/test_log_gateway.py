@@ -202,3 +202,25 @@ def test_the_lease_takes_an_epoch_and_fences_the_older_holder(store: Store) -> N
     store.release_lease(second)
     assert store.lease_holder() is None
     assert isinstance(store.cluster_id(), str) and store.cluster_id() == store.cluster_id()
+
+
+def test_jobs_added_in_bulk_are_new_keys_only_in_the_order_given(store: Store) -> None:
+    family = store.ensure_family("noop")
+    assert store.add_jobs(family, [("a", {"n": 1}), ("b", "{}"), ("a", {"n": 2})]) == 2
+    assert store.add_jobs(family, {"b": {"n": 9}, "c": {"n": 3}}, priority=5) == 1
+    # More keys than one statement's batch, some the family has: only the new ones.
+    many = [(f"k{i:05d}", {"i": i}) for i in range(12_000)]
+    assert store.add_jobs(family, many[:1000]) == 1000
+    assert store.add_jobs(family, many) == 11_000
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            select(Job.key, Job.payload, Job.priority, Job.state, Job.attempts, Job.every_n_cycles)
+            .where(Job.family_id == family.id)
+            .order_by(Job.id)
+        ).all()
+    assert [tuple(r) for r in rows[:3]] == [
+        ("a", '{"n": 1}', 0, JobState.IDLE, 0, 1),
+        ("b", "{}", 0, JobState.IDLE, 0, 1),
+        ("c", '{"n": 3}', 5, JobState.IDLE, 0, 1),
+    ]
+    assert [r.key for r in rows[3:]] == [key for key, _ in many]
