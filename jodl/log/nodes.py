@@ -74,6 +74,13 @@ class NodeLog:
             s.flush()
             return node
 
+    def seen(self, node_ids: Sequence[int], at: dt.datetime) -> None:
+        """The master heard from each of ``node_ids`` (one statement for all of them)."""
+        if not node_ids:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(update(Node).where(Node.id.in_(list(node_ids))).values(last_seen=at))
+
     def drain_node(self, address: str) -> bool:
         """Mark a node draining (it gets nothing new); False if there is no such live node."""
         with self.engine.begin() as conn:
