@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from .master import Master as Master
     from .master import RunSummary as RunSummary
     from .ops.status import collect as collect_status
+    from .ops.targets import scrape_targets as scrape_targets
     from .placement import Knowledge as Knowledge
     from .placement import NodeLoad as NodeLoad
     from .placement import Placement as Placement
@@ -74,6 +75,7 @@ _PUBLIC = {
     "make_engine": ("log.engine", "make_engine"),
     "RunRequests": ("admin.requests", "RunRequests"),
     "collect_status": ("ops.status", "collect"),
+    "scrape_targets": ("ops.targets", "scrape_targets"),
 }
 
 #: The modules whose ``__all__`` is the public API; any other module of jodl is internal.
@@ -121,6 +123,7 @@ __all__ = [
     "progress",
     "register_strategy",
     "results",
+    "scrape_targets",
     "wait_cancelled",
 ]
 __version__ = "0.1.0"
