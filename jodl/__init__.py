@@ -91,6 +91,7 @@ PUBLIC_MODULES = (
     "jodl.log",
     "jodl.master",
     "jodl.ops.metrics",  # Prometheus collectors
+    "jodl.ops.server",  # the ops endpoint, for applications that run a master or agent
     "jodl.log.migrate",  # the migration chain, applications' branches included
     "jodl.settings.options",  # declaring settings
     "jodl.placement",
