@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from .master import Master as Master
     from .master import RunSummary as RunSummary
     from .ops.status import collect as collect_status
+    from .ops.targets import scrape_targets as scrape_targets
     from .placement import Knowledge as Knowledge
     from .placement import NodeLoad as NodeLoad
     from .placement import Placement as Placement
@@ -74,6 +75,7 @@ _PUBLIC = {
     "make_engine": ("log.engine", "make_engine"),
     "RunRequests": ("admin.requests", "RunRequests"),
     "collect_status": ("ops.status", "collect"),
+    "scrape_targets": ("ops.targets", "scrape_targets"),
 }
 
 #: The modules whose ``__all__`` is the public API; any other module of jodl is internal.
@@ -89,6 +91,7 @@ PUBLIC_MODULES = (
     "jodl.log",
     "jodl.master",
     "jodl.ops.metrics",  # Prometheus collectors
+    "jodl.ops.server",  # the ops endpoint, for applications that run a master or agent
     "jodl.log.migrate",  # the migration chain, applications' branches included
     "jodl.settings.options",  # declaring settings
     "jodl.placement",
@@ -121,6 +124,7 @@ __all__ = [
     "progress",
     "register_strategy",
     "results",
+    "scrape_targets",
     "wait_cancelled",
 ]
 __version__ = "0.1.0"

@@ -13,7 +13,7 @@ import re
 import signal
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from agents import child_env, jodl_command, port_answers, run_jodl, wait_for
@@ -28,6 +28,13 @@ pytest_plugins = ("tests.site",)
 UP_LINE = re.compile(r"^JODL is up: (http://\S+)$", re.M)
 READY_LINE = re.compile(r"^Press Ctrl-C to stop", re.M)
 LOGIN_LINE = re.compile(r"operator login: (\S+), password in (\S+) \(readable only by you\)$", re.M)
+
+
+def metric_names(text: str) -> set[str]:
+    """The metric families of a Prometheus text page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {family.name for family in text_string_to_metric_families(text)}
 
 
 def children(pid: int) -> list[int]:
@@ -113,6 +120,23 @@ def test_up_runs_everything_and_stops_everything(tmp_path: Path, site: TestSite)
         status = httpx.get(url + "api/admin/status", auth=(email, password), timeout=30)
         assert status.status_code == 200
         assert sorted(n["state"] for n in status.json()["nodes"]) == ["active", "active"]
+
+        # Every process serves /metrics on a port of its own (the master's too), and
+        # Prometheus's service discovery lists all three.
+        def targets() -> list[dict[str, Any]] | None:
+            found = httpx.get(
+                url + "api/admin/prometheus/targets", auth=(email, password), timeout=30
+            ).json()
+            jobs = sorted(group["labels"]["job"] for group in found)
+            return found if jobs == ["jodl-agent", "jodl-agent", "jodl-master"] else None
+
+        groups: Any = wait_for(targets, timeout=60, what="every process in the discovery")
+        addresses = [group["targets"][0] for group in groups]
+        assert len(set(addresses)) == 3, addresses
+        for group in groups:
+            names = metric_names(httpx.get(f"http://{group['targets'][0]}/metrics").text)
+            wanted = "jodl_agent_slots" if group["labels"]["job"] == "jodl-agent" else "jodl_nodes"
+            assert wanted in names, (group, sorted(names)[:20])
 
         # An agent that dies is started again on its port.
         victim = agents[0]

@@ -18,6 +18,7 @@ from werkzeug.exceptions import BadRequest, Forbidden, NotFound, UnsupportedMedi
 
 from crawler_app.pages import PageError
 from crawler_app.quota import QuotaExceeded
+from jodl import scrape_targets
 
 from . import admin, channels, jobs, tracking
 from .app import services
@@ -452,6 +453,13 @@ def admin_quota() -> Any:
 @admin_required
 def admin_status() -> Any:
     return jsonify(admin.overview(services()))
+
+
+@bp.route("/admin/prometheus/targets")
+@admin_required
+def admin_scrape_targets() -> Any:
+    """Prometheus HTTP service discovery: every live master's and agent's /metrics."""
+    return jsonify(scrape_targets(services().store))
 
 
 @bp.route("/admin/nodes", methods=["POST"])

@@ -55,6 +55,11 @@ AGENT_START = 30.0
 WATCH_EVERY = 1.0
 #: E-mail of the operator account ``jodl up`` creates.
 ADMIN_EMAIL = "admin@localhost"
+#: Ops endpoint (health, /metrics) of each process ``jodl up`` starts, unless
+#: JODL_METRICS_LISTEN / JODL_AGENT_METRICS_LISTEN name one: port 0, a free port each
+#: (a fixed default would be shared by the agents), published where Prometheus's
+#: service discovery and `jodl status --watch` find it.
+OPS_LISTEN = "127.0.0.1:0"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -185,6 +190,8 @@ class LocalCluster:
     _threads: list[threading.Thread] = field(default_factory=list)
     _scheduler: Any = None
     _queue: Queue | None = None
+    #: The master's ops endpoint (None: off, or not started yet).
+    ops: Any = None
 
     # -- start ----------------------------------------------------------------------------------
 
@@ -232,6 +239,7 @@ class LocalCluster:
         env = dict(os.environ)
         env.update(self.agent_env)
         env.setdefault("JODL_LOG_LEVEL", "WARNING")
+        env.setdefault("JODL_AGENT_METRICS_LISTEN", OPS_LISTEN)
         env["JODL_DATABASE_URL"] = self.database_url  # notify claims its digests there
         # All start at once (each takes a moment to import), then each is waited for.
         starting = []
@@ -281,7 +289,11 @@ class LocalCluster:
 
         # HOST:PID first: a jodl up killed on this host does not hold the lease after it.
         name = f"{socket.gethostname()}:{os.getpid()}:jodl-up"
-        master = Master(self.settings, store=self.store, name=name)
+        settings = self.settings
+        if "JODL_METRICS_LISTEN" not in os.environ:
+            settings = settings.replace(metrics_listen=OPS_LISTEN)
+        master = Master(settings, store=self.store, name=name)
+        self._serve_ops(master)
         master.start()
         if not any(isinstance(f, QueueFeeder) for f in master.feeders):
             self._queue = Queue(self.store)
@@ -295,6 +307,12 @@ class LocalCluster:
         self._scheduler.start()
         self._spawn(self._serve, "jodl-master")
         self._spawn(self._watch, "jodl-agent-watch")
+
+    def _serve_ops(self, master: Master) -> None:
+        """The master's health and /metrics, on a port of its own (:data:`OPS_LISTEN`)."""
+        from jodl.ops.server import serve_master
+
+        self.ops = serve_master(master)
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -344,6 +362,9 @@ class LocalCluster:
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=15)
+        if self.ops is not None:
+            self.ops.close()
+            self.ops = None
         for agent in self.children:  # all at once: each takes a moment to close
             if agent.alive():
                 assert agent.proc is not None

@@ -710,6 +710,14 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 auth=True,
             )
         },
+        "/api/admin/prometheus/targets": {
+            "get": _op(
+                "Every live master's and agent's /metrics address, as Prometheus HTTP "
+                "service discovery (http_sd_configs) target groups (operators)",
+                _responses(200, "Target groups", {"type": "array"}, 401, 403),
+                auth=True,
+            )
+        },
         "/api/admin/events": {
             "get": {
                 "summary": "The status every second as Server-Sent Events (operators)",

@@ -131,6 +131,9 @@ class AgentLink:
         self.last_call = 0.0
         #: Moving mean of all calls' round trips (seconds), for metrics.
         self.call_time = 0.001
+        #: Monotonic time of the last call the agent answered well (0.0: none yet), for
+        #: the node's "last seen" in the log (:class:`jodl.master.seen.LastSeen`).
+        self.answered = 0.0
 
     @property
     def connected(self) -> bool:
@@ -246,9 +249,11 @@ class AgentLink:
             raise self._call_failed(exc) from None
         self.call_time += 0.2 * (time.monotonic() - now - self.call_time)
         try:
-            return check(reply)
+            checked = check(reply)
         except BadReply as exc:
             raise self._bad_reply(name, exc) from None
+        self.answered = now
+        return checked
 
     def _dial(self) -> Any:
         """The connection whose ``root`` makes the calls (an in-process link overrides it)."""

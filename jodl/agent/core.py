@@ -77,6 +77,10 @@ class AgentCore:
         self.speed = speed
         #: The cluster (database) whose execution ids this agent holds; "" before any.
         self.cluster = ""
+        #: Where this agent's ops endpoint (health, /metrics) listens, "" when it serves
+        #: none; set by whoever serves it (:func:`jodl.ops.server.serve_agent`) and told
+        #: to every master in the ``init`` answer, which records it for scrapers.
+        self.ops_address = ""
         #: JODL_AGENT_DETACH as set (None: a share of the master's give-up time).
         self.detach_setting = detach
         #: The masters' sessions and the leader of each family (under ``_cond``).
@@ -212,6 +216,7 @@ class AgentCore:
                 "detach": self.detach_after,
                 "queued": queued,
                 "generation": self.installed.generation,
+                "ops": self.ops_address,
             }
         )
 

@@ -126,6 +126,8 @@ class AgentInfo:
     queued: tuple[int, ...]
     #: Bumped each time the agent reloaded its families with a change (``reload``).
     generation: int = 0
+    #: Where its ops endpoint (health, /metrics) listens, HOST:PORT; "" when none.
+    ops: str = ""
 
     def family_table(self) -> dict[str, dict[str, Any]]:
         """The families as the log keeps them per node: name -> version, async, idempotent."""
@@ -385,7 +387,24 @@ def check_info(value: Any) -> AgentInfo:
         detach=info["detach"],
         queued=tuple(info["queued"]),
         generation=_generation(info.get("generation", 0)),
+        ops=_ops_address(info.get("ops", "")),
     )
+
+
+def _ops_address(value: Any) -> str:
+    """The agent's ops address: "" or HOST:PORT (an older agent says none)."""
+    if value == "":
+        return ""
+    host, _, port = value.rpartition(":") if type(value) is str else ("", "", "")
+    if (
+        not host
+        or len(value) > 300
+        or not port.isdigit()
+        or not 0 < int(port) < 65536
+        or any(c.isspace() or c in "/?#@" for c in value)
+    ):
+        raise BadReply("init: 'ops' of the agent info is not HOST:PORT")
+    return str(value)
 
 
 def _generation(value: Any) -> int:

@@ -325,13 +325,18 @@ def node_reload(ctx: click.Context, address: str | None) -> None:
 @node.command("list")
 @click.pass_context
 def node_list(ctx: click.Context) -> None:
-    """List nodes with their state."""
+    """List nodes with their state, when a master last heard from each, and where its
+    agent serves health and /metrics."""
+    from ..log.nodes import OPS_LABEL
+
     for n in store_of(ctx).nodes(include_removed=True):
         seen = n.last_seen.isoformat(timespec="seconds") if n.last_seen else "never"
         err = f"  ({n.last_error})" if n.last_error else ""
+        ops = (n.labels or {}).get(OPS_LABEL)
+        where = f" ops={ops}" if ops else ""
         click.echo(
             f"{n.id:4d} {n.address:24s} {n.state:12s} slots={n.slots} "
-            f"speed={n.speed:.2f} seen={seen}{err}"
+            f"speed={n.speed:.2f} seen={seen}{where}{err}"
         )
 
 

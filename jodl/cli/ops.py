@@ -1,13 +1,15 @@
 """Operators' commands: ``jodl profile`` and the live view of ``jodl status --watch``.
 
 ``status --watch`` reads the database (runs, nodes, queue; a running run's counts
-are written by its master about once a second) and, when the master's ops
-endpoint answers (``JODL_METRICS_LISTEN``), its per-node slots busy and round
-trips from ``/metrics``.
+are written by its master about once a second) and, from the ops endpoint of each
+live master (the address in its heartbeat row; ``JODL_METRICS_LISTEN`` when none
+says one), its per-node slots busy and round trips from ``/metrics``.
 
 Both first ask the endpoint to prove it holds this cluster's ops token
 (:func:`check_peer`): any local user may bind a port first, and a process that
 cannot prove it is ours gets nothing, neither a token nor our trust in its numbers.
+``status --watch`` also checks the endpoint's cluster id against its database's and
+refuses, in one line, a process that says it belongs to another cluster.
 """
 
 from __future__ import annotations
@@ -31,9 +33,15 @@ PROFILE_SLACK = 30.0
 # -- jodl profile ------------------------------------------------------------------------------
 
 
-def check_peer(address: str, role: str, token: str | None) -> None:
+class OtherCluster(JodlError):
+    """The ops endpoint asked is a process of another cluster (another database)."""
+
+
+def check_peer(address: str, role: str, token: str | None, cluster: str | None = None) -> None:
     """:class:`JodlError` unless the ops endpoint at ``address`` is a ``role`` process
-    that proves it holds ``token`` (an HMAC of a fresh nonce; the token is not sent)."""
+    that proves it holds ``token`` (an HMAC of a fresh nonce, its role and cluster id;
+    the token is not sent). With ``cluster``, :class:`OtherCluster` when the endpoint
+    says another cluster id (checked before anything else is read or sent)."""
     import httpx
 
     from ..ops.server import ops_proof
@@ -48,10 +56,19 @@ def check_peer(address: str, role: str, token: str | None) -> None:
         raise JodlError(
             f"{address} is the endpoint of a {found or 'unknown'} process, not a {role}"
         )
+    theirs = body.get("cluster")
+    if cluster is not None and type(theirs) is str and theirs and theirs != cluster:
+        raise OtherCluster(
+            f"{address} is the {role} of another cluster (cluster id {theirs}, this "
+            f"database's is {cluster}): refused, nothing was read or sent"
+        )
+    if cluster is not None and theirs != cluster:
+        raise JodlError(f"{address} did not say it is a {role} of this cluster")
     if token is None:
         return  # nothing to prove, and nothing will be sent
     proof = body.get("proof")
-    if type(proof) is not str or not hmac.compare_digest(proof, ops_proof(token, role, nonce)):
+    expected = ops_proof(token, role, nonce, theirs if type(theirs) is str else "")
+    if type(proof) is not str or not hmac.compare_digest(proof, expected):
         raise JodlError(
             f"{address} did not prove it is this cluster's {role} (another process may hold "
             "the port, or its JODL_OPS_TOKEN differs): nothing was sent to it"
@@ -125,30 +142,45 @@ class Snapshot:
 
     at: dt.datetime
     data: dict[str, Any]
-    #: node address -> (slots busy, round trip seconds), from the master's /metrics.
+    #: node address -> (slots busy, round trip seconds), from the masters' /metrics.
     live: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
-def _live_nodes(listen: str | None, token: str | None) -> dict[str, tuple[float, float]]:
-    """Per-node figures from the master's /metrics; none unless it proves it is ours."""
-    if not listen:
-        return {}
+def ops_addresses(store: Any, settings: Settings) -> list[str]:
+    """The ops endpoints of the live masters, as their heartbeats say; else the
+    configured ``JODL_METRICS_LISTEN`` (a master that publishes none)."""
+    found = [m.ops for m in store.masters.masters() if m.live and m.ops]
+    if found:
+        return sorted(set(found))
+    return [settings.metrics_listen] if settings.metrics_listen else []
+
+
+def _live_nodes(
+    addresses: list[str], token: str | None, cluster: str
+) -> dict[str, tuple[float, float]]:
+    """Per-node figures from the masters' /metrics (a node's busy slots summed over the
+    masters that lead some of its jobs); none from an endpoint that does not prove it is
+    ours, and :class:`OtherCluster` for one of another cluster."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    try:
-        check_peer(listen, "master", token)
-        text = httpx.get(f"http://{listen}/metrics", timeout=1.0).text
-    except (httpx.HTTPError, JodlError):
-        return {}
     busy: dict[str, float] = {}
     rtt: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "jodl_node_slots_busy":
-                busy[sample.labels["node"]] = sample.value
-            elif sample.name == "jodl_node_round_trip_seconds":
-                rtt[sample.labels["node"]] = sample.value
+    for address in addresses:
+        try:
+            check_peer(address, "master", token, cluster)
+            text = httpx.get(f"{_base(address)}/metrics", timeout=1.0).text
+        except OtherCluster:
+            raise
+        except (httpx.HTTPError, JodlError):
+            continue
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                node = sample.labels.get("node", "")
+                if sample.name == "jodl_node_slots_busy":
+                    busy[node] = busy.get(node, 0.0) + sample.value
+                elif sample.name == "jodl_node_round_trip_seconds":
+                    rtt[node] = max(rtt.get(node, 0.0), sample.value)
     return {node: (busy[node], rtt.get(node, 0.0)) for node in busy}
 
 
@@ -157,7 +189,8 @@ def snapshot(store: Any, settings: Settings) -> Snapshot:
     from ..log.models import utcnow
     from ..ops.status import collect
 
-    live = _live_nodes(settings.metrics_listen, ops_token(settings))
+    addresses = ops_addresses(store, settings)
+    live = _live_nodes(addresses, ops_token(settings), store.cluster_id()) if addresses else {}
     return Snapshot(utcnow(), collect(store), live)
 
 
@@ -232,9 +265,11 @@ def watch_status(store: Any, settings: Settings, interval: float = 1.0) -> None:
 
 
 __all__ = [
+    "OtherCluster",
     "Snapshot",
     "check_peer",
     "fetch_profile",
+    "ops_addresses",
     "register",
     "render",
     "snapshot",

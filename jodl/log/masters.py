@@ -10,6 +10,11 @@ from sqlalchemy.exc import IntegrityError
 
 from .models import MasterNode, utcnow
 
+#: How the heartbeat row's ``scopes`` text names the master's ops endpoint among its
+#: scopes (which begin ``family:`` or are ``master``): ``ops=HOST:PORT``. The address
+#: rides in the row the master renews anyway, so finding it needs no column of its own.
+OPS_PREFIX = "ops="
+
 
 class MasterRow(NamedTuple):
     """One registered master as ``jodl status`` and the API show it."""
@@ -20,6 +25,8 @@ class MasterRow(NamedTuple):
     started_at: dt.datetime
     expires_at: dt.datetime
     live: bool
+    #: Where its ops endpoint (health, /metrics) listens; "" when it serves none.
+    ops: str = ""
 
 
 class MasterRegistry:
@@ -28,11 +35,15 @@ class MasterRegistry:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def heartbeat(self, name: str, ttl: float, role: str, scopes: tuple[str, ...]) -> None:
-        """Say ``name`` lives for ``ttl`` more seconds, in ``role``, leading ``scopes``."""
+    def heartbeat(
+        self, name: str, ttl: float, role: str, scopes: tuple[str, ...], ops: str = ""
+    ) -> None:
+        """Say ``name`` lives for ``ttl`` more seconds, in ``role``, leading ``scopes``,
+        its ops endpoint at ``ops`` (HOST:PORT; "" when it serves none)."""
+        words = [*scopes, OPS_PREFIX + ops] if ops else list(scopes)
         values = {
             "role": role,
-            "scopes": " ".join(scopes),
+            "scopes": " ".join(words),
             "expires_at": utcnow() + dt.timedelta(seconds=ttl),
         }
         with self.engine.begin() as conn:
@@ -68,14 +79,13 @@ class MasterRegistry:
         now = utcnow()
         with self.engine.connect() as conn:
             rows = conn.execute(select(MasterNode).order_by(MasterNode.name)).all()
-        return [
-            MasterRow(
-                r.name,
-                r.role,
-                tuple(r.scopes.split()) if r.scopes else (),
-                r.started_at,
-                r.expires_at,
-                r.expires_at > now,
+        out = []
+        for r in rows:
+            words = r.scopes.split() if r.scopes else []
+            ops = [w[len(OPS_PREFIX) :] for w in words if w.startswith(OPS_PREFIX)]
+            scopes = tuple(w for w in words if not w.startswith(OPS_PREFIX))
+            live = r.expires_at > now
+            out.append(
+                MasterRow(r.name, r.role, scopes, r.started_at, r.expires_at, live, *ops[:1])
             )
-            for r in rows
-        ]
+        return out

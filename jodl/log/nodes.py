@@ -23,6 +23,20 @@ from .models import (
     utcnow,
 )
 
+#: The node label that holds where the node's agent serves its ops endpoint (health,
+#: /metrics), HOST:PORT, as the agent told its master in ``init``. A label, not a column
+#: of its own: it describes the node as labels do, rides in the row the master writes on
+#: every connect, and a placement rule may even ask for it. Hellos and ``jodl node add``
+#: keep it (they do not know it); the next connect replaces it.
+OPS_LABEL = "jodl.ops"
+
+
+def _keep_ops(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` labels, with the ops address of ``old`` unless ``new`` names one."""
+    if old and OPS_LABEL in old and OPS_LABEL not in new:
+        return {**new, OPS_LABEL: old[OPS_LABEL]}
+    return new
+
 
 class NodeLog:
     """Reads and writes of nodes."""
@@ -50,7 +64,7 @@ class NodeLog:
                 node.retry_at = None
                 node.failures = 0
                 if labels:
-                    node.labels = labels
+                    node.labels = _keep_ops(node.labels, labels)
             s.flush()
             return node
 
@@ -71,9 +85,25 @@ class NodeLog:
                     node.retry_at = None
                     node.failures = 0
                 node.slots = slots
-                node.labels = labels
+                node.labels = _keep_ops(node.labels, labels)
             s.flush()
             return node
+
+    def record_ops(self, node_id: int, address: str) -> None:
+        """The node's agent serves its ops endpoint at ``address`` ("": none)."""
+        with self.sessions() as s, s.begin():
+            node = s.get(Node, node_id, with_for_update=True)
+            if node is None or (node.labels or {}).get(OPS_LABEL, "") == address:
+                return
+            labels = {k: v for k, v in (node.labels or {}).items() if k != OPS_LABEL}
+            node.labels = {**labels, OPS_LABEL: address} if address else labels
+
+    def seen(self, node_ids: Sequence[int], at: dt.datetime) -> None:
+        """The master heard from each of ``node_ids`` (one statement for all of them)."""
+        if not node_ids:
+            return
+        with self.engine.begin() as conn:
+            conn.execute(update(Node).where(Node.id.in_(list(node_ids))).values(last_seen=at))
 
     def drain_node(self, address: str) -> bool:
         """Mark a node draining (it gets nothing new); False if there is no such live node."""

@@ -24,6 +24,7 @@ from .models import (
     Run,
     RunState,
 )
+from .nodes import OPS_LABEL
 from .records import (
     DoneResult,
     ExecutionView,
@@ -66,6 +67,7 @@ class Reads:
                     "slots": n.slots,
                     "speed": n.speed,
                     "last_seen": n.last_seen,
+                    "ops": (n.labels or {}).get(OPS_LABEL),
                     "last_error": n.last_error,
                     "families": sorted(n.families or {}),
                     "reload_asked": n.reload_asked_at is not None,

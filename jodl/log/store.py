@@ -202,6 +202,14 @@ class Store:
     def update_node(self, node_id: int, **values: Any) -> None:
         self.node_log.update_node(node_id, **values)
 
+    def record_ops(self, node_id: int, address: str) -> None:
+        """Where the node's agent serves health and /metrics (:data:`jodl.log.nodes.OPS_LABEL`)."""
+        self.node_log.record_ops(node_id, address)
+
+    def nodes_seen(self, node_ids: Sequence[int], at: dt.datetime) -> None:
+        """Set the ``last_seen`` of ``node_ids`` to ``at``, in one statement."""
+        self.node_log.seen(node_ids, at)
+
     def ask_reload(self, address: str | None = None) -> list[str]:
         """Ask the agent at ``address`` (None: every live node's) to reload its installed
         families; the addresses asked. The running master relays it within a second."""

@@ -77,6 +77,9 @@ class Leadership:
         self.epoch = 0
         #: monotonic time of the last successful renewal of every led scope.
         self.renewed = 0.0
+        #: Where this master's ops endpoint listens ("" when it serves none), set by
+        #: whoever serves it (:func:`jodl.ops.server.serve_master`): said in the heartbeat.
+        self.ops = ""
         self._beat = 0.0
         #: Why the renewer found a scope taken over (then the master stops), or None.
         self._lost: str | None = None
@@ -125,7 +128,9 @@ class Leadership:
         """Register this master as live (every TTL/3 at most)."""
         now = time.monotonic()
         if force or now - self._beat >= self.ttl * RENEW_SHARE:
-            self.store.masters.heartbeat(self.name, self.ttl, self.role(), tuple(self.led))
+            self.store.masters.heartbeat(
+                self.name, self.ttl, self.role(), tuple(self.led), self.ops
+            )
             self._beat = now
 
     def take(self) -> int:

@@ -63,6 +63,7 @@ from .outage import LeaseLapsed, is_outage, lease_lapsed, reason
 from .outcomes import Outcomes
 from .records import ActiveRun, Ledger, RunSummary
 from .runs import RunKeeper
+from .seen import LastSeen
 from .versions import InstalledVersions, Versions, known_versions
 
 log = logging.getLogger("jodl.master")
@@ -160,6 +161,7 @@ class Master:
         self.outcomes.watcher = self.balancer
         self.fleet.on_gone = self.balancer.trials.node_gone
         self.gauges = MasterGauges()
+        self.seen = LastSeen(self.store)
         self.keeper = RunKeeper(
             self.store,
             self.book,
@@ -492,7 +494,9 @@ class Master:
         return bool(sent or got)
 
     def _report(self) -> None:
-        """Gauges and the open runs' progress in the log, at most once a second."""
+        """Gauges and the open runs' progress in the log, at most once a second; the
+        nodes' last seen, at most once per :data:`LastSeen.PERIOD`."""
+        self.seen.write(self.fleet)
         if self.gauges.due():
             self.gauges.update(
                 self.fleet, self.book.flights, self.writer.depth(), self.runs.values()

@@ -252,6 +252,7 @@ class Nodes:
             slots=slot.load.slots,
             families=info.family_table(),
         )
+        self.store.record_ops(slot.load.id, info.ops)  # where scrapers find its /metrics
         log.info(
             "node %s connected (%d slots)",
             slot.link.address,

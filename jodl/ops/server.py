@@ -8,9 +8,11 @@ renders the metrics) on its own port, loopback by default (``JODL_METRICS_LISTEN
 ``/healthz``        200 while the process works (the master: its log writer has not failed)
 ``/readyz``         200 once it does its job (the master: holds the lease, database answers)
 ``/metrics``        Prometheus text format (see :mod:`jodl.obs.metrics`)
-``/ops/proof``      ``?nonce=HEX``: the endpoint proves it holds the process's ops token
-                    (an HMAC of the nonce), so a client checks it talks to the process
-                    it means before it sends anything (:func:`ops_proof`)
+``/ops/proof``      ``?nonce=HEX``: the process's role and cluster id (the database it
+                    serves; an agent's once a master bound it), and a proof that it holds
+                    the process's ops token (an HMAC of role, cluster and nonce), so a
+                    client checks it talks to the process it means, of its own cluster,
+                    before it reads or sends anything (:func:`ops_proof`)
 ``/debug/profile``  with ``JODL_PROFILING`` on, ``?seconds=N``: profiles every thread of
                     the live process for N seconds (yappi, wall clock) and answers a
                     pstats file. It asks for ``Authorization: Bearer OPS_TOKEN``
@@ -19,7 +21,10 @@ renders the metrics) on its own port, loopback by default (``JODL_METRICS_LISTEN
                     and node keys never go over HTTP); without any, loopback clients only.
 
 With ``JODL_PROFILING`` on, an ops address that is taken stops the process at start:
-whoever holds the port would otherwise answer in its name.
+whoever holds the port would otherwise answer in its name. Port 0 lets the system
+pick a free port (``jodl up`` does so for each process); the process then publishes
+the address it bound where others find it: a master in its heartbeat row, an agent
+in its answer to a master's ``init`` (docs/operations.md, "Finding every endpoint").
 """
 
 from __future__ import annotations
@@ -112,10 +117,15 @@ class _QuietHandler(WSGIRequestHandler):
         log.debug("%s - %s", self.address_string(), format % args)
 
 
-def ops_proof(token: str, role: str, nonce: str) -> str:
-    """What the ops endpoint of a ``role`` process holding ``token`` answers to ``nonce``."""
-    message = b"JODL ops endpoint 1\0" + role.encode() + b"\0" + nonce.encode()
-    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
+def ops_proof(token: str, role: str, nonce: str, cluster: str = "") -> str:
+    """What the ops endpoint of a ``role`` process of ``cluster`` holding ``token``
+    answers to ``nonce``."""
+    parts = (b"JODL ops endpoint 2", role.encode(), cluster.encode(), nonce.encode())
+    return hmac.new(token.encode(), b"\0".join(parts), hashlib.sha256).hexdigest()
+
+
+def _no_cluster() -> str:
+    return ""
 
 
 def _is_loopback(host: str) -> bool:
@@ -176,8 +186,11 @@ class OpsApp:
         ready: Check = _ok,
         registry: Any = REGISTRY,
         profiling: bool = False,
+        cluster: Callable[[], str] = _no_cluster,
     ) -> None:
         self.role = role
+        #: The cluster id of the process ("" while it knows none: an agent no master bound).
+        self.cluster = cluster
         self.token = token
         self.profiling = profiling
         self.health = health
@@ -205,8 +218,9 @@ class OpsApp:
         nonce = parse_qs(environ.get("QUERY_STRING", "")).get("nonce", [""])[0]
         if not 16 <= len(nonce) <= MAX_NONCE or any(c not in "0123456789abcdef" for c in nonce):
             return _json(start, 400, {"error": f"nonce: 16 to {MAX_NONCE} hex digits"})
-        proof = ops_proof(self.token, self.role, nonce) if self.token else None
-        return _json(start, 200, {"role": self.role, "proof": proof})
+        cluster = self.cluster()
+        proof = ops_proof(self.token, self.role, nonce, cluster) if self.token else None
+        return _json(start, 200, {"role": self.role, "cluster": cluster, "proof": proof})
 
     def _profile(self, environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
         if self.token:
@@ -319,9 +333,18 @@ def serve_master(master: Any, taken: int = logging.WARNING) -> OpsServer | None:
             return False, f"database: {str(exc).splitlines()[0][:200]}"
         return health()
 
-    app = OpsApp("master", ops_token(settings), health, ready, profiling=settings.profiling)
+    cluster = master.store.cluster_id()
+    app = OpsApp(
+        "master",
+        ops_token(settings),
+        health,
+        ready,
+        profiling=settings.profiling,
+        cluster=lambda: cluster,
+    )
     server = serve(app, settings.metrics_listen, taken, "JODL_METRICS_LISTEN")
     if server is not None:
+        master.leadership.ops = server.address  # in its heartbeat: status and scrapers find it
         collector = register_database(master.store)
         closing = server.close
 
@@ -339,9 +362,12 @@ def serve_agent(core: Any, settings: Any) -> OpsServer | None:
 
     if not settings.agent_metrics_listen:
         return None
-    app = OpsApp("agent", ops_token(settings), profiling=settings.profiling)
+    app = OpsApp(
+        "agent", ops_token(settings), profiling=settings.profiling, cluster=lambda: core.cluster
+    )
     server = serve(app, settings.agent_metrics_listen, name="JODL_AGENT_METRICS_LISTEN")
     if server is not None:
+        core.ops_address = server.address  # told to every master in its init answer
         register_agent(core)
     return server
 

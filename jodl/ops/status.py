@@ -20,7 +20,7 @@ def collect(store: Store, runs: int = 10) -> dict[str, Any]:
 def masters(store: Store) -> list[dict[str, Any]]:
     """Every registered master: name, role (leader/standby, or gone when its heartbeat
     expired), the scopes it leads with their epochs, the families it leads (``"*"``:
-    every one), its epoch, and when its heartbeat ends.
+    every one), its epoch, when its heartbeat ends, and its ops endpoint (or None).
 
     What a master leads is read from the lease rows, not from its heartbeat: a leader
     stopped past its lease and taken over still says it leads until it notices, while
@@ -42,6 +42,7 @@ def masters(store: Store) -> list[dict[str, Any]]:
                 "epoch": max((e for e in scopes.values() if e is not None), default=None),
                 "started_at": m.started_at,
                 "expires_at": m.expires_at,
+                "ops": m.ops or None,
             }
         )
     return out

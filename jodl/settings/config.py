@@ -19,6 +19,7 @@ from ..exceptions import ConfigError
 from .options import (
     Option,
     host_port,
+    listen_address,
     load_declared_options,
     read_file,
     registered_checks,
@@ -291,7 +292,8 @@ OPTIONS: tuple[Option, ...] = (
         DEFAULT_METRICS_LISTEN,
         "str?",
         "HOST:PORT where the master serves /healthz, /readyz, /metrics and "
-        "/debug/profile over HTTP (off when empty)",
+        "/debug/profile over HTTP (off when empty; port 0: any free port, published "
+        "in the master's heartbeat)",
         "master",
     ),
     Option(
@@ -315,7 +317,7 @@ OPTIONS: tuple[Option, ...] = (
         DEFAULT_AGENT_METRICS_LISTEN,
         "str?",
         "HOST:PORT where an agent serves /healthz, /metrics and /debug/profile "
-        "over HTTP (off when empty)",
+        "over HTTP (off when empty; port 0: any free port, told to its masters)",
         "agent",
     ),
 )
@@ -407,15 +409,16 @@ class Settings:
         check_secret(self.secret_previous, "JODL_SECRET_PREVIOUS")
         check_node_key(self.node_key)
         check_secret(self.ops_token, "JODL_OPS_TOKEN")
-        for name, address in (
-            ("JODL_REGISTER_LISTEN", self.register_listen),
-            ("JODL_AGENT_LISTEN", self.agent_listen),
-            ("JODL_METRICS_LISTEN", self.metrics_listen),
-            ("JODL_AGENT_METRICS_LISTEN", self.agent_metrics_listen),
+        for name, address, check in (
+            ("JODL_REGISTER_LISTEN", self.register_listen, host_port),
+            ("JODL_AGENT_LISTEN", self.agent_listen, host_port),
+            # An ops endpoint may take any free port: it publishes the one it bound.
+            ("JODL_METRICS_LISTEN", self.metrics_listen, listen_address),
+            ("JODL_AGENT_METRICS_LISTEN", self.agent_metrics_listen, listen_address),
         ):
             if address:
                 try:
-                    host_port(address)
+                    check(address)
                 except ValueError as exc:
                     raise ConfigError(f"{name}: {exc}") from None
 

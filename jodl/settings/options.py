@@ -65,6 +65,14 @@ def host_port(text: str) -> str:
     return text
 
 
+def listen_address(text: str) -> str:
+    """HOST:PORT to listen on; port 0 lets the system pick a free one."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT (port 0: any free port), got {text!r}")
+    return text
+
+
 def _optional_str(text: str) -> str | None:
     return text or None
 
