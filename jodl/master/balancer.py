@@ -26,15 +26,14 @@ from itertools import islice
 from ..agent.client import AgentLink
 from ..log.models import ExecState, utcnow
 from ..log.records import PendingJob, Sent
-from ..log.store import Store
-from ..placement import BalanceView, JobInfo, Knowledge, Move, NodeLoad, Placement
+from ..placement import BalanceView, JobInfo, Move, NodeLoad, Placement
 from ..placement import Waiting as WaitingView
 from . import rules
-from .book import JobBook, Stage
-from .families import FamilySettings
+from .book import Stage
 from .nodes import Nodes, NodeSlot
 from .outcomes import Outcomes
-from .records import ActiveRun, Ledger, execution_row, job_info
+from .parts import PartOf, Parts
+from .records import execution_row, job_info
 from .rules import POLL_FLOOR, POLL_SHARE, STEAL_WINDOW, NodeQueue, Running, Steal, Stealable
 from .trials import TrialMoves
 
@@ -45,35 +44,28 @@ def _unix(when: dt.datetime) -> float:
     return when.replace(tzinfo=dt.UTC).timestamp()
 
 
-class Balancer:
+class Balancer(PartOf):
     """The balancing steps of the master's loop (see the module's docstring)."""
 
-    def __init__(
-        self,
-        store: Store,
-        book: JobBook,
-        nodes: Nodes,
-        ledger: Ledger,
-        outcomes: Outcomes,
-        families: FamilySettings,
-        knowledge: Knowledge,
-        runs: dict[int, ActiveRun],
-    ) -> None:
-        self.store = store
-        self.book = book
+    def __init__(self, parts: Parts, nodes: Nodes, outcomes: Outcomes) -> None:
+        super().__init__(parts)
+        self.store = parts.store
+        self.book = parts.book
         self.nodes = nodes
-        self.ledger = ledger
+        self.ledger = parts.ledger
         self.outcomes = outcomes
-        self.families = families
-        self.knowledge = knowledge
-        self.runs = runs
-        self.epoch = 0
+        self.families = parts.families
+        self.knowledge = parts.knowledge
+        self.runs = parts.runs
         self.rng = random.Random()
         #: node -> unix time of the last result it reported.
         self.last_finish: dict[int, float] = {}
         #: node -> [actual seconds, expected seconds] of its results in this run.
         self.drift: dict[int, list[float]] = {}
-        self.trials = TrialMoves(store, book, nodes, ledger, families, knowledge, self.rng)
+        self.trials = TrialMoves(parts, nodes, self.rng)
+        # Told of each result, and of nodes given up on (their homes are freed).
+        parts.watcher = self
+        parts.node_gone = self.trials.node_gone
 
     # -- told by the loop --------------------------------------------------------------------
 

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 from ..log.models import RequestKind
-from ..log.store import Store
-from .book import JobBook
 from .outcomes import Outcomes
+from .parts import Parts
 from .records import ActiveRun
 
 log = logging.getLogger("jodl.master")
@@ -33,22 +31,13 @@ KINDS = (RequestKind.CANCEL, RequestKind.DELETE)
 class Controls:
     """Takes cancel and delete requests for one master and settles them."""
 
-    def __init__(
-        self,
-        store: Store,
-        book: JobBook,
-        outcomes: Outcomes,
-        runs: dict[int, ActiveRun],
-        poll: float = CONTROL_POLL,
-    ) -> None:
-        self.store = store
-        self.book = book
+    def __init__(self, parts: Parts, outcomes: Outcomes, poll: float = CONTROL_POLL) -> None:
+        self.parts = parts
+        self.store = parts.store
+        self.book = parts.book
         self.outcomes = outcomes
-        self.runs = runs
+        self.runs = parts.runs
         self.poll_every = poll
-        self.taker = ""
-        #: The families this master leads (None: every one): only their requests are taken.
-        self.led: Callable[[], list[str] | None] = lambda: None
         self._last = 0.0
         #: request id -> the run it cancelled, settled once the loop closed that run.
         self._cancelling: dict[int, ActiveRun] = {}
@@ -60,7 +49,9 @@ class Controls:
         if now - self._last < self.poll_every:
             return
         self._last = now
-        for request in self.store.take_requests(self.taker, KINDS, self.led()):
+        for request in self.store.take_requests(
+            self.parts.name, KINDS, self.parts.leadership.families()
+        ):
             try:
                 if request.kind == RequestKind.CANCEL:
                     self._cancel(request.id, request.family)
@@ -68,7 +59,7 @@ class Controls:
                     self._delete(request.id, request.family)
             except Exception as exc:  # noqa: BLE001 - recorded for the asking command
                 log.exception("request %d (%s %s) failed", request.id, request.kind, request.family)
-                self.store.settle_run_request(request.id, self.taker, error=str(exc))
+                self.store.settle_run_request(request.id, self.parts.name, error=str(exc))
 
     def settle_closed(self) -> None:
         """Record the outcome of cancels whose run the loop closed (also when the master stops)."""
@@ -77,7 +68,7 @@ class Controls:
                 del self._cancelling[request_id]
                 self.store.settle_run_request(
                     request_id,
-                    self.taker,
+                    self.parts.name,
                     run_id=active.run.id,
                     summary=_cancelled_line(active),
                     dead=0,
@@ -92,12 +83,12 @@ class Controls:
             run = self.store.cancel_open_run(family)
             if run is None:
                 self.store.settle_run_request(
-                    request_id, self.taker, error=f"no running cycle of {family}"
+                    request_id, self.parts.name, error=f"no running cycle of {family}"
                 )
             else:
                 line = f"run {family}#{run.number} cancelled: {run.jobs_done} done"
                 self.store.settle_run_request(
-                    request_id, self.taker, run_id=run.id, summary=line, dead=0
+                    request_id, self.parts.name, run_id=run.id, summary=line, dead=0
                 )
             return
         ids = [j for j, job in self.book.jobs.items() if job.run_id == active.run.id]
@@ -121,7 +112,10 @@ class Controls:
         if cancelled:
             log.info("%d deleted jobs of %s cancelled", cancelled, family)
         self.store.settle_run_request(
-            request_id, self.taker, summary=f"{cancelled} deleted jobs of {family} stopped", dead=0
+            request_id,
+            self.parts.name,
+            summary=f"{cancelled} deleted jobs of {family} stopped",
+            dead=0,
         )
 
 

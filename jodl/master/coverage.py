@@ -17,8 +17,8 @@ import logging
 import time
 from typing import Final
 
-from ..log.store import Store
 from .nodes import Nodes, NodeSlot
+from .parts import Parts
 from .records import ActiveRun
 from .rules import allows
 
@@ -74,10 +74,10 @@ def _serves(nodes: Nodes, family: str, slot: NodeSlot) -> bool:
 class Coverage:
     """Keeps each open run's ``unserved`` reason in step with what the agents serve."""
 
-    def __init__(self, store: Store, nodes: Nodes, runs: dict[int, ActiveRun]) -> None:
-        self.store = store
+    def __init__(self, parts: Parts, nodes: Nodes) -> None:
+        self.store = parts.store
         self.nodes = nodes
-        self.runs = runs
+        self.runs = parts.runs
         #: run id -> the reason recorded for it (None: served).
         self.said: dict[int, str | None] = {}
         self._last = 0.0

@@ -18,40 +18,29 @@ from .. import failpoint
 from ..exceptions import AgentUnavailable, Fenced
 from ..log.models import utcnow
 from ..log.records import PendingJob, Sent
-from ..log.store import Store
 from ..obs.metrics import count_sent
-from ..placement import JobInfo, Knowledge, NodeLoad
-from .book import JobBook
-from .families import FamilySettings
+from ..placement import JobInfo, NodeLoad
 from .nodes import Nodes, NodeSlot
 from .outcomes import Outcomes
-from .records import ActiveRun, job_info
+from .parts import PartOf, Parts
+from .records import job_info
 from .rules import QUEUE_AHEAD
 
 
-class Dispatcher:
+class Dispatcher(PartOf):
     """The assign and send steps of the loop."""
 
-    def __init__(
-        self,
-        store: Store,
-        book: JobBook,
-        nodes: Nodes,
-        families: FamilySettings,
-        knowledge: Knowledge,
-        outcomes: Outcomes,
-        runs: dict[int, ActiveRun],
-        batch_size: int,
-    ) -> None:
-        self.store = store
-        self.book = book
+    def __init__(self, parts: Parts, nodes: Nodes, outcomes: Outcomes) -> None:
+        super().__init__(parts)
+        self.store = parts.store
+        self.book = parts.book
         self.nodes = nodes
-        self.families = families
-        self.knowledge = knowledge
+        self.families = parts.families
+        self.knowledge = parts.knowledge
         self.outcomes = outcomes
-        self.runs = runs
-        self.batch_size = batch_size
-        self.epoch = 0
+        self.runs = parts.runs
+        self.batch_size = parts.settings.batch_size
+        parts.first_batch = self.first_batch
 
     # -- assign ------------------------------------------------------------------------------
 

@@ -22,8 +22,8 @@ from ..obs.metrics import (
     RUN_JOBS_TOTAL,
     WRITER_QUEUE,
 )
-from .nodes import NodeSlot
 from .records import ActiveRun
+from .slot import NodeSlot
 
 
 class MasterGauges:

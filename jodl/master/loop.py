@@ -61,7 +61,8 @@ from .leadership import Leadership
 from .nodes import Nodes, NodeSlot
 from .outage import LeaseLapsed, is_outage, lease_lapsed, reason
 from .outcomes import Outcomes
-from .records import ActiveRun, Ledger, RunSummary
+from .parts import Parts
+from .records import Ledger, RunSummary
 from .runs import RunKeeper
 from .seen import LastSeen
 from .versions import InstalledVersions, Versions, known_versions
@@ -120,66 +121,36 @@ class Master:
         trusted across one; see :mod:`jodl.master.outage`)."""
         takeover, progress, family_classes = self.takeover, self._progress, self._family_classes
         self.leadership = Leadership(self.store, self.name, self.settings.lease_ttl, takeover)
-        self.epoch = 0
-        self.knowledge = Knowledge()
-        self.runs: dict[int, ActiveRun] = {}
         self.writer = LogWriter(self.store)
-        self.book = JobBook()
-        self.ledger = Ledger(self.book, self.writer)
-        self.families = FamilySettings(self.store, self.settings.max_attempts)
+        book = JobBook()
         versions: Versions = InstalledVersions()
         if family_classes is not None:
             versions = known_versions(family_classes)
-        self.fleet = Nodes(
-            self.settings, self.store, self.book, self.ledger, self.families, versions,
-            self.knowledge,
-        )  # fmt: skip
-        self.outcomes = Outcomes(
-            self.store, self.book, self.fleet, self.ledger, self.families, self.knowledge, self.runs
+        #: What the parts share: made anew with them, read by each (:mod:`.parts`).
+        self.parts = parts = Parts(
+            settings=self.settings,
+            store=self.store,
+            name=self.name,
+            leadership=self.leadership,
+            book=book,
+            ledger=Ledger(book, self.writer),
+            families=FamilySettings(self.store, self.settings.max_attempts),
+            knowledge=Knowledge(),
+            versions=versions,
+            gauges=MasterGauges(),
+            progress=progress,
         )
-        self.outcomes.progress = progress
-        self.dispatcher = Dispatcher(
-            self.store,
-            self.book,
-            self.fleet,
-            self.families,
-            self.knowledge,
-            self.outcomes,
-            self.runs,
-            self.settings.batch_size,
-        )
-        self.balancer = Balancer(
-            self.store,
-            self.book,
-            self.fleet,
-            self.ledger,
-            self.outcomes,
-            self.families,
-            self.knowledge,
-            self.runs,
-        )
-        self.outcomes.watcher = self.balancer
-        self.fleet.on_gone = self.balancer.trials.node_gone
-        self.gauges = MasterGauges()
+        self.book, self.ledger, self.runs = book, parts.ledger, parts.runs
+        self.families, self.knowledge, self.gauges = parts.families, parts.knowledge, parts.gauges
+        self.fleet = Nodes(parts)
+        self.outcomes = Outcomes(parts, self.fleet)
+        self.dispatcher = Dispatcher(parts, self.fleet, self.outcomes)
+        self.balancer = Balancer(parts, self.fleet, self.outcomes)
+        self.keeper = RunKeeper(parts, self.fleet, self.outcomes, self.balancer)
         self.seen = LastSeen(self.store)
-        self.keeper = RunKeeper(
-            self.store,
-            self.book,
-            self.fleet,
-            self.ledger,
-            self.outcomes,
-            self.balancer,
-            self.families,
-            self.knowledge,
-            self.runs,
-            self.gauges,
-        )
-        self.keeper.first_batch = self.dispatcher.first_batch
-        self.coverage = Coverage(self.store, self.fleet, self.runs)
+        self.coverage = Coverage(parts, self.fleet)
         #: `jodl run cancel` and `jodl jobs delete` asked of this master (through the log).
-        self.controls = Controls(self.store, self.book, self.outcomes, self.runs)
-        self.controls.taker = self.name
-        self.controls.led = self.leadership.families
+        self.controls = Controls(parts, self.outcomes)
         self._families_read = time.monotonic()
         self._started = False
         self._gc: tuple[int, ...] | None = None
@@ -197,11 +168,15 @@ class Master:
         """Every job this master holds, by id (read only: the job book changes them)."""
         return self.book.jobs
 
+    @property
+    def epoch(self) -> int:
+        """The lease epoch this master's writes and calls carry (0: it leads nothing)."""
+        return self.parts.epoch
+
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        parts = (self.ledger, self.outcomes, self.dispatcher, self.balancer, self.keeper)
-        for part in (*parts, self.writer):
-            part.epoch = epoch
+        """Announce a new epoch: the parts read it from their handle, the log writer
+        stamps it on what it commits."""
+        self.parts.epoch = self.writer.epoch = epoch
         self.fleet.led = self.leadership.families()
 
     def requested(self) -> set[str]:

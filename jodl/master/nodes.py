@@ -29,19 +29,15 @@ from ..agent.local import make_link
 from ..agent.replies import AgentInfo
 from ..exceptions import AgentUnavailable, Fenced
 from ..log.models import ExecState, NodeState, utcnow
-from ..log.store import Store
-from ..placement import Knowledge, NodeLoad
-from ..settings.config import Settings
+from ..placement import NodeLoad
 from . import drain, suspects
-from .book import JobBook
 from .calls import Calls
-from .families import FamilySettings
+from .parts import PartOf, Parts
 from .progress import ProgressRelay
-from .records import Ledger, execution_row
+from .records import execution_row
 from .reloads import Reloads
 from .rules import REMOVED, UNREACHABLE, USABLE, allows
 from .slot import NodeSlot
-from .versions import Versions
 
 _R = TypeVar("_R")
 _P = ParamSpec("_P")
@@ -51,37 +47,27 @@ log = logging.getLogger("jodl.master")
 NODE_REFRESH = 1.0
 
 
-class Nodes:
+class Nodes(PartOf):
     """The nodes of the cluster as the loop uses them, by node id."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        store: Store,
-        book: JobBook,
-        ledger: Ledger,
-        families: FamilySettings,
-        versions: Versions,
-        knowledge: Knowledge | None = None,
-    ) -> None:
-        self.settings = settings
-        self.knowledge = knowledge or Knowledge()
+    def __init__(self, parts: Parts) -> None:
+        super().__init__(parts)
+        self.settings = parts.settings
+        self.knowledge = parts.knowledge
         #: Calls to several agents at once, and reconnects in the background.
         self.calls = Calls()
-        self.store = store
-        self.book = book
-        self.ledger = ledger
-        self.families = families
+        self.store = parts.store
+        self.book = parts.book
+        self.ledger = parts.ledger
+        self.families = parts.families
         #: family -> the version this master knows (of the class installed with it).
-        self.versions = versions
+        self.versions = parts.versions
         self.slots: dict[int, NodeSlot] = {}
         self.master_id = ""
         self.cluster = ""
         #: The families this master leads, told to agents at init (None: every one).
         self.led: list[str] | None = None
         self._last_refresh = 0.0
-        #: Called with a node's id when it is removed for good (its homes are freed).
-        self.on_gone: Callable[[int], None] = lambda _node_id: None
         #: Agents' families reloaded (``jodl node reload``, SIGHUP): see :mod:`.reloads`.
         self.reloads = Reloads(self)
         self.progress = ProgressRelay()  # long jobs' reports: see :mod:`.progress`
@@ -136,7 +122,7 @@ class Nodes:
                     if slot is not None and not slot.removed:
                         slot.removed = True
                         self.down(slot, epoch, gone=True)
-                        self.on_gone(node.id)
+                        self.parts.node_gone(node.id)  # its homes are freed
                     continue
                 if slot is None or slot.removed:
                     link = make_link(node.id, node.address, self.settings, self.store.newest_epoch)
@@ -353,7 +339,7 @@ class Nodes:
             slot.suspect_since = None
             slot.link.close()
             if drained:
-                self.on_gone(slot.load.id)
+                self.parts.node_gone(slot.load.id)
             return
         if slot.link.faulty:  # it answers, wrongly: nothing it holds is trusted
             slot.link.faulty = False

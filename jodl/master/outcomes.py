@@ -13,10 +13,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from ..agent.client import AgentLink
 from ..agent.replies import DoneRow, FailedRow, Refused
@@ -24,27 +23,17 @@ from ..exceptions import AgentUnavailable, Fenced
 from ..log.models import ExecState, utcnow
 from ..log.outcomes import retry_delay
 from ..log.records import ClaimDone, ClaimFailed, DeadJob, ExecutionRow, PendingJob
-from ..log.store import Store
 from ..obs.metrics import count_outcomes
-from ..placement import Knowledge
-from .book import Closed, Failed, Failure, Finished, JobBook
+from .book import Closed, Failed, Failure, Finished
 from .bytes_budget import RunBytes, record_deferred
-from .families import FamilySettings
 from .nodes import Nodes, NodeSlot
-from .records import ActiveRun, Ledger, execution_row
+from .parts import PartOf, Parts
+from .records import execution_row
 
 log = logging.getLogger("jodl.master")
 
 #: Results fetched from one agent per call at most.
 COLLECT_LIMIT = 10_000
-
-
-class ResultWatcher(Protocol):
-    """Told of every result before it is committed (the balancing component learns)."""
-
-    def result(
-        self, slot: NodeSlot, job: PendingJob, duration: float, placed: tuple[int, float] | None
-    ) -> None: ...
 
 
 @dataclass
@@ -78,33 +67,22 @@ def _ask(
     return done, failed
 
 
-class Outcomes:
+class Outcomes(PartOf):
     """Collects, commits and acknowledges outcomes; keeps runs' counts."""
 
-    def __init__(
-        self,
-        store: Store,
-        book: JobBook,
-        nodes: Nodes,
-        ledger: Ledger,
-        families: FamilySettings,
-        knowledge: Knowledge,
-        runs: dict[int, ActiveRun],
-    ) -> None:
-        self.store = store
-        self.book = book
+    def __init__(self, parts: Parts, nodes: Nodes) -> None:
+        super().__init__(parts)
+        self.store = parts.store
+        self.book = parts.book
         self.nodes = nodes
-        self.ledger = ledger
-        self.families = families
-        self.knowledge = knowledge
-        self.runs = runs
-        self.epoch = 0
+        self.ledger = parts.ledger
+        self.families = parts.families
+        self.knowledge = parts.knowledge
+        self.runs = parts.runs
         #: Runs of families with a bytes budget: what their results fetched so far.
         self.run_bytes: dict[int, RunBytes] = {}
         #: node -> execution ids to cancel on its agent (copies that lost the race).
         self.to_cancel: dict[int, list[int]] = {}
-        self.watcher: ResultWatcher | None = None
-        self.progress: Callable[[int, int], None] | None = None
 
     def collect(self) -> int:
         """Collect done and failed jobs from every agent (c, d); commit; ack next time."""
@@ -189,8 +167,8 @@ class Outcomes:
         if job.claim is not None:
             batch.claims.append(ClaimDone(job.id, job.claim))
         self.knowledge.record(job.id, slot.id, job.family, duration)
-        if self.watcher is not None:
-            self.watcher.result(slot, job, duration, placed)
+        if self.parts.watcher is not None:
+            self.parts.watcher.result(slot, job, duration, placed)
         for other in superseded:
             batch.rows.append(
                 self._row(
@@ -280,10 +258,11 @@ class Outcomes:
             touched.add(active.run.id)
         for run_id in batch.over:
             self.hold_back(run_id)
-        if self.progress is not None:
+        progress = self.parts.progress
+        if progress is not None:
             for run_id in touched:
                 active = self.runs[run_id]
-                self.progress(active.done + active.dead, active.total)
+                progress(active.done + active.dead, active.total)
 
     def cancel(self, job_ids: list[int], reason: str = "job deleted") -> int:
         """Stop dispatching these jobs: drop them unsent, cancel them on agents if sent.

@@ -173,7 +173,6 @@ class Ledger:
     def __init__(self, book: JobBook, writer: LogWriter) -> None:
         self.book = book
         self.writer = writer
-        self.epoch = 0
         #: A batch with a given-up execution was handed to the writer and may be uncommitted.
         self.giveups_pending = False
 

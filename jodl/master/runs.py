@@ -5,56 +5,37 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from functools import partial
 
 from ..agent.client import AgentLink
 from ..exceptions import AgentUnavailable, Fenced
 from ..log.models import ExecState, FamilyRow, Run, RunState
 from ..log.records import Sent
-from ..log.store import Store
-from ..placement import Knowledge
 from .balancer import Balancer
-from .book import JobBook
 from .bytes_budget import run_bytes
-from .families import FamilySettings
-from .gauges import MasterGauges
 from .nodes import Nodes
 from .outcomes import Outcomes
-from .records import ActiveRun, Ledger, RunSummary, execution_row, job_info
+from .parts import PartOf, Parts
+from .records import ActiveRun, RunSummary, execution_row, job_info
 
 log = logging.getLogger("jodl.master")
 
 
-class RunKeeper:
+class RunKeeper(PartOf):
     """Opens runs (resuming what the log holds) and closes them with their summary."""
 
-    def __init__(
-        self,
-        store: Store,
-        book: JobBook,
-        nodes: Nodes,
-        ledger: Ledger,
-        outcomes: Outcomes,
-        balancer: Balancer,
-        families: FamilySettings,
-        knowledge: Knowledge,
-        runs: dict[int, ActiveRun],
-        gauges: MasterGauges,
-    ) -> None:
-        self.store = store
-        self.book = book
+    def __init__(self, parts: Parts, nodes: Nodes, outcomes: Outcomes, balancer: Balancer) -> None:
+        super().__init__(parts)
+        self.store = parts.store
+        self.book = parts.book
         self.nodes = nodes
-        self.ledger = ledger
+        self.ledger = parts.ledger
         self.outcomes = outcomes
         self.balancer = balancer
-        self.families = families
-        self.knowledge = knowledge
-        self.runs = runs
-        self.gauges = gauges
-        self.epoch = 0
-        #: How many jobs of a resumed run to read before its first send (one batch per agent).
-        self.first_batch: Callable[[], int] = lambda: 0
+        self.families = parts.families
+        self.knowledge = parts.knowledge
+        self.runs = parts.runs
+        self.gauges = parts.gauges
         #: run -> ids of its jobs read so far, for runs whose rest is still to be read.
         self.rest: dict[int, set[int]] = {}
         #: run -> its (done, failed, dead) counts last written to the log.
@@ -79,7 +60,7 @@ class RunKeeper:
         if resumed:
             sents = self.store.sent_executions([run.id])
             jobs = self.store.run_jobs(
-                run, family.name, first=self.first_batch(), also={x.job_id for x in sents}
+                run, family.name, first=self.parts.first_batch(), also={x.job_id for x in sents}
             )
             self.rest[run.id] = {job.id for job in jobs}
         else:

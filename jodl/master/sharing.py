@@ -29,7 +29,6 @@ class Sharer(FeedHost, Protocol):
     (:class:`~jodl.master.loop.Master`), its feeders' view included."""
 
     store: Store
-    epoch: int
     fleet: Nodes
     writer: LogWriter
     book: JobBook
@@ -37,6 +36,9 @@ class Sharer(FeedHost, Protocol):
     feeders: list[Feeder]
     #: Monotonic time of the next look at the leases.
     next_lead: float
+
+    @property
+    def epoch(self) -> int: ...
 
     def set_epoch(self, epoch: int) -> None: ...
 

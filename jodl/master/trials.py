@@ -17,36 +17,25 @@ import random
 from collections.abc import Sequence
 
 from ..log.records import PendingJob
-from ..log.store import Store
-from ..placement import Knowledge
 from . import rules
-from .book import JobBook
-from .families import FamilySettings
 from .nodes import Nodes
-from .records import ActiveRun, Ledger, job_info
+from .parts import PartOf, Parts
+from .records import ActiveRun, job_info
 
 log = logging.getLogger("jodl.master")
 
 
-class TrialMoves:
+class TrialMoves(PartOf):
     """Decides homes and trial moves; owns the results waiting for review."""
 
-    def __init__(
-        self,
-        store: Store,
-        book: JobBook,
-        nodes: Nodes,
-        ledger: Ledger,
-        families: FamilySettings,
-        knowledge: Knowledge,
-        rng: random.Random,
-    ) -> None:
-        self.store = store
-        self.book = book
+    def __init__(self, parts: Parts, nodes: Nodes, rng: random.Random) -> None:
+        super().__init__(parts)
+        self.store = parts.store
+        self.book = parts.book
         self.nodes = nodes
-        self.ledger = ledger
-        self.families = families
-        self.knowledge = knowledge
+        self.ledger = parts.ledger
+        self.families = parts.families
+        self.knowledge = parts.knowledge
         self.rng = rng
         #: (job, node, duration) of results committed since the last review.
         self.reviews: list[tuple[PendingJob, int, float]] = []
