@@ -144,6 +144,12 @@ class ViewCheck:
     def settled(self) -> bool:
         return self.verdict is not None
 
+    @property
+    def baseline(self) -> bool:
+        """Whether this check takes the view's first baseline (its fetches learn what
+        varies per request, one right after another: :data:`BASELINE_DELAY`)."""
+        return self.known.learn and not self.known.model.has_base
+
     def result(self, view: dict[str, Any]) -> dict[str, Any]:
         """``view`` (the last fetch's fingerprint, chars, ...) with the verdict and model."""
         out = dict(view)

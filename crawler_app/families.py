@@ -36,7 +36,7 @@ from jodl.settings.config import Settings
 
 from .browser import Renderer
 from .channels import ChannelError, open_channel
-from .confirm import BASELINE_FETCHES, Known, ViewCheck
+from .confirm import BASELINE_DELAY, BASELINE_FETCHES, Known, ViewCheck
 from .fetcher import THREAD_PARSE_BYTES, Fetcher
 from .filters import FilterError, ViewSpec
 from .metrics import FETCHES, NOTIFICATIONS
@@ -170,7 +170,10 @@ class CheckPage(Family):
         while not all(c.settled for c in checks.values()) and fetches <= max(
             self.settings.confirm_fetches, BASELINE_FETCHES
         ):
-            await asyncio.sleep(self.settings.confirm_delay)
+            # A new view's baseline fetches follow one another (they learn what varies
+            # per request); a difference is confirmed after the delay.
+            baselines = all(c.baseline for c in checks.values() if not c.settled)
+            await asyncio.sleep(BASELINE_DELAY if baselines else self.settings.confirm_delay)
             fetches += 1
             again = await self._fetch(url, None, None, checks, browser, allowlist)
             if again.get("ok") and not again.get("not_modified"):

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from agents import wait_for
+from agents import run_jodl, wait_for
 from app_support import add_users_tracking, agent_env, app_settings, inbox, run_app_cycle
 from sqlalchemy import null, select, update
 from sqlalchemy.orm import sessionmaker
@@ -129,3 +129,20 @@ def test_what_a_view_learned_to_vary_stays_out_of_the_diff_mailed(
     (mail,) = inbox.to("ann@example.org")
     assert "- Tea 4 EUR" in mail.text and "+ Tea 5 EUR" in mail.text
     assert "Served at" not in mail.text and "Ad:" not in mail.text
+
+
+def test_a_new_pages_baseline_fetches_follow_one_another(store, agents, db_url, site: TestSite):
+    # Confirming a difference waits JODL_CONFIRM_DELAY (an hour here); a new page's two
+    # baseline fetches do not: a cycle of new pages ends without waiting at all.
+    urls = []
+    for n in range(3):
+        site.set_page(f"/new{n}", html(f"Page {n}", "text"))
+        urls.append(site.url(f"/new{n}"))
+    agents(1, env={**agent_env(), "JODL_CONFIRM_DELAY": "3600"})
+    for url in urls:
+        add_users_tracking(store, url, ["ann@example.org"])
+    # An hour's wait would outlast the command's time (it is killed, and this fails).
+    cycle = run_jodl("cycle", env={"JODL_DATABASE_URL": db_url}, timeout=120)
+    assert cycle.returncode == 0, cycle.stderr
+    assert [len(site.requests(f"/new{n}")) for n in range(3)] == [2, 2, 2]
+    assert all(fp for _, fp in views(store))
