@@ -362,7 +362,8 @@ def due_spread(
         return 0.0
     now = now or utcnow()
     with engine.connect() as conn:
-        pages = dict(conn.execute(select(Page.job_id, Page.id).where(Page.job_id.is_not(None))))
+        rows = conn.execute(select(Page.job_id, Page.id).where(Page.job_id.is_not(None)))
+        pages: dict[int, int] = dict(rows.tuples().all())
         dues = Reads(engine).due_times(list(pages))
         due_pages = [pages[j] for j, when in dues.items() if when is None or when <= now]
         schedules: dict[int, list[Schedule]] = {}

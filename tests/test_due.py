@@ -7,20 +7,26 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
+import test_web_views
 from agents import run_jodl
 from app_support import agent_env, app_settings, run_app_cycle
+from flask import Flask
+from flask.testing import FlaskClient
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import sessionmaker
 from test_web_api import USER, make_app
+from test_web_views import assert_safe, token
 
 from crawler_app import pages
 from crawler_app.due import Clock, Schedule, ScheduleError, check_schedule_of, floor_to_tick
 from crawler_app.models import AppCycle, Page, Snapshot, Tracking
-from crawler_app.schedule import CycleScheduler
+from crawler_app.schedule import CycleScheduler, due_spread
 from jodl.log import Reads, utcnow
 from jodl.master import Master
 
 pytest_plugins = ("tests.site",)
+app = test_web_views.app
+user_client = test_web_views.user_client
 
 HTML = "<html><head><title>Stock</title></head><body><p>three left</p></body></html>"
 BOUNDS = app_settings()  # 5 minutes to 4 weeks
@@ -247,3 +253,42 @@ def test_api_every_and_cron(tmp_path: Path) -> None:
         assert "every" in create["application/json"]["schema"]["properties"]
     finally:
         application.extensions["jodl"].engine.dispose()
+
+
+def test_due_pages_start_spread_over_a_quarter_of_their_shortest_interval(store):
+    with sessionmaker(store.engine).begin() as s:
+        pages.add_user(s, "ann@example.org")
+        pages.track(s, "ann@example.org", "http://daily.example/")
+    spread = app_settings(check_spread=300)
+    # A restart with only daily pages overdue: the whole JODL_CHECK_SPREAD.
+    assert due_spread(store.engine, spread, 300) == 300
+    with sessionmaker(store.engine).begin() as s:
+        pages.track(s, "ann@example.org", "http://often.example/", schedule=Schedule(every=600))
+    # A 10-minute page among the due ones: its checks start within 150 s.
+    assert due_spread(store.engine, spread, 300) == 150
+    # Once it is checked (not due), the daily pages spread over the whole window again.
+    with sessionmaker(store.engine).begin() as s:
+        s.execute(update(Page).where(Page.url == "http://often.example/").values(slot_at=utcnow()))
+        pages.sync_jobs(s, settings=spread)
+    assert due_spread(store.engine, spread, 300) == 300
+    assert due_spread(store.engine, spread, 0) == 0
+
+
+def test_the_tracking_form_takes_a_schedule_and_the_list_shows_it(
+    app: Flask, user_client: FlaskClient
+) -> None:
+    csrf = token(user_client, "/pages")
+    form = {"url": "http://shop.example/", "every": "15m", "csrf_token": csrf}
+    assert user_client.post("/pages", data={**form, "csrf_token": "forged"}).status_code == 403
+    r = user_client.post("/pages", data=form)
+    assert r.status_code == 303, r.get_data(as_text=True)
+    doc = assert_safe(user_client.get("/pages").get_data(as_text=True))
+    (cell,) = doc.xpath("//td[@class='next-check']")
+    assert cell.xpath("string(.//span[@class='schedule'])") == "every 15 min"
+    assert cell.xpath(".//time/@datetime")  # "Next check" from the page's due time
+    bad = {"url": "http://b.example/", "cron": "<b>* * * * *</b>", "csrf_token": csrf}
+    r = user_client.post("/pages", data=bad)
+    assert r.status_code == 400
+    doc = assert_safe(r.get_data(as_text=True))  # the value is shown escaped
+    assert "cron: cron '<b>* * * * *</b>'" in doc.text_content()
+    assert doc.xpath("//input[@name='cron']/@value") == ["<b>* * * * *</b>"]
