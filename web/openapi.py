@@ -775,7 +775,9 @@ def document(settings: WebSettings) -> dict[str, Any]:
         },
         "/api/admin/cycles": {
             "post": _op(
-                "Request an application cycle now (a running master starts it)",
+                "Request an application cycle now (a running master starts it): it checks "
+                "the pages due by their trackings' schedules ('Check now' on a page in the "
+                "web UI fetches that page at once)",
                 _responses(202, "Requested", obj, *WITH_BODY),
                 {"type": "object"},
                 auth=True,
