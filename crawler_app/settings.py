@@ -124,14 +124,14 @@ OPTIONS: tuple[Option, ...] = (
         "int+",
         "Shortest interval in seconds a tracking may ask for (`jodl track --every`); a cron "
         "expression firing more often is refused too",
-        "master",
+        "master, web",
     ),
     AppOption(
         "JODL_CHECK_EVERY_MAX",
         str(DEFAULT_CHECK_EVERY_MAX),
         "int+",
         "Longest interval in seconds a tracking may ask for (default 4 weeks)",
-        "master",
+        "master, web",
     ),
     AppOption(
         "JODL_CHECK_TICK",
