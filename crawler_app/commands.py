@@ -199,6 +199,21 @@ def view_of(
     multiple=True,
     help="A label for this tracking (repeat for several; given tags replace the old ones).",
 )
+@click.option(
+    "--every",
+    default=None,
+    help="Check the page this often: 90s, 15m, 2h, 1d, 1w (within JODL_CHECK_EVERY_MIN/_MAX).",
+)
+@click.option(
+    "--cron",
+    default=None,
+    help="Check the page on this cron expression (MIN HOUR DAY MONTH WEEKDAY, local time).",
+)
+@click.option(
+    "--default-schedule",
+    is_flag=True,
+    help="Forget the tracking's --every/--cron: check on the operator's JODL_SCHEDULE.",
+)
 @click.pass_context
 def track(
     ctx: click.Context,
@@ -207,27 +222,47 @@ def track(
     period: int | None,
     browser: bool | None,
     tags: tuple[str, ...],
+    every: str | None,
+    cron: str | None,
+    default_schedule: bool,
     **filters: Any,
 ) -> None:
     """USER tracks URL: they get a digest when it changes.
 
     The filters make a view of the page; the same user may track a page through
     several views (each compared and alerted on its own; the page is still fetched
-    once per cycle). The page's first check is queued at once: it takes the
-    baseline that later checks compare with (a running master serves it)."""
+    once per due time). The page's first check is queued at once: it takes the
+    baseline that later checks compare with (a running master serves it).
+
+    --every or --cron set when this tracking wants the page checked (tracking it
+    again through the same view changes them); the page is checked at the
+    shortest schedule among its trackers', still once per due time."""
     from sqlalchemy import func, select
 
     from jodl.queue import Queue
 
     from . import baselines
+    from .due import Schedule, check_schedule_of
     from .filters import describe_key
     from .models import Page, Tracking
     from .pages import track as do_track
 
+    if default_schedule and (every or cron):
+        raise JodlError("--default-schedule goes without --every and --cron")
+    schedule = Schedule() if default_schedule else None
+    if every is not None or cron is not None:
+        schedule = check_schedule_of(every, cron)
     view = view_of(**filters)
     with _session(ctx) as s:
         tracking = do_track(
-            s, email, url, period=period, browser=browser, view=view, tags=tags or None
+            s,
+            email,
+            url,
+            period=period,
+            browser=browser,
+            view=view,
+            tags=tags or None,
+            schedule=schedule,
         )
         page = s.get(Page, tracking.page_id)
         assert page is not None
@@ -238,7 +273,10 @@ def track(
     part = f" (selector {key})" if key and not part else part
     part += " in a browser" if page.browser else ""
     part += f" tagged {', '.join(tracking.tags)}" if tracking.tags else ""
-    click.echo(f"{email} tracks {page.url}{part}; {trackers} tracker(s), one fetch per cycle")
+    when = Schedule(tracking.every, tracking.cron).describe()
+    click.echo(
+        f"{email} tracks {page.url}{part}, {when}; {trackers} tracker(s), one fetch per due time"
+    )
 
 
 @click.command()
@@ -310,6 +348,7 @@ def tracked(ctx: click.Context, email: str | None) -> None:
     from sqlalchemy import func, select
 
     from . import pages
+    from .due import Schedule
     from .filters import describe_key
     from .models import Page, PageView, Tracking, User
 
@@ -322,6 +361,8 @@ def tracked(ctx: click.Context, email: str | None) -> None:
                 PageView.problem,
                 Tracking.paused,
                 Tracking.tags,
+                Tracking.every,
+                Tracking.cron,
             )
             .join(Tracking, Tracking.user_id == User.id)
             .join(Page, Page.id == Tracking.page_id)
@@ -337,7 +378,7 @@ def tracked(ctx: click.Context, email: str | None) -> None:
 
             query = query.where(User.email == normalise_email(email))
         rows = s.execute(query).all()
-    for address, page, selector, problem, paused, tags in rows:
+    for address, page, selector, problem, paused, tags, every, cron in rows:
         checked = (
             page.last_checked_at.isoformat(timespec="seconds") if page.last_checked_at else "never"
         )
@@ -346,6 +387,7 @@ def tracked(ctx: click.Context, email: str | None) -> None:
         note = f"  ({pages.page_note(page)})" if pages.page_note(page) else ""
         note += f"  (filter: {problem})" if problem else ""
         note += "  (paused)" if paused else ""
+        note += f"  {Schedule(every, cron).describe()}" if every or cron else ""
         note += f"  tags: {', '.join(tags)}" if tags else ""
         click.echo(f"{page.url}{part}  {address}  checked={checked}  {state}{note}")
 
@@ -411,9 +453,10 @@ def check(urls: tuple[str, ...], selector: str | None, show_text: bool, as_json:
 def cycle(ctx: click.Context, takeover: bool) -> None:
     """Run one application cycle now (resuming an unfinished one) with a progress bar.
 
-    Checks every tracked page on the registered agents, records changes, e-mails
-    digests. Beside a running master (`jodl master`, `jodl up`) the cycle is asked
-    of that master, as the web UI's "start a cycle now" does, and followed here.
+    Checks every tracked page, due or not, on the registered agents, records
+    changes, e-mails digests. Beside a running master (`jodl master`, `jodl up`) the
+    cycle is asked of that master, as the web UI's "start a cycle now" does, and
+    followed here: it checks the pages due (docs/schedules.md).
     """
     from sqlalchemy.exc import OperationalError, ProgrammingError
 

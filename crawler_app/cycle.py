@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, select
+from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
@@ -42,6 +42,7 @@ from jodl.log import Run, RunState, Store, utcnow
 
 from . import baselines, digests
 from .analysis import apply_chunk
+from .due import floor_to_tick
 from .models import (
     WHOLE_PAGE,
     AppCycle,
@@ -57,6 +58,9 @@ from .settings import AppSettings
 
 log = logging.getLogger("crawler_app.cycle")
 
+#: Trigger of a one-shot cycle (`jodl cycle` with no master running): it checks every
+#: tracked page, due or not; the others check the pages due.
+EVERY_PAGE_TRIGGER = "command"
 #: Check results applied per transaction in the analyse step.
 ANALYSE_CHUNK = 500
 
@@ -210,7 +214,10 @@ class PageCycle:
         baselines.apply(self.engine)
         with self.sessions() as s, s.begin():
             family_id(s, NOTIFY_FAMILY)
-            live = sync_jobs(s)
+            # A one-shot cycle (`jodl cycle` with no master running) checks every page;
+            # scheduled and requested ones the pages due (docs/schedules.md).
+            every_page = cycle.trigger == EVERY_PAGE_TRIGGER
+            live = sync_jobs(s, settings=self.settings, every_page=every_page)
             fid = family_id(s, CHECK_FAMILY)
             idle = self.store.reads.idle_jobs(fid, s.connection())
             pages = [
@@ -341,6 +348,14 @@ class PageCycle:
                     row = s.get(AppCycle, cycle.id)
                     assert row is not None
                     row.errors += 1
+            # The pages this cycle checked are next due a whole interval (or their next
+            # cron time) after the tick that started it; all jobs get their due times.
+            s.execute(
+                update(Page)
+                .where(Page.analysed_cycle_id == cycle.id)
+                .values(slot_at=floor_to_tick(cycle.started_at, self.settings.check_tick))
+            )
+            sync_jobs(s, settings=self.settings)
 
     # -- notifications ------------------------------------------------------------------------
 

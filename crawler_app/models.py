@@ -116,6 +116,9 @@ class Page(Base):
     last_changed_at: Mapped[dt.datetime | None]
     #: Checked every N-th application cycle (1 = every cycle).
     period: Mapped[int] = mapped_column(Integer, default=1)
+    #: Start (on the scheduler's tick grid) of the cycle that last checked the page: its
+    #: trackings' next due times count from it (crawler_app.due).
+    slot_at: Mapped[dt.datetime | None]
     #: The application cycle whose check result was applied last (analysis is idempotent).
     analysed_cycle_id: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
@@ -143,6 +146,10 @@ class Tracking(Base):
     #: The user's labels for it (:func:`crawler_app.pages.check_tags`), searched with the
     #: page's URL and title.
     tags: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
+    #: Check the page every this many seconds, or on this cron expression (five fields,
+    #: local time); neither: on the operator's ``JODL_SCHEDULE`` (crawler_app.due).
+    every: Mapped[int | None] = mapped_column(Integer)
+    cron: Mapped[str | None] = mapped_column(String(100))
 
 
 class PageView(Base):

@@ -9,6 +9,7 @@ tracked by any number of users is one :class:`~crawler_app.models.Page` with one
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 from collections.abc import Iterable
@@ -21,11 +22,13 @@ from werkzeug.security import check_password_hash, generate_password_hash
 from jodl.exceptions import JodlError
 from jodl.log import JobLog, JobState, utcnow
 
+from .due import Clock, Schedule
 from .filters import FilterError, ViewSpec
 from .guard import FetchRefused, parse_url
 from .models import URL_LENGTH, WHOLE_PAGE, Page, PageView, Tracking, User
 from .quota import check_tracking
 from .reach import Reach
+from .settings import AppSettings
 
 #: Family of the jobs that fetch pages.
 CHECK_FAMILY = "check_page"
@@ -176,6 +179,7 @@ def track(
     browser: bool | None = None,
     view: ViewSpec | None = None,
     tags: Iterable[str] | None = None,
+    schedule: Schedule | None = None,
 ) -> Tracking:
     """``email`` tracks ``url`` through a view: ``view`` (filters and trigger,
     :mod:`crawler_app.filters`), or only the part ``selector`` picks, or the whole page.
@@ -186,8 +190,9 @@ def track(
     and fetches the page once for all its views. ``period`` (checked every N-th
     cycle) applies to the page, hence to all its trackers. ``browser``: the page is
     rendered in a browser, for all its trackers (see :func:`_render_mode`). ``tags``
-    (when given) replace the tracking's tags (:func:`check_tags`). Queue
-    its first check with :func:`crawler_app.baselines.request` once committed.
+    (when given) replace the tracking's tags (:func:`check_tags`); ``schedule`` (when
+    given, from :func:`crawler_app.due.check_schedule_of`) replaces its schedule. Queue its first
+    check with :func:`crawler_app.baselines.request` once committed.
     """
     user = get_user(session, email)
     normal = normalise_url(url)
@@ -225,6 +230,8 @@ def track(
             tracking.browser = browser
         if labels is not None:
             tracking.tags = labels
+    if schedule is not None:
+        tracking.every, tracking.cron = schedule.every, schedule.cron
     session.flush()
     sync_jobs(session, [page.id])
     _render_mode(session, page.id)
@@ -300,6 +307,25 @@ def untrack(
     return True
 
 
+def _trackings_of_page(
+    session: Session, email: str, url: str, tracking_id: int | None
+) -> tuple[Page, list[Tracking]]:
+    """The page of ``url`` and ``email``'s trackings of it (only ``tracking_id``, if
+    given); :class:`PageError` if they track no such page."""
+    user = get_user(session, email)
+    normal = normalise_url(url)
+    page = session.scalar(select(Page).where(Page.url == normal))
+    query = select(Tracking).where(
+        Tracking.user_id == user.id, Tracking.page_id == (page.id if page is not None else -1)
+    )
+    if tracking_id is not None:
+        query = query.where(Tracking.id == tracking_id)
+    trackings = list(session.scalars(query))
+    if page is None or not trackings:
+        raise PageError(f"{user.email} does not track {normal}")
+    return page, trackings
+
+
 def set_paused(
     session: Session, email: str, url: str, paused: bool, tracking_id: int | None = None
 ) -> int:
@@ -311,22 +337,26 @@ def set_paused(
     whose trackings are all paused is not fetched (its job is retired and comes
     back when one of them resumes).
     """
-    user = get_user(session, email)
-    normal = normalise_url(url)
-    page = session.scalar(select(Page).where(Page.url == normal))
-    query = select(Tracking).where(Tracking.user_id == user.id)
-    query = query.where(Tracking.page_id == (page.id if page is not None else -1))
-    if tracking_id is not None:
-        query = query.where(Tracking.id == tracking_id)
-    trackings = list(session.scalars(query))
-    if page is None or not trackings:
-        raise PageError(f"{user.email} does not track {normal}")
+    page, trackings = _trackings_of_page(session, email, url, tracking_id)
     changed = [t for t in trackings if t.paused != paused]
     for tracking in changed:
         tracking.paused = paused
     session.flush()
     sync_jobs(session, [page.id])
     return len(changed)
+
+
+def set_schedule(
+    session: Session, email: str, url: str, schedule: Schedule, tracking_id: int | None = None
+) -> int:
+    """Give ``email``'s trackings of ``url`` (only ``tracking_id``, if given) this
+    schedule; how many there are. The page's due time follows at once."""
+    page, trackings = _trackings_of_page(session, email, url, tracking_id)
+    for tracking in trackings:
+        tracking.every, tracking.cron = schedule.every, schedule.cron
+    session.flush()
+    sync_jobs(session, [page.id])
+    return len(trackings)
 
 
 #: What a tracker is told about a page that builds its text with scripts.
@@ -389,13 +419,22 @@ def family_id(session: Session, name: str) -> int:
     )
 
 
-def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
+def sync_jobs(
+    session: Session,
+    page_ids: Iterable[int] | None = None,
+    settings: AppSettings | None = None,
+    now: dt.datetime | None = None,
+    every_page: bool = False,
+) -> int:
     """Give every tracked page an idle ``check_page`` job and delete the untracked ones' jobs
     (a page whose trackings are all paused counts as untracked).
 
-    ``page_ids`` limits the work to those pages (None: all pages). Also gives each
-    page a view per view key its trackers use. A handful of statements whatever
-    the number of pages. Returns the number of pages with a live job.
+    ``page_ids`` limits the work to those pages (None: all pages). Each live job's
+    due time is the earliest next due among the page's active trackings at ``now``
+    (:mod:`crawler_app.due`; ``settings`` give the default schedule, by default the
+    environment's); ``every_page``: none, so the next run takes every page. Also
+    gives each page a view per view key its trackers use. A handful of statements
+    whatever the number of pages. Returns the number of pages with a live job.
     """
     fid = family_id(session, CHECK_FAMILY)
     ids = None if page_ids is None else list(page_ids)
@@ -407,22 +446,26 @@ def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
 
     conn = session.connection()
     page_rows = session.execute(
-        select(Page.id, Page.url, Page.job_id, Page.period).where(only(Page.id))
+        select(
+            Page.id, Page.url, Page.job_id, Page.period, Page.slot_at, Page.last_checked_at
+        ).where(only(Page.id))
     ).all()
     lines = JobLog.lines(conn, [r.job_id for r in page_rows if r.job_id is not None])
     pages = []
-    for page_id, url, job_id, period in page_rows:
+    for page_id, url, job_id, period, _, _ in page_rows:
         line = lines.get(job_id) if job_id is not None else None
         state, every = (line.state, line.every_n_cycles) if line else (None, None)
         pages.append((page_id, url, job_id, period, state, every))
     selectors: dict[int, set[str]] = {}
-    active: set[int] = set()  # pages with a tracking that is not paused
-    for page_id, selector, paused in session.execute(
-        select(Tracking.page_id, Tracking.selector, Tracking.paused).where(only(Tracking.page_id))
+    active: dict[int, list[Schedule]] = {}  # pages with a tracking not paused: its schedules
+    for page_id, selector, paused, every, cron in session.execute(
+        select(
+            Tracking.page_id, Tracking.selector, Tracking.paused, Tracking.every, Tracking.cron
+        ).where(only(Tracking.page_id))
     ):
         selectors.setdefault(page_id, set()).add(selector or WHOLE_PAGE)
         if not paused:
-            active.add(page_id)
+            active.setdefault(page_id, []).append(Schedule(every, cron))
     views = set(
         session.execute(select(PageView.page_id, PageView.selector).where(only(PageView.page_id)))
         .tuples()
@@ -468,6 +511,20 @@ def sync_jobs(session: Session, page_ids: Iterable[int] | None = None) -> int:
     # Tracked again (or dead after repeated failures): back into the cycles.
     JobLog.revive(conn, [(r["jid"], r["every"]) for r in revive])
     JobLog.delete(conn, delete)
+    # One fetch per due time however many track the page: its one job is due at the
+    # earliest of its active trackings' next times, counted from the cycle that last
+    # checked it (a baseline check, for a page no cycle checked yet).
+    clock = Clock(settings or AppSettings.from_env())
+    now = now or utcnow()
+    JobLog.set_due(
+        conn,
+        fid,
+        {
+            url: None if every_page else clock.page_due(active[page_id], slot or checked, now)
+            for page_id, url, _, _, slot, checked in page_rows
+            if page_id in active
+        },
+    )
     new_views = [
         {"page_id": page_id, "selector": sel, "recent": []}
         for page_id, sels in selectors.items()

@@ -1,11 +1,18 @@
 """Scheduled application cycles beside a serving master (``jodl master``).
 
-An APScheduler ``BackgroundScheduler`` fires the page-check cycle on the cron
-expression ``JODL_SCHEDULE`` (five fields, local time; a sixth leading field
-gives seconds; ``off`` turns the schedule off). The cycle runs in the
-scheduler's thread; its two job steps ask the serving master (single-threaded)
-to run a JODL cycle with ``Master.request_cycle`` and wait for it. A slot with
-no tracked page (paused trackings do not count) and no unfinished cycle does nothing.
+An APScheduler ``BackgroundScheduler`` starts page-check cycles; each checks the
+pages due by their trackings' schedules (:mod:`crawler_app.due`, docs/schedules.md):
+
+* a **tick** every ``JODL_CHECK_TICK`` seconds, on a fixed grid, starts a cycle when
+  some page's due time has passed (one look at the library's index), else nothing;
+* the cron expression ``JODL_SCHEDULE`` (five fields, local time; a sixth leading
+  field gives seconds; ``off`` turns it off), the default schedule of trackings
+  without one, fires a cycle at its slots too.
+
+The cycle runs in the scheduler's thread; its two job steps ask the serving master
+(single-threaded) to run a JODL cycle with ``Master.request_cycle`` and wait for it.
+A slot with no tracked page (paused trackings do not count) and no unfinished cycle
+does nothing.
 
 * One cycle at a time: the job has ``max_instances=1`` and a lock guards the
   cycle; at most one application cycle is open in the database anyway.
@@ -15,10 +22,10 @@ no tracked page (paused trackings do not count) and no unfinished cycle does not
   ``coalesce`` folds slots missed while a long cycle ran into one run.
 * The checks of a scheduled cycle start spread over ``JODL_CHECK_SPREAD``
   seconds by a hash of the URL, never more than a quarter of the time to the
-  next slot. A cycle an operator asked for is not spread: someone is waiting
-  for it, and spreading exists to smooth the load of the daily slot.
-* :func:`next_checks` tells the web UI when the schedule next checks a page (its
-  slot, its period, its place in the spread).
+  next slot nor of the shortest interval among the due pages (:func:`due_spread`).
+  A cycle an operator asked for is not spread: someone is waiting for it, and
+  spreading exists to smooth the load of the scheduled checks.
+* :func:`next_checks` tells the web UI when a page is next checked (its job's due time).
 * Operators' requests for a cycle now (:mod:`crawler_app.cycle_requests`) are
   looked for every :data:`REQUEST_POLL` seconds by an interval job, also with
   ``JODL_SCHEDULE=off``. A request waits while a cycle runs; all requests
@@ -40,9 +47,10 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine, exists, select
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import sessionmaker
 
 from jodl.exceptions import JodlError
-from jodl.log import Reads
+from jodl.log import Reads, utcnow
 
 from . import baselines, cycle_requests
 from .cycle import (
@@ -51,16 +59,21 @@ from .cycle import (
     RunFamily,
     last_cycle_start,
     open_cycle_step,
-    spread_fraction,
 )
+from .due import Clock, Schedule, local_zone, shortest_interval
 from .models import Page, Tracking
-from .pages import CHECK_FAMILY
+from .pages import CHECK_FAMILY, sync_jobs
 from .settings import SCHEDULE_OFF, AppSettings, cron_trigger
 
 log = logging.getLogger("crawler_app.schedule")
 
 #: Id of the scheduler job that runs the application cycle.
 JOB_ID = "page-check-cycle"
+#: Id of the scheduler job that starts a cycle when a page is due.
+TICK_JOB_ID = "due-pages"
+#: Where the ticks' grid starts: ticks fire at whole multiples of the tick since then
+#: (whole minutes for 60 s), so a page's due time, counted from a tick, falls on one.
+TICK_ORIGIN = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 #: Id of the scheduler job that looks for operators' requests.
 REQUEST_JOB_ID = "cycle-requests"
 #: Id of the scheduler job that stores the baseline checks of new trackings.
@@ -70,7 +83,8 @@ REQUEST_POLL = 2.0
 
 
 class CycleScheduler:
-    """Runs the application cycle on a cron schedule, once at a time, catching up once."""
+    """Runs the application cycle when pages are due and on the default cron schedule,
+    once at a time, catching up once."""
 
     def __init__(
         self,
@@ -127,8 +141,10 @@ class CycleScheduler:
         return spread_seconds(self.settings, self.trigger, now or self._now())
 
     def start(self) -> None:
-        """Schedule the cycle (first run now when one was missed) and start the thread."""
+        """Schedule the cycle (first run now when one was missed), the tick and the
+        requests' poll, and start the thread."""
         first = self._now() if self.missed() else None
+        refresh_due_times(self.engine, self.settings)
         if self.trigger is not None:
             self.scheduler.add_job(
                 self.run_cycle,
@@ -140,6 +156,17 @@ class CycleScheduler:
             )
         elif first is not None:  # schedule off, but an unfinished cycle resumes
             self.scheduler.add_job(self.run_cycle, id=JOB_ID, name="page check cycle (resumed)")
+        self.scheduler.add_job(
+            self.tick,
+            "interval",
+            seconds=self.settings.check_tick,
+            start_date=TICK_ORIGIN,
+            id=TICK_JOB_ID,
+            name="cycle of the due pages",
+            replace_existing=True,
+            # As for requests: a tick that finds a cycle running returns at once.
+            max_instances=2,
+        )
         self.scheduler.add_job(
             self.serve_requests,
             "interval",
@@ -214,6 +241,30 @@ class CycleScheduler:
             log.exception("storing baseline checks")
             return 0
 
+    def due(self, now: dt.datetime | None = None) -> bool:
+        """True when some page's due time has passed (naive UTC ``now``): one look at
+        the library's index of idle jobs' due times."""
+        when = Reads(self.engine).next_due(CHECK_FAMILY)
+        return when is not None and when <= (now or utcnow())
+
+    def tick(self, now: dt.datetime | None = None) -> CycleResult | None:
+        """Every ``JODL_CHECK_TICK`` seconds: a cycle of the due pages when some page is
+        due (or a cycle is open); nothing otherwise, not even a cycle row."""
+        if not self.leads(CHECK_FAMILY):
+            return None
+        try:
+            if open_cycle_step(self.engine) is None and not self.due(now):
+                return None
+        except SQLAlchemyError:
+            log.exception("looking for due pages")
+            return None
+        if not self._lock.acquire(blocking=False):
+            return None  # a cycle runs: it takes what is due when its run opens
+        try:
+            return self._run("schedule", due_spread(self.engine, self.settings, self.spread()))
+        finally:
+            self._lock.release()
+
     def run_cycle(self, trigger: str = "schedule") -> CycleResult | None:
         """Run (or resume) one application cycle unless one is running in this process,
         or another master leads the page checks (its scheduler runs the cycle)."""
@@ -224,7 +275,7 @@ class CycleScheduler:
             log.warning("page check cycle still running; this slot is skipped")
             return None
         try:
-            return self._run(trigger, self.spread())
+            return self._run(trigger, due_spread(self.engine, self.settings, self.spread()))
         finally:
             self._lock.release()
 
@@ -270,60 +321,69 @@ def spread_seconds(settings: AppSettings, trigger: Any, now: dt.datetime) -> flo
 def next_checks(
     engine: Engine,
     page_ids: Sequence[int],
-    settings: AppSettings | None = None,
     now: dt.datetime | None = None,
     timezone: Any = None,
 ) -> dict[int, dt.datetime]:
-    """When the schedule next checks each of these pages (aware datetimes in
-    ``timezone``, by default the local one: the scheduler's, cron fields are local time).
+    """When each of these pages is next checked: its job's due time (the earliest among
+    its active trackings', :mod:`crawler_app.due`), or ``now`` when that has passed
+    (the next tick takes it); aware datetimes in ``timezone``, by default the local one.
 
-    A page checked every N-th cycle (its period) waits for the slot where N cycles
-    have passed since its last check; its check starts at its place in that slot's
-    spread. Pages without a schedule (``JODL_SCHEDULE=off``) or without a job are
-    left out. Cycles operators start add checks the schedule does not foresee.
+    Pages without a job (untracked, all trackings paused) or without a due time
+    (``JODL_SCHEDULE=off`` and no schedule of their own: checked by whatever cycle
+    runs) are left out. The check itself starts within the cycle's spread.
     """
-    settings = settings or AppSettings.from_env()
-    if settings.schedule == SCHEDULE_OFF or not page_ids:
+    if not page_ids:
         return {}
-    from tzlocal import get_localzone
-
-    zone = timezone or get_localzone()
-    trigger = cron_trigger(settings.schedule, zone)
-    now = now.astimezone(zone) if now is not None else dt.datetime.now(zone)
-    reads = Reads(engine)
-    latest = reads.newest_run_number(CHECK_FAMILY)
+    zone = timezone or local_zone()
+    now = now.astimezone(dt.UTC) if now is not None else dt.datetime.now(dt.UTC)
     with engine.connect() as conn:
         pages = conn.execute(
-            select(Page.id, Page.url, Page.job_id).where(
+            select(Page.id, Page.job_id).where(
                 Page.id.in_(list(page_ids)), Page.job_id.is_not(None)
             )
         ).all()
-    # A job that failed or runs now is back in line for the next cycle anyway.
-    timings = reads.job_timings([job_id for _, _, job_id in pages])
-    rows = [
-        (page_id, url, timings[job_id].every_n_cycles, timings[job_id].last_run_number)
-        for page_id, url, job_id in pages
-        if job_id in timings
-    ]
-    slots: list[dt.datetime] = []
-    spreads: dict[int, float] = {}  # slot index -> seconds its checks spread over
+    dues = Reads(engine).due_times([job_id for _, job_id in pages])
     out: dict[int, dt.datetime] = {}
-    for page_id, url, every, last in rows:
-        wait = 1 if last is None or latest is None else max(1, last + (every or 1) - latest)
-        while len(slots) < wait:
-            previous = slots[-1] if slots else None
-            after = previous + dt.timedelta(microseconds=1) if previous else now
-            slot = trigger.get_next_fire_time(previous, after)
-            if slot is None:
-                break
-            slots.append(slot)
-        if len(slots) < wait:
-            continue
-        slot = slots[wait - 1]
-        if wait not in spreads:
-            spreads[wait] = spread_seconds(settings, trigger, slot)
-        out[page_id] = slot + dt.timedelta(seconds=spread_fraction(url) * spreads[wait])
+    for page_id, job_id in pages:
+        due = dues.get(job_id)
+        if due is not None:
+            out[page_id] = max(due.replace(tzinfo=dt.UTC), now).astimezone(zone)
     return out
+
+
+def due_spread(
+    engine: Engine, settings: AppSettings, cap: float, now: dt.datetime | None = None
+) -> float:
+    """Seconds a cycle of the pages due at ``now`` (naive UTC) spreads their checks over:
+    ``cap`` (``JODL_CHECK_SPREAD``, itself capped by the default schedule), and never
+    more than a quarter of the shortest interval among the due pages' active trackings,
+    so a 15-minute page is not started up to five minutes late."""
+    if cap <= 0:
+        return 0.0
+    now = now or utcnow()
+    with engine.connect() as conn:
+        rows = conn.execute(select(Page.job_id, Page.id).where(Page.job_id.is_not(None)))
+        pages: dict[int, int] = dict(rows.tuples().all())
+        dues = Reads(engine).due_times(list(pages))
+        due_pages = [pages[j] for j, when in dues.items() if when is None or when <= now]
+        schedules: dict[int, list[Schedule]] = {}
+        for start in range(0, len(due_pages), 1000):
+            for page_id, every, cron in conn.execute(
+                select(Tracking.page_id, Tracking.every, Tracking.cron).where(
+                    Tracking.page_id.in_(due_pages[start : start + 1000]),
+                    Tracking.paused.is_(False),
+                )
+            ):
+                schedules.setdefault(page_id, []).append(Schedule(every, cron))
+    shortest = shortest_interval(Clock(settings), schedules, now)
+    return cap if shortest is None else max(0.0, min(cap, shortest / 4))
+
+
+def refresh_due_times(engine: Engine, settings: AppSettings) -> int:
+    """Every tracked page's due time from its trackings now (at start: a database
+    upgraded from before schedules, or a changed ``JODL_SCHEDULE``); pages with a job."""
+    with sessionmaker(engine)() as s, s.begin():
+        return sync_jobs(s, settings=settings)
 
 
 def _anything_tracked(engine: Engine) -> bool:

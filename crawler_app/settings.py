@@ -24,6 +24,12 @@ from .guard import parse_allowlist
 DEFAULT_SCHEDULE = "0 6 * * *"
 #: Seconds over which the checks of a scheduled cycle are spread (by a hash of the URL).
 DEFAULT_CHECK_SPREAD = 300.0
+#: Bounds of a tracking's interval (seconds): 5 minutes keeps one user from making the
+#: cluster fetch a page every few seconds; 4 weeks keeps a forgotten page checked.
+DEFAULT_CHECK_EVERY_MIN = 300
+DEFAULT_CHECK_EVERY_MAX = 4 * 7 * 86400
+#: Seconds between two looks for due pages: a page is checked at most this late.
+DEFAULT_CHECK_TICK = 60
 #: Confirmed snapshots kept per page view (older ones are deleted).
 DEFAULT_SNAPSHOT_RETENTION = 50
 #: Sender of the digests.
@@ -98,8 +104,9 @@ OPTIONS: tuple[Option, ...] = (
         DEFAULT_SCHEDULE,
         "cron",
         "Cron expression (MIN HOUR DAY MONTH WEEKDAY, local time; an optional leading SEC "
-        "field) of the page-check cycle that `jodl master` runs; a run missed while the "
-        "master was down runs once at start; `off` turns it off",
+        "field) of the trackings without a schedule of their own: `jodl master` checks "
+        "their pages then; a run missed while the master was down runs once at start; "
+        "`off`: such pages are checked by whatever cycle runs (docs/schedules.md)",
         "master",
     ),
     AppOption(
@@ -107,7 +114,31 @@ OPTIONS: tuple[Option, ...] = (
         str(DEFAULT_CHECK_SPREAD),
         "float0",
         "Seconds over which a scheduled cycle's checks start, ordered by a hash of the URL "
-        "(0: all at once; never more than a quarter of the time between two runs)",
+        "(0: all at once; never more than a quarter of the shortest interval among the due "
+        "pages' schedules, nor of the time between two runs of JODL_SCHEDULE)",
+        "master",
+    ),
+    AppOption(
+        "JODL_CHECK_EVERY_MIN",
+        str(DEFAULT_CHECK_EVERY_MIN),
+        "int+",
+        "Shortest interval in seconds a tracking may ask for (`jodl track --every`); a cron "
+        "expression firing more often is refused too",
+        "master, web",
+    ),
+    AppOption(
+        "JODL_CHECK_EVERY_MAX",
+        str(DEFAULT_CHECK_EVERY_MAX),
+        "int+",
+        "Longest interval in seconds a tracking may ask for (default 4 weeks)",
+        "master, web",
+    ),
+    AppOption(
+        "JODL_CHECK_TICK",
+        str(DEFAULT_CHECK_TICK),
+        "int+",
+        "Seconds between two looks for due pages by `jodl master` (a cycle starts only when "
+        "a page is due); a page is checked at most this late",
         "master",
     ),
     AppOption(
@@ -335,6 +366,9 @@ class AppSettings:
 
     schedule: str = DEFAULT_SCHEDULE
     check_spread: float = DEFAULT_CHECK_SPREAD
+    check_every_min: int = DEFAULT_CHECK_EVERY_MIN
+    check_every_max: int = DEFAULT_CHECK_EVERY_MAX
+    check_tick: int = DEFAULT_CHECK_TICK
     snapshot_retention: int = DEFAULT_SNAPSHOT_RETENTION
     confirm_delay: float = confirm.DEFAULT_CONFIRM_DELAY
     confirm_fetches: int = confirm.DEFAULT_CONFIRM_FETCHES
@@ -389,6 +423,11 @@ class AppSettings:
             parse_allowlist(tuple(settings.channel_allow))
         except ValueError as exc:
             raise ConfigError(f"JODL_CHANNEL_ALLOW: {exc}") from None
+        if settings.check_every_min > settings.check_every_max:
+            raise ConfigError(
+                f"JODL_CHECK_EVERY_MIN ({settings.check_every_min}) is above "
+                f"JODL_CHECK_EVERY_MAX ({settings.check_every_max})"
+            )
         settings.fetch_settings()
         settings.browser_settings()
         if settings.smtp_user and not (settings.smtp_starttls or settings.smtp_ssl):

@@ -18,6 +18,7 @@ from sqlalchemy.orm import sessionmaker
 from crawler_app.confirm import BASELINE_FETCHES
 from crawler_app.cycle import PageCycle, spread_fraction
 from crawler_app.cycle_requests import request_cycle
+from crawler_app.due import Schedule, local_zone
 from crawler_app.models import AppCycle, CycleRequest, CycleStep, Page
 from crawler_app.schedule import CycleScheduler, MasterRunner
 from crawler_app.settings import AppSettings, cron_trigger
@@ -250,6 +251,8 @@ def test_jodl_master_runs_requested_cycles_one_at_a_time(
             "JODL_DATABASE_URL": db_url,
             "JODL_SCHEDULE": "0 6 1 1 *",
             "JODL_CHECK_SPREAD": "0",
+            # No tick during the test: only the operators' requests start cycles.
+            "JODL_CHECK_TICK": "86400",
             "JODL_LOG_LEVEL": "INFO",
         },
     )
@@ -273,9 +276,12 @@ def test_jodl_master_runs_requested_cycles_one_at_a_time(
     assert served[second] == served[third] != running.id
     web = [c for c in cycles(store) if c.trigger == "web"]
     assert [c.id for c in web] == [running.id, served[second]]
-    assert all(c.step == CycleStep.DONE and c.checked == 1 for c in web)
+    assert all(c.step == CycleStep.DONE for c in web)
+    # A requested cycle checks the pages due: the page, never checked, in the first; not
+    # again in the second (its yearly default schedule's next time is far away).
+    assert [c.checked for c in web] == [1, 0]
     assert web[1].started_at >= web[0].finished_at  # never two at once
-    assert len(site.requests("/slow")) == FIRST_CHECK_FETCHES + 1
+    assert len(site.requests("/slow")) == FIRST_CHECK_FETCHES
     assert all(r.taken_by for r in requests_of(store))
     # The polls that found a cycle running returned at once, without APScheduler's warning.
     log = (tmp_path / "master.log").read_text()
@@ -300,7 +306,8 @@ def test_a_requested_cycle_is_not_spread(store, agents, settings, site, inbox):
     sched = CycleScheduler(
         store.engine,
         runner,
-        app_settings(schedule="0 6 * * *", check_spread=300),
+        # No tick during the test: it would start a spread cycle of these due pages.
+        app_settings(schedule="0 6 * * *", check_spread=300, check_tick=86400),
         request_poll=0.1,
     )
     assert sched.spread() == 300  # a scheduled slot would be spread
@@ -326,37 +333,38 @@ def test_a_requested_cycle_is_not_spread(store, agents, settings, site, inbox):
 
 
 def test_next_check_of_each_tracked_page(store):
+    from crawler_app.pages import set_schedule, sync_jobs
     from crawler_app.schedule import next_checks
 
     add_users_tracking(store, "http://pages.example/daily", ["ann@example.org"])
-    add_users_tracking(store, "http://pages.example/weekly", ["ann@example.org"])
+    add_users_tracking(store, "http://pages.example/hourly", ["ann@example.org"])
     with sessionmaker(store.engine)() as s, s.begin():
         ids = dict(s.execute(select(Page.url, Page.id)).tuples().all())
-        weekly = s.scalar(select(Page).where(Page.url == "http://pages.example/weekly"))
-        weekly.period = 3
+        set_schedule(s, "ann@example.org", "http://pages.example/hourly", Schedule(every=3600))
+    daily, hourly = ids["http://pages.example/daily"], ids["http://pages.example/hourly"]
+    # Never checked: due now, both.
+    now = dt.datetime.now(UTC) + dt.timedelta(seconds=5)
+    got = next_checks(store.engine, [daily, hourly], now, UTC)
+    assert got == {daily: now, hourly: now}
+    # Checked by a cycle a tick started at 07:00: the hourly page at 08:00, the daily one
+    # at the default schedule's next 06:00 (local time, as the scheduler reads it).
+    checked = dt.datetime(2030, 5, 1, 7, 0)
     with sessionmaker(store.engine)() as s, s.begin():
-        from crawler_app.pages import sync_jobs
-
-        sync_jobs(s)  # the job takes the page's period
-    now = dt.datetime(2030, 5, 1, 7, 0, tzinfo=UTC)
-    daily, weekly = ids["http://pages.example/daily"], ids["http://pages.example/weekly"]
-    got = next_checks(store.engine, [daily, weekly], app_settings(check_spread=600), now, UTC)
-    slot = dt.datetime(2030, 5, 2, 6, 0, tzinfo=UTC)
-    # Never checked: both at the next slot, each at its place in the spread.
-    for page_id, url in ((daily, "/daily"), (weekly, "/weekly")):
-        offset = spread_fraction("http://pages.example" + url) * 600
-        assert got[page_id] == slot + dt.timedelta(seconds=offset)
-    # Checked in run 4 of 4, every 3rd cycle: due again in run 7, the third slot from now.
+        s.execute(sql_update(Page).values(slot_at=checked))
+        sync_jobs(s, settings=app_settings())
+    got = next_checks(store.engine, [daily, hourly], dt.datetime(2030, 5, 1, 7, 30, tzinfo=UTC))
+    assert got[hourly] == dt.datetime(2030, 5, 1, 8, 0, tzinfo=UTC)
+    six = cron_trigger("0 6 * * *", local_zone()).get_next_fire_time(
+        None, checked.replace(tzinfo=UTC)
+    )
+    assert got[daily] == six
+    # A due time passed: the next tick checks it.
+    later = dt.datetime(2030, 5, 3, tzinfo=UTC)
+    assert next_checks(store.engine, [hourly], later, UTC) == {hourly: later}
+    # No default schedule: a page without one of its own has no time (any cycle checks it).
     with sessionmaker(store.engine)() as s, s.begin():
-        s.execute(sql_update(Job).values(last_run_number=4).where(Job.id.in_(select(Page.job_id))))
-        from jodl.log.models import FamilyRow, Run
-
-        fid = s.scalar(select(FamilyRow.id).where(FamilyRow.name == "check_page"))
-        s.add(Run(family_id=fid, number=4, state="done", started_at=utcnow()))
-    got = next_checks(store.engine, [daily, weekly], app_settings(check_spread=0), now, UTC)
-    assert got[daily] == slot
-    assert got[weekly] == slot + dt.timedelta(days=2)
-    assert next_checks(store.engine, [daily], app_settings(schedule="off"), now, UTC) == {}
+        sync_jobs(s, settings=app_settings(schedule="off"))
+    assert daily not in next_checks(store.engine, [daily, hourly], later, UTC)
 
 
 def test_a_new_database_is_not_catching_up(store, caplog):

@@ -9,6 +9,7 @@ and the operator view show the node ``local:1``; Ctrl-C stops it all.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import signal
 import subprocess
@@ -19,9 +20,12 @@ import httpx
 from agents import child_env, jodl_command
 from app_support import Inbox, add_users_tracking, inbox
 from sqlalchemy import select
+from sqlalchemy.orm import sessionmaker
 from test_web_up import LOGIN_LINE, UP_LINE, children, wait_up
 from webserver import AGENT_ENV
 
+from crawler_app.models import Page
+from crawler_app.pages import sync_jobs
 from jodl.log import Store, make_engine
 from jodl.log.models import Node, NodeState
 from web.standalone import forget_in_process_nodes
@@ -99,6 +103,13 @@ def test_standalone_runs_the_page_checkers_cycle_in_one_process(
         assert cycle(tmp_path, env) == (1, 1, 0, 0, 0)  # the baseline
         baseline = len(site.requests("/news"))
         site.set_page("/news", page("first story", "a brand new story"))
+        # A requested cycle checks the pages due: a day passes for the daily page (its
+        # last check moves a day back, a controlled clock for its due time).
+        with sessionmaker(engine).begin() as s:
+            for row in s.scalars(select(Page)):
+                assert row.slot_at is not None
+                row.slot_at -= dt.timedelta(days=1)
+            sync_jobs(s)
         # Seen, confirmed by fetching again within the same check, and mailed.
         assert cycle(tmp_path, env) == (1, 1, 1, 2, 2)
         inbox.wait_count(2)

@@ -17,7 +17,7 @@ from tzlocal import get_localzone
 
 from crawler_app import baselines
 from crawler_app.models import Page
-from crawler_app.pages import track
+from crawler_app.pages import sync_jobs, track
 from crawler_app.reach import Reach
 from jodl.log.models import utcnow
 from web.batch import KEY_PREFIXES
@@ -39,6 +39,8 @@ def tracked_page(app: Flask, email: str, checked: dt.datetime | None = None) -> 
         assert page is not None
         page.last_checked_at = checked
         page.last_status = 200 if checked else None
+        s.flush()
+        sync_jobs(s, [page_id])  # its due time counts from that check, as after a cycle
         return page_id
 
 
@@ -125,11 +127,14 @@ def test_tracked_pages_show_readable_times_and_the_next_check(
     shown = [t.get("datetime") for t in doc.xpath("//main/p/time")]
     assert shown == [last.get("datetime"), expected]
     assert doc.xpath(f"//form[@action='/pages/{page_id}/check']")
-    # No schedule: checks happen only when an operator starts a cycle.
+    # No default schedule (as a master starting with it off sets the due times): a page
+    # without a schedule of its own is checked by whatever cycle runs.
     monkeypatch.setenv("JODL_SCHEDULE", "off")
+    with sessionmaker(app.extensions["jodl"].engine).begin() as s:
+        sync_jobs(s, [page_id])
     doc = lxml.html.fromstring(user_client.get("/pages").get_data(as_text=True))
     (cell,) = doc.xpath("//td[@class='next-check']")
-    assert cell.text_content().strip() == "when an operator starts a cycle"
+    assert cell.text_content().strip() == "when a cycle runsdefault schedule"  # <br> between
 
 
 def test_operator_views_show_readable_times(app: Flask, admin_client: FlaskClient) -> None:

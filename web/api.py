@@ -333,7 +333,9 @@ def pages_list() -> Any:
 def pages_add() -> Any:
     data = body()
     _tags_are_a_list(data)
-    added = tracking.add_page(services(), _me(), data.get("url"), data, data.get("browser", False))
+    added = tracking.add_page(
+        services(), _me(), data.get("url"), data, data.get("browser", False), json_body=True
+    )
     return jsonify(added), 201
 
 
@@ -347,20 +349,25 @@ def _tags_are_a_list(data: dict[str, Any]) -> None:
 @login_required
 def pages_update(page_id: int) -> Any:
     data = body()
-    unknown = sorted(set(data) - {"paused", "tags"})
+    unknown = sorted(set(data) - {"paused", "tags", "every", "cron"})
     if unknown:
-        raise BadRequest(f"{unknown[0]}: cannot be changed here (only paused and tags)")
+        raise BadRequest(
+            f"{unknown[0]}: cannot be changed here (only paused, tags, every and cron)"
+        )
     if not data:
-        raise BadRequest("paused: true or false (or tags: a list)")
+        raise BadRequest("paused: true or false (or tags: a list, every, cron)")
     _tags_are_a_list(data)
     which = request.args.get("tracking")
     done: dict[str, Any] = {"id": page_id}
     if "tags" in data:  # checked first: a refused body changes nothing
         tracking.tags_from(data["tags"])
+    tracking.schedule_from(data)
     if "paused" in data:
         done = tracking.pause_page(services(), _me(), page_id, data["paused"], which)
     if "tags" in data:
         done["tags"] = tracking.set_tags(services(), _me(), page_id, data["tags"], which)
+    if "every" in data or "cron" in data:
+        done.update(tracking.set_tracking_schedule(services(), _me(), page_id, data, which))
     return jsonify(done)
 
 

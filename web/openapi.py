@@ -32,6 +32,19 @@ _TAGS = {
     "maxItems": 10,
     "description": "labels of this tracking (lower-cased); searched by ?q=",
 }
+_EVERY = {
+    "type": ["integer", "null"],
+    "description": "check the page every this many seconds (900: 15 minutes), within the "
+    "operator's JODL_CHECK_EVERY_MIN/_MAX; null with cron null: the operator's default "
+    "schedule. The page is checked at the shortest schedule among its active trackings, "
+    "once per due time",
+}
+_CRON = {
+    "type": ["string", "null"],
+    "maxLength": 100,
+    "description": "or check it on this cron expression (MIN HOUR DAY MONTH WEEKDAY, the "
+    "server's local time), firing no more often than the minimum interval",
+}
 
 REASONS = {
     400: "Malformed or refused input",
@@ -569,7 +582,10 @@ def document(settings: WebSettings) -> dict[str, Any]:
                             "description": "start paused: no checks, no digests until resumed",
                         },
                         "tags": _TAGS,
+                        "every": _EVERY,
+                        "cron": _CRON,
                     },
+                    "additionalProperties": False,
                 },
                 auth=True,
             ),
@@ -584,14 +600,21 @@ def document(settings: WebSettings) -> dict[str, Any]:
             ),
             "patch": _op(
                 "Pause (paused: true) or resume (paused: false) your trackings of a page "
-                "(only the tracking ?tracking=ID, if given), or replace the tags of one "
-                "(?tracking=ID, default: the first). A paused tracking keeps its "
-                "history and gets no digest; a page whose trackings are all paused is not "
-                "fetched",
+                "(only the tracking ?tracking=ID, if given), replace the tags of one "
+                "(?tracking=ID, default: the first), or set their schedule (every, cron; "
+                "both null: the default). A paused tracking keeps its history and gets no "
+                "digest and its schedule does not count; a page whose trackings are all "
+                "paused is not fetched",
                 _responses(200, "Changed", obj, *WITH_BODY, 404),
                 {
                     "type": "object",
-                    "properties": {"paused": {"type": "boolean"}, "tags": _TAGS},
+                    "properties": {
+                        "paused": {"type": "boolean"},
+                        "tags": _TAGS,
+                        "every": _EVERY,
+                        "cron": _CRON,
+                    },
+                    "additionalProperties": False,
                 },
                 auth=True,
                 params=[_path_int("page_id"), _query_int("tracking")],
@@ -816,7 +839,9 @@ def document(settings: WebSettings) -> dict[str, Any]:
         },
         "/api/admin/cycles": {
             "post": _op(
-                "Request an application cycle now (a running master starts it)",
+                "Request an application cycle now (a running master starts it): it checks "
+                "the pages due by their trackings' schedules ('Check now' on a page in the "
+                "web UI fetches that page at once)",
                 _responses(202, "Requested", obj, *WITH_BODY),
                 {"type": "object"},
                 auth=True,
@@ -910,7 +935,16 @@ def document(settings: WebSettings) -> dict[str, Any]:
                         "last_changed_at": {"type": ["string", "null"]},
                         "next_check_at": {
                             "type": ["string", "null"],
-                            "description": "null when paused or when no schedule checks it",
+                            "description": "the page's due time (the earliest among its "
+                            "active trackings'); null when paused or when no schedule "
+                            "checks it",
+                        },
+                        "every": _EVERY,
+                        "cron": _CRON,
+                        "schedule": {
+                            "type": "string",
+                            "description": "the schedule in words: every 15 min, cron …, "
+                            "default schedule",
                         },
                         "paused": {
                             "type": "boolean",

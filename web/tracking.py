@@ -20,6 +20,7 @@ from sqlalchemy import select
 from werkzeug.exceptions import BadRequest, NotFound
 
 from crawler_app import baselines
+from crawler_app.due import Schedule, ScheduleError, check_schedule_of
 from crawler_app.filters import FilterError, ViewSpec
 from crawler_app.models import WHOLE_PAGE, Page, PageView, Snapshot, Tracking
 from crawler_app.pages import (
@@ -28,14 +29,13 @@ from crawler_app.pages import (
     matches,
     page_note,
     set_paused,
+    set_schedule,
     track,
     trackings_of,
     untrack,
 )
 from crawler_app.quota import QuotaExceeded
 from crawler_app.schedule import next_checks
-from crawler_app.settings import AppSettings
-from jodl.exceptions import JodlError
 
 from . import channels
 from .app import IdConverter, Services, services
@@ -61,11 +61,8 @@ def _iso(value: dt.datetime | None) -> str | None:
 
 
 def _next_checks(svc: Services, page_ids: list[int]) -> dict[int, dt.datetime]:
-    """When the schedule next checks these pages ({} if the settings cannot say)."""
-    try:
-        return next_checks(svc.engine, page_ids, AppSettings.from_env())
-    except JodlError:
-        return {}  # the master refuses such settings too, and says why
+    """When these pages are next checked: their jobs' due times (crawler_app.due)."""
+    return next_checks(svc.engine, page_ids)
 
 
 def list_pages(svc: Services, user: CurrentUser, query: Any = None) -> list[dict[str, Any]]:
@@ -104,6 +101,7 @@ def list_pages(svc: Services, user: CurrentUser, query: Any = None) -> list[dict
             "next_check_at": None if tracking.paused else _iso(upcoming.get(page.id)),
             "paused": tracking.paused,
             "tags": list(tracking.tags or []),
+            **_schedule_fields(tracking),
             "browser": tracking.browser,
             "rendered": page.browser,
             "script_page": page.script_page,
@@ -171,12 +169,71 @@ def tags_from(value: Any) -> list[str] | None:
         raise BadRequest(f"tags: {exc}") from None
 
 
+#: The fields a tracking is created with (a JSON body's others are refused, not ignored).
+TRACKING_FIELDS = frozenset(
+    {"url", "browser", "paused", "tags", "every", "cron", "selector", *FILTER_FIELDS}
+)
+
+
+def schedule_from(data: Any, form: bool = False) -> Schedule | None:
+    """The schedule a JSON body or the form asks for; None when it gives neither field.
+
+    JSON: ``every`` in whole seconds (900: 15 minutes) or ``cron`` (five fields, local
+    time); both null: the operator's default schedule. The form: ``every`` as a
+    duration (15m, 2h, 1d, 1w). :class:`BadRequest` naming the field, in one line."""
+    every, cron = data.get("every"), data.get("cron")
+    if form:
+        every, cron = every or None, cron or None
+        if every is None and cron is None:
+            return None
+    elif "every" not in data and "cron" not in data:
+        return None
+    if every is not None and not form and (isinstance(every, bool) or not isinstance(every, int)):
+        raise BadRequest("every: whole seconds, e.g. 900 for 15 minutes (or null)")
+    if cron is not None and not isinstance(cron, str):
+        raise BadRequest("cron: five cron fields as text, e.g. '*/30 * * * *' (or null)")
+    try:
+        return check_schedule_of(every, cron)
+    except ScheduleError as exc:
+        field = "cron" if str(exc).startswith("cron") else "every"
+        raise BadRequest(f"{field}: {exc}") from None
+
+
+def _schedule_fields(tracking: Tracking) -> dict[str, Any]:
+    """A tracking's schedule as the list and the API show it."""
+    schedule = Schedule(tracking.every, tracking.cron)
+    return {"every": tracking.every, "cron": tracking.cron, "schedule": schedule.describe()}
+
+
+def set_tracking_schedule(
+    svc: Services, user: CurrentUser, page_id: int, data: Any, tracking_id: Any = None
+) -> dict[str, Any]:
+    """Give the user's tracking ``tracking_id`` of the page (else all their trackings of
+    it) the schedule ``data`` asks for (:func:`schedule_from`)."""
+    schedule = schedule_from(data)
+    assert schedule is not None, "called with every or cron"
+    page, _ = _tracking(svc, user, page_id, tracking_id)
+    with svc.batches.sessions.begin() as s:
+        set_schedule(s, user.email, page.url, schedule, _tracking_id(tracking_id))
+    return {"every": schedule.every, "cron": schedule.cron, "schedule": schedule.describe()}
+
+
 def add_page(
-    svc: Services, user: CurrentUser, url: Any, data: Any, browser: Any = False
+    svc: Services,
+    user: CurrentUser,
+    url: Any,
+    data: Any,
+    browser: Any = False,
+    json_body: bool = False,
 ) -> dict[str, Any]:
     """Track ``url`` through the view ``data`` asks for (:func:`view_from`; rendered in a
-    browser with ``browser``) and queue its first check, which takes its baseline;
-    :class:`BadRequest` saying why not."""
+    browser with ``browser``; on :func:`schedule_from`'s schedule) and queue its first
+    check, which takes its baseline; :class:`BadRequest` saying why not. A JSON body
+    (``json_body``) with a field not in :data:`TRACKING_FIELDS` is refused."""
+    if json_body:
+        unknown = sorted(set(data) - TRACKING_FIELDS)
+        if unknown:
+            raise BadRequest(f"{unknown[0]}: not a field of a tracking (see /api/openapi.json)")
     if not isinstance(url, str) or not url.strip():
         raise BadRequest("url: give the address of the page")
     if not isinstance(browser, bool):
@@ -186,14 +243,14 @@ def add_page(
     paused = data.get("paused", False)
     if not isinstance(paused, bool):
         raise BadRequest("paused: true or false")
-    if data.get("interval") not in (None, ""):
-        # Refused rather than ignored: every page follows the operator's schedule.
-        raise BadRequest("interval: not supported; pages are checked on the operator's schedule")
     view = view_from(data)
     tags = tags_from(data.get("tags"))
+    schedule = schedule_from(data, form=not json_body)
     try:
         with svc.batches.sessions.begin() as s:
-            tracking = track(s, user.email, url, browser=browser, view=view, tags=tags)
+            tracking = track(
+                s, user.email, url, browser=browser, view=view, tags=tags, schedule=schedule
+            )
             page_id = tracking.page_id
             if paused:
                 set_paused(s, user.email, url, True, tracking.id)
@@ -207,6 +264,7 @@ def add_page(
                 "browser": tracking.browser,
                 "paused": tracking.paused,
                 "tags": list(tracking.tags or []),
+                **_schedule_fields(tracking),
             }
     except QuotaExceeded as exc:
         raise refused(svc.metrics, exc) from None
@@ -475,7 +533,7 @@ def pages_add() -> Any:
                 url=request.form.get("url", "")[:2100],
                 form={
                     name: request.form.get(name, "")[:2000]
-                    for name in ("selector", "tags", *FILTER_FIELDS)
+                    for name in ("selector", "tags", "every", "cron", *FILTER_FIELDS)
                 },
                 browser=request.form.get("browser") == "on",
             ),

@@ -7,10 +7,11 @@ session's ``connection()``) and never commit themselves.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, and_, bindparam, insert, select, update
+from sqlalchemy import Connection, DateTime, and_, bindparam, insert, select, update
 
 from .models import ExecState, Execution, FamilyRow, Job, JobState, RequestKind, table_of, utcnow
 from .requests import RequestLog
@@ -141,6 +142,29 @@ class JobLog:
             ),
             [{"jid": jid, "every": every} for jid, every in jobs],
         )
+
+    @staticmethod
+    def set_due(conn: Connection, family_id: int, due: Mapping[str, dt.datetime | None]) -> int:
+        """Give idle jobs of the family (key -> time) a due time: no run that opens
+        before it takes the job; None: due in any run again (the default). Naive UTC
+        times, as :func:`utcnow` gives. One statement for all; how many jobs it set.
+
+        Jobs in another state keep theirs (a queued job's due time is the queue's).
+        """
+        if not due:
+            return 0
+        table = table_of(Job)
+        result = conn.execute(
+            update(table)
+            .where(
+                table.c.family_id == bindparam("fid"),
+                table.c.key == bindparam("k"),
+                table.c.state == JobState.IDLE,
+            )
+            .values(due_at=bindparam("due", type_=DateTime())),
+            [{"fid": family_id, "k": key, "due": when} for key, when in due.items()],
+        )
+        return int(result.rowcount)
 
     @staticmethod
     def delete(conn: Connection, job_ids: Sequence[int]) -> None:

@@ -164,6 +164,9 @@ class Job(Base):
     every_n_cycles: Mapped[int] = mapped_column(Integer, default=1)
     #: ... and not more often than this many seconds.
     min_interval: Mapped[float | None] = mapped_column(Float)
+    #: Queued (on demand): when it may be claimed. Idle (cycles): not before this time;
+    #: a run that opens earlier leaves it out (None: due in any run), see
+    #: :meth:`jodl.log.jobs.JobLog.set_due`.
     due_at: Mapped[dt.datetime | None]
     last_run_number: Mapped[int | None] = mapped_column(Integer)
     last_done_at: Mapped[dt.datetime | None]
@@ -195,6 +198,16 @@ Index(
     Job.family_id,
     postgresql_where=text("every_n_cycles > 1 OR min_interval IS NOT NULL"),
     sqlite_where=text("every_n_cycles > 1 OR min_interval IS NOT NULL"),
+)
+
+# Idle jobs held back until a due time, by family: a family's earliest due one at once
+# (Reads.next_due) without reading the many jobs that have none.
+Index(
+    "ix_jodl_job_idle_due",
+    Job.family_id,
+    Job.due_at,
+    postgresql_where=text("state = 'idle' AND due_at IS NOT NULL"),
+    sqlite_where=text("state = 'idle' AND due_at IS NOT NULL"),
 )
 
 # The on-demand queue's claim order among due jobs: highest priority, then earliest due.

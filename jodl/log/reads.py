@@ -10,7 +10,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, exists, func, or_, select
+from sqlalchemy import Connection, Engine, and_, exists, func, literal_column, or_, select
 from sqlalchemy.orm import sessionmaker
 
 from .models import (
@@ -304,6 +304,35 @@ class Reads:
             with self.engine.connect() as own:
                 read(own)
         return found
+
+    def next_due(self, family: str) -> dt.datetime | None:
+        """The earliest due time among the family's idle jobs that have one (naive
+        UTC), None when none has; jobs without a due time are due in any run and do
+        not count here. One look at a partial index (``ix_jodl_job_idle_due``)."""
+        with self.engine.connect() as conn:
+            return conn.scalar(
+                select(func.min(Job.due_at))
+                .join(FamilyRow, FamilyRow.id == Job.family_id)
+                .where(
+                    FamilyRow.name == family,
+                    Job.state == literal_column(f"'{JobState.IDLE}'"),
+                    Job.due_at.is_not(None),
+                )
+            )
+
+    def due_times(self, job_ids: Sequence[int]) -> dict[int, dt.datetime | None]:
+        """job id -> its due time (None: due in any run), for those of these jobs idle."""
+        out: dict[int, dt.datetime | None] = {}
+        with self.engine.connect() as conn:
+            for start in range(0, len(job_ids), CHUNK):
+                for job_id, due in conn.execute(
+                    select(Job.id, Job.due_at).where(
+                        Job.id.in_(list(job_ids[start : start + CHUNK])),
+                        Job.state == JobState.IDLE,
+                    )
+                ):
+                    out[job_id] = due
+        return out
 
     def idle_jobs(self, family_id: int, conn: Connection) -> set[int]:
         """Ids of the family's idle jobs (those its next cycle may run)."""

@@ -381,7 +381,9 @@ class Runs:
 
 
 def _member_filter(run: Run) -> tuple[Any, ...]:
-    """Jobs due in ``run``: idle, older than the run, and due by their every-N-cycles."""
+    """Jobs due in ``run``: idle, older than the run, due by their every-N-cycles, and
+    not held back by a due time after the run's start (``Job.due_at``, see
+    :meth:`JobLog.set_due <jodl.log.jobs.JobLog.set_due>`)."""
     return (
         Job.family_id == run.family_id,
         Job.state == JobState.IDLE,
@@ -390,6 +392,7 @@ def _member_filter(run: Run) -> tuple[Any, ...]:
             Job.last_run_number.is_(None),
             run.number - Job.last_run_number >= Job.every_n_cycles,
         ),
+        or_(Job.due_at.is_(None), Job.due_at <= run.started_at),
         *budgets.member_cut(run),
     )
 
