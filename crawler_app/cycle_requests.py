@@ -10,6 +10,8 @@ locks and then finds nothing left to take, so a request is taken once.
 Requests are **merged**: all requests pending when a master claims are served
 by one cycle. A request made while a cycle runs stays pending until that cycle
 ends, then the next cycle serves it (and every other request made meanwhile).
+
+Operators see each recent request in one :class:`RequestState` (:func:`recent`).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Callable, Sequence
+from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, or_, select, update
 from sqlalchemy.orm import Session
 
 from jodl.exceptions import JodlError
@@ -30,6 +33,18 @@ from .models import AppCycle, CycleRequest, User
 
 #: Most pending requests listed for operators.
 LISTED = 20
+#: Seconds a taken request stays listed for operators after it was taken: long enough
+#: to see the cycle it asked for run and end, short enough not to pile up.
+SHOWN_AFTER_TAKEN = 3600.0
+
+
+class RequestState(StrEnum):
+    """Where an operator's request is, as the operators' page says it."""
+
+    WAITING = "waiting"  # no master took it yet
+    RUNNING = "running"  # taken; its cycle runs (or a failed one waits to resume)
+    DONE = "done"  # its cycle ended
+    NO_CYCLE = "no cycle"  # taken, but no cycle ran: nothing was tracked
 
 
 def request_cycle(engine: Engine, user_id: int | None) -> int:
@@ -53,6 +68,55 @@ def pending(engine: Engine, limit: int = LISTED) -> list[dict[str, Any]]:
             .limit(limit)
         ).all()
     return [{"id": rid, "requested_by": email, "requested_at": _iso(at)} for rid, email, at in rows]
+
+
+def recent(
+    engine: Engine, limit: int = LISTED, now: dt.datetime | None = None
+) -> list[dict[str, Any]]:
+    """Pending requests and those taken in the last :data:`SHOWN_AFTER_TAKEN` seconds,
+    oldest first: id, who asked, when, their :class:`RequestState`, who took them.
+
+    A taken request names its cycle only once the cycle ended (:func:`settle`): until
+    then the open cycle is the one serving it.
+    """
+    since = (now or utcnow()) - dt.timedelta(seconds=SHOWN_AFTER_TAKEN)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(
+                CycleRequest.id,
+                User.email,
+                CycleRequest.requested_at,
+                CycleRequest.taken_at,
+                CycleRequest.taken_by,
+                CycleRequest.cycle_id,
+                AppCycle.is_open,
+            )
+            .outerjoin(User, User.id == CycleRequest.user_id)
+            .outerjoin(AppCycle, AppCycle.id == CycleRequest.cycle_id)
+            .where(or_(CycleRequest.taken_at.is_(None), CycleRequest.taken_at >= since))
+            .order_by(CycleRequest.id.desc())
+            .limit(limit)
+        ).all()
+        open_cycle = conn.scalar(select(AppCycle.id).where(AppCycle.is_open.is_(True)))
+    listed = []
+    for rid, email, at, taken_at, taken_by, cycle_id, cycle_open in reversed(rows):
+        if taken_at is None:
+            state = RequestState.WAITING
+        elif cycle_id is not None:
+            state = RequestState.RUNNING if cycle_open else RequestState.DONE
+        else:
+            state = RequestState.RUNNING if open_cycle is not None else RequestState.NO_CYCLE
+        listed.append(
+            {
+                "id": rid,
+                "requested_by": email,
+                "requested_at": _iso(at),
+                "state": str(state),
+                "taken_by": taken_by,
+                "cycle_id": cycle_id,
+            }
+        )
+    return listed
 
 
 def claim(engine: Engine, taker: str) -> list[int]:

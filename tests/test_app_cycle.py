@@ -6,11 +6,13 @@ import dataclasses
 import datetime as dt
 import json
 
+import lxml.html
 import pytest
 from agents import free_port, run_jodl
 from app_support import add_users_tracking, agent_env, app_settings, inbox, run_app_cycle
 from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
+from test_web_views import login, make_user, token
 
 from crawler_app import mail
 from crawler_app.confirm import DEFAULT_CONFIRM_FETCHES
@@ -25,7 +27,11 @@ from crawler_app.models import (
     Snapshot,
 )
 from crawler_app.pages import normalise_url
+from crawler_app.schedule import CycleScheduler
 from jodl.log.models import ExecState, Execution, FamilyRow, Job, JobState, Run
+from jodl.master import Master
+from web.app import create_app
+from web.settings import WebSettings
 
 pytest_plugins = ("tests.site",)
 __all__ = ["inbox"]  # the fixture, imported for pytest
@@ -396,3 +402,47 @@ def test_notify_retries_when_the_smtp_server_is_down(store, db_url, inbox, monke
     down.settings = dataclasses.replace(down.settings, smtp_port=inbox.port)
     assert down.run(digest_payload("digest-3-1"))["sent"] is True
     assert inbox.per_recipient() == {"ann@example.org": 1}
+
+
+def test_the_operators_page_follows_a_requested_cycle_to_its_end(
+    store, agents, settings, site, db_url
+):
+    """Issue 24: "Start a cycle now" shows waiting, then running, then done; never
+    "waiting for a master" once a master took it."""
+    site.set_page("/r", html("Requested", "some text"))
+    add_users_tracking(store, site.url("/r"), ["ann@example.org"])
+    agents(1, env=agent_env())
+    app = create_app(
+        WebSettings(database_url=db_url, web_secure_cookies=False), engine=store.engine
+    )
+    app.testing = True
+    make_user(app, "ops@example.org", admin=True)
+    client = app.test_client()
+    login(client, "ops@example.org")
+
+    def listed() -> str:
+        page = client.get("/admin/").get_data(as_text=True)
+        found = lxml.html.fromstring(page).xpath("//ul[@id='cycle-requests']")
+        return found[0].text_content() if found else ""
+
+    assert (
+        client.post("/admin/cycle", data={"csrf_token": token(client, "/admin/")}).status_code
+        == 303
+    )
+    assert "waiting for a master" in listed()
+    master = Master(settings, store=store, name="m1")
+    seen_running: list[str] = []
+
+    def run_family(*args, **kwargs):
+        seen_running.append(listed())  # the page while the cycle's check runs
+        return master.run_cycle(*args, **kwargs)
+
+    try:
+        scheduler = CycleScheduler(store.engine, run_family, app_settings(), name="m1")
+        result = scheduler.serve_requests()  # as the running master's scheduler does
+    finally:
+        master.close()
+    assert result is not None and result.checked == 1
+    assert seen_running and all("running on m1" in text for text in seen_running)
+    after = listed()
+    assert "waiting" not in after and f"done (cycle {result.id})" in after

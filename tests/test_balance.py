@@ -407,7 +407,8 @@ def test_jobs_run_only_when_due(db_both: Any, spawn_agent: Spawn) -> None:
 def test_runs_record_makespan_lower_bound_and_learned_speeds(db: Any, spawn_agent: Spawn) -> None:
     store, url = db
     slow, fast = start(spawn_agent, store, 1.0, 4.0)
-    add_sleep_jobs(store, [0.02] * 30)
+    # Long enough for a bound past MIN_LOWER_BOUND (shorter runs show no ratio).
+    add_sleep_jobs(store, [0.05] * 30)
     cycle(db)
     summary = cycle(db)
     with store.session() as session:

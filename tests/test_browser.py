@@ -270,6 +270,8 @@ def test_a_changed_page_reaches_the_mail_sink(tmp_path: Path, site: TestSite) ->
             expect(digest.locator(".meta")).to_contain_text(f"to {email}")
             expect(digest.locator("pre")).to_contain_text(site.url("/watched"))
             expect(digest.locator("pre")).to_contain_text("the second text")
+            # `jodl up` gave the master the URL it serves: the digest links to the UI.
+            expect(digest.locator("pre")).to_contain_text(url + "pages/")
             page.screenshot(path=str(ARTIFACTS / "browser-mail-digest.png"), full_page=True)
             # The page's history shows the change as people read it: the changed word
             # marked within its line, no diff syntax.

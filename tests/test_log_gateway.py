@@ -224,3 +224,17 @@ def test_jobs_added_in_bulk_are_new_keys_only_in_the_order_given(store: Store) -
         ("c", '{"n": 3}', 5, JobState.IDLE, 0, 1),
     ]
     assert [r.key for r in rows[3:]] == [key for key, _ in many]
+
+
+def test_a_run_records_a_ratio_only_where_it_means_something(store: Store) -> None:
+    """Issue 24: the stored ratio (``jodl status``, the operators' page) follows
+    :func:`jodl.log.runs.makespan_ratio`: none for tiny jobs, none below 1."""
+    family = store.ensure_family("gw")
+    for makespan, bound, ratio in [(3.0, 2.0, 1.5), (0.483, 0.001, None), (0.82, 1.0, None)]:
+        store.add_jobs(family, {f"k{makespan}": {}})
+        run, _ = store.open_run(family, epoch=1)
+        finished = store.finish_run(run, makespan, bound)
+        assert finished.lower_bound == bound
+        assert finished.ratio == (pytest.approx(ratio) if ratio else None)
+        (shown,) = [r for r in store.reads.overview(runs=1)["runs"] if r["id"] == run.id]
+        assert shown["ratio"] == finished.ratio

@@ -6,7 +6,9 @@ import random
 
 import pytest
 
+from jodl.log.runs import MIN_LOWER_BOUND, makespan_ratio
 from jodl.master import rules
+from jodl.master.records import RunSummary
 from jodl.master.rules import NodeQueue, Running, Stealable, Tuning
 from jodl.placement import JobInfo, Knowledge, NodeLoad
 
@@ -179,3 +181,29 @@ def test_lower_bound_timeouts_rules_and_tuning() -> None:
     assert not rules.allows(True, {"labels": {"zone": "eu"}}, {"zone": "us"})
     tuning, params = Tuning.split({"explore": 0.5, "stickiness": 1.0}, timeout=3.0, idempotent=None)
     assert tuning.explore == 0.5 and tuning.timeout == 3.0 and params == {"stickiness": 1.0}
+
+
+def summary(makespan: float, lower_bound: float, resumed: bool = False) -> RunSummary:
+    return RunSummary("f", 1, 2, resumed, 10, 10, 0, 0, 5.0, makespan, lower_bound)
+
+
+def test_the_makespan_ratio_is_shown_only_where_it_means_something() -> None:
+    """Issue 24: never below 1 (0.82 after a takeover), never for tiny jobs (483)."""
+    assert makespan_ratio(3.0, 2.0) == pytest.approx(1.5)
+    assert summary(3.0, 2.0).ratio == pytest.approx(1.5)
+    assert "= 1.50 x LB" in summary(3.0, 2.0).line()
+    # A resumed run: the jobs in flight at the takeover ran partly before this master's
+    # makespan began, so their work counts in the bound but not in the makespan.
+    resumed = summary(0.82, 1.0, resumed=True)
+    assert resumed.ratio is None and "x LB" not in resumed.line()
+    assert summary(2.0, 1.0, resumed=True).ratio is None  # not even when it looks right
+    # A bound that did not describe the makespan is not shown as a ratio under 1.
+    assert makespan_ratio(0.82, 1.0) is None and summary(0.82, 1.0).ratio is None
+    # Tiny jobs: the loop's own overhead is the makespan.
+    assert makespan_ratio(0.483, 0.001) is None
+    tiny = summary(0.483, 0.001)
+    assert tiny.ratio is None and "x LB" not in tiny.line()
+    assert makespan_ratio(0.2, MIN_LOWER_BOUND) == pytest.approx(0.2 / MIN_LOWER_BOUND)
+    assert makespan_ratio(0.2, MIN_LOWER_BOUND * 0.99) is None
+    # Unknown either way: no ratio.
+    assert makespan_ratio(None, 1.0) is None and makespan_ratio(1.0, None) is None

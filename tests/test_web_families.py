@@ -203,3 +203,55 @@ def test_operator_page_and_forms(app: Flask, client: FlaskClient) -> None:
     assert [r.allowed for r in store.family_rules(fam.id).values()] == [False]
     page = client.get("/admin/families/").get_data(as_text=True)
     assert "0 6 * * *" in page and "127.0.0.1:7001" in page
+
+
+def test_a_refused_form_comes_back_as_typed(app: Flask, client: FlaskClient) -> None:
+    """Issue 24: a bad value shows the form again as typed, the error by its field, 400,
+    and saves nothing."""
+    import lxml.html
+
+    r = client.post(
+        "/login",
+        data={
+            "email": "ops@example.org",
+            "password": PASSWORD,
+            "csrf_token": token(client, "/login"),
+        },
+    )
+    assert r.status_code == 303
+    good = token(client, "/admin/families/")
+    before = snapshot(app)
+
+    def typed(page: str, action: str) -> tuple[Any, dict[str, str]]:
+        doc = lxml.html.fromstring(page)
+        (form,) = doc.xpath(f"//div[@id='family-noop']//form[@action='{action}']")
+        return doc, {i.get("name"): i.get("value") or "" for i in form.xpath(".//input")}
+
+    settings = {
+        "timeout": "7",
+        "max_attempts": "3",
+        "schedule": "every morning",  # the bad one
+        "strategy_params": '{"explore": 0.1}',
+    }
+    r = client.post("/admin/families/noop", data={"csrf_token": good, **settings})
+    assert r.status_code == 400
+    doc, values = typed(r.get_data(as_text=True), "/admin/families/noop")
+    assert {k: values[k] for k in settings} == settings
+    error = doc.get_element_by_id("error-settings-schedule")
+    assert "schedule" in error.text_content()
+    assert error.getparent().xpath("./input/@name") == ["schedule"]  # beside its field
+    assert snapshot(app) == before
+
+    rules = {"nodes": "127.0.0.1:7001", "allowed": "true", "max_slots": "many", "labels": "zone=a"}
+    r = client.post("/admin/families/noop/nodes", data={"csrf_token": good, **rules})
+    assert r.status_code == 400
+    doc, values = typed(r.get_data(as_text=True), "/admin/families/noop/nodes")
+    assert {k: values[k] for k in rules} == rules
+    error = doc.get_element_by_id("error-nodes-max_slots")
+    assert error.getparent().xpath("./input/@name") == ["max_slots"]
+    assert snapshot(app) == before
+    # The page as usual shows empty forms again.
+    _doc, values = typed(
+        client.get("/admin/families/").get_data(as_text=True), "/admin/families/noop"
+    )
+    assert values["timeout"] == "" and values["schedule"] == ""

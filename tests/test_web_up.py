@@ -8,6 +8,7 @@ SIGINT stop every child process and mark the agents' nodes removed.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 import signal
@@ -19,6 +20,10 @@ import httpx
 from agents import child_env, jodl_command, port_answers, run_jodl, wait_for
 from sqlalchemy import create_engine, text
 from webserver import AGENT_ENV, EventStream
+
+from crawler_app import mail
+from crawler_app.settings import AppSettings
+from web.settings import up_app_url
 
 if TYPE_CHECKING:
     from tests.site import TestSite
@@ -222,3 +227,26 @@ def test_up_and_config_never_print_the_database_password(pg_database: str, tmp_p
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
     assert "hunter2-secret" not in log.read_text()
+
+
+def test_up_links_the_digests_to_the_url_it_serves(tmp_path: Path) -> None:
+    """Issue 24: the digests built under ``jodl up`` link to the web UI it serves."""
+    served = "http://127.0.0.1:41234/"
+    value = up_app_url(served, env={})
+    assert value == served
+    # What the master's cycle scheduler reads once `jodl up` set it, and the digest it builds.
+    app = AppSettings.from_env(env={"JODL_APP_URL": value})
+    item = mail.ChangedPage(
+        "https://example.org/news", "News", None, dt.datetime(2026, 1, 2), "+ new", page_id=7
+    )
+    _subject, text, html = mail.render(mail.Digest("ann@example.org", [item], app.app_url))
+    assert "http://127.0.0.1:41234/pages/7" in text and "http://127.0.0.1:41234/pages/7" in html
+    assert "Manage your tracked pages: http://127.0.0.1:41234/" in text
+    # The operator's own URL holds, from the environment or the config file.
+    assert up_app_url(served, env={"JODL_APP_URL": "https://jodl.example.org"}) is None
+    config = tmp_path / "jodl.toml"
+    config.write_text('app_url = "https://jodl.example.org"\n')
+    assert up_app_url(served, env={"JODL_CONFIG": str(config)}) is None
+    # Served on every interface: named by this machine's name, never 0.0.0.0.
+    wide = up_app_url("http://0.0.0.0:8080/", env={})
+    assert wide is not None and "0.0.0.0" not in wide and wide.endswith(":8080/")

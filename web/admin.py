@@ -69,6 +69,8 @@ def overview(svc: Services, runs: int = 10) -> dict[str, Any]:
     data["queue"] = svc.queue.counts()
     data["can_start_cycle"] = True
     data["cycle_requests"] = cycle_requests.pending(svc.engine)
+    # The page shows what became of each recent request too, not only the waiting ones.
+    data["recent_cycle_requests"] = cycle_requests.recent(svc.engine)
     return data
 
 

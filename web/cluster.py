@@ -10,7 +10,9 @@ With ``standalone`` (``jodl up --standalone``) there are no agent processes: one
 in-process agent serves the node ``local:1`` (:mod:`web.standalone`).
 
 Agents are watched: one that dies is started again on its port, so the system
-keeps its workers (the seed's "spawn workers when too few are alive"). Agents
+keeps its workers (the seed's "spawn workers when too few are alive"), unless its
+node was drained: that agent exited because an operator asked (its node is draining
+or removed in the log), and is started again only once its node is added back. Agents
 end with their parent: they get SIGTERM from :meth:`stop`, and the kernel sends
 them one if this process dies without stopping them (``PR_SET_PDEATHSIG``).
 """
@@ -105,6 +107,17 @@ def _die_with_parent() -> None:
         _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def restart_wanted(node_state: str | None) -> bool:
+    """Whether a dead agent whose node is in ``node_state`` is started again.
+
+    Not when its node drains or was removed: a drained agent exits on purpose, and
+    started again it would serve a node no master uses (the master removes a drained
+    node once its agent exited). An operator who adds the node back (``jodl node add``,
+    the operators' page) makes it active, and the agent is started again.
+    """
+    return node_state not in (NodeState.DRAINING, NodeState.REMOVED)
+
+
 @dataclass
 class LocalAgent:
     """One agent child process."""
@@ -113,6 +126,8 @@ class LocalAgent:
     log_path: str | None = None
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
+    #: Exited with its node drained: left stopped until the node is added back.
+    retired: bool = False
 
     @property
     def address(self) -> str:
@@ -336,11 +351,31 @@ class LocalCluster:
                 self._queue.close()
 
     def _watch(self) -> None:
-        """Start again any agent that died, on its port (its node keeps what was learned)."""
+        """Start again any agent that died, on its port (its node keeps what was learned),
+        unless its node was drained (:func:`restart_wanted`)."""
         while not self.stopping.wait(WATCH_EVERY):
-            for agent in self.children:
-                if agent.alive() or self.stopping.is_set():
+            dead = [a for a in self.children if not a.alive()]
+            if not dead or self.stopping.is_set():
+                continue
+            assert self.store is not None
+            try:
+                states = {n.address: n.state for n in self.store.nodes(include_removed=True)}
+            except Exception:  # noqa: BLE001 - the database is away: look again next time
+                log.exception("reading the nodes' states")
+                continue
+            for agent in dead:
+                if self.stopping.is_set():
+                    break
+                if not restart_wanted(states.get(agent.address)):
+                    if not agent.retired:
+                        log.warning(
+                            "agent %s exited with its node drained: not started again "
+                            "(add the node back to start it)",
+                            agent.address,
+                        )
+                    agent.retired = True
                     continue
+                agent.retired = False
                 log.warning("agent %s died; starting it again", agent.address)
                 agent.restarts += 1
                 try:

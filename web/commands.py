@@ -207,7 +207,7 @@ def up_cmd(
     from . import instance
     from .app import create_app
     from .cluster import DEFAULT_AGENTS, LocalCluster
-    from .settings import WebSettings
+    from .settings import WebSettings, up_app_url
     from .standalone import describe
     from .trial import login_line, public_warning, read_login
 
@@ -244,6 +244,12 @@ def up_cmd(
         _refuse_second_master(cluster, database)
         app = create_app(web_settings, engine=cluster.engine)
         server = _up_server(app, web_settings, listen)
+        app_url = up_app_url(server_url(server))
+        if app_url is not None:
+            # Before the master starts: its cycle scheduler reads the page checker's
+            # settings once, and the digests it builds link to this UI; the web app
+            # reads them per request (its confirmation links).
+            os.environ["JODL_APP_URL"] = app_url
         sink = _start_mail_sink(app, cluster)
         cluster.start_agents()
         cluster.start_master()

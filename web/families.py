@@ -1,7 +1,8 @@
 """Operators' family pages and API: settings, node rules and jobs of each family.
 
 The logic is :class:`jodl.admin.families.FamilyAdmin`'s, as for ``jodl family``;
-these views translate its refusals (one line each) into 400 and 404 answers. The
+these views translate its refusals (one line each) into 400 and 404 answers; a form
+refused is shown again as typed, the refusal beside the field it names. The
 API lives under ``/api/admin/families`` (JSON, the API's guard), the HTML views
 under ``/admin/families`` (forms carrying the session's CSRF token).
 """
@@ -9,6 +10,7 @@ under ``/admin/families`` (forms carrying the session's CSRF token).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
@@ -134,12 +136,47 @@ def api_jobs(name: str) -> Any:
 FORM_FIELDS = tuple(f for f in SETTABLE if f not in ("strategy_params", "idempotent"))
 
 
+@dataclass(frozen=True)
+class Refused:
+    """A form the operator sent with a bad value: shown again as typed, the error by
+    the field it names (``field``: None when the refusal names none)."""
+
+    family: str
+    form: str  # "settings" or "nodes"
+    values: dict[str, str]
+    error: str
+    field: str | None
+
+
+def _page(refused: Refused | None = None) -> Any:
+    page = render_template(
+        "families.html",
+        families=_admin().families(),
+        fields=FORM_FIELDS,
+        states=JOB_STATES,
+        refused=refused,
+    )
+    return (page, 400) if refused is not None else page
+
+
+def _refused(name: str, form: str, fields: tuple[str, ...], exc: BadRequest) -> Any:
+    """The page again with the form as typed and the refusal by its field; 400."""
+    error = str(exc.description)
+    named = error.partition(":")[0].strip()
+    values = {f: request.form.get(f, "") for f in fields}
+    return _page(Refused(name, form, values, error, named if named in fields else None))
+
+
 @bp.route("/")
 @admin_required
 def index() -> Any:
-    return render_template(
-        "families.html", families=_admin().families(), fields=FORM_FIELDS, states=JOB_STATES
-    )
+    return _page()
+
+
+#: Fields of the settings form, as typed (all text inputs).
+SETTINGS_FORM = (*FORM_FIELDS, "strategy_params", "idempotent")
+#: Fields of the node rules form.
+NODES_FORM = ("nodes", "allowed", "max_slots", "labels")
 
 
 @bp.route("/<name>", methods=["POST"])
@@ -149,12 +186,15 @@ def update(name: str) -> Any:
     changes: dict[str, Any] = {f: form[f].strip() for f in FORM_FIELDS if form.get(f, "").strip()}
     if form.get("idempotent", "").strip():
         changes["idempotent"] = form["idempotent"].strip()
-    if form.get("strategy_params", "").strip():
-        try:
-            changes["strategy_params"] = json.loads(form["strategy_params"])
-        except ValueError:
-            raise BadRequest("strategy_params: not JSON") from None
-    _call(_admin().update, _name(name), changes)
+    try:
+        if form.get("strategy_params", "").strip():
+            try:
+                changes["strategy_params"] = json.loads(form["strategy_params"])
+            except ValueError:
+                raise BadRequest("strategy_params: not JSON") from None
+        _call(_admin().update, _name(name), changes)
+    except BadRequest as exc:  # nothing was saved: update applies all or nothing
+        return _refused(name, "settings", SETTINGS_FORM, exc)
     flash(f"family {name} updated", "ok")
     return redirect(url_for("families.index"), 303)
 
@@ -171,17 +211,20 @@ def _allowed(text: str) -> bool:
 def nodes(name: str) -> Any:
     form = request.form
     max_slots = form.get("max_slots", "").strip()
-    data: dict[str, Any] = {
-        "nodes": form.get("nodes", ""),
-        "allowed": _allowed(form.get("allowed", "true")),
-        "labels": [item for item in form.get("labels", "").split() if item],
-    }
-    if max_slots:
-        try:
-            data["max_slots"] = int(max_slots)
-        except ValueError:
-            raise BadRequest("max_slots: a whole number") from None
-    nodes, allowed, cap, labels = _nodes_change(data)
-    _call(_admin().set_nodes, _name(name), nodes, allowed, cap, labels)
+    try:
+        data: dict[str, Any] = {
+            "nodes": form.get("nodes", ""),
+            "allowed": _allowed(form.get("allowed", "true")),
+            "labels": [item for item in form.get("labels", "").split() if item],
+        }
+        if max_slots:
+            try:
+                data["max_slots"] = int(max_slots)
+            except ValueError:
+                raise BadRequest("max_slots: a whole number") from None
+        nodes, allowed, cap, labels = _nodes_change(data)
+        _call(_admin().set_nodes, _name(name), nodes, allowed, cap, labels)
+    except BadRequest as exc:
+        return _refused(name, "nodes", NODES_FORM, exc)
     flash(f"family {name}: {'allowed' if allowed else 'denied'} on {', '.join(nodes)}", "ok")
     return redirect(url_for("families.index"), 303)

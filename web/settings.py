@@ -10,7 +10,7 @@ from typing import Any
 
 # The page checker's options register first, whichever module is imported first:
 # the configuration table keeps one order.
-import crawler_app.settings  # noqa: F401
+import crawler_app.settings
 from jodl.exceptions import ConfigError
 from jodl.settings.config import read_values
 from jodl.settings.options import Option, register_options
@@ -324,6 +324,24 @@ class WebSettings:
     def secret_key(self) -> str:
         """The session signing key: the configured one, else a random one for this process."""
         return self.web_secret_key or secrets.token_urlsafe(32)
+
+
+def up_app_url(served: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The ``JODL_APP_URL`` ``jodl up`` sets (digests and confirmation mails link to it):
+    ``served``, the URL its web UI answers on.
+
+    None when the operator set one (in ``env``, default the process environment, or
+    the ``JODL_CONFIG`` file): theirs holds. A server on every interface is named by
+    this machine's name, which a reader of the mail can open (0.0.0.0 they cannot).
+    """
+    from urllib.parse import urlsplit, urlunsplit
+
+    if crawler_app.settings.AppSettings.from_env(env).app_url:
+        return None
+    parts = urlsplit(served)
+    if parts.hostname in ("0.0.0.0", "::"):
+        parts = parts._replace(netloc=f"{socket.getfqdn()}:{parts.port}")
+    return urlunsplit(parts)
 
 
 def _given(name: str, env: Mapping[str, str] | None) -> bool:

@@ -34,6 +34,7 @@ from .records import (
     JobTiming,
     RunningJob,
 )
+from .runs import makespan_ratio
 
 #: Ids per ``IN (...)`` list.
 CHUNK = 500
@@ -84,7 +85,7 @@ class Reads:
                 for f in s.scalars(select(FamilyRow).order_by(FamilyRow.name))
             ]
             names = {f["id"]: f["name"] for f in families}
-            recent = [
+            recent: list[dict[str, Any]] = [
                 {
                     "id": r.id,
                     "family": names.get(r.family_id, "?"),
@@ -98,7 +99,8 @@ class Reads:
                     "jobs_dead": r.jobs_dead,
                     "makespan": r.makespan,
                     "lower_bound": r.lower_bound,
-                    "ratio": r.ratio,
+                    # Recomputed: rows written before the rule have 483s and 0.82s.
+                    "ratio": makespan_ratio(r.makespan, r.lower_bound),
                     "unserved": r.unserved,
                 }
                 for r in s.scalars(select(Run).order_by(Run.id.desc()).limit(runs))

@@ -28,6 +28,26 @@ from .records import JobResult, PendingJob, ProgressRow, RunResults, Sent
 
 #: How long a progress report no run end clears is kept.
 PROGRESS_KEPT = dt.timedelta(days=1)
+#: Seconds a run's lower bound must reach for makespan ÷ bound to be shown: twice the
+#: master loop's longest pause (``JODL_IDLE_SLEEP``'s default, 50 ms). A result waits up
+#: to one pause to be seen and a send up to another, so a run whose jobs take about
+#: that long measures the loop's own overhead, not placement (tiny jobs printed 483).
+MIN_LOWER_BOUND = 0.1
+
+
+def makespan_ratio(makespan: float | None, lower_bound: float | None) -> float | None:
+    """makespan ÷ lower bound as shown (``jodl run``, ``jodl status``, the run pages).
+
+    None (no ratio shown) when either is unknown, when the bound is under
+    :data:`MIN_LOWER_BOUND` (the loop's overhead would dominate), or when the ratio
+    would be below 1: no schedule beats its lower bound, so such a bound did not
+    describe the makespan measured (the master records none for a resumed run, whose
+    jobs in flight at the takeover had run partly before its makespan began).
+    """
+    if not makespan or lower_bound is None or lower_bound < MIN_LOWER_BOUND:
+        return None
+    ratio = makespan / lower_bound
+    return ratio if ratio >= 1.0 else None
 
 
 class Runs:
@@ -303,8 +323,7 @@ class Runs:
             db_run.finished_at = now
             db_run.makespan = makespan
             db_run.lower_bound = lower_bound
-            if makespan and lower_bound:
-                db_run.ratio = makespan / lower_bound
+            db_run.ratio = makespan_ratio(makespan, lower_bound)
             s.flush()
             return db_run
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .. import failpoint
 from ..log.models import ExecState, FamilyRow, Run, RunState, utcnow
 from ..log.records import ClaimDone, ClaimFailed, DeadJob, ExecutionRow, Home, PendingJob, Sent
+from ..log.runs import makespan_ratio
 from ..log.writer import LogWriter
 from ..placement import JobInfo
 from .book import JobBook
@@ -63,9 +64,13 @@ class RunSummary:
 
     @property
     def ratio(self) -> float | None:
-        if self.makespan and self.lower_bound:
-            return self.makespan / self.lower_bound
-        return None
+        """makespan ÷ lower bound, or None where it would mislead: a resumed run (its
+        bound counts work done before this master's makespan began, e.g. 0.82 after a
+        takeover), a bound too short to measure (see
+        :func:`jodl.log.runs.makespan_ratio`: tiny jobs gave 483) or below 1."""
+        if self.resumed:
+            return None
+        return makespan_ratio(self.makespan, self.lower_bound)
 
     def line(self) -> str:
         rate = self.done / self.elapsed if self.elapsed > 0 else 0.0
