@@ -24,9 +24,11 @@ import time
 from itertools import islice
 
 from ..agent.client import AgentLink
+from ..agent.codec import encode_traces
 from ..log.models import ExecState, utcnow
 from ..log.records import PendingJob, Sent
 from ..log.store import Store
+from ..obs import tracing
 from ..placement import BalanceView, JobInfo, Knowledge, Move, NodeLoad, Placement
 from ..placement import Waiting as WaitingView
 from . import rules
@@ -410,7 +412,16 @@ class Balancer:
         )
         self.book.add_backup(sent, straggler.exec_id, straggler.node_id)
         wire = ((exec_id, job.family, job.payload),)
-        if self.nodes.call(slot, self.epoch, AgentLink.send, self.epoch, wire) is None:
+        traced, extra, started = None, (), 0
+        if tracing.state.on:  # a rare call: its one dispatch span made here
+            traced = [tracing.SentJob(exec_id, job.id, job.family, job.key, attempt)]
+            extra = (encode_traces(tracing.carriers(traced)),) if slot.traces else ()
+            started = time.time_ns()
+        sent_ok = self.nodes.call(slot, self.epoch, AgentLink.send, self.epoch, wire, *extra)
+        if traced is not None:
+            failed = None if sent_ok is not None else "the send failed"
+            tracing.dispatched(slot.link.address, traced, started, failed)
+        if sent_ok is None:
             return False
         log.info(
             "job %s straggles on node %s (%.2fs, expected %.2fs): backup on node %s",
