@@ -107,9 +107,11 @@ def test_one_trace_per_job_from_add_to_commit(
             assert len(runs) == 2, "two attempts, two runs in the job's one trace"
             assert {s["status"] for s in runs} == {"ERROR"}
             assert all("boom" in s["attributes"]["jodl.error"] for s in runs)
+            assert {s["attributes"]["jodl.outcome"] for s in runs} == {"failed"}
         else:
             assert outcomes.count("done") == 1
             assert runs and {s["status"] for s in runs} == {"UNSET"}
+            assert {s["attributes"]["jodl.outcome"] for s in runs} == {"done"}
 
 
 def test_an_enqueued_job_starts_its_trace(store: Store, memory: InMemorySpanExporter) -> None:

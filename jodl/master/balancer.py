@@ -412,7 +412,9 @@ class Balancer:
         )
         self.book.add_backup(sent, straggler.exec_id, straggler.node_id)
         wire = ((exec_id, job.family, job.payload),)
-        traced, extra, started = None, (), 0
+        traced: list[tracing.SentJob] | None = None
+        extra: tuple[str, ...] = ()
+        started = 0
         if tracing.state.on:  # a rare call: its one dispatch span made here
             traced = [tracing.SentJob(exec_id, job.id, job.family, job.key, attempt)]
             extra = (encode_traces(tracing.carriers(traced)),) if slot.traces else ()

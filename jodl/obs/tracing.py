@@ -28,7 +28,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from ..exceptions import ConfigError
@@ -351,24 +351,25 @@ def committed(rows: Iterable[Any], start: int) -> None:
 
 
 @contextlib.contextmanager
-def run_span(carrier: str, attributes: dict[str, Any]) -> Iterator[Callable[[str], None]]:
+def run_span(carrier: str, attributes: dict[str, Any]) -> Iterator[None]:
     """The agent's ``jodl.run`` span of one execution, child of the span ``carrier``
     (a traceparent) names, current while the family runs (its own spans join it).
 
-    Yields a function recording the outcome; an exception escaping the block marks
-    the span as an error and goes on.
+    Its outcome is ``done``, or ``failed`` with the error when an exception escapes
+    the block (the span's status is then an error; the exception goes on).
     """
     from opentelemetry import trace as api
     from opentelemetry.trace import Status, StatusCode
 
     ids = parse_traceparent(carrier)
     if ids is None:
-        yield lambda outcome: None
+        yield
         return
     span = _span("jodl.run", ids[0], 0, ids[1], attributes)
     try:
         with api.use_span(span, end_on_exit=False, record_exception=False):
-            yield lambda outcome: span.set_attribute("jodl.outcome", outcome)
+            yield
+        span.set_attribute("jodl.outcome", "done")
     except BaseException as exc:
         span.set_attribute("jodl.outcome", "failed")
         span.set_attribute("jodl.error", f"{type(exc).__name__}: {exc}"[:500])
