@@ -13,7 +13,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from agents import child_env
@@ -26,16 +26,17 @@ from jodl.obs import tracing
 from jodl.queue import Queue
 from jodl.settings.config import Settings
 
-pytest.importorskip("opentelemetry.sdk", reason="the [otel] extra is not installed")
-
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
-    InMemorySpanExporter,
-)
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 
 @pytest.fixture
 def memory() -> Iterator[InMemorySpanExporter]:
-    """Traces on in this process, into memory; off again afterwards."""
+    """Traces on in this process, into memory; off again afterwards. Skipped without
+    the [otel] extra (the tests of traces off run either way)."""
+    pytest.importorskip("opentelemetry.sdk", reason="the [otel] extra is not installed")
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
     exporter = InMemorySpanExporter()
     tracing.shutdown()
     tracing.use_exporter(exporter)
@@ -166,3 +167,14 @@ def test_the_setting_takes_its_values(value: str) -> None:
 def test_a_wrong_setting_names_the_variable(value: str) -> None:
     with pytest.raises(ConfigError, match="JODL_TRACES"):
         Settings.from_env({"JODL_TRACES": value})
+
+
+def test_traces_asked_for_without_the_extra_name_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    tracing.shutdown()
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # as if not installed
+    try:
+        with pytest.raises(ConfigError, match=r"JODL_TRACES=console needs .*jodl\[otel\]"):
+            tracing.configure("console")
+        assert not tracing.state.on
+    finally:
+        tracing.shutdown()

@@ -113,8 +113,8 @@ def configure(spec: str | None = None) -> bool:
     """Turn traces on as ``spec`` says (None: the JODL_TRACES variable); whether they are on.
 
     The first configuration of a process wins (a test's :func:`use_exporter` stays
-    when the master it starts configures from its settings). ``ImportError`` naming
-    the extra when traces are asked for and OpenTelemetry is not installed.
+    when the master it starts configures from its settings). :class:`ConfigError`
+    naming the extra when traces are asked for and OpenTelemetry is not installed.
     """
     with state.lock:
         if state.configured:
@@ -124,7 +124,12 @@ def configure(spec: str | None = None) -> bool:
         except ValueError as exc:
             raise ConfigError(f"JODL_TRACES: {exc}") from None
         if kind != "none":
-            _start(_exporter(kind), batch=kind == "otlp")
+            try:
+                _start(_exporter(kind), batch=kind == "otlp")
+            except ImportError as exc:
+                raise ConfigError(
+                    f"JODL_TRACES={kind} needs OpenTelemetry: pip install 'jodl[otel]' ({exc})"
+                ) from None
         state.configured = True
         return state.on
 
@@ -147,20 +152,15 @@ def shutdown() -> None:
 
 
 def _exporter(kind: str) -> Any:
-    try:
-        if kind == "console":
-            from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+    if kind == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-            return ConsoleSpanExporter()
-        if kind == "otlp":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        return ConsoleSpanExporter()
+    if kind == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            return OTLPSpanExporter()  # the endpoint from OTEL_EXPORTER_OTLP_* variables
-        return _json_lines_exporter(kind.removeprefix("file:"))
-    except ImportError as exc:
-        raise ImportError(
-            f"JODL_TRACES={kind} needs OpenTelemetry: pip install 'jodl[otel]' ({exc})"
-        ) from None
+        return OTLPSpanExporter()  # the endpoint from OTEL_EXPORTER_OTLP_* variables
+    return _json_lines_exporter(kind.removeprefix("file:"))
 
 
 def _start(exporter: Any, batch: bool) -> None:
