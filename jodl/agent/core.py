@@ -300,9 +300,11 @@ class AgentCore:
                 if session is not None:  # a family nobody leads yet: this session's
                     self.sessions.owner.setdefault(fam, session.number)
                 self._family_of[exec_id] = fam
-                if traces and exec_id in traces and tracing.state.on:
-                    self._traces[exec_id] = traces[exec_id]
                 (async_jobs if cls.is_async() else sync_jobs).append(job)
+            if traces and tracing.state.on:  # kept until each starts (or is dropped)
+                for job in chain(sync_jobs, async_jobs):
+                    if job[0] in traces:
+                        self._traces[job[0]] = traces[job[0]]
             self._queue.extend(sync_jobs)
             self._aqueue.extend(async_jobs)
             if sync_jobs:
