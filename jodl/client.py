@@ -26,6 +26,7 @@ from .family import check_payloads
 from .log.engine import ensure_schema, make_engine, missing_sqlite_file
 from .log.records import RunResults
 from .log.store import Store
+from .obs import tracing
 from .settings.config import Settings
 
 
@@ -70,6 +71,7 @@ def add_jobs(
     :class:`~jodl.log.store.Store` to use instead of ``database_url`` (kept open).
     """
     rows = list(jobs.items() if isinstance(jobs, Mapping) else jobs)
+    tracing.configure()  # JODL_TRACES, unless this process set traces up already
     check_payloads(family, rows, lambda n, key: f"jobs[{n}] (key {key!r})")
     own = store is None
     store = connect(database_url) if store is None else store

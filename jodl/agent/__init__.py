@@ -21,7 +21,7 @@ same name). "stamp" is the master's epoch, or ``(epoch, session, since)`` after
 
 =============  ==================================================================
 ``init``       master id, epoch, settings JSON -> agent info JSON (:class:`AgentInfo`)
-``send``       stamp, jobs (exec_id, family, payload_json) -> refused (:class:`Refused`)
+``send``       stamp, jobs (exec_id, family, payload_json)[, trace contexts] -> refused
 ``done``       stamp, ack ids, limit -> (exec_id, duration, finished, result_json) rows
 ``failed``     stamp, ack ids, limit -> (exec_id, duration, finished, error, retryable)
 ``remaining``  stamp -> (queued, running, held_done, held_failed)

@@ -165,8 +165,11 @@ class AgentLink:
         self.session = info.session
         return info
 
-    def send(self, epoch: int, jobs: Iterable[WireJob]) -> tuple[Refused, ...]:
-        """Queue jobs on the agent; the ones it refused."""
+    def send(self, epoch: int, jobs: Iterable[WireJob], traces: str = "") -> tuple[Refused, ...]:
+        """Queue jobs on the agent; the ones it refused. ``traces``: their trace contexts
+        (:func:`~jodl.agent.codec.encode_traces`), only to an agent that reads them."""
+        if traces:
+            return self._stamped("send", check_refused, epoch, encode_jobs(jobs), traces)
         return self._stamped("send", check_refused, epoch, encode_jobs(jobs))
 
     def done(self, epoch: int, ack: Iterable[int], limit: int) -> list[DoneRow]:

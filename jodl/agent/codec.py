@@ -10,7 +10,7 @@ batches travel as one framed str each (below).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..exceptions import BadPayload
 
@@ -149,3 +149,29 @@ def encode_ids(ids: Any) -> str:
 
 def decode_ids(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",")) if text else ()
+
+
+# --- traces (only while traces are on, docs/operations.md#traces) --------------------------
+
+
+class JobTrace(NamedTuple):
+    """What the agent's ``jodl.run`` span of an execution needs from the master."""
+
+    traceparent: str
+    attempt: int
+    key: str
+
+
+def encode_traces(rows: Any) -> str:
+    """(exec_id, traceparent, attempt, key) items as one framed string (key as JSON)."""
+    return "".join(f"{e}\t{t}\t{a}\t{json.dumps(k)}\n" for e, t, a, k in rows)
+
+
+def decode_traces(text: str) -> dict[int, JobTrace]:
+    """exec_id -> its :class:`JobTrace`, of a framed ``send`` trace batch."""
+    out = {}
+    for line in text.split("\n"):
+        if line:
+            exec_id, parent, attempt, key = line.split("\t", 3)
+            out[int(exec_id)] = JobTrace(parent, int(attempt), json.loads(key))
+    return out

@@ -15,6 +15,7 @@ is :mod:`jodl.agent.sessions` (README, "Agents that are left alone").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -27,9 +28,11 @@ from typing import Any
 
 from .. import family as family_registry
 from ..family import Family, current_cancellation
+from ..obs import tracing
 from ..obs.metrics import AGENT_JOBS_FINISHED
 from ..settings.config import DEFAULT_FENCE_HOLD
 from .cancel import Cancels
+from .codec import JobTrace
 from .eventloop import loop_name, new_event_loop
 from .held import Done, Failed, held_row
 from .installed import FamilyRow, Installed
@@ -102,6 +105,9 @@ class AgentCore:
         self._failed: dict[int, Failed] = {}
         #: execution id -> its family, from its send until it is acknowledged or dropped.
         self._family_of: dict[int, str] = {}
+        #: execution id -> its trace context, from its send until it starts; empty while
+        #: traces are off (the master sends none to an agent whose init said so).
+        self._traces: dict[int, JobTrace] = {}
         self._acked: OrderedDict[int, None] = OrderedDict()
         #: Running jobs that were cancelled; they hear it (jodl.family.cancelled).
         self._cancels = Cancels()
@@ -217,6 +223,7 @@ class AgentCore:
                 "queued": queued,
                 "generation": self.installed.generation,
                 "ops": self.ops_address,
+                "traces": tracing.state.on,
             }
         )
 
@@ -231,6 +238,7 @@ class AgentCore:
         self._failed.clear()
         self._acked.clear()
         self._family_of.clear()
+        self._traces.clear()
         self.sessions.clear()
 
     def hear(self, epoch: int, session: int | None, since: float) -> tuple[Session | None, bool]:
@@ -257,9 +265,13 @@ class AgentCore:
         self._loop.call_soon_threadsafe(self._wake_async)
 
     def send(
-        self, jobs: Iterable[tuple[int, str, str]], session: Session | None = None
+        self,
+        jobs: Iterable[tuple[int, str, str]],
+        session: Session | None = None,
+        traces: dict[int, JobTrace] | None = None,
     ) -> tuple[tuple[int, str], ...]:
-        """Queue jobs; return (exec_id, error) for the refused ones.
+        """Queue jobs; return (exec_id, error) for the refused ones. ``traces``: the
+        trace contexts of some of them (:mod:`jodl.obs.tracing`), kept until they start.
 
         An id queued, running or held here is a repeated send and ignored; one that
         finished here (acknowledged, taken back, cancelled) is refused, never dropped.
@@ -289,6 +301,10 @@ class AgentCore:
                     self.sessions.owner.setdefault(fam, session.number)
                 self._family_of[exec_id] = fam
                 (async_jobs if cls.is_async() else sync_jobs).append(job)
+            if traces and tracing.state.on:  # kept until each starts (or is dropped)
+                for job in chain(sync_jobs, async_jobs):
+                    if job[0] in traces:
+                        self._traces[job[0]] = traces[job[0]]
             self._queue.extend(sync_jobs)
             self._aqueue.extend(async_jobs)
             if sync_jobs:
@@ -338,6 +354,7 @@ class AgentCore:
             if self._done.pop(exec_id, None) or self._failed.pop(exec_id, None) is not None:
                 count += 1
                 self._family_of.pop(exec_id, None)
+                self._traces.pop(exec_id, None)
             self._acked[exec_id] = None
         while len(self._acked) > REMEMBER_ACKED:
             self._acked.popitem(last=False)
@@ -387,6 +404,7 @@ class AgentCore:
             for exec_id in out:
                 self._acked[exec_id] = None  # a late duplicate send must not run it here
                 self._family_of.pop(exec_id, None)
+                self._traces.pop(exec_id, None)
             return tuple(out)
 
     def cancel(self, ids: Iterable[int], session: Session | None = None) -> tuple[int, ...]:
@@ -405,6 +423,7 @@ class AgentCore:
                 if self._done.pop(exec_id, None) or self._failed.pop(exec_id, None):
                     taken.add(exec_id)
                     self._family_of.pop(exec_id, None)
+                    self._traces.pop(exec_id, None)
                 self._acked[exec_id] = None
         return tuple(sorted(taken))
 
@@ -435,6 +454,7 @@ class AgentCore:
         self._cancels.board.forget(exec_id)
         if self._cancels.finished(exec_id):
             self._family_of.pop(exec_id, None)
+            self._traces.pop(exec_id, None)
             return  # cancelled while it ran: discarded
         held = held_row(exec_id, duration, outcome, error)
         if held.done is not None:
@@ -481,11 +501,11 @@ class AgentCore:
                 started = time.perf_counter()
                 heard.exec_id = exec_id
                 try:
-                    family_ = self.installed.instance(fam)
-                    parsed = json.loads(payload)
-                    if family_.payload_model is not None:
-                        parsed = family_.parse_payload(parsed)
-                    result = family_.run(parsed)
+                    carried = self._traces.pop(exec_id, None) if self._traces else None
+                    if carried is None:
+                        result = self._run_sync(fam, payload)
+                    else:
+                        result = self._run_traced(exec_id, fam, payload, carried)
                 except Exception as exc:  # noqa: BLE001 - every failure is reported to the master
                     log.debug(
                         "job %s failed: %s",
@@ -502,6 +522,27 @@ class AgentCore:
                     self._store(exec_id, duration, result, error)
                     self._recent = 0.8 * self._recent + 0.2 * duration
 
+    def _run_sync(self, fam: str, payload: str) -> Any:
+        family_ = self.installed.instance(fam)
+        parsed = json.loads(payload)
+        if family_.payload_model is not None:
+            parsed = family_.parse_payload(parsed)
+        return family_.run(parsed)
+
+    def _run_traced(self, exec_id: int, fam: str, payload: str, carried: JobTrace) -> Any:
+        """:meth:`_run_sync` inside its ``jodl.run`` span (:func:`jodl.obs.tracing.run_span`)."""
+        with tracing.run_span(carried.traceparent, self._run_attributes(exec_id, fam, carried)):
+            return self._run_sync(fam, payload)
+
+    def _run_attributes(self, exec_id: int, fam: str, carried: JobTrace) -> dict[str, Any]:
+        return {
+            "jodl.family": fam,
+            "jodl.key": carried.key,
+            "jodl.exec_id": exec_id,
+            "jodl.node": self.name,
+            "jodl.attempt": carried.attempt,
+        }
+
     def _chunk_goes_on(self, slot: int, jobs: list[tuple[int, str, str]], index: int) -> bool:
         """Whether ``slot`` may go on with the chunk it took, from ``jobs[index]``: the
         check every take from the queue makes, made again for the rest of a chunk. If
@@ -514,6 +555,7 @@ class AgentCore:
                 if self._cancels.finished(job[0]):  # cancelled while it waited in the chunk
                     self._running.discard(job[0])
                     self._family_of.pop(job[0], None)
+                    self._traces.pop(job[0], None)
                 else:
                     rest.append(job)
             jobs[index:] = rest  # what the slot goes on with, if it does
@@ -563,12 +605,19 @@ class AgentCore:
         started = time.perf_counter()
         current_cancellation.set(self._cancels.of(exec_id))  # in this task's own context
         self._cancels.track(exec_id, asyncio.current_task())  # type: ignore[arg-type]
+        carried = self._traces.pop(exec_id, None) if self._traces else None
+        traced = (
+            tracing.run_span(carried.traceparent, self._run_attributes(exec_id, fam, carried))
+            if carried is not None
+            else contextlib.nullcontext()
+        )
         try:
-            family_ = self.installed.instance(fam)
-            parsed = json.loads(payload)
-            if family_.payload_model is not None:
-                parsed = family_.parse_payload(parsed)
-            result = await family_.run(parsed)
+            with traced:
+                family_ = self.installed.instance(fam)
+                parsed = json.loads(payload)
+                if family_.payload_model is not None:
+                    parsed = family_.parse_payload(parsed)
+                result = await family_.run(parsed)
         except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - cancelled: discarded
             self._finish(exec_id, started, None, exc)
         else:

@@ -128,6 +128,9 @@ class AgentInfo:
     generation: int = 0
     #: Where its ops endpoint (health, /metrics) listens, HOST:PORT; "" when none.
     ops: str = ""
+    #: The agent has traces on: the master sends it each job's trace context (an older
+    #: agent says nothing and gets none).
+    traces: bool = False
 
     def family_table(self) -> dict[str, dict[str, Any]]:
         """The families as the log keeps them per node: name -> version, async, idempotent."""
@@ -388,6 +391,7 @@ def check_info(value: Any) -> AgentInfo:
         queued=tuple(info["queued"]),
         generation=_generation(info.get("generation", 0)),
         ops=_ops_address(info.get("ops", "")),
+        traces=info.get("traces") is True,
     )
 
 

@@ -12,14 +12,16 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from functools import partial
 from typing import Any
 
 import rpyc  # type: ignore[import-untyped]
 
 from ..exceptions import ConfigError, JodlError
+from ..obs import tracing
 from ..settings.config import Settings
 from .auth import require_auth
-from .codec import decode_ids, decode_jobs, encode_done, encode_failed
+from .codec import decode_ids, decode_jobs, decode_traces, encode_done, encode_failed
 from .core import AgentCore, Done, Failed, FamilyRow
 from .drain import Drain
 from .progress import Report
@@ -116,8 +118,14 @@ class AgentService(rpyc.Service):
             _str(master_id, "master id"), _int(epoch, "epoch"), _str(settings_json, "settings")
         )
 
-    def exposed_send(self, epoch: Any, jobs: tuple) -> tuple[tuple[int, str], ...]:
-        return self._call(epoch, self._core.send, _jobs(jobs), scoped=True)
+    def exposed_send(
+        self, epoch: Any, jobs: tuple, traces: str = ""
+    ) -> tuple[tuple[int, str], ...]:
+        """Queue ``jobs``; ``traces`` (framed, optional): their trace contexts, sent by a
+        master with traces on to an agent whose ``init`` said it has them on."""
+        text = _str(traces, "traces")  # checked first: a netref is never even tested
+        carried = decode_traces(text) if text else None
+        return self._call(epoch, partial(self._core.send, traces=carried), _jobs(jobs), scoped=True)
 
     def exposed_done(
         self, epoch: Any, ack: tuple | str, limit: int, framed: bool = False
@@ -202,6 +210,7 @@ def make_server(
             "JODL_NODE_KEY=$(jodl node key ADDRESS) on a master host",
             address,
         )
+    tracing.configure(settings.traces)
     core = AgentCore(
         name or f"{socket.gethostname()}:{port}",
         slots=settings.agent_slots,

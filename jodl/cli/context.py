@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..exceptions import ConfigError
+from ..obs import tracing
 from ..settings.config import Settings
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ def settings_of(ctx: click.Context) -> Settings:
     if "settings" not in obj:
         overrides = {"database_url": obj.get("database_url")}
         obj["settings"] = Settings.from_env(**overrides)
+        tracing.configure(obj["settings"].traces)
         configure_logging(
             obj["settings"].log_level,
             obj["settings"].log_format,

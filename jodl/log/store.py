@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..obs import tracing
 from ..placement import Knowledge
 from .exec_ids import ExecIds
 from .fence import fenced
@@ -175,7 +176,15 @@ class Store:
         """Add jobs to a family; the number added (see :meth:`Families.add_jobs`): a
         family named that is not in the database is refused unless ``create``; a
         payload that is not a JSON object is refused, and nothing is added."""
-        return self.families.add_jobs(family, jobs, priority, create)
+        if not tracing.state.on:
+            return self.families.add_jobs(family, jobs, priority, create)
+        rows = list(jobs.items() if isinstance(jobs, Mapping) else jobs)
+        added = self.families.add_jobs(family, rows, priority, create)
+        name = family if isinstance(family, str) else family.name
+        with self.engine.connect() as conn:  # traces on: one read for the jobs' ids
+            found = JobLog.ids_of_keys(conn, name, [key for key, _ in rows])
+        tracing.added(name, found.items())
+        return added
 
     def record_progress(self, rows: Sequence[ProgressRow]) -> None:
         """Running executions' newest progress reports (see :meth:`Runs.record_progress`)."""

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .. import failpoint
+from ..obs import tracing
 from ..obs.metrics import WRITER_COMMIT
 from .models import ExecState
 from .records import ClaimDone, ClaimFailed, DeadJob, ExecutionRow, Home, OutcomeBatch, split_claims
@@ -97,9 +98,12 @@ class LogWriter:
                         row.state == ExecState.LOST for row in batch.executions
                     ):
                         failpoint.wait("commit_lost")
+                    traced = time.time_ns() if tracing.state.on else 0
                     started = time.perf_counter()
                     self.store.record_outcomes(batch)
                     WRITER_COMMIT.observe(time.perf_counter() - started)
+                    if traced:
+                        tracing.committed(batch.executions, traced)
                     failpoint.hit("after_commit")
                     if after is not None:
                         after()

@@ -24,8 +24,10 @@ import time
 from itertools import islice
 
 from ..agent.client import AgentLink
+from ..agent.codec import encode_traces
 from ..log.models import ExecState, utcnow
 from ..log.records import PendingJob, Sent
+from ..obs import tracing
 from ..placement import BalanceView, JobInfo, Move, NodeLoad, Placement
 from ..placement import Waiting as WaitingView
 from . import rules
@@ -402,7 +404,18 @@ class Balancer(PartOf):
         )
         self.book.add_backup(sent, straggler.exec_id, straggler.node_id)
         wire = ((exec_id, job.family, job.payload),)
-        if self.nodes.call(slot, self.epoch, AgentLink.send, self.epoch, wire) is None:
+        traced: list[tracing.SentJob] | None = None
+        extra: tuple[str, ...] = ()
+        started = 0
+        if tracing.state.on:  # a rare call: its one dispatch span made here
+            traced = [tracing.SentJob(exec_id, job.id, job.family, job.key, attempt)]
+            extra = (encode_traces(tracing.carriers(traced)),) if slot.traces else ()
+            started = time.time_ns()
+        sent_ok = self.nodes.call(slot, self.epoch, AgentLink.send, self.epoch, wire, *extra)
+        if traced is not None:
+            failed = None if sent_ok is not None else "the send failed"
+            tracing.dispatched(slot.link.address, traced, started, failed)
+        if sent_ok is None:
             return False
         log.info(
             "job %s straggles on node %s (%.2fs, expected %.2fs): backup on node %s",

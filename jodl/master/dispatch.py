@@ -15,9 +15,11 @@ from functools import partial
 from typing import Any
 
 from .. import failpoint
+from ..agent.codec import encode_traces
 from ..exceptions import AgentUnavailable, Fenced
 from ..log.models import utcnow
 from ..log.records import PendingJob, Sent
+from ..obs import tracing
 from ..obs.metrics import count_sent
 from ..placement import JobInfo, NodeLoad
 from .nodes import Nodes, NodeSlot
@@ -182,10 +184,15 @@ class Dispatcher(PartOf):
         if replacing:
             failpoint.hit("replacements_logged")
         now = time.perf_counter()
+        traced = self._traced(sents) if tracing.state.on else None  # node -> its jobs
+        started = time.time_ns() if traced is not None else 0
         calls = {}
         for node_id, wire in wires.items():
             book.send(node_id, sents[node_id])
             calls[node_id] = partial(self.nodes[node_id].link.send, self.epoch, wire)
+            if traced is not None and self.nodes[node_id].traces:
+                carriers = encode_traces(tracing.carriers(traced[node_id]))
+                calls[node_id] = partial(calls[node_id], carriers)
         # One send per agent, all at once: a frozen agent delays the others by nothing.
         replies = self.nodes.calls.each(calls)
         for node_id, reply in replies.items():
@@ -194,9 +201,13 @@ class Dispatcher(PartOf):
                 refused = reply.get()
             except Fenced:
                 raise  # a newer master took over: stop
-            except AgentUnavailable:
+            except AgentUnavailable as exc:
+                if traced is not None:
+                    tracing.dispatched(slot.link.address, traced[node_id], started, str(exc))
                 self.nodes.down(slot, self.epoch)  # suspect: its jobs stay for now
                 continue
+            if traced is not None:
+                tracing.dispatched(slot.link.address, traced[node_id], started)
             for sent in sents[node_id]:
                 active = self.runs.get(sent.run_id) if sent.run_id is not None else None
                 if active is not None and active.first_send is None:
@@ -207,6 +218,20 @@ class Dispatcher(PartOf):
         if replacing:
             failpoint.hit("replacements_sent")
         return total
+
+    def _traced(self, sents: dict[int, list[Sent]]) -> dict[int, list[tracing.SentJob]]:
+        """While traces are on: per node, its jobs as their dispatch spans describe them."""
+        jobs = self.book.jobs
+        rows = {
+            node_id: [
+                tracing.SentJob(
+                    s.exec_id, s.job_id, jobs[s.job_id].family, jobs[s.job_id].key, s.attempt
+                )
+                for s in group
+            ]
+            for node_id, group in sents.items()
+        }
+        return rows
 
     def _room(self, slot: NodeSlot) -> int:
         """How many more jobs to send now: enough to keep the slots busy for QUEUE_AHEAD.

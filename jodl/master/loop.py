@@ -44,6 +44,7 @@ from ..log.engine import make_engine
 from ..log.records import PendingJob
 from ..log.store import Store
 from ..log.writer import LogWriter
+from ..obs import tracing
 from ..obs.metrics import LOOP_STEP
 from ..placement import Knowledge
 from ..settings.config import Settings
@@ -94,6 +95,7 @@ class Master:
         """``family_classes``: the family classes whose versions agents must run (default:
         those installed with this master; a family it does not know is not checked)."""
         self.settings = settings or Settings.from_env()
+        tracing.configure(self.settings.traces)
         #: Take the lease even from a live master (which is then fenced): ``--takeover``.
         self.takeover = takeover
         database = store or Store(make_engine(self.settings.database_url))

@@ -229,6 +229,7 @@ class Nodes(PartOf):
         slot.async_families = {name for name, fam in families.items() if fam.is_async}
         slot.async_slots = info.async_slots
         slot.load.slots = info.slots
+        slot.traces = info.traces
         self.store.update_node(
             slot.load.id,
             state=NodeState.DRAINING if slot.draining else NodeState.ACTIVE,

@@ -61,6 +61,8 @@ class NodeSlot:
     #: Monotonic time of the last call sent before it became suspect: its agent has
     #: heard nothing since (a reconnect's ``init`` pauses the agent, starting nothing).
     silent_since: float = 0.0
+    #: Its agent has traces on (``init`` said so): sends carry the jobs' trace contexts.
+    traces: bool = False
 
     @property
     def id(self) -> int:

@@ -27,6 +27,7 @@ from ..log.outcomes import retry_delay
 from ..log.queue_records import Claimed, QueuedJob
 from ..log.queue_sql import QueueSQL
 from ..log.store import Store
+from ..obs import tracing
 from ..settings.config import DEFAULT_MAX_ATTEMPTS, read_values
 from ..settings.options import Option, register_options
 
@@ -117,6 +118,7 @@ class Queue:
         self.sql = QueueSQL(self.engine)
         self._lock = threading.Lock()
         self._listener: Listener | None = None
+        tracing.configure()  # JODL_TRACES, unless this process set traces up already
 
     def family_id(self, name: str, create: bool = False) -> int | None:
         """The id of family ``name`` (created when ``create``), None if there is none."""
@@ -177,6 +179,8 @@ class Queue:
         fid = self.sql.family_id(family, create=True)
         assert fid is not None
         ids = self.sql.enqueue(fid, family, payloads, int(priority), due, now)
+        if tracing.state.on:
+            tracing.added(family, ((key, ids[key]) for key in payloads), "enqueue")
         return [ids[k] for k in payloads]
 
     # -- claim --------------------------------------------------------------------------------

@@ -288,6 +288,15 @@ OPTIONS: tuple[Option, ...] = (
         "all",
     ),
     Option(
+        "JODL_TRACES",
+        "none",
+        "traces",
+        "OpenTelemetry traces, one per job (add, dispatch, run, commit): none, otlp "
+        "(OTEL_EXPORTER_OTLP_* say where), console, or file:PATH (JSON lines); needs "
+        "pip install 'jodl[otel]'",
+        "all",
+    ),
+    Option(
         "JODL_METRICS_LISTEN",
         DEFAULT_METRICS_LISTEN,
         "str?",
@@ -379,6 +388,7 @@ class Settings:
     log_level: str = "INFO"
     # operations
     log_format: str = "text"
+    traces: str = "none"
     metrics_listen: str | None = DEFAULT_METRICS_LISTEN
     agent_metrics_listen: str | None = DEFAULT_AGENT_METRICS_LISTEN
     profiling: bool = False

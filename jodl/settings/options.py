@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import ConfigError
+from ..obs import tracing
 
 log = logging.getLogger("jodl.settings.config")
 
@@ -127,6 +128,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "level": _log_level,
     "loop": _event_loop,
     "logfmt": _log_format,
+    "traces": tracing.parse,
 }
 
 
