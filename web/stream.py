@@ -53,6 +53,9 @@ log = logging.getLogger("web.stream")
 RETRY_MS = 1000
 #: Milliseconds a browser turned away (all stream slots taken) waits.
 BUSY_RETRY_MS = 3000
+#: Seconds between two looks of a waiting stream at whether its client is still there
+#: (waitress tells; no query), so that a slot is given back soon after a disconnect.
+CLIENT_CHECK = 1.0
 #: Longest pause between two looks while the database does not answer (seconds).
 DB_BACKOFF_MAX = 5.0
 #: Seconds between two status events of the operators' stream.
@@ -223,7 +226,7 @@ def batch_events(svc: Services, batch_id: str, last_event_id: str | None) -> Ite
             if catch_up and not behind:
                 pause = max(backoff, settings.web_stream_poll)
             else:
-                pause = 0.0 if behind else settings.web_keepalive
+                pause = 0.0 if behind else CLIENT_CHECK
             pause = min(
                 pause,
                 max(0.0, quiet_since + settings.web_keepalive - now),
