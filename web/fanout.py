@@ -5,7 +5,9 @@ in an :class:`Inbox`. One thread per process, the :class:`Fanout`'s, holds one
 subscription to the :class:`~jodl.log.ResultWatch` covering the jobs of every
 inbox. When a notice names some of them, it reads their new results in **one**
 query and hands each result to the inboxes waiting on its job; each stream takes
-from its own inbox only, so it never sees a result of another batch. A stream with
+from its own inbox only, so it never sees a result of another batch. A stream's
+first look (what committed before it opened) is the fan-out's next look too, shared
+by the streams that open meanwhile. A stream with
 nothing new does no query; idle streams cost nothing but the fan-out's own safety
 look (one per process every :data:`SAFETY_POLL` seconds, for what no notice tells:
 a job deleted, a notice lost). Where no notices come (SQLite with the master in
@@ -101,10 +103,25 @@ class Fanout:
         #: job id -> inboxes waiting for it.
         self._by_job: dict[int, set[Inbox]] = {}
         self._sub: Subscription | None = None
+        #: Jobs of inboxes opened since the last look: looked at next, notice or not.
+        self._fresh: set[int] = set()
         self._reads: Reads | None = None
         self._thread: threading.Thread | None = None
         #: Looks at the log made (each one query for results, maybe one for given-up jobs).
         self.looks = 0
+        self._looking = False
+
+    @property
+    def busy(self) -> bool:
+        """A look is due for streams just opened, or under way."""
+        with self._lock:
+            return bool(self._fresh) or self._looking
+
+    @property
+    def waiting(self) -> int:
+        """Inboxes of open streams that still wait for a result."""
+        with self._lock:
+            return len({i for waiting in self._by_job.values() for i in waiting})
 
     # -- the streams' side ---------------------------------------------------------------------
 
@@ -117,6 +134,10 @@ class Fanout:
             for jid in inbox.items:
                 self._by_job.setdefault(jid, set()).add(inbox)
             sub.add(inbox.items)
+            # The stream's first look is the fan-out's too (module doc).
+            self._fresh.update(inbox.items)
+        if inbox.items:
+            sub.woken.set()
         return inbox
 
     def take(self, inbox: Inbox) -> tuple[list[Answer], bool]:
@@ -177,12 +198,20 @@ class Fanout:
                 pause = (next_safety - now) if live else self.poll
                 sub.wait(max(0.0, max(pause, backoff)))
                 noticed = sub.take()
+                with self._lock:
+                    fresh, self._fresh = self._fresh, set()
+                    self._looking = True
                 now = time.monotonic()
                 everything = missed or noticed.everything or not live or now >= next_safety
-                if not everything and not noticed.job_ids:
+                if not everything and not noticed.job_ids and not fresh:
+                    with self._lock:
+                        self._looking = False
                     continue
                 try:
-                    self._look(None if everything else noticed.job_ids)
+                    if everything:
+                        self._look(None)
+                    else:
+                        self._look(noticed.job_ids | fresh, give_up=noticed.job_ids)
                     backoff = 0.0
                     missed = False
                 except SQLAlchemyError as exc:
@@ -192,6 +221,9 @@ class Fanout:
                     log.warning(
                         "stream fan-out cannot read the log (retry in %.1fs): %s", backoff, exc
                     )
+                finally:
+                    with self._lock:
+                        self._looking = False
                 if everything:
                     next_safety = time.monotonic() + SAFETY_POLL
         finally:
@@ -223,9 +255,11 @@ class Fanout:
                 self._reads = Reads(self.engine)
         return self._reads
 
-    def _look(self, job_ids: frozenset[int] | None) -> None:
+    def _look(self, job_ids: Iterable[int] | None, give_up: Iterable[int] | None = None) -> None:
         """Read the new results of these jobs (None: of every waited-for job) in one
-        query, hand them out; then the jobs given up on among those still waited for."""
+        query, hand them out; then those given up on among the jobs ``give_up`` (None:
+        all of them) still waited for (a notice that brought no result: the job failed,
+        dead perhaps, or was re-run)."""
         with self._lock:
             waited = self._by_job
             jobs = list(waited) if job_ids is None else [j for j in job_ids if j in waited]
@@ -246,9 +280,9 @@ class Fanout:
                     if item is not None and row.exec_id > item.after_exec_id:
                         self._hand(inbox, Answer(item, row))
                         woken.add(inbox)
-            rest = [jid for jid in jobs if jid in self._by_job]
+            asked = jobs if give_up is None else [j for j in give_up if j in self._by_job]
+            rest = [jid for jid in asked if jid in self._by_job]
         if rest:
-            # A notice that brought no result: the job failed (dead?) or was re-run.
             errors = reads.given_up(rest)
             with self._lock:
                 for error in errors:

@@ -1,9 +1,9 @@
 """Server-Sent Events: a batch's results in completion order, and operators' live status.
 
 A batch stream first sends the items answered at submission (refused URLs and
-cache hits), then follows the reconstruction log: its own first look (one query)
-sends what committed before it opened, and from then on it waits on its inbox of
-the process's fan-out (:mod:`web.fanout`), which is told of every commit that ends
+cache hits), then follows the reconstruction log: it waits on its inbox of the
+process's fan-out (:mod:`web.fanout`), which first looks for what committed before
+the stream opened, then is told of every commit that ends
 a waited-for job (:mod:`jodl.log.notices`: ``LISTEN``/``NOTIFY`` on PostgreSQL,
 one listening connection per web process; on SQLite an in-process wake-up, when the
 master runs in this process as with ``jodl up``), reads the new results once for
@@ -188,13 +188,14 @@ def batch_events(svc: Services, batch_id: str, last_event_id: str | None) -> Ite
         started = time.monotonic()
         quiet_since = started
         backoff = 0.0
-        catch_up = True  # the first look is the stream's own
+        # The fan-out makes the first look; without it (the watch closed) the stream.
+        catch_up = svc.results.closed
         while pending and not svc.stopping.is_set() and not disconnected():
             now = time.monotonic()
             answered: list[tuple[Item, dict[str, Any]]] = []
             if catch_up:
                 try:
-                    # The stream's own look (one query): at its start, and to catch up.
+                    # The stream's own look (one query), to catch up (web.fanout).
                     answered = svc.batches.arrived(pending.values())
                     svc.fanout.settle(inbox, [item for item, _ in answered])
                     backoff = 0.0
