@@ -214,12 +214,15 @@ class Fanout:
                         self._look(noticed.job_ids | fresh, give_up=noticed.job_ids)
                     backoff = 0.0
                     missed = False
-                except SQLAlchemyError as exc:
+                except Exception as exc:  # noqa: BLE001 - no stream may be left hanging
                     # The database is away for a moment: look at everything once it is back.
                     backoff = min(DB_BACKOFF_MAX, max(backoff * 2, 0.1))
                     missed = True
                     log.warning(
-                        "stream fan-out cannot read the log (retry in %.1fs): %s", backoff, exc
+                        "stream fan-out cannot read the log (retry in %.1fs): %s",
+                        backoff,
+                        exc,
+                        exc_info=not isinstance(exc, SQLAlchemyError),
                     )
                 finally:
                     with self._lock:
