@@ -171,6 +171,18 @@ class _Stream:
                 self.done = True
 
 
+def _notices(listening: Any, seen: dict[int, float]) -> None:
+    """Note the jobs of every notice the LISTEN connection has received. Read with libpq's
+    own calls: all the socket holds, then every notice parsed (a notice left in the
+    client's buffer would never make the socket readable again)."""
+    pgconn = listening.pgconn
+    pgconn.consume_input()
+    now = time.monotonic()
+    while (notice := pgconn.notifies()) is not None:
+        for word in notice.extra.split():
+            seen.setdefault(int(word), now)
+
+
 def _client_main(conn: Any, port: int, db_url: str | None) -> None:
     """The client process: one thread, one selector over its orders, the streams' sockets
     and (PostgreSQL) the LISTEN connection; every time taken right after its read."""
@@ -214,10 +226,7 @@ def _client_main(conn: Any, port: int, db_url: str | None) -> None:
                 selector.register(sock, selectors.EVENT_READ, stream)
             elif key.data == "notices":
                 assert listening is not None
-                for notice in listening.notifies(timeout=0):
-                    now = time.monotonic()
-                    for word in notice.payload.split():
-                        seen.setdefault(int(word), now)
+                _notices(listening, seen)
             else:
                 stream = key.data
                 sock = key.fileobj  # type: ignore[assignment]
@@ -229,6 +238,8 @@ def _client_main(conn: Any, port: int, db_url: str | None) -> None:
                     selector.unregister(sock)
                     sock.close()
                     open_streams -= 1
+    if listening is not None:
+        _notices(listening, seen)  # every stream ended: their commits' notices are here
     conn.send(({s.key: s.arrivals for s in streams}, seen))
     if listening is not None:
         listening.close()
@@ -325,10 +336,15 @@ def latencies_ms(
     """Commit-to-event milliseconds of every result of these (batch id, arrivals); from
     the stream's opening for a result committed before it (nothing could push it then)."""
     out = []
+    lost = unseen = 0
     for batch_id, arrivals in batches:
         for pos, jid in job_ids(engine, batch_id).items():
+            lost += pos not in arrivals
+            unseen += jid not in seen
             if pos in arrivals and jid in seen:
                 out.append((arrivals[pos] - max(seen[jid], arrivals[OPENED])) * 1000.0)
+    if lost or unseen:
+        raise SystemExit(f"{lost} results never reached their stream; {unseen} commits unseen")
     return out
 
 
