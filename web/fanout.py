@@ -14,12 +14,14 @@ a job deleted, a notice lost). Where no notices come (SQLite with the master in
 another process, the listening connection down) the fan-out polls every
 ``JODL_WEB_STREAM_POLL`` seconds, still one query for all streams.
 
-Why, measured with ``bench/sse.py`` (50 streams, 1,000 URLs, 2 busy cores): when
-every woken stream looked at the log itself, its look took 15-25 ms of the
-30-70 ms p95 from commit to event, most of it three round trips (the pool's
-pre-ping, the query, the reset on return) each waiting for a CPU. The fan-out reads
-on a connection of its own, in autocommit and without pre-ping: one round trip per
-look, and one look per notice however many streams wait.
+Why, measured with ``bench/sse.py`` (50 streams, 1,000 URLs, 2 cores busy with other
+work): when every woken stream looked at the log itself, that look was the largest
+part of the time from commit to event (median 13-24 ms), most of it three round
+trips (the pool's pre-ping, the query, the reset on return) each waiting for a CPU.
+The fan-out reads on a connection of its own, in autocommit and without pre-ping:
+one round trip per look, and one look per notice however many streams wait. Run by
+turns under load, 50 streams' p95 went from 13-28 ms to 8-19 ms; on a quiet machine
+both were 10-12 ms.
 
 Memory is bounded: an inbox holds at most :data:`INBOX_MAX` answers. A stream whose
 client reads slowly and falls that far behind is marked :attr:`Inbox.behind`: the
