@@ -2,18 +2,22 @@
 
 Everything real, in one process tree: a fresh PostgreSQL database (default), a
 local HTTP site, K agent subprocesses, ``jodl master`` (which serves the on-demand
-queue) and ``jodl web`` (waitress), each a process of its own, so that this one
-only submits, reads the streams and notes the times.
+queue) and ``jodl web`` (waitress), each a process of its own. This one submits; the
+measuring client is a process of its own too (one thread, one selector): it reads
+every stream over a raw socket and takes each time right after its read, so neither
+the site nor the submissions delay it.
 
 The benchmark signs in as a user of its own (created in the database, as ``jodl
 users add`` does) and submits with a bearer token from ``POST /api/tokens``.
 
 1. **Latency**: N URLs of the local site are submitted through the API and
-   their batch stream is read over HTTP. A watcher polls the execution log every
-   millisecond on its own connection and notes when each result is first
-   visible (its commit); the figure is the time from there (or from the stream's
-   opening, for a result committed before it) to the moment the result's SSE event
-   reached the client (median and 95th percentile: ``p95_ms``).
+   their batch stream is read over HTTP. The moment each result commits is the
+   moment its notice reaches the client (PostgreSQL delivers ``NOTIFY`` at the
+   commit; the client LISTENs on the selector that reads the streams); on SQLite,
+   which has no notices, a watcher polls the execution log every millisecond. The
+   figure is the time from there (or from the stream's opening, for a result
+   committed before it) to the moment the result's SSE event reached the client
+   (median and 95th percentile: ``p95_ms``).
 2. **Many streams**: M more URLs are submitted in S batches, all S streams read
    at once; the same latency over all of them (``p95_ms_50_streams`` for the
    default 50 streams), and on-demand jobs per second from the first submission
@@ -89,24 +93,21 @@ def start_site() -> tuple[ThreadingHTTPServer, str]:
 
 
 class CommitWatcher:
-    """Notes when each job's first done execution becomes visible: one thread polls every
-    ms and, on PostgreSQL, another listens for the notice its commit sends
-    (:data:`RESULTS_CHANNEL`, delivered at the commit itself); the earlier one counts."""
+    """On SQLite, which has no notices, notes when each job's first done execution becomes
+    visible: a thread polls every ms (visible at the latest when the query began).
+
+    On PostgreSQL the :class:`Client` notes the commits instead, from the notice each
+    one sends (:data:`RESULTS_CHANNEL`, delivered at the commit itself). Polling there
+    too cost a CPU of two (1,000 queries a second, each reading every done job) and
+    slowed what it measured."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.seen: dict[int, float] = {}
-        self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.threads = [threading.Thread(target=self._poll, daemon=True)]
-        if engine.dialect.name == "postgresql":
-            self.threads.append(threading.Thread(target=self._listen, daemon=True))
-
-    def note(self, job_ids: list[int], now: float) -> None:
-        with self.lock:
-            for job_id in job_ids:
-                if job_id not in self.seen or now < self.seen[job_id]:
-                    self.seen[job_id] = now
+        self.thread: threading.Thread | None = None
+        if engine.dialect.name != "postgresql":
+            self.thread = threading.Thread(target=self._poll, daemon=True)
 
     def _poll(self) -> None:
         from sqlalchemy import text
@@ -114,34 +115,166 @@ class CommitWatcher:
         query = text("SELECT DISTINCT job_id FROM jodl_execution WHERE state = 'done'")
         with self.engine.connect() as conn:
             while not self.stopping.is_set():
-                started = time.monotonic()  # visible at the latest when the query began
+                started = time.monotonic()
                 rows = conn.execute(query).all()
                 conn.commit()  # a fresh snapshot for the next look
-                self.note([job_id for (job_id,) in rows if job_id not in self.seen], started)
+                for (job_id,) in rows:
+                    self.seen.setdefault(job_id, started)
                 time.sleep(0.001)
 
-    def _listen(self) -> None:
+    def __enter__(self) -> CommitWatcher:
+        if self.thread is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+
+
+#: Key of a stream's arrivals that holds the moment it opened (no position is negative).
+OPENED = -1
+
+
+class _Stream:
+    """One stream as the client reads it: HTTP/1.0 (no chunking), events by line."""
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+        self.buffer = b""
+        self.head = True
+        self.event = ""
+        self.done = False
+        self.arrivals: dict[int, float] = {}
+
+    def feed(self, data: bytes, now: float) -> None:
+        self.buffer += data
+        if self.head:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            status = self.buffer.split(b" ", 2)[1]
+            if status != b"200":
+                raise SystemExit(f"stream {self.key} answered {status.decode()}")
+            self.arrivals[OPENED] = now
+            self.buffer = self.buffer[end + 4 :]
+            self.head = False
+        *lines, self.buffer = self.buffer.split(b"\n")
+        for raw in lines:
+            line = raw.decode().rstrip("\r")
+            if line.startswith("event: "):
+                self.event = line[7:]
+            elif line.startswith("data: ") and self.event == "result":
+                self.arrivals[json.loads(line[6:])["position"]] = now
+            elif line.startswith("data: ") and self.event == "complete":
+                self.done = True
+
+
+def _notices(listening: Any, seen: dict[int, float]) -> None:
+    """Note the jobs of every notice the LISTEN connection has received. Read with libpq's
+    own calls: all the socket holds, then every notice parsed (a notice left in the
+    client's buffer would never make the socket readable again)."""
+    pgconn = listening.pgconn
+    pgconn.consume_input()
+    now = time.monotonic()
+    while (notice := pgconn.notifies()) is not None:
+        for word in notice.extra.split():
+            seen.setdefault(int(word), now)
+
+
+def _client_main(conn: Any, port: int, db_url: str | None) -> None:
+    """The client process: one thread, one selector over its orders, the streams' sockets
+    and (PostgreSQL) the LISTEN connection; every time taken right after its read."""
+    import selectors
+    import socket
+
+    selector = selectors.DefaultSelector()
+    selector.register(conn, selectors.EVENT_READ, "orders")
+    seen: dict[int, float] = {}
+    listening = None
+    if db_url is not None:
         import psycopg
         from sqlalchemy import make_url
 
         from jodl.log import RESULTS_CHANNEL
 
-        url = make_url(self.engine.url).set(drivername="postgresql")
-        with psycopg.connect(url.render_as_string(hide_password=False), autocommit=True) as conn:
-            conn.execute(f"LISTEN {RESULTS_CHANNEL}")
-            while not self.stopping.is_set():
-                for notice in conn.notifies(timeout=0.1):
-                    self.note([int(w) for w in notice.payload.split()], time.monotonic())
+        url = make_url(db_url).set(drivername="postgresql")
+        listening = psycopg.connect(url.render_as_string(hide_password=False), autocommit=True)
+        listening.execute(f"LISTEN {RESULTS_CHANNEL}")
+        selector.register(listening.fileno(), selectors.EVENT_READ, "notices")
+    conn.send("ready")
+    streams: list[_Stream] = []
+    open_streams = 0
+    finishing = False
+    while not (finishing and open_streams == 0):
+        for key, _ in selector.select(timeout=1.0):
+            if key.data == "orders":
+                order = conn.recv()
+                if order[0] == "finish":
+                    finishing = True
+                    continue
+                _, number, path, headers = order
+                sock = socket.create_connection(("127.0.0.1", port))
+                lines = [f"GET {path} HTTP/1.0", f"Host: 127.0.0.1:{port}"]
+                lines += [f"{k}: {v}" for k, v in headers.items()]
+                sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+                sock.setblocking(False)
+                stream = _Stream(number)
+                streams.append(stream)
+                open_streams += 1
+                selector.register(sock, selectors.EVENT_READ, stream)
+            elif key.data == "notices":
+                assert listening is not None
+                _notices(listening, seen)
+            else:
+                stream = key.data
+                sock = key.fileobj  # type: ignore[assignment]
+                data = sock.recv(65536)
+                now = time.monotonic()
+                if data:
+                    stream.feed(data, now)
+                if not data or stream.done:
+                    selector.unregister(sock)
+                    sock.close()
+                    open_streams -= 1
+    if listening is not None:
+        _notices(listening, seen)  # every stream ended: their commits' notices are here
+    conn.send(({s.key: s.arrivals for s in streams}, seen))
+    if listening is not None:
+        listening.close()
 
-    def __enter__(self) -> CommitWatcher:
-        for thread in self.threads:
-            thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join(timeout=5)
+class Client:
+    """The measuring client (:func:`_client_main`), a process of its own so that no thread
+    of this one (the site, the submissions) delays its reads."""
+
+    def __init__(self, port: int, db_url: str) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        pg = db_url if db_url.startswith("postgresql") else None
+        self.proc = context.Process(target=_client_main, args=(child, port, pg), daemon=True)
+        self.proc.start()
+        if not self.conn.poll(60) or self.conn.recv() != "ready":
+            raise SystemExit("the measuring client did not start")
+        self.count = 0
+
+    def open(self, path: str, headers: dict[str, str]) -> int:
+        """Read the stream at ``path``; its number."""
+        self.count += 1
+        self.conn.send(("open", self.count, path, headers))
+        return self.count
+
+    def finish(self) -> tuple[dict[int, dict[int, float]], dict[int, float]]:
+        """Once every stream ended: each one's arrivals by number, and the commits seen."""
+        self.conn.send(("finish",))
+        if not self.conn.poll(600):
+            raise SystemExit("the streams did not end")
+        arrivals, seen = self.conn.recv()
+        self.proc.join(10)
+        return arrivals, seen
 
 
 #: The benchmark's user (created in the fresh database) and its password.
@@ -163,32 +296,13 @@ def sign_in(web: str, engine: Any) -> dict[str, str]:
     return {"Authorization": f"Bearer {r.json()['token']}"}
 
 
-#: Key of a stream's arrivals that holds the moment it opened (no position is negative).
-OPENED = -1
-
-
-def read_stream(
-    url: str, arrivals: dict[int, float], done: threading.Event, headers: dict[str, str]
-) -> None:
-    """Read one batch stream to its end; note when it opened (:data:`OPENED`) and each
-    result's arrival time by position."""
-    import httpx
-
-    with (
-        httpx.Client(timeout=120, headers=headers) as client,
-        client.stream("GET", url) as response,
-    ):
-        response.raise_for_status()
-        arrivals[OPENED] = time.monotonic()
-        event = None
-        for line in response.iter_lines():
-            if line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: ") and event == "result":
-                arrivals[json.loads(line[6:])["position"]] = time.monotonic()
-            elif line.startswith("data: ") and event == "complete":
-                break
-    done.set()
+def earliest(*seen: dict[int, float]) -> dict[int, float]:
+    """The earliest time each job was seen committed by any of these watchers."""
+    out: dict[int, float] = {}
+    for times in seen:
+        for job_id, t in times.items():
+            out[job_id] = min(t, out.get(job_id, t))
+    return out
 
 
 def submit(web: str, urls: list[str], headers: dict[str, str]) -> dict[str, Any]:
@@ -222,10 +336,15 @@ def latencies_ms(
     """Commit-to-event milliseconds of every result of these (batch id, arrivals); from
     the stream's opening for a result committed before it (nothing could push it then)."""
     out = []
+    lost = unseen = 0
     for batch_id, arrivals in batches:
         for pos, jid in job_ids(engine, batch_id).items():
+            lost += pos not in arrivals
+            unseen += jid not in seen
             if pos in arrivals and jid in seen:
                 out.append((arrivals[pos] - max(seen[jid], arrivals[OPENED])) * 1000.0)
+    if lost or unseen:
+        raise SystemExit(f"{lost} results never reached their stream; {unseen} commits unseen")
     return out
 
 
@@ -294,41 +413,41 @@ def main() -> None:
             wait_port(port, timeout=30)
             auth = sign_in(web, engine)
             # Warm-up: the agents' fetchers, the master's connections, the web process.
+            client = Client(port, db_url)
             warm = submit(web, [f"{base}/warm/{i}" for i in range(10)], auth)
-            read_stream(web + warm["events"], {}, threading.Event(), auth)
+            client.open(warm["events"], auth)
+            client.finish()
 
             # 1. latency from commit to event, one stream
-            arrivals: dict[int, float] = {}
+            client = Client(port, db_url)
             with CommitWatcher(engine) as watcher:
                 batch = submit(web, [f"{base}/latency/{i}" for i in range(args.urls)], auth)
-                read_stream(web + batch["events"], arrivals, threading.Event(), auth)
+                number = client.open(batch["events"], auth)
+                arrivals, seen = client.finish()
                 time.sleep(0.05)
-            latencies = latencies_ms(engine, [(batch["id"], arrivals)], watcher.seen)
+            seen = earliest(seen, watcher.seen)
+            latencies = latencies_ms(engine, [(batch["id"], arrivals[number])], seen)
             if len(latencies) != args.urls:
                 raise SystemExit(f"only {len(latencies)} of {args.urls} results were timed")
 
             # 2. the same over many streams open at once, and on-demand throughput
             size = -(-args.jobs // streams)
-            many: list[tuple[str, dict[int, float]]] = []
-            threads = []
+            opened: list[tuple[str, int]] = []
+            client = Client(port, db_url)
             with CommitWatcher(engine) as watcher:
                 started = time.monotonic()
                 for start in range(0, args.jobs, size):
                     count = min(size, args.jobs - start)
                     urls = [f"{base}/load/{start + i}" for i in range(count)]
                     sub = submit(web, urls, auth)
-                    many.append((sub["id"], {}))
-                    t = threading.Thread(
-                        target=read_stream,
-                        args=(web + sub["events"], many[-1][1], threading.Event(), auth),
-                    )
-                    t.start()
-                    threads.append(t)
-                for t in threads:
-                    t.join(timeout=600)
-                seconds = time.monotonic() - started
+                    opened.append((sub["id"], client.open(sub["events"], auth)))
+                arrivals, seen = client.finish()
                 time.sleep(0.05)
-            spread = latencies_ms(engine, many, watcher.seen)
+            last = max(t for a in arrivals.values() for p, t in a.items() if p != OPENED)
+            seconds = last - started
+            seen = earliest(seen, watcher.seen)
+            many = [(batch_id, arrivals[number]) for batch_id, number in opened]
+            spread = latencies_ms(engine, many, seen)
             if len(spread) != args.jobs:
                 raise SystemExit(f"only {len(spread)} of {args.jobs} results were timed")
         finally:

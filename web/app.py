@@ -35,6 +35,7 @@ from jodl.log import ResultWatch, Store, make_engine
 from jodl.queue import Queue
 
 from .batch import Batches
+from .fanout import Fanout
 from .metrics import Metrics
 from .security import (
     CSRF_FIELD,
@@ -89,6 +90,8 @@ class Services:
     allow_users: AllowUsers
     #: Wakes the event streams waiting for these jobs when they end (one per process).
     results: ResultWatch
+    #: Reads new results once per notice and hands them to the open batch streams.
+    fanout: Fanout
 
 
 def services() -> Services:
@@ -139,6 +142,7 @@ def create_app(
     store = Store(engine)
     queue = Queue(store)
     stopping = threading.Event()
+    results = ResultWatch(engine, stopping)
     from .auth import ADDRESS_LOGIN_FACTOR, LOGIN_WINDOW_MINUTES
 
     app.extensions["jodl"] = Services(
@@ -166,7 +170,8 @@ def create_app(
             settings.web_operator_streams,
         ),
         stopping=stopping,
-        results=ResultWatch(engine, stopping),
+        results=results,
+        fanout=Fanout(engine, results, stopping, settings.web_stream_poll),
     )
     app.jinja_env.globals["csrf_token"] = csrf_token
     app.jinja_env.globals["csrf_field"] = CSRF_FIELD

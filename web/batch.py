@@ -446,6 +446,8 @@ class Batches:
     def immediate(self, items: Iterable[Item]) -> list[dict[str, Any]]:
         """Events of items answered at submission (refused, or from the cache), by position."""
         items = [i for i in items if not i.pending]
+        if not items:
+            return []
         cached = self.results(i.cached_exec_id for i in items if i.cached_exec_id is not None)
         finished = self._finished([i.cached_exec_id for i in items if i.cached_exec_id])
         out = []

@@ -135,9 +135,10 @@ OPTIONS: tuple[Option, ...] = (
         "JODL_WEB_STREAM_POLL",
         str(DEFAULT_STREAM_POLL),
         "float+",
-        "Seconds between two looks of an open event stream at the log for new results "
-        "when no notice of them can come (SQLite with the master in another process, or "
-        "PostgreSQL's LISTEN connection down); else streams are woken by each result",
+        "Seconds between two looks at the log for new results of the open event streams "
+        "(one look for all of them) when no notice of them can come (SQLite with the "
+        "master in another process, or PostgreSQL's LISTEN connection down); else "
+        "streams are woken by each result",
         "web",
     ),
     Option(

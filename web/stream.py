@@ -1,17 +1,17 @@
 """Server-Sent Events: a batch's results in completion order, and operators' live status.
 
 A batch stream first sends the items answered at submission (refused URLs and
-cache hits), then follows the reconstruction log: one query asks for the first
-committed ``done`` execution of each still-pending item's job, and each new result
-goes out at once, in commit (execution id) order. The stream looks again when
-woken, not on a clock: the commit that ends one of its jobs announces it
-(:mod:`jodl.log.notices`: ``LISTEN``/``NOTIFY`` on PostgreSQL, one listening
-connection per web process; on SQLite an in-process wake-up, when the master runs in
-this process as with ``jodl up``). An idle stream queries nothing but a safety look
-every :data:`SAFETY_POLL` seconds. Where no notices come (SQLite with the master
-in another process, or the listening connection down) it polls every
-``JODL_WEB_STREAM_POLL`` seconds instead. A last ``complete`` event says every item
-is answered.
+cache hits), then follows the reconstruction log: it waits on its inbox of the
+process's fan-out (:mod:`web.fanout`), which first looks for what committed before
+the stream opened, then is told of every commit that ends
+a waited-for job (:mod:`jodl.log.notices`: ``LISTEN``/``NOTIFY`` on PostgreSQL,
+one listening connection per web process; on SQLite an in-process wake-up, when the
+master runs in this process as with ``jodl up``), reads the new results once for
+all streams and hands each stream those of its own items. Each new result goes out
+at once, in commit order. A waiting stream queries nothing; where no notices come
+(SQLite with the master in another process, or the listening connection down) the
+fan-out polls every ``JODL_WEB_STREAM_POLL`` seconds, once for all streams. A last
+``complete`` event says every item is answered.
 
 Every event's id is a **cursor**: the set of positions delivered so far (a
 bitmap). A reconnecting browser sends it back as ``Last-Event-ID`` and receives
@@ -40,11 +40,10 @@ from flask import Blueprint, Response, request
 from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import NotFound
 
-from jodl.log import Subscription
-
 from .app import Services, services
 from .auth import address_key, admin_required, client_key
 from .batch import Item
+from .fanout import Inbox
 from .slots import Slot
 
 bp = Blueprint("stream", __name__)
@@ -54,12 +53,9 @@ log = logging.getLogger("web.stream")
 RETRY_MS = 1000
 #: Milliseconds a browser turned away (all stream slots taken) waits.
 BUSY_RETRY_MS = 3000
-#: Seconds between two looks for dead or deleted jobs (rare; not latency-critical).
-GIVE_UP_CHECK = 1.0
-#: Seconds between two looks of a stream that is woken by notices (jodl.log.notices):
-#: a safety net for what no notice tells (a job deleted) or a notice lost, at one query
-#: per idle stream per this many seconds; results themselves wake the stream at once.
-SAFETY_POLL = 5.0
+#: Seconds between two looks of a waiting stream at whether its client is still there
+#: (waitress tells; no query), so that a slot is given back soon after a disconnect.
+CLIENT_CHECK = 1.0
 #: Longest pause between two looks while the database does not answer (seconds).
 DB_BACKOFF_MAX = 5.0
 #: Seconds between two status events of the operators' stream.
@@ -179,36 +175,40 @@ def batch_events(svc: Services, batch_id: str, last_event_id: str | None) -> Ite
             if cursor.complete:
                 yield sse("complete", {"total": len(items)}, cursor.text())
             return
-        # Subscribed before the first look: a result committed meanwhile wakes it.
-        sub = svc.results.subscribe(i.job_id for i in pending.values() if i.job_id is not None)
+        # Registered before the first look: a result committed meanwhile reaches it.
+        inbox = svc.fanout.open(pending.values())
         try:
-            yield from wait_for(pending, sub)
+            yield from wait_for(pending, inbox)
         finally:
-            sub.close()
+            svc.fanout.close(inbox)
         if cursor.complete:
             yield sse("complete", {"total": len(items)}, cursor.text())
 
-    def wait_for(pending: dict[int, Item], sub: Subscription) -> Iterator[str]:
+    def wait_for(pending: dict[int, Item], inbox: Inbox) -> Iterator[str]:
         started = time.monotonic()
         quiet_since = started
-        next_give_up = started + GIVE_UP_CHECK
         backoff = 0.0
-        woken = False
+        # The fan-out makes the first look; without it (the watch closed) the stream.
+        catch_up = svc.results.closed
         while pending and not svc.stopping.is_set() and not disconnected():
             now = time.monotonic()
-            try:
-                answered = svc.batches.arrived(pending.values())
-                # A notice that brought no result: the job failed (dead?) or was re-run.
-                if now >= next_give_up or (woken and not answered):
-                    next_give_up = now + GIVE_UP_CHECK
-                    gone = {i.position for i, _ in answered}
-                    answered += svc.batches.given_up(i for p, i in pending.items() if p not in gone)
-                backoff = 0.0
-            except SQLAlchemyError as exc:
-                # The database is away for a moment: look again later, less and less often.
-                backoff = min(DB_BACKOFF_MAX, max(backoff * 2, 0.1))
-                log.warning("event stream cannot read the log (retry in %.1fs): %s", backoff, exc)
-                answered = []
+            answered: list[tuple[Item, dict[str, Any]]] = []
+            if catch_up:
+                try:
+                    # The stream's own look (one query), to catch up (web.fanout).
+                    answered = svc.batches.arrived(pending.values())
+                    svc.fanout.settle(inbox, [item for item, _ in answered])
+                    backoff = 0.0
+                except SQLAlchemyError as exc:
+                    # The database is away for a moment: look again later, less and less often.
+                    backoff = min(DB_BACKOFF_MAX, max(backoff * 2, 0.1))
+                    log.warning(
+                        "event stream cannot read the log (retry in %.1fs): %s", backoff, exc
+                    )
+            handed, behind = svc.fanout.take(inbox)
+            answered += [(a.item, a.event()) for a in handed]
+            # Without the fan-out (the watch closed) the stream looks on its own clock.
+            catch_up = behind or backoff > 0 or svc.results.closed
             out = [
                 emit(event)
                 for item, event in answered
@@ -219,22 +219,21 @@ def batch_events(svc: Services, batch_id: str, last_event_id: str | None) -> Ite
                 quiet_since = now
             if not pending:
                 break
-            if answered:
-                sub.keep(i.job_id for i in pending.values() if i.job_id is not None)
             if now - started >= settings.web_stream_seconds:
                 return  # the browser reconnects with the cursor and carries on
             if now - quiet_since >= settings.web_keepalive:
                 quiet_since = now
                 yield ": keep-alive\n\n"  # also finds out whether the client is gone
-            # Woken by the notice of a result; else a look now and then (module doc).
-            pause = SAFETY_POLL if svc.results.live else settings.web_stream_poll
-            pause = max(pause, backoff)
+            if catch_up and not behind:
+                pause = max(backoff, settings.web_stream_poll)
+            else:
+                pause = 0.0 if behind else CLIENT_CHECK
             pause = min(
                 pause,
                 max(0.0, quiet_since + settings.web_keepalive - now),
                 max(0.0, started + settings.web_stream_seconds - now),
             )
-            woken = sub.wait(pause)
+            inbox.ready.wait(pause)
 
     return generate()
 

@@ -7,7 +7,7 @@ methods of :class:`~jodl.log.store.Store` and the gateways it is composed of.
 Public (``__all__`` below; docs/architecture.md#parts-and-layering): the gateway
 (:class:`Store`, :class:`Reads`, :class:`JobLog`, :func:`make_engine`), the result
 records, the watch over ended on-demand jobs (:class:`ResultWatch`,
-:class:`Subscription`, their PostgreSQL channel :data:`RESULTS_CHANNEL`), and the
+:class:`Subscription`, :class:`Noticed`, their PostgreSQL channel :data:`RESULTS_CHANNEL`), and the
 tables applications point foreign keys at or read states of
 (:class:`Base`, :data:`BigId`, :class:`Job`, :class:`Run`, :class:`Node`,
 :class:`Execution`, their ``*State`` constants, :func:`utcnow`), and the tables
@@ -33,6 +33,7 @@ from .models import Run as Run
 from .models import RunState as RunState
 from .models import utcnow as utcnow
 from .notices import CHANNEL as RESULTS_CHANNEL
+from .notices import Noticed as Noticed
 from .notices import ResultWatch as ResultWatch
 from .notices import Subscription as Subscription
 from .reads import Reads as Reads
@@ -57,6 +58,7 @@ __all__ = [
     "JobState",
     "Node",
     "NodeState",
+    "Noticed",
     "Reads",
     "Run",
     "RunResults",

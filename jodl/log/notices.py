@@ -15,7 +15,9 @@ announces their job ids with :func:`announce` inside its transaction:
 
 A reader waits with one :class:`ResultWatch` per process and database (one
 ``LISTEN`` connection, held by one thread, on PostgreSQL) and one
-:class:`Subscription` per waiter, woken only by the jobs it names. A notice says
+:class:`Subscription` per waiter, woken only by the jobs it names; it can ask which
+of them ended (:meth:`Subscription.take`), so that one waiter can look on behalf of
+many (an application's fan-out to its open event streams). A notice says
 "look again", never what the result is: the waiter reads the log as before, so a
 lost notice costs latency (until the waiter's own safety poll), never a result.
 """
@@ -27,7 +29,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Engine, event, text
 
@@ -143,13 +145,27 @@ class LocalNotices:
 HERE = LocalNotices()
 
 
+class Noticed(NamedTuple):
+    """What a subscription heard since it last asked (:meth:`Subscription.take`)."""
+
+    #: Its jobs that ended.
+    job_ids: frozenset[int]
+    #: Notices may have been missed (the listener reconnected, the watch closed): look
+    #: at every job.
+    everything: bool
+
+
 class Subscription:
-    """One waiter's interest in some jobs: :meth:`wait` returns early when one of them ends."""
+    """One waiter's interest in some jobs: :meth:`wait` returns early when one of them ends,
+    and :meth:`take` tells which did."""
 
     def __init__(self, watch: ResultWatch, job_ids: Iterable[int]) -> None:
         self.watch = watch
         self.job_ids: frozenset[int] = frozenset(job_ids)
         self.woken = threading.Event()
+        # Guarded by the watch's lock.
+        self._noticed: set[int] = set()
+        self._everything = False
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for a notice; True when one came (then cleared)."""
@@ -157,9 +173,21 @@ class Subscription:
         self.woken.clear()
         return got
 
+    def take(self) -> Noticed:
+        """The jobs of this subscription that ended since the last call (then forgotten)."""
+        return self.watch._take(self)
+
     def keep(self, job_ids: Iterable[int]) -> None:
         """Wait for these jobs only from now on (those answered meanwhile drop out)."""
         self.watch._rebind(self, frozenset(job_ids))
+
+    def add(self, job_ids: Iterable[int]) -> None:
+        """Wait for these jobs too."""
+        self.watch._rebind(self, self.job_ids | frozenset(job_ids))
+
+    def drop(self, job_ids: Iterable[int]) -> None:
+        """No longer wait for these jobs."""
+        self.watch._rebind(self, self.job_ids - frozenset(job_ids))
 
     def close(self) -> None:
         self.watch._rebind(self, frozenset())
@@ -194,6 +222,11 @@ class ResultWatch:
         event.listen(engine, "engine_disposed", self._disposed)
 
     @property
+    def closed(self) -> bool:
+        """True once the watch is closed (its engine disposed, or ``stopping`` set)."""
+        return self._closed.is_set()
+
+    @property
     def live(self) -> bool:
         if self._closed.is_set():
             return False
@@ -210,15 +243,20 @@ class ResultWatch:
 
     def dispatch(self, job_ids: Iterable[int]) -> None:
         """Wake the subscriptions of these jobs."""
+        ids = set(job_ids)
         with self._lock:
             self.notices += 1
-            woken = {s for jid in job_ids for s in self._by_job.get(jid, ())}
+            woken = {s for jid in ids for s in self._by_job.get(jid, ())}
+            for sub in woken:
+                sub._noticed.update(ids & sub.job_ids)
         for sub in woken:
             sub.woken.set()
 
     def wake_all(self) -> None:
         with self._lock:
             subs = list(self._subs)
+            for sub in subs:
+                sub._everything = True
         for sub in subs:
             sub.woken.set()
 
@@ -234,6 +272,13 @@ class ResultWatch:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _take(self, sub: Subscription) -> Noticed:
+        with self._lock:
+            noticed = Noticed(frozenset(sub._noticed), sub._everything)
+            sub._noticed.clear()
+            sub._everything = False
+        return noticed
+
     def _rebind(self, sub: Subscription, job_ids: frozenset[int]) -> None:
         with self._lock:
             for jid in self._subs.pop(sub, frozenset()) - job_ids:
@@ -247,6 +292,7 @@ class ResultWatch:
                 for jid in job_ids:
                     self._by_job.setdefault(jid, set()).add(sub)
             sub.job_ids = job_ids
+            sub._noticed &= job_ids
 
     def _start(self) -> None:
         with self._lock:

@@ -440,6 +440,8 @@ class Reads:
     def _by_exec_id(self, column: Any, exec_ids: Iterable[int]) -> dict[int, Any]:
         ids = sorted(set(exec_ids))
         out: dict[int, Any] = {}
+        if not ids:
+            return out  # not even a connection (a pool pre-ping is a round trip)
         with self.engine.connect() as conn:
             for start in range(0, len(ids), CHUNK):
                 out.update(
