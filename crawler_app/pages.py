@@ -436,7 +436,6 @@ def sync_jobs(
     gives each page a view per view key its trackers use. A handful of statements
     whatever the number of pages. Returns the number of pages with a live job.
     """
-    fid = family_id(session, CHECK_FAMILY)
     ids = None if page_ids is None else list(page_ids)
     if ids is not None and not ids:
         return 0
@@ -450,6 +449,9 @@ def sync_jobs(
             Page.id, Page.url, Page.job_id, Page.period, Page.slot_at, Page.last_checked_at
         ).where(only(Page.id))
     ).all()
+    if not page_rows:
+        return 0  # nothing tracked yet: no check_page family made for nothing
+    fid = family_id(session, CHECK_FAMILY)
     lines = JobLog.lines(conn, [r.job_id for r in page_rows if r.job_id is not None])
     pages = []
     for page_id, url, job_id, period, _, _ in page_rows:
