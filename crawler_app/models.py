@@ -41,6 +41,8 @@ URL_LENGTH = 2048
 SELECTOR_LENGTH = 1000
 #: The view of the whole page (no selector).
 WHOLE_PAGE = ""
+#: Longest name of a tracking.
+NAME_LENGTH = 200
 
 
 def compress(text: str | None) -> bytes | None:
@@ -150,6 +152,8 @@ class Tracking(Base):
     #: local time); neither: on the operator's ``JODL_SCHEDULE`` (crawler_app.due).
     every: Mapped[int | None] = mapped_column(Integer)
     cron: Mapped[str | None] = mapped_column(String(100))
+    #: What the user calls it (NULL: the page's title); kept through imports and exports.
+    name: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
 
 
 class PageView(Base):

@@ -101,9 +101,12 @@ def check_tags(tags: Iterable[str]) -> list[str]:
     return out
 
 
-def matches(query: str, url: str, title: str | None, tags: Iterable[str]) -> bool:
-    """True when every word of ``query`` is in the URL, the title or a tag (any case)."""
-    haystack = " ".join([url, title or "", *tags]).lower()
+def matches(
+    query: str, url: str, title: str | None, tags: Iterable[str], name: str | None = None
+) -> bool:
+    """True when every word of ``query`` is in the URL, the title, the tracking's name or
+    a tag (any case)."""
+    haystack = " ".join([url, title or "", name or "", *tags]).lower()
     return all(word in haystack for word in query.lower().split())
 
 

@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from crawler_app import porting, quota
+from crawler_app.due import Schedule
 from crawler_app.filters import ViewSpec
 from crawler_app.models import Page, Tracking
 from crawler_app.pages import add_user, get_user, set_paused, track
@@ -87,8 +88,8 @@ def test_a_urlwatch_file_is_imported_exported_and_reimported_unchanged(
     assert done.exit_code == 0, done.output
     assert f"{ALICE}: 5 added, 0 updated, 0 unchanged" in done.stdout
     # What urlwatch had that a tracking does not keep is said, with its line.
-    assert "note: line 1: the name 'Shop price' is not kept" in done.stderr
     assert "note: line 8: max_tries is urlwatch's own setting" in done.stderr
+    assert "name" not in done.stderr, "a job's name is kept"
     with Session(engine) as s:  # type: ignore[call-overload]
         views = {
             p.url: ViewSpec.parse(t.selector)
@@ -107,6 +108,7 @@ def test_a_urlwatch_file_is_imported_exported_and_reimported_unchanged(
     exported = jodl(db_url, "export", "--user", ALICE, "--format", "urlwatch")
     assert exported.exit_code == 0, exported.output
     assert exported.stdout.startswith(f"# urlwatch jobs: the trackings of {ALICE}")
+    assert "name: Shop price\nurl: https://shop.example/item?id=7" in exported.stdout
     assert "# Nothing was left out." in exported.stdout
     # The export asks for the same trackings as the file imported.
     again = porting.parse(exported.stdout).checked().specs
@@ -136,10 +138,11 @@ def test_our_json_keeps_every_field(db_url: str, engine: object) -> None:
             ignore=["Updated", "re:\\d+ visitors"],
             trigger="in stock",
         )
-        second = track(s, ALICE, url, view=view, browser=True)
+        second = track(s, ALICE, url, view=view, browser=True, schedule=Schedule(every=900))
+        second.name = "Stock at the shop"
         set_paused(s, ALICE, url, True, second.id)
         track(s, ALICE, "https://api.example/x.json", view=ViewSpec.build(
-            selector="$.price"), tags=["api"])  # fmt: skip
+            selector="$.price"), tags=["api"], schedule=Schedule(cron="0 */6 * * *"))  # fmt: skip
     exported = jodl(db_url, "export", "--user", ALICE, "--format", "json")
     assert exported.exit_code == 0, exported.output
     doc = json.loads(exported.stdout)
@@ -149,11 +152,12 @@ def test_our_json_keeps_every_field(db_url: str, engine: object) -> None:
     assert shop["views"] == [
         {"selector": {"kind": "css", "expression": ".price"}, "include": [], "exclude": [],
          "ignore": [], "trigger": None, "tags": ["prices", "work"], "paused": False,
-         "browser": False},
+         "browser": False, "name": None, "every": None, "cron": None},
         {"selector": {"kind": "xpath", "expression": "//div[@id='stock']"},
          "include": ["left", "stock"], "exclude": ["^Ad"],
          "ignore": ["Updated", "re:\\d+ visitors"], "trigger": "in stock", "tags": [],
-         "paused": True, "browser": True},
+         "paused": True, "browser": True, "name": "Stock at the shop", "every": 900,
+         "cron": None},
     ]  # fmt: skip
     done = jodl(db_url, "import", "-", "--user", BOB, stdin=exported.stdout)
     assert done.exit_code == 0, done.output
@@ -165,7 +169,7 @@ def test_our_json_keeps_every_field(db_url: str, engine: object) -> None:
     head = yaml_text.split("---")[0]
     assert "left out here" in head
     for lost in ("tags of 2 trackings", "1 paused tracking", "alert trigger of 1 tracking",
-                 "check period of 2 pages"):  # fmt: skip
+                 "check period of 2 pages", "schedule of 2 trackings"):  # fmt: skip
         assert lost in head, head
     # A tracking the user has is updated to what the file says, not doubled.
     shop["views"][0]["tags"] = ["renamed"]
@@ -299,3 +303,16 @@ def test_several_includes_are_one_grep_in_urlwatch() -> None:
     assert spec.view.exclude == ("(?i)Last\\ visit", "^Ad")
     kept = spec.view.filter_lines("PRICE 3\nLast visit today\nin stock\nAd here\nother")
     assert kept == view.filter_lines("PRICE 3\nLast visit today\nin stock\nAd here\nother")
+
+
+def test_a_schedule_or_name_our_format_cannot_keep_is_named_by_position() -> None:
+    view = {"selector": None, "every": 30, "cron": None}
+    doc = {"format": "jodl-trackings", "version": 1,
+           "trackings": [{"url": "https://a.example/", "views": [view]},
+                         {"url": "https://b.example/", "views": [{"cron": "61 * * * *"}]},
+                         {"url": "https://c.example/", "views": [{"name": 7}]}]}  # fmt: skip
+    with pytest.raises(porting.ImportRefused) as refused:
+        porting.parse(json.dumps(doc)).checked()
+    where = [p.where for p in refused.value.problems]
+    assert where == ["trackings[0].views[0]", "trackings[1].views[0]", "trackings[2].views[0]"]
+    assert "outside the operator's bounds" in str(refused.value.problems[0])

@@ -82,6 +82,14 @@ def test_api_tags_and_search(tmp_path: Path) -> None:
             r = client.patch(f"/api/pages/{news_id}", json=body, headers=USER)
             assert r.status_code == 400
         assert found("evening") == ["http://news.example/"]  # refused bodies change nothing
+        r = client.patch(f"/api/pages/{news_id}", json={"name": "Daily news"}, headers=USER)
+        assert r.status_code == 200 and r.get_json()["name"] == "Daily news"
+        assert found("daily") == ["http://news.example/"]  # the tracking's name
+        (news,) = [p for p in client.get("/api/pages", headers=USER).get_json()["pages"]
+                   if p["url"] == "http://news.example/"]  # fmt: skip
+        assert news["name"] == "Daily news" and news["title"] == "Morning Headlines"
+        for body in ({"name": 7}, {"name": "x" * 201}):
+            assert client.patch(f"/api/pages/{news_id}", json=body, headers=USER).status_code == 400
         r = client.post("/api/pages", json={"url": "http://b.example/", "tags": ["a b"]},
                         headers=USER)  # fmt: skip
         assert r.status_code == 400 and r.get_json()["message"].startswith("tags:")

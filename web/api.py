@@ -349,13 +349,13 @@ def _tags_are_a_list(data: dict[str, Any]) -> None:
 @login_required
 def pages_update(page_id: int) -> Any:
     data = body()
-    unknown = sorted(set(data) - {"paused", "tags", "every", "cron"})
+    unknown = sorted(set(data) - {"paused", "tags", "every", "cron", "name"})
     if unknown:
         raise BadRequest(
-            f"{unknown[0]}: cannot be changed here (only paused, tags, every and cron)"
+            f"{unknown[0]}: cannot be changed here (only paused, tags, every, cron and name)"
         )
     if not data:
-        raise BadRequest("paused: true or false (or tags: a list, every, cron)")
+        raise BadRequest("paused: true or false (or tags: a list, every, cron, name)")
     _tags_are_a_list(data)
     which = request.args.get("tracking")
     done: dict[str, Any] = {"id": page_id}
@@ -368,6 +368,8 @@ def pages_update(page_id: int) -> Any:
         done["tags"] = tracking.set_tags(services(), _me(), page_id, data["tags"], which)
     if "every" in data or "cron" in data:
         done.update(tracking.set_tracking_schedule(services(), _me(), page_id, data, which))
+    if "name" in data:
+        done["name"] = tracking.set_name(services(), _me(), page_id, data["name"], which)
     return jsonify(done)
 
 

@@ -601,10 +601,10 @@ def document(settings: WebSettings) -> dict[str, Any]:
             "patch": _op(
                 "Pause (paused: true) or resume (paused: false) your trackings of a page "
                 "(only the tracking ?tracking=ID, if given), replace the tags of one "
-                "(?tracking=ID, default: the first), or set their schedule (every, cron; "
-                "both null: the default). A paused tracking keeps its history and gets no "
-                "digest and its schedule does not count; a page whose trackings are all "
-                "paused is not fetched",
+                "(?tracking=ID, default: the first), set their schedule (every, cron; "
+                "both null: the default) or name one (name; null: the page's title). A "
+                "paused tracking keeps its history and gets no digest and its schedule "
+                "does not count; a page whose trackings are all paused is not fetched",
                 _responses(200, "Changed", obj, *WITH_BODY, 404),
                 {
                     "type": "object",
@@ -613,6 +613,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                         "tags": _TAGS,
                         "every": _EVERY,
                         "cron": _CRON,
+                        "name": {"type": ["string", "null"], "maxLength": 200},
                     },
                     "additionalProperties": False,
                 },
@@ -949,6 +950,10 @@ def document(settings: WebSettings) -> dict[str, Any]:
                         "paused": {
                             "type": "boolean",
                             "description": "paused: no checks for you, no digests",
+                        },
+                        "name": {
+                            "type": ["string", "null"],
+                            "description": "your name for the tracking (null: the title)",
                         },
                         "tags": _TAGS,
                     },

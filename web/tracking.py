@@ -22,7 +22,7 @@ from werkzeug.exceptions import BadRequest, NotFound
 from crawler_app import baselines
 from crawler_app.due import Schedule, ScheduleError, check_schedule_of
 from crawler_app.filters import FilterError, ViewSpec
-from crawler_app.models import WHOLE_PAGE, Page, PageView, Snapshot, Tracking
+from crawler_app.models import NAME_LENGTH, WHOLE_PAGE, Page, PageView, Snapshot, Tracking
 from crawler_app.pages import (
     PageError,
     check_tags,
@@ -73,7 +73,7 @@ def list_pages(svc: Services, user: CurrentUser, query: Any = None) -> list[dict
     with svc.batches.sessions() as s:
         rows = trackings_of(s, user.email)
         if query and query.strip():
-            rows = [(t, p) for t, p in rows if matches(query, p.url, p.title, t.tags or [])]
+            rows = [(t, p) for t, p in rows if matches(query, p.url, p.title, t.tags or [], t.name)]
         problems = {
             (page_id, key): problem
             for page_id, key, problem in s.execute(
@@ -100,6 +100,7 @@ def list_pages(svc: Services, user: CurrentUser, query: Any = None) -> list[dict
             # A paused tracking asks for no check (the page may still be checked for others).
             "next_check_at": None if tracking.paused else _iso(upcoming.get(page.id)),
             "paused": tracking.paused,
+            "name": tracking.name,
             "tags": list(tracking.tags or []),
             **_schedule_fields(tracking),
             "browser": tracking.browser,
@@ -352,6 +353,22 @@ def set_tags(
         assert row is not None
         row.tags = tags
     return tags
+
+
+def set_name(
+    svc: Services, user: CurrentUser, page_id: int, value: Any, tracking_id: Any = None
+) -> str | None:
+    """Name the user's tracking ``tracking_id`` of the page (default: the first; null or
+    empty: its page's title is shown); the name stored."""
+    if value is not None and (not isinstance(value, str) or len(value) > NAME_LENGTH):
+        raise BadRequest(f"name: null or text of at most {NAME_LENGTH} characters")
+    name = (value or "").strip() or None
+    _, tracking = _tracking(svc, user, page_id, tracking_id)
+    with svc.batches.sessions.begin() as s:
+        row = s.get(Tracking, tracking.id)
+        assert row is not None
+        row.name = name
+    return name
 
 
 def pause_page(

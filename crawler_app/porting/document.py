@@ -6,10 +6,12 @@
       {"url": "https://shop.example/item", "period": 1, "views": [
         {"selector": {"kind": "css", "expression": ".price"},
          "include": [], "exclude": [], "ignore": ["re:\\d+ left"], "trigger": "in stock",
-         "tags": ["prices"], "paused": false, "browser": false}]}]}
+         "tags": ["prices"], "paused": false, "browser": false,
+         "name": "Shop price", "every": 900, "cron": null}]}]}
 
 One entry per page (its URL and check period), one view per tracking of it
-(filters, trigger, tags, pause, browser). When a tracking started and the page's
+(filters, trigger, tags, pause, browser, name, schedule: ``every`` seconds or a
+``cron`` expression, both null for the operator's default). When a tracking started and the page's
 history are not in it: an import starts tracking anew. Every key is checked, an
 unknown one too (a newer file read by an older JODL would lose it silently).
 """
@@ -20,15 +22,21 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from ..due import ScheduleError, check_schedule
 from ..filters import FilterError, ViewSpec
+from ..models import NAME_LENGTH
 from ..pages import PageError, check_tags, normalise_url
+from ..settings import AppSettings
 from ..text import CSS, JSONPATH, XPATH, selector_kind
 from .spec import Exported, Parsed, Problem, TrackingSpec
 
 FORMAT = "jodl-trackings"
 VERSION = 1
 #: A view's keys, each with the check of its value.
-VIEW_KEYS = ("selector", "include", "exclude", "ignore", "trigger", "tags", "paused", "browser")
+VIEW_KEYS = (
+    "selector", "include", "exclude", "ignore", "trigger", "tags", "paused", "browser",
+    "name", "every", "cron",
+)  # fmt: skip
 PAGE_KEYS = ("url", "period", "views")
 
 
@@ -58,7 +66,25 @@ def _flag(view: dict[str, Any], name: str) -> bool:
     return value
 
 
-def _view(page: dict[str, Any], url: str, view: Any, where: str) -> TrackingSpec | Problem:
+def _name(view: dict[str, Any]) -> str | None:
+    value = view.get("name")
+    if value is not None and (not isinstance(value, str) or len(value) > NAME_LENGTH):
+        raise FilterError(f"name: null or text of at most {NAME_LENGTH} characters")
+    return value or None
+
+
+def _schedule(view: dict[str, Any], settings: AppSettings) -> Any:
+    every, cron = view.get("every"), view.get("cron")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int)):
+        raise FilterError("every: null or whole seconds")
+    if cron is not None and not isinstance(cron, str):
+        raise FilterError("cron: null or five cron fields")
+    return check_schedule(every, cron, settings)
+
+
+def _view(
+    page: dict[str, Any], url: str, view: Any, where: str, settings: AppSettings
+) -> TrackingSpec | Problem:
     if not isinstance(view, dict):
         return Problem("a view is an object", where=where)
     unknown = sorted(set(view) - set(VIEW_KEYS))
@@ -77,7 +103,8 @@ def _view(page: dict[str, Any], url: str, view: Any, where: str) -> TrackingSpec
             raise FilterError("tags: a list of words")
         labels = tuple(check_tags(tags))
         paused, browser = _flag(view, "paused"), _flag(view, "browser")
-    except (FilterError, PageError) as exc:
+        name, schedule = _name(view), _schedule(view, settings)
+    except (FilterError, PageError, ScheduleError) as exc:
         return Problem(str(exc), where=where)
     return TrackingSpec(
         url=url,
@@ -86,11 +113,13 @@ def _view(page: dict[str, Any], url: str, view: Any, where: str) -> TrackingSpec
         paused=paused,
         browser=browser,
         period=page.get("period", 1),
+        schedule=schedule,
+        name=name,
         where=where,
     )
 
 
-def _page(page: Any, where: str, parsed: Parsed) -> None:
+def _page(page: Any, where: str, parsed: Parsed, settings: AppSettings) -> None:
     if not isinstance(page, dict):
         parsed.problems.append(Problem("an entry is an object with url and views", where=where))
         return
@@ -112,16 +141,17 @@ def _page(page: Any, where: str, parsed: Parsed) -> None:
         parsed.problems.append(Problem(str(exc), where=where))
         return
     for i, view in enumerate(views):
-        spec = _view(page, url, view, f"{where}.views[{i}]")
+        spec = _view(page, url, view, f"{where}.views[{i}]", settings)
         if isinstance(spec, Problem):
             parsed.problems.append(spec)
         else:
             parsed.specs.append(spec)
 
 
-def parse(text: str) -> Parsed:
+def parse(text: str, settings: AppSettings | None = None) -> Parsed:
     """The trackings a document of this format asks for, with the problem of every
-    entry that cannot be read (:meth:`Parsed.checked` refuses the file if there is one)."""
+    entry that cannot be read (:meth:`Parsed.checked` refuses the file if there is one);
+    schedules within ``settings``' bounds (default: the environment's)."""
     parsed = Parsed()
     try:
         data = json.loads(text)
@@ -143,8 +173,9 @@ def parse(text: str) -> Parsed:
     if unknown or not isinstance(trackings, list):
         parsed.problems.append(Problem("the document has format, version and trackings only"))
         return parsed
+    settings = settings or AppSettings.from_env()
     for i, page in enumerate(trackings):
-        _page(page, f"trackings[{i}]", parsed)
+        _page(page, f"trackings[{i}]", parsed, settings)
     return parsed
 
 
@@ -163,6 +194,9 @@ def _view_json(item: Exported) -> dict[str, Any]:
         "tags": list(item.tags),
         "paused": item.paused,
         "browser": item.browser,
+        "name": item.name,
+        "every": item.schedule.every,
+        "cron": item.schedule.cron,
     }
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from jodl.exceptions import JodlError
 
+from ..due import Schedule
 from ..filters import ViewSpec
 
 #: Largest import file read, in bytes (a file of a few thousand trackings is far smaller).
@@ -53,7 +54,8 @@ class ImportRefused(JodlError):
 @dataclass(frozen=True)
 class TrackingSpec:
     """One tracking an import file asks for. ``None`` in ``tags``, ``paused``, ``browser``,
-    ``period``: the file does not say (a tracking the user has keeps its own)."""
+    ``period``, ``schedule``, ``name``: the file does not say (a tracking the user has
+    keeps its own)."""
 
     url: str  # normalised
     view: ViewSpec
@@ -61,6 +63,8 @@ class TrackingSpec:
     paused: bool | None = None
     browser: bool | None = None
     period: int | None = None
+    schedule: Schedule | None = None
+    name: str | None = None
     #: Where the entry is in the file: its first line (YAML), or its position
     #: (JSON: ``trackings[1].views[0]``).
     line: int | None = None
@@ -110,3 +114,5 @@ class Exported:
     paused: bool
     browser: bool
     period: int
+    schedule: Schedule = Schedule()
+    name: str | None = None

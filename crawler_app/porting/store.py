@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from ..due import Schedule
 from ..filters import FilterError, ViewSpec
 from ..models import WHOLE_PAGE, Page, Tracking
 from ..pages import get_user, sync_jobs, track, trackings_of
@@ -65,7 +66,8 @@ def _check_quota(s: Session, user_id: int, email: str, new: int) -> None:
 
 
 def _state(t: Tracking, page: Page) -> tuple[object, ...]:
-    return (tuple(t.tags or ()), bool(t.paused), bool(t.browser), page.period)
+    return (tuple(t.tags or ()), bool(t.paused), bool(t.browser), page.period, t.name,
+            t.every, t.cron)  # fmt: skip
 
 
 def import_trackings(s: Session, email: str, parsed: Parsed) -> ImportReport:
@@ -109,9 +111,12 @@ def _write(s: Session, email: str, spec: TrackingSpec) -> Tracking:
         browser=spec.browser,
         view=spec.view,
         tags=spec.tags,
+        schedule=spec.schedule,
     )
     if spec.paused is not None:
         tracking.paused = spec.paused
+    if spec.name is not None:
+        tracking.name = spec.name
     return tracking
 
 
@@ -132,6 +137,8 @@ def exported(s: Session, email: str) -> list[Exported]:
                 paused=bool(tracking.paused),
                 browser=bool(tracking.browser),
                 period=page.period,
+                schedule=Schedule(tracking.every, tracking.cron),
+                name=tracking.name,
             )
         )
     return items

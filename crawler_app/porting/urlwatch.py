@@ -28,6 +28,7 @@ from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.nodes import MappingNode, Node, SequenceNode
 
 from ..filters import REGEX_PREFIX, FilterError, ViewSpec
+from ..models import NAME_LENGTH
 from ..pages import PageError, normalise_url
 from ..text import CSS, XPATH, selector_kind
 from .spec import Exported, Parsed, Problem, TrackingSpec
@@ -184,12 +185,14 @@ def _spec(job: _Job, parsed: Parsed) -> TrackingSpec | Problem:
     if url_field is None or not isinstance(url_field[0], str):
         return Problem("no url", job.line)
     browser: bool | None = True if "navigate" in fields and "url" not in fields else None
+    name: str | None = None
     for key, (value, at, _) in fields.items():
         if key in ("url", "navigate", "filter"):
             continue
         if key == "name":
-            note = f"line {at}: the name {value!r} is not kept (pages show their title)"
-            parsed.notes.append(note)
+            if not isinstance(value, str) or len(value) > NAME_LENGTH:
+                return Problem(f"name: text of at most {NAME_LENGTH} characters", at)
+            name = value or None
         elif key == "use_browser" and isinstance(value, bool):
             browser = value
         elif key == "kind" and value in ("url", "browser"):
@@ -213,7 +216,7 @@ def _spec(job: _Job, parsed: Parsed) -> TrackingSpec | Problem:
     view = _view(items)
     if isinstance(view, Problem):
         return view
-    return TrackingSpec(url=normal, view=view, browser=browser, line=job.line)
+    return TrackingSpec(url=normal, view=view, browser=browser, name=name, line=job.line)
 
 
 def parse(text: str) -> Parsed:
@@ -242,8 +245,8 @@ def _group(pattern: str) -> str:
 
 def _job(item: Exported) -> dict[str, Any]:
     job: dict[str, Any] = {}
-    if item.title:
-        job["name"] = item.title
+    if item.name or item.title:
+        job["name"] = item.name or item.title
     job["url"] = item.url
     if item.browser:
         job["use_browser"] = True
@@ -288,6 +291,8 @@ def _left_out(items: list[Exported]) -> list[str]:
         lost.append(f"the alert trigger of {count(n, 'tracking', 'trackings')}")
     if n := sum(1 for i in items if i.period != 1):
         lost.append(f"the check period of {count(n, 'page', 'pages')} (every N-th cycle)")
+    if n := sum(1 for i in items if i.schedule.every is not None or i.schedule.cron):
+        lost.append(f"the schedule of {count(n, 'tracking', 'trackings')} (urlwatch runs all)")
     return lost
 
 
