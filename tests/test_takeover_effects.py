@@ -167,7 +167,13 @@ def test_serving_leader_killed_on_the_gone_node_path_a_standby_finishes(
     try:
         holder, _ = settled(store, 1)
         request = store.request_run("mark")
-        # The standby joins with the run open: the family stays with its leader.
+        # The standby joins with the run open: the family stays with its leader. (Before
+        # the leader takes the request the family is idle, and hashing may hand it over.)
+        wait_for(
+            lambda: store.run_request(request).taken_by == holder,
+            30,
+            "the leader to take the requested run",
+        )
         masters.append(spawn_jodl("master", log_path=tmp_path / "master1.log", env=env))
         freeze_when_busy(path, frozen)
         assert exit_code(masters[0], tmp_path, 60) == -signal.SIGKILL, logs(tmp_path)
