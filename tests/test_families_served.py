@@ -100,7 +100,12 @@ def test_sighup_makes_the_agent_read_its_families_again(site, spawn_agent, setti
             what=f"the agent to serve wordcount after SIGHUP\n{agent.log()}",
         )
         assert agent.alive()
-        assert "reloaded its families (SIGHUP): +wordcount 1" in agent.log()
+        # Said in its log (written once the reload is done: it may follow the answer).
+        wait_for(
+            lambda: "reloaded its families (SIGHUP): +wordcount 1" in agent.log(),
+            timeout=20,
+            what=f"the agent to log its reload\n{agent.log()}",
+        )
     finally:
         link.close()
 
