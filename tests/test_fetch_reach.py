@@ -246,4 +246,4 @@ def test_the_fetcher_empties_the_allowlist_for_a_job_without_it(site: TestSite) 
     assert refused["error"] == "refused" and refused["error_reason"] == "blocked_address"
     assert NOT_FOR_THIS_JOB in refused["error_message"]
     assert read["ok"] is True and resource == "refused"
-    assert len(site.requests("/secret")) == 1
+    assert len(site.wait_requests("/secret", 1)) == 1  # logged once its answer is written
