@@ -195,10 +195,13 @@ def old_epoch_rows(store: Store, epoch: int) -> int:
 
 
 def snapshot(store: Store, epoch: int) -> tuple[Any, ...]:
-    """What a fenced master must leave alone: runs, nodes, its epoch's rows."""
+    """What a fenced master must leave alone: runs, nodes, its epoch's rows (less the
+    nodes' last seen, which the serving leader stamps while it talks to them)."""
+    table = Node.__table__
     with store.engine.connect() as conn:
         runs = conn.execute(select(Run.__table__).order_by(Run.id)).all()
-        nodes = conn.execute(select(Node.__table__).order_by(Node.id)).all()
+        kept = [c for c in table.c if c.name != "last_seen"]
+        nodes = conn.execute(select(*kept).order_by(table.c.id)).all()
     return runs, nodes, old_epoch_rows(store, epoch)
 
 
