@@ -41,7 +41,7 @@ from rpyc.utils.authenticators import AuthenticationError  # type: ignore[import
 
 from ..exceptions import AuthError, ConfigError
 from ..settings.config import Settings, check_node_key, check_secret
-from .keys import KEY_ID_BYTES, key_id, keys_for, mac, own_key
+from .keys import FIRST_KEYS, KEY_ID_BYTES, KeyRange, key_id, keys_for, mac, own_key
 from .tls import (
     CLIENT_AUTH,
     SERVER_AUTH,
@@ -205,9 +205,10 @@ def server_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[
 
 
 def client_handshake(
-    sock: socket.socket, settings: Settings, address: str
+    sock: socket.socket, settings: Settings, address: str, generations: KeyRange = FIRST_KEYS
 ) -> tuple[socket.socket, SessionKeys | None]:
-    """Run the master's side of the handshake with the agent at ``address`` (HOST:PORT).
+    """Run the master's side of the handshake with the agent at ``address`` (HOST:PORT),
+    whose node key is of one of ``generations``.
 
     Returns the socket to use (TLS-wrapped or not) and the session's frame keys
     (master-to-agent, agent-to-master), None with TLS alone.
@@ -231,7 +232,7 @@ def client_handshake(
         nonce = banner[at + 1 + KEY_ID_BYTES :]
         keys: SessionKeys | None = None
         if mode == _KEYED:
-            key = _key_of(settings, address, kid, "the agent")
+            key = _key_of(settings, address, generations, kid, "the agent")
             my_nonce = os.urandom(_NONCE_BYTES)
             _send_all(sock, _MAGIC + _proof(key, b"master", nonce, my_nonce) + my_nonce, deadline)
             answer = _recv_exact(sock, _PROOF_BYTES, deadline)
@@ -263,12 +264,15 @@ def client_handshake(
 # --- the master's registration port: an agent says hello ------------------------------------
 
 
-def hello_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[Any, Any]]:
+def hello_authenticator(
+    settings: Settings, generations: Callable[[str], KeyRange] | None = None
+) -> Callable[[socket.socket], tuple[Any, Any]]:
     """The master's rpyc authenticator of its registration port.
 
     The agent names its address first; the credentials handed to the service carry
     it (``address``) once the agent proved the key of that address (or, with TLS,
-    showed a certificate naming it).
+    showed a certificate naming it). ``generations``: the node key generations
+    accepted for an address (the log's; default: the first only).
     """
     require_auth(settings, "refusing to accept hellos")
     tls = client_context(settings) if settings.tls else None
@@ -297,7 +301,8 @@ def hello_authenticator(settings: Settings) -> Callable[[socket.socket], tuple[A
                 answer = _recv_exact(sock, KEY_ID_BYTES + _PROOF_BYTES + _NONCE_BYTES, deadline)
                 kid, proof = answer[:KEY_ID_BYTES], answer[KEY_ID_BYTES:-_NONCE_BYTES]
                 agent_nonce = answer[-_NONCE_BYTES:]
-                key = keys_for(settings, address).get(kid)
+                accepted = generations(address) if generations else FIRST_KEYS
+                key = keys_for(settings, address, accepted).get(kid)
                 label = address.encode()
                 if key is None or not _same(
                     proof, _proof(key, b"hello " + label, nonce, agent_nonce)
@@ -376,9 +381,9 @@ def _same(a: bytes, b: bytes) -> bool:
     return hmac.compare_digest(a, b)
 
 
-def _key_of(settings: Settings, address: str, kid: bytes, peer: str) -> str:
+def _key_of(settings: Settings, address: str, generations: KeyRange, kid: bytes, peer: str) -> str:
     """The master's key for ``address`` whose id is ``kid``; :class:`AuthError` if none."""
-    candidates = keys_for(settings, address)
+    candidates = keys_for(settings, address, generations)
     if not candidates:
         raise AuthError(f"{address}: {peer} requires a key; set JODL_SECRET")
     key = candidates.get(kid)

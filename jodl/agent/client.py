@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from ..exceptions import AgentUnavailable, AuthError, Fenced
 from ..settings.config import Settings
 from .codec import encode_ids, encode_jobs
+from .keys import FIRST_KEYS, KeyRange
 from .replies import (
     FENCED,
     AgentFamily,
@@ -134,6 +135,10 @@ class AgentLink:
         #: Monotonic time of the last call the agent answered well (0.0: none yet), for
         #: the node's "last seen" in the log (:class:`jodl.master.seen.LastSeen`).
         self.answered = 0.0
+        #: The generations of the node's key this master accepts (the log's), and those
+        #: it accepted when the open connection was made.
+        self.key_range: KeyRange = FIRST_KEYS
+        self.dialled_range: KeyRange = FIRST_KEYS
 
     @property
     def connected(self) -> bool:
@@ -260,7 +265,17 @@ class AgentLink:
 
     def _dial(self) -> Any:
         """The connection whose ``root`` makes the calls (an in-process link overrides it)."""
-        return connect(self.address, self.settings)
+        self.dialled_range = self.key_range
+        return connect(self.address, self.settings, generations=self.key_range)
+
+    def rekeyed(self, key_range: KeyRange) -> bool:
+        """The log accepts the node's key generations ``key_range`` now; True when the
+        open connection may rest on a key no longer accepted (the caller opens a new
+        one, which the agent must prove under an accepted key)."""
+        self.key_range = key_range
+        old_oldest, old_newest = self.dialled_range
+        oldest, newest = key_range
+        return self.connected and not (oldest <= old_oldest and old_newest <= newest)
 
     # -- failures -------------------------------------------------------------------------
 

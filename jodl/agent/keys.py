@@ -4,9 +4,13 @@ Masters hold the cluster secret (``JODL_SECRET``). An agent holds only the key o
 own node (``JODL_NODE_KEY``, or ``jodl agent --key-file``), which masters derive from
 the secret and the address they call the node at:
 
-    node key = HMAC-SHA256(secret, "JODL node key 1" NUL address)
+    node key = HMAC-SHA256(secret, "JODL node key 1" NUL address [NUL generation])
 
-``jodl node key ADDRESS`` prints it. HMAC-SHA256 is a pseudo-random function: one
+``jodl node key ADDRESS`` prints it. The *generation* (none: 0) lets one node's key
+be replaced alone: ``jodl node rekey ADDRESS`` draws the next one in the log, and
+masters accept the node's generations from its oldest accepted one to its newest
+(:data:`KeyRange`, read from the node's row), so the old key is refused at once, or
+still accepted for a rollover until ``--drop-old``. HMAC-SHA256 is a pseudo-random function: one
 node's key tells nothing about the secret or about another node's key, so an agent
 host taken over can prove itself as that one node and nothing more. It cannot
 command other agents (each asks for proof under its own key), nor say hello for
@@ -30,6 +34,11 @@ import hmac
 
 from ..settings.config import NODE_KEY_PREFIX, Settings
 
+#: The generations of a node's key masters accept: (oldest, newest), both included.
+KeyRange = tuple[int, int]
+#: A node the log has not rekeyed: its one key, of generation 0.
+FIRST_KEYS: KeyRange = (0, 0)
+
 #: Length of a key id on the wire (bytes): enough to tell a handful of candidates apart.
 KEY_ID_BYTES = 8
 _NODE_LABEL = b"JODL node key 1\0"
@@ -42,9 +51,13 @@ def mac(key: str, label: bytes, *parts: bytes) -> bytes:
     return hmac.new(key.encode(), label + b"\0" + b"".join(parts), hashlib.sha256).digest()
 
 
-def node_key(secret: str, address: str) -> str:
-    """The key of the agent masters call at ``address`` (HOST:PORT exactly as they know it)."""
-    digest = hmac.new(secret.encode(), _NODE_LABEL + address.encode(), hashlib.sha256).digest()
+def node_key(secret: str, address: str, generation: int = 0) -> str:
+    """The key of the agent masters call at ``address`` (HOST:PORT exactly as they know
+    it), of the node's key ``generation``."""
+    message = _NODE_LABEL + address.encode()
+    if generation:
+        message += b"\0%d" % generation
+    digest = hmac.new(secret.encode(), message, hashlib.sha256).digest()
     return NODE_KEY_PREFIX + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
@@ -58,13 +71,18 @@ def own_key(settings: Settings) -> str | None:
     return settings.node_key or settings.secret
 
 
-def keys_for(settings: Settings, address: str) -> dict[bytes, str]:
-    """A master's keys for the agent at ``address``, by key id: the node key under the
-    secret (and under the previous secret during a rotation), or the secret itself."""
+def keys_for(
+    settings: Settings, address: str, generations: KeyRange = FIRST_KEYS
+) -> dict[bytes, str]:
+    """A master's keys for the agent at ``address``, by key id: the node key of each
+    accepted generation under the secret (and under the previous secret during a
+    rotation), or the secret itself."""
+    oldest, newest = generations
     found: dict[bytes, str] = {}
     for secret in (settings.secret, settings.secret_previous):
         if secret:
-            for key in (node_key(secret, address), secret):
+            keys = [node_key(secret, address, g) for g in range(oldest, newest + 1)]
+            for key in (*keys, secret):
                 found.setdefault(key_id(key), key)
     return found
 
@@ -81,4 +99,14 @@ def ops_token(settings: Settings) -> str | None:
     return "jodlops1." + base64.urlsafe_b64encode(mac(key, _OPS_LABEL)).rstrip(b"=").decode()
 
 
-__all__ = ["KEY_ID_BYTES", "key_id", "keys_for", "mac", "node_key", "own_key", "ops_token"]
+__all__ = [
+    "FIRST_KEYS",
+    "KEY_ID_BYTES",
+    "KeyRange",
+    "key_id",
+    "keys_for",
+    "mac",
+    "node_key",
+    "own_key",
+    "ops_token",
+]

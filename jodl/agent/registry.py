@@ -73,7 +73,9 @@ class HelloServer(GuardedServer):
     """The registration port: a :class:`HelloService` per agent, for the address it proved."""
 
     def __init__(self, store: Store, settings: Settings, **kwargs: Any) -> None:
-        super().__init__(None, settings, hello_authenticator(settings), **kwargs)
+        # A hello is rare: the node's accepted key generations are read from the log each time.
+        authenticate = hello_authenticator(settings, store.node_key_range)
+        super().__init__(None, settings, authenticate, **kwargs)
         self.store = store
 
     def service_for(self, credentials: dict[str, Any]) -> HelloService:

@@ -33,6 +33,7 @@ from .auth import (
     require_auth,
     server_authenticator,
 )
+from .keys import FIRST_KEYS, KeyRange
 
 #: rpyc protocol configuration shared by both sides: nothing but exposed_ methods.
 STRICT_CONFIG: dict[str, Any] = {
@@ -228,10 +229,21 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def connect(address: str, settings: Settings, timeout: float | None = None) -> rpyc.Connection:
-    """Open an authenticated rpyc connection to the agent at ``address`` (HOST:PORT)."""
+def connect(
+    address: str,
+    settings: Settings,
+    timeout: float | None = None,
+    generations: KeyRange = FIRST_KEYS,
+) -> rpyc.Connection:
+    """Open an authenticated rpyc connection to the agent at ``address`` (HOST:PORT),
+    whose node key is of one of ``generations`` (the log's, for a rekeyed node)."""
     require_auth(settings, f"refusing to connect to {address}")
-    return _dial(address, settings, timeout, lambda sock: client_handshake(sock, settings, address))
+    return _dial(
+        address,
+        settings,
+        timeout,
+        lambda sock: client_handshake(sock, settings, address, generations),
+    )
 
 
 def hello_connect(master: str, address: str, settings: Settings) -> rpyc.Connection:

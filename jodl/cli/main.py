@@ -17,7 +17,7 @@ import click
 
 from ..exceptions import JodlError
 from .budget import register as register_budget
-from .context import database_error, settings_of, store_of
+from .context import database_error, missing_sqlite_file, settings_of, store_of
 from .family import register as register_family
 from .jobs import register as register_jobs
 from .ops import register as register_ops
@@ -250,7 +250,58 @@ def node_key_cmd(ctx: click.Context, address: str) -> None:
     Give it to that agent alone (JODL_NODE_KEY, or a file for --key-file): it proves
     itself to the masters and says hello with it, and cannot command any other agent.
     """
-    from ..agent.keys import node_key
+    secret = _master_secret(address, ctx, "jodl node key")
+    if missing_sqlite_file(settings_of(ctx).database_url):
+        accepted = (0, 0)  # no log yet: no node was rekeyed
+    else:
+        accepted = store_of(ctx).node_key_range(address)
+    click.echo(_current_node_key(secret, address, accepted))
+
+
+@node.command("rekey")
+@click.argument("address")
+@click.option(
+    "--keep-old",
+    is_flag=True,
+    help="Keep accepting the node's older keys until --drop-old (a rollover: the agent "
+    "serves on while its new key is put in place). Without it, they are refused at once.",
+)
+@click.option(
+    "--drop-old",
+    is_flag=True,
+    help="Draw no new key: refuse every key of the node but its newest (ends a rollover).",
+)
+@click.pass_context
+def node_rekey_cmd(ctx: click.Context, address: str, keep_old: bool, drop_old: bool) -> None:
+    """Replace the key of the node at HOST:PORT alone, the cluster running; print the new
+    key (run where JODL_SECRET is set).
+
+    Its older keys are refused at once (a host taken over): each master closes its
+    connection to the node and opens a new one, which the agent must prove under the
+    new key. Give the agent the printed key (JODL_NODE_KEY or --key-file) and restart it.
+    """
+    if keep_old and drop_old:
+        raise click.UsageError("--keep-old and --drop-old exclude each other")
+    secret = _master_secret(address, ctx, "jodl node rekey")
+    store = store_of(ctx)
+    if drop_old:
+        accepted = store.drop_old_node_keys(address)
+    else:
+        accepted = store.rekey_node(address, keep_old=keep_old)
+    if accepted is None:
+        raise JodlError(f"no node {address} in the log (jodl node list)")
+    click.echo(_current_node_key(secret, address, accepted))
+    oldest, newest = accepted
+    older = (
+        f"generations {oldest}-{newest - 1} still accepted"
+        if oldest < newest
+        else "no older key accepted"
+    )
+    click.echo(f"node {address}: key generation {newest}, {older}", err=True)
+
+
+def _master_secret(address: str, ctx: click.Context, command: str) -> str:
+    """JODL_SECRET, for a command that derives the key of the node at ``address``."""
     from ..agent.wire import split_address
 
     try:
@@ -259,8 +310,14 @@ def node_key_cmd(ctx: click.Context, address: str) -> None:
         raise click.BadParameter(str(exc), param_hint="ADDRESS") from None
     secret = settings_of(ctx).secret
     if not secret:
-        raise JodlError("jodl node key derives the key from JODL_SECRET: set it (on a master host)")
-    click.echo(node_key(secret, address))
+        raise JodlError(f"{command} derives the key from JODL_SECRET: set it (on a master host)")
+    return secret
+
+
+def _current_node_key(secret: str, address: str, accepted: tuple[int, int]) -> str:
+    from ..agent.keys import node_key
+
+    return node_key(secret, address, accepted[1])
 
 
 @node.command("remove")

@@ -82,6 +82,10 @@ class Node(Base):
     #: ``jodl node reload`` asked its agent to reload its families; cleared once the
     #: running master relayed it.
     reload_asked_at: Mapped[dt.datetime | None]
+    #: The newest generation of the node's key (``jodl node rekey``; 0: never rekeyed)
+    #: and the oldest one masters still accept (:mod:`jodl.agent.keys`).
+    key_generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    key_oldest: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class FamilyRow(Base):

@@ -126,6 +126,40 @@ class NodeLog:
         with self.engine.begin() as conn:
             conn.execute(update(Node).where(Node.id == node_id).values(**values))
 
+    def key_range(self, address: str) -> tuple[int, int]:
+        """The generations of the key of the node at ``address`` that masters accept:
+        (oldest, newest); (0, 0) for a node never rekeyed or not in the log."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(Node.key_oldest, Node.key_generation).where(Node.address == address)
+            ).first()
+        return (row[0], row[1]) if row is not None else (0, 0)
+
+    def rekey(self, address: str, keep_old: bool = False) -> tuple[int, int] | None:
+        """Draw the next generation of the key of the node at ``address``; the accepted
+        range now, None if there is no such node. The older generations are refused from
+        now on, unless ``keep_old`` (a rollover: until :meth:`drop_old_keys`)."""
+        newest = Node.key_generation + 1
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                update(Node)
+                .where(Node.address == address)
+                .values(key_generation=newest, key_oldest=Node.key_oldest if keep_old else newest)
+                .returning(Node.key_oldest, Node.key_generation)
+            ).first()
+        return (row[0], row[1]) if row is not None else None
+
+    def drop_old_keys(self, address: str) -> tuple[int, int] | None:
+        """Refuse every generation of the node's key but its newest; the range, or None."""
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                update(Node)
+                .where(Node.address == address)
+                .values(key_oldest=Node.key_generation)
+                .returning(Node.key_oldest, Node.key_generation)
+            ).first()
+        return (row[0], row[1]) if row is not None else None
+
     def ask_reload(self, address: str | None = None) -> list[str]:
         """Ask the agent at ``address`` (None: of every live node) to reload its families;
         the addresses asked (none: no such live node). The running master relays it."""

@@ -219,6 +219,18 @@ class Store:
         """Set the ``last_seen`` of ``node_ids`` to ``at``, in one statement."""
         self.node_log.seen(node_ids, at)
 
+    def node_key_range(self, address: str) -> tuple[int, int]:
+        """The generations of the node's key masters accept (:mod:`jodl.agent.keys`)."""
+        return self.node_log.key_range(address)
+
+    def rekey_node(self, address: str, keep_old: bool = False) -> tuple[int, int] | None:
+        """Draw the node's next key generation (see :meth:`NodeLog.rekey`)."""
+        return self.node_log.rekey(address, keep_old)
+
+    def drop_old_node_keys(self, address: str) -> tuple[int, int] | None:
+        """Accept only the node's newest key generation (see :meth:`NodeLog.drop_old_keys`)."""
+        return self.node_log.drop_old_keys(address)
+
     def ask_reload(self, address: str | None = None) -> list[str]:
         """Ask the agent at ``address`` (None: every live node's) to reload its installed
         families; the addresses asked. The running master relays it within a second."""

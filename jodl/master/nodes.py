@@ -130,6 +130,7 @@ class Nodes(PartOf):
                     load = NodeLoad(node.id, node.address, node.slots, node.speed or 1.0, labels)
                     self.slots[node.id] = slot = NodeSlot(link, load)
                     self.book.add_node(load)
+                self._rekeyed(slot, (node.key_oldest, node.key_generation), epoch)
                 drain.follow(slot, node.state, dict(node.labels or {}))
             drain.poll(self, epoch)
             self.reloads.poll(epoch)
@@ -144,6 +145,22 @@ class Nodes(PartOf):
             self._await_opened()
         self._take_opened(epoch)
         suspects.review(self, epoch)
+
+    def _rekeyed(self, slot: NodeSlot, key_range: tuple[int, int], epoch: int) -> None:
+        """Follow ``jodl node rekey``: a connection made when a key now refused was still
+        accepted is closed and opened again at once (in the background; the node gets
+        nothing meanwhile), so an agent still on that key is refused from now on."""
+        if slot.opening is not None or not slot.link.rekeyed(key_range):
+            return
+        log.warning(
+            "node %s was rekeyed: reconnecting, under its key of generation %d",
+            slot.link.address,
+            key_range[1],
+            extra={"node": slot.link.address},
+        )
+        slot.link.close()
+        opening = partial(slot.link.open, self.master_id, epoch, self._init_settings())
+        slot.opening = self.calls.start(opening)
 
     def reopen(self, epoch: int, wait: bool = False) -> None:
         """This master's epoch or families changed: every connected agent opens a new
