@@ -279,7 +279,7 @@ class PageCycle:
                     payload["start_at"] = round(start + fraction * cycle.spread, 3)
                     priority = -int(fraction * 1_000_000)  # earliest start sent first
                 rows.append({"id": job_id, "payload": json.dumps(payload), "priority": priority})
-            self.store.families.set_payloads(rows, s.connection())
+            self.store.set_payloads(rows, s.connection())
             s.get(AppCycle, cycle.id).pages = live  # type: ignore[union-attr]
             cycle.pages = live
 

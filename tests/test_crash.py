@@ -92,7 +92,7 @@ def executions(store: Store) -> dict[int, dict[str, Any]]:
 
 def next_exec_id(store: Store) -> int:
     """Every execution (and dispatch) created from now on has an id at least this large."""
-    return store.exec_ids.next_free()
+    return store.next_free_exec_id()
 
 
 def jobs_sent_since(store: Store, first_id: int) -> set[int]:

@@ -54,7 +54,7 @@ def test_execution_ids_grow_and_are_never_reused_by_two_holders(store: Store) ->
     second = ExecIds(store.engine).take(2)  # another process: a new block
     assert first == sorted(first) and len(set(first + second)) == 5
     assert min(second) >= max(first) + 1
-    assert store.exec_ids.next_free() > max(second)
+    assert store.next_free_exec_id() > max(second)
     big = store.next_exec_ids(EXEC_ID_BLOCK + 5)  # more than a block at once
     assert len(set(big)) == EXEC_ID_BLOCK + 5 and min(big) > max(second)
 
@@ -238,3 +238,26 @@ def test_a_run_records_a_ratio_only_where_it_means_something(store: Store) -> No
         assert finished.ratio == (pytest.approx(ratio) if ratio else None)
         (shown,) = [r for r in store.reads.overview(runs=1)["runs"] if r["id"] == run.id]
         assert shown["ratio"] == finished.ratio
+
+
+def test_the_store_has_one_door_to_each_statement(store: Store) -> None:
+    """Two parts of the store are public (the masters' registry and the applications'
+    reads) and it repeats none of their methods; every other part is private, reached
+    through the store's own methods only."""
+    from jodl.log.masters import MasterRegistry
+    from jodl.log.reads import Reads
+
+    def public(kind: type) -> set[str]:
+        return {name for name in dir(kind) if not name.startswith("_")}
+
+    parts = {
+        name
+        for name, value in vars(store).items()
+        if not name.startswith("_")
+        and hasattr(value, "engine")
+        and name not in ("engine", "fenced_engine")
+    }
+    assert parts == {"masters", "reads"}
+    assert isinstance(store.masters, MasterRegistry) and isinstance(store.reads, Reads)
+    assert not public(MasterRegistry) & public(Store)
+    assert not public(Reads) & public(Store)

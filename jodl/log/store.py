@@ -15,7 +15,7 @@ import datetime as dt
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Connection, Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..obs import tracing
@@ -38,13 +38,14 @@ from .runs import Runs
 class Store:
     """The reconstruction log of one database, as named reads and writes.
 
-    The parts are public for code that works with one concern only:
-    ``leases`` (the master lease, cluster id), ``masters`` (live masters),
-    ``exec_ids`` (the execution-id sequence), ``runs``,
-    ``outcomes`` (dispatches and outcome batches),
-    ``learning`` (what placement learned, homes), ``families``, ``node_log``,
-    ``requests`` (cycles asked of the running master) and ``reads`` (what
-    applications read: results since a cursor, latest results per job, status).
+    Each statement has one door. Two parts are public, and no method here repeats
+    theirs: ``masters`` (the registry of masters: heartbeats, who lives, leaving) and
+    ``reads`` (what applications and status read: results since a cursor, latest
+    results per job, runs and their executions). Every other statement is a method of
+    this class, over private parts: ``_leases`` (leases, epochs, cluster id),
+    ``_exec_ids`` (the execution-id sequence), ``_runs``, ``_outcomes`` (dispatches and
+    outcome batches), ``_learning`` (what placement learned, homes), ``_families``,
+    ``_node_log`` (nodes) and ``_requests`` (cycles asked of the running master).
     """
 
     def __init__(self, engine: Engine, epoch: Callable[[], int] | None = None) -> None:
@@ -61,15 +62,15 @@ class Store:
         self.fenced_engine = engine if epoch is None else fenced(engine, epoch)
         writes = self.fenced_engine
         self.sessions = sessionmaker(writes, expire_on_commit=False)
-        self.leases = Leases(engine)
+        self._leases = Leases(engine)
         self.masters = MasterRegistry(engine)
-        self.exec_ids = ExecIds(writes)
-        self.runs = Runs(writes)
-        self.outcomes = OutcomeLog(writes)
-        self.learning = Learning(writes)
-        self.families = Families(writes)
-        self.node_log = NodeLog(writes)
-        self.requests = RequestLog(writes)
+        self._exec_ids = ExecIds(writes)
+        self._runs = Runs(writes)
+        self._outcomes = OutcomeLog(writes)
+        self._learning = Learning(writes)
+        self._families = Families(writes)
+        self._node_log = NodeLog(writes)
+        self._requests = RequestLog(writes)
         self.reads = Reads(engine)
 
     def fenced(self, epoch: Callable[[], int] | None) -> Store:
@@ -98,16 +99,16 @@ class Store:
     ) -> int:
         """Take one lease (by default the whole database's); the new epoch (see
         :meth:`Leases.acquire`)."""
-        return self.leases.acquire(holder, name, force, ttl)
+        return self._leases.acquire(holder, name, force, ttl)
 
     def lease_holder(self, name: str | None = None) -> str | None:
         """Who holds a live lease on ``name`` (None: any; a master runs); None: nobody."""
-        return self.leases.holder(name)
+        return self._leases.holder(name)
 
     def running_master(self) -> str | None:
         """A master that runs on this database (one holding a lease, else a live
         standby, which leads a family as soon as there is one); None: nobody."""
-        holder = self.leases.holder()
+        holder = self._leases.holder()
         if holder is not None:
             return holder
         return next((m for m in self.masters.live() if not holder_gone(m)), None)
@@ -117,19 +118,35 @@ class Store:
     ) -> bool:
         """Extend our leases; False when another master has taken one (we are fenced)."""
         del holder  # the epoch names the holder: a takeover makes a new one
-        return self.leases.renew(epoch, name, ttl)
+        return self._leases.renew(epoch, name, ttl)
 
     def release_lease(self, epoch: int, name: str | Sequence[str] = WHOLE) -> None:
         """End our leases now (a clean stop): the next master need not wait for them."""
-        self.leases.release(epoch, name)
+        self._leases.release(epoch, name)
+
+    def take_leases(
+        self,
+        holder: str,
+        wanted: Sequence[str],
+        kept: Sequence[str] = (),
+        epoch: int = 0,
+        force: bool = False,
+        ttl: float = LEASE_SECONDS,
+    ) -> tuple[int, list[str], dict[str, tuple[str, float]]]:
+        """Take the free scopes of ``wanted`` at once (see :meth:`Leases.take`)."""
+        return self._leases.take(holder, wanted, kept, epoch, force, ttl)
+
+    def leases(self) -> list[tuple[str, str, int, dt.datetime]]:
+        """Every lease row: (scope, holder, epoch, expires_at), by scope (for status)."""
+        return self._leases.leases()
 
     def running_families(self) -> list[str]:
         """Names of the families with an unfinished run."""
-        return self.runs.running_families()
+        return self._runs.running_families()
 
     def run_ended_since(self, family: str, since: dt.datetime) -> Run | None:
         """The family's last run that ended at or after ``since`` (None: none did)."""
-        return self.runs.ended_since(family, since)
+        return self._runs.ended_since(family, since)
 
     def family_names(self) -> list[str]:
         """Names of every family, sorted (what serving masters spread among them)."""
@@ -141,30 +158,39 @@ class Store:
     ) -> list[tuple[int, str]]:
         """Requests another master took and did not settle become ``leader``'s (of
         ``families``; None: all): (request id, family) pairs."""
-        return self.requests.adopt(leader, families)
+        return self._requests.adopt(leader, families)
 
     def newest_epoch(self) -> int:
         """The newest epoch the database issued: an agent fenced by a newer one was lied to."""
-        return self.leases.newest_epoch()
+        return self._leases.newest_epoch()
 
     def cluster_id(self) -> str:
         """This database's cluster id, drawn on first use."""
-        return self.leases.cluster_id()
+        return self._leases.cluster_id()
 
     def next_exec_ids(self, count: int) -> list[int]:
         """``count`` fresh execution ids (allocated in committed blocks, never reused)."""
-        return self.exec_ids.take(count)
+        return self._exec_ids.take(count)
+
+    def next_free_exec_id(self) -> int:
+        """Every execution id handed out from now on is at least this (tests and tools)."""
+        return self._exec_ids.next_free()
 
     # -- families, nodes and jobs ---------------------------------------------------------
 
     def ensure_family(self, name: str, **fields: Any) -> FamilyRow:
-        return self.families.ensure_family(name, **fields)
+        return self._families.ensure_family(name, **fields)
 
     def family(self, name: str) -> FamilyRow | None:
-        return self.families.family(name)
+        return self._families.family(name)
 
     def family_rules(self, family_id: int) -> dict[int, FamilyOnNode]:
-        return self.families.family_rules(family_id)
+        return self._families.family_rules(family_id)
+
+    def set_payloads(self, rows: Sequence[Mapping[str, Any]], conn: Connection) -> None:
+        """New payloads and priorities of jobs (rows of ``id``, ``payload``, ``priority``),
+        in the caller's transaction ``conn``."""
+        self._families.set_payloads(rows, conn)
 
     def add_jobs(
         self,
@@ -177,9 +203,9 @@ class Store:
         family named that is not in the database is refused unless ``create``; a
         payload that is not a JSON object is refused, and nothing is added."""
         if not tracing.state.on:
-            return self.families.add_jobs(family, jobs, priority, create)
+            return self._families.add_jobs(family, jobs, priority, create)
         rows = list(jobs.items() if isinstance(jobs, Mapping) else jobs)
-        added = self.families.add_jobs(family, rows, priority, create)
+        added = self._families.add_jobs(family, rows, priority, create)
         name = family if isinstance(family, str) else family.name
         with self.engine.connect() as conn:  # traces on: one read for the jobs' ids
             found = JobLog.ids_of_keys(conn, name, [key for key, _ in rows])
@@ -188,65 +214,65 @@ class Store:
 
     def record_progress(self, rows: Sequence[ProgressRow]) -> None:
         """Running executions' newest progress reports (see :meth:`Runs.record_progress`)."""
-        self.runs.record_progress(rows)
+        self._runs.record_progress(rows)
 
     def nodes(self, include_removed: bool = False) -> list[Node]:
-        return self.node_log.nodes(include_removed)
+        return self._node_log.nodes(include_removed)
 
     def add_node(self, address: str, slots: int = 1, labels: dict[str, Any] | None = None) -> Node:
         """Register (or re-activate) a node; a node coming back keeps its id and learning."""
-        return self.node_log.add_node(address, slots, labels)
+        return self._node_log.add_node(address, slots, labels)
 
     def remove_node(self, address: str) -> bool:
-        return self.node_log.remove_node(address)
+        return self._node_log.remove_node(address)
 
     def greet_node(self, address: str, slots: int, labels: dict[str, str]) -> Node:
         """An agent's hello: the node as it says it is (see :meth:`NodeLog.greet_node`)."""
-        return self.node_log.greet_node(address, slots, labels)
+        return self._node_log.greet_node(address, slots, labels)
 
     def drain_node(self, address: str) -> bool:
         """Mark a live node draining; False if there is none at ``address``."""
-        return self.node_log.drain_node(address)
+        return self._node_log.drain_node(address)
 
     def update_node(self, node_id: int, **values: Any) -> None:
-        self.node_log.update_node(node_id, **values)
+        self._node_log.update_node(node_id, **values)
 
     def record_ops(self, node_id: int, address: str) -> None:
         """Where the node's agent serves health and /metrics (:data:`jodl.log.nodes.OPS_LABEL`)."""
-        self.node_log.record_ops(node_id, address)
+        self._node_log.record_ops(node_id, address)
 
     def nodes_seen(self, node_ids: Sequence[int], at: dt.datetime) -> None:
         """Set the ``last_seen`` of ``node_ids`` to ``at``, in one statement."""
-        self.node_log.seen(node_ids, at)
+        self._node_log.seen(node_ids, at)
 
     def node_key_range(self, address: str) -> tuple[int, int]:
         """The generations of the node's key masters accept (:mod:`jodl.agent.keys`)."""
-        return self.node_log.key_range(address)
+        return self._node_log.key_range(address)
 
     def rekey_node(self, address: str, keep_old: bool = False) -> tuple[int, int] | None:
         """Draw the node's next key generation (see :meth:`NodeLog.rekey`)."""
-        return self.node_log.rekey(address, keep_old)
+        return self._node_log.rekey(address, keep_old)
 
     def drop_old_node_keys(self, address: str) -> tuple[int, int] | None:
         """Accept only the node's newest key generation (see :meth:`NodeLog.drop_old_keys`)."""
-        return self.node_log.drop_old_keys(address)
+        return self._node_log.drop_old_keys(address)
 
     def ask_reload(self, address: str | None = None) -> list[str]:
         """Ask the agent at ``address`` (None: every live node's) to reload its installed
         families; the addresses asked. The running master relays it within a second."""
-        return self.node_log.ask_reload(address)
+        return self._node_log.ask_reload(address)
 
     def reloads_asked(self) -> dict[int, dt.datetime]:
-        return self.node_log.reloads_asked()
+        return self._node_log.reloads_asked()
 
     def reload_relayed(self, node_id: int, asked_at: dt.datetime) -> None:
-        self.node_log.reload_relayed(node_id, asked_at)
+        self._node_log.reload_relayed(node_id, asked_at)
 
     # -- runs ---------------------------------------------------------------------------------
 
     def open_run(self, family: FamilyRow, epoch: int) -> tuple[Run, bool]:
         """The family's unfinished run (resumed: True) or a new one with its due jobs."""
-        return self.runs.open_run(family, epoch)
+        return self._runs.open_run(family, epoch)
 
     def run_jobs(
         self,
@@ -259,27 +285,27 @@ class Store:
         """Jobs of ``run`` with no committed result, with their attempts so far in it
         (``first``: only the oldest due so many and those in ``also``; ``loaded``: ids
         left out)."""
-        return self.runs.run_jobs(run, family_name, first, also, loaded)
+        return self._runs.run_jobs(run, family_name, first, also, loaded)
 
     def sent_executions(self, run_ids: Sequence[int | None]) -> list[Sent]:
         """Executions of open dispatches of these runs (None: on-demand) with no outcome."""
-        return self.runs.sent_executions(run_ids)
+        return self._runs.sent_executions(run_ids)
 
     def running_runs(self) -> int:
-        return self.runs.running_runs()
+        return self._runs.running_runs()
 
     def running_run(self, family: str) -> Run | None:
-        return self.runs.running_run(family)
+        return self._runs.running_run(family)
 
     def run_progress(self, run_id: int, done: int, failed: int, dead: int) -> None:
-        self.runs.run_progress(run_id, done, failed, dead)
+        self._runs.run_progress(run_id, done, failed, dead)
 
     def count_run(self, run_id: int) -> tuple[int, int]:
-        return self.runs.count_run(run_id)
+        return self._runs.count_run(run_id)
 
     def set_run_unserved(self, run_id: int, why: str | None) -> None:
         """Why no live agent runs the open run's jobs now (None: one does)."""
-        self.runs.set_unserved(run_id, why)
+        self._runs.set_unserved(run_id, why)
 
     def finish_run(
         self,
@@ -288,64 +314,64 @@ class Store:
         lower_bound: float | None,
         state: str = RunState.FINISHED,
     ) -> Run:
-        return self.runs.finish_run(run, makespan, lower_bound, state)
+        return self._runs.finish_run(run, makespan, lower_bound, state)
 
     def cancel_open_run(self, family: str) -> Run | None:
         """No master runs it: record the family's unfinished run as cancelled; the run."""
-        run = self.runs.running_run(family)
+        run = self._runs.running_run(family)
         if run is None:
             return None
-        return self.runs.finish_run(run, None, None, RunState.CANCELLED)
+        return self._runs.finish_run(run, None, None, RunState.CANCELLED)
 
     def results(self, family: str, run: int | None = None) -> RunResults:
         """What run number ``run`` of ``family`` (default: its newest) gave, per job."""
-        return self.runs.results(family, run)
+        return self._runs.results(family, run)
 
     # -- outcomes (the hot path: one statement per step) -----------------------------------
 
     def record_dispatches(self, rows: list[dict[str, Any]]) -> None:
         """Log batches about to be sent (write-ahead): id, run_id, node_id, epoch, items."""
-        self.outcomes.record_dispatches(rows)
+        self._outcomes.record_dispatches(rows)
 
     def record_outcomes(self, batch: OutcomeBatch) -> None:
         """Commit a batch of outcomes, and what they teach, in one transaction."""
-        self.outcomes.record(batch)
+        self._outcomes.record(batch)
 
     def settled(self, exec_ids: Sequence[int]) -> set[int]:
         """Which of ``exec_ids`` have an outcome in the log."""
-        return self.outcomes.settled(exec_ids)
+        return self._outcomes.settled(exec_ids)
 
     # -- what placement learned ------------------------------------------------------------
 
     def load_knowledge(self, knowledge: Knowledge) -> None:
-        self.learning.load_knowledge(knowledge)
+        self._learning.load_knowledge(knowledge)
 
     def set_homes(self, rows: Sequence[Home | tuple[int, int | None, int | None]]) -> None:
-        self.learning.set_homes(rows)
+        self._learning.set_homes(rows)
 
     def node_gone_for_good(self, node_id: int) -> None:
-        self.learning.node_gone_for_good(node_id)
+        self._learning.node_gone_for_good(node_id)
 
     def home_work(self, family_id: int, default: float, period: float | None) -> dict[int, float]:
-        return self.learning.home_work(family_id, default, period)
+        return self._learning.home_work(family_id, default, period)
 
     def cycle_period(self, family_id: int, runs: int = 6) -> float | None:
-        return self.learning.cycle_period(family_id, runs)
+        return self._learning.cycle_period(family_id, runs)
 
     # -- cycles asked of the running master ---------------------------------------------------
 
     def request_run(self, family: str, kind: str = RequestKind.RUN) -> int:
-        return self.requests.request_run(family, kind)
+        return self._requests.request_run(family, kind)
 
     def take_run_requests(
         self, taker: str, families: Sequence[str] | None = None
     ) -> list[tuple[int, str]]:
-        return self.requests.take_run_requests(taker, families)
+        return self._requests.take_run_requests(taker, families)
 
     def take_requests(
         self, taker: str, kinds: Sequence[str], families: Sequence[str] | None = None
     ) -> list[Request]:
-        return self.requests.take_requests(taker, kinds, families)
+        return self._requests.take_requests(taker, kinds, families)
 
     # -- deleting jobs -----------------------------------------------------------------------
 
@@ -363,7 +389,7 @@ class Store:
             return JobLog.deleted_among(conn, job_ids)
 
     def settle_run_request(self, request_id: int, taker: str, **outcome: Any) -> None:
-        self.requests.settle_run_request(request_id, taker, **outcome)
+        self._requests.settle_run_request(request_id, taker, **outcome)
 
     def run_request(self, request_id: int) -> RunRequest | None:
-        return self.requests.run_request(request_id)
+        return self._requests.run_request(request_id)

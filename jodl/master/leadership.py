@@ -193,7 +193,7 @@ class Leadership:
         if not wanted:
             return []
         with self._lock:
-            epoch, taken, held = self.store.leases.take(
+            epoch, taken, held = self.store.take_leases(
                 self.name, wanted, list(self.led), self.epoch, self.takeover, self.ttl
             )
             self.refused(min((left for _, left in held.values()), default=None))

@@ -39,7 +39,7 @@ def lease_lapsed(store: Store, epoch: int) -> bool:
     row of the epoch it ends) or the database does not answer; False when it was
     taken over (then it stops for good, as a fenced master does)."""
     try:
-        rows = store.leases.leases()
+        rows = store.leases()
     except Exception as exc:
         if is_outage(exc):
             return True

@@ -26,7 +26,7 @@ def masters(store: Store) -> list[dict[str, Any]]:
     stopped past its lease and taken over still says it leads until it notices, while
     a scope's row names one holder only, so no family ever shows two leaders."""
     held: dict[str, dict[str, int]] = {}
-    for scope, holder, epoch, _ in store.leases.leases():
+    for scope, holder, epoch, _ in store.leases():
         held.setdefault(holder, {})[scope] = epoch
     out = []
     for m in store.masters.masters():
