@@ -21,7 +21,6 @@ from crawler_app.quota import QuotaExceeded
 from jodl import scrape_targets
 
 from . import admin, channels, jobs, tracking
-from .app import services
 from .auth import (
     SIGNUP_SENT,
     TOKEN_SECONDS,
@@ -41,6 +40,7 @@ from .batch import SubmissionError
 from .openapi import document
 from .quota import refused, set_user_quota, usage
 from .security import CSRF_HEADER, csrf_token, csrf_valid
+from .services import services
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 

@@ -1,4 +1,4 @@
-"""The Flask application factory and the services every view shares.
+"""The Flask application factory (the services every view shares: :mod:`web.services`).
 
 ``create_app(settings)`` builds the app on one database: blueprints ``ui``
 (submit, batches, reset), ``auth`` (sign up, log in, log out), ``tracking``
@@ -13,27 +13,38 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
 from typing import Any
 
-from flask import Flask, Response, current_app, g, jsonify, render_template, request
+from flask import Flask, Response, g, jsonify, render_template, request
 from sqlalchemy import Engine
 from werkzeug.exceptions import (
     BadRequest,
     Forbidden,
     HTTPException,
     MethodNotAllowed,
-    NotFound,
     SecurityError,
 )
 from werkzeug.middleware.proxy_fix import ProxyFix
-from werkzeug.routing import IntegerConverter
 
-from crawler_app.reach import AllowUsers
 from crawler_app.settings import AppSettings
 from jodl.log import ResultWatch, Store, make_engine
 from jodl.queue import Queue
 
+from . import (
+    admin,
+    api,
+    auth,
+    channels,
+    families,
+    feeds,
+    mailsink,
+    ops,
+    porting,
+    stream,
+    tracking,
+    ui,
+)
+from .auth import ADDRESS_LOGIN_FACTOR, LOGIN_WINDOW_MINUTES
 from .batch import Batches
 from .fanout import Fanout
 from .metrics import Metrics
@@ -46,6 +57,7 @@ from .security import (
     csrf_token,
     csrf_valid,
 )
+from .services import IdConverter, Services, is_api, services
 from .settings import WebSettings
 from .slots import StreamSlots
 from .timefmt import when
@@ -54,55 +66,6 @@ log = logging.getLogger("web")
 
 #: Largest request body accepted (bytes): a batch of URLs fits many times over.
 MAX_BODY = 1024 * 1024
-
-
-class IdConverter(IntegerConverter):
-    """A row id in a URL: a whole number a database column holds (else 404, never 500)."""
-
-    #: Largest id looked up (an integer column's largest value).
-    MAX = 2**31 - 1
-
-    def to_python(self, value: str) -> int:
-        number = int(value)
-        if not 1 <= number <= self.MAX:
-            # Not "no such route" (another route with other methods would answer 405).
-            raise NotFound("no such id")
-        return number
-
-
-@dataclass
-class Services:
-    """What the views share: settings, database, queue, batches, limits, counters."""
-
-    settings: WebSettings
-    engine: Engine
-    store: Store
-    queue: Queue
-    batches: Batches
-    limits: Limits
-    metrics: Metrics
-    #: Slots of open event streams (JODL_WEB_MAX_STREAMS, per client, operators').
-    streams: StreamSlots
-    #: Set when the server shuts down: open streams end at once.
-    stopping: threading.Event
-    #: Who may have pages fetched from the fetch allowlist's networks
-    #: (JODL_FETCH_ALLOW_USERS, read and checked at start).
-    allow_users: AllowUsers
-    #: Wakes the event streams waiting for these jobs when they end (one per process).
-    results: ResultWatch
-    #: Reads new results once per notice and hands them to the open batch streams.
-    fanout: Fanout
-
-
-def services() -> Services:
-    """The services of the current app."""
-    found: Services = current_app.extensions["jodl"]
-    return found
-
-
-def is_api() -> bool:
-    """True for requests to the JSON API (answered in JSON, errors too)."""
-    return request.path.startswith("/api/") or request.path == "/api"
 
 
 def create_app(
@@ -143,8 +106,6 @@ def create_app(
     queue = Queue(store)
     stopping = threading.Event()
     results = ResultWatch(engine, stopping)
-    from .auth import ADDRESS_LOGIN_FACTOR, LOGIN_WINDOW_MINUTES
-
     app.extensions["jodl"] = Services(
         allow_users=AppSettings.from_env().allow_users(),
         settings=settings,
@@ -178,12 +139,8 @@ def create_app(
     app.jinja_env.filters["when"] = when
     app.context_processor(lambda: {"user": g.get("user")})
 
-    from . import admin, api, auth, channels, feeds, mailsink, ops, stream, tracking, ui
-
     for module in (ui, auth, tracking, channels, feeds, admin, stream, api, ops, mailsink):
         app.register_blueprint(module.bp)
-    from . import families, porting
-
     for module in (families, porting):
         app.register_blueprint(module.bp)
         app.register_blueprint(module.api_bp)

@@ -48,8 +48,8 @@ from crawler_app.pages import PageError, add_user, check_password, normalise_ema
 from crawler_app.reach import USERS_SETTING, Reach
 from crawler_app.settings import AppSettings
 
-from .app import is_api, services
 from .security import CSRF_KEY
+from .services import is_api, services
 
 bp = Blueprint("auth", __name__)
 

@@ -28,8 +28,8 @@ from jodl.admin.families import (
 from jodl.exceptions import UnknownFamily
 
 from .api import _guard, body
-from .app import services
 from .auth import admin_required
+from .services import services
 
 api_bp = Blueprint("families_api", __name__, url_prefix="/api/admin/families")
 api_bp.before_request(_guard)

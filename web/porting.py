@@ -21,9 +21,9 @@ from crawler_app.pages import PageError
 from crawler_app.quota import QuotaExceeded
 
 from .api import _guard, body
-from .app import Services, services
 from .auth import CurrentUser, current_user, login_required
 from .quota import QuotaRefused, refused
+from .services import Services, services
 
 bp = Blueprint("porting", __name__)
 api_bp = Blueprint("porting_api", __name__, url_prefix="/api/trackings")
