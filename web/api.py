@@ -24,7 +24,6 @@ from . import admin, channels, jobs, tracking
 from .auth import (
     SIGNUP_SENT,
     TOKEN_SECONDS,
-    _check_credentials,
     admin_required,
     current_user,
     end_session,
@@ -36,6 +35,7 @@ from .auth import (
     start_session,
     submission_rules,
 )
+from .auth import check_credentials as _check_credentials
 from .batch import SubmissionError
 from .openapi import document
 from .quota import refused, set_user_quota, usage

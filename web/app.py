@@ -64,6 +64,18 @@ from .timefmt import when
 
 log = logging.getLogger("web")
 
+# The API's other parts nest under its blueprint (``/api``): its guard (JSON bodies, the
+# session's CSRF token) runs before their views as before the API's own.
+api.bp.register_blueprint(families.api_bp)
+api.bp.register_blueprint(porting.api_bp)
+
+#: The blueprints of every app, the API's with its nested ones.
+BLUEPRINTS = (
+    *(m.bp for m in (ui, auth, tracking, channels, feeds, admin, stream, api, ops, mailsink)),
+    families.bp,
+    porting.bp,
+)
+
 #: Largest request body accepted (bytes): a batch of URLs fits many times over.
 MAX_BODY = 1024 * 1024
 
@@ -139,11 +151,8 @@ def create_app(
     app.jinja_env.filters["when"] = when
     app.context_processor(lambda: {"user": g.get("user")})
 
-    for module in (ui, auth, tracking, channels, feeds, admin, stream, api, ops, mailsink):
-        app.register_blueprint(module.bp)
-    for module in (families, porting):
-        app.register_blueprint(module.bp)
-        app.register_blueprint(module.api_bp)
+    for blueprint in BLUEPRINTS:
+        app.register_blueprint(blueprint)
 
     app.before_request(_check_csrf)
     app.before_request(auth.load_user)
