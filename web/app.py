@@ -2,9 +2,10 @@
 
 ``create_app(settings)`` builds the app on one database: blueprints ``ui``
 (submit, batches, reset), ``auth`` (sign up, log in, log out), ``tracking``
-(tracked pages, history, diffs), ``admin`` (operator views), ``stream`` (event
-streams), ``api`` (JSON API, OpenAPI document) and ``ops`` (``/healthz``,
-``/metrics``). Every response carries the security headers; every
+(tracked pages, history, diffs), ``channels``, ``feeds``, ``admin`` (operator
+views), ``families``, ``porting``, ``mailsink``, ``stream`` (event streams),
+``api`` (JSON API, OpenAPI document; the families' and trackings' API nested in it)
+and ``ops`` (``/healthz``, ``/metrics``). Every response carries the security headers; every
 state-changing form request must carry the session's CSRF token; every error is
 answered as a page (or JSON under ``/api``) and never as a bare traceback.
 """
@@ -85,14 +86,9 @@ def create_app(
     *,
     engine: Engine | None = None,
 ) -> Flask:
-    """Build the web app for ``settings`` (default: from ``JODL_*`` variables)."""
+    """Build the web app for ``settings`` (default: from ``JODL_*`` variables) on
+    ``engine`` (default: one pooled for the server's threads)."""
     settings = settings or WebSettings.from_env()
-    if engine is None:
-        # Streams hold a pooled connection only while they look; size for the threads.
-        extra: dict[str, Any] = {}
-        if not settings.database_url.startswith("sqlite"):
-            extra = {"pool_size": 10, "max_overflow": settings.web_threads}
-        engine = make_engine(settings.database_url, **extra)
     app = Flask(__name__)
     secure = settings.web_secure_cookies
     app.config.update(
@@ -108,17 +104,43 @@ def create_app(
         # Host names this site answers to: a rebinding name pointing at it gets a 400.
         TRUSTED_HOSTS=settings.trusted_hosts(),
     )
-    app.jinja_env.autoescape = True  # every template, whatever its file name
-    app.url_map.converters["id"] = IdConverter
     if settings.web_proxies:
         app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
             app.wsgi_app, x_for=settings.web_proxies, x_proto=settings.web_proxies
         )
+    app.url_map.converters["id"] = IdConverter
+    if engine is None:
+        engine = _engine(settings)
+    app.extensions["jodl"] = _services(settings, engine)
+    _template_helpers(app)
+
+    for blueprint in BLUEPRINTS:
+        app.register_blueprint(blueprint)
+    app.before_request(_check_csrf)
+    app.before_request(auth.load_user)
+    app.after_request(_after)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected)
+    return app
+
+
+def _engine(settings: WebSettings) -> Engine:
+    """The database engine: streams hold a pooled connection only while they look, so
+    the pool is sized for the server's threads."""
+    extra: dict[str, Any] = {}
+    if not settings.database_url.startswith("sqlite"):
+        extra = {"pool_size": 10, "max_overflow": settings.web_threads}
+    return make_engine(settings.database_url, **extra)
+
+
+def _services(settings: WebSettings, engine: Engine) -> Services:
+    """The services the views share (:func:`web.services.services`), on ``engine``."""
     store = Store(engine)
     queue = Queue(store)
     stopping = threading.Event()
     results = ResultWatch(engine, stopping)
-    app.extensions["jodl"] = Services(
+    burst = settings.web_submit_burst
+    return Services(
         allow_users=AppSettings.from_env().allow_users(),
         settings=settings,
         engine=engine,
@@ -126,14 +148,11 @@ def create_app(
         queue=queue,
         batches=Batches(engine, settings, queue),
         limits=Limits(
-            users=RateLimiter(settings.web_submit_per_minute, settings.web_submit_burst),
+            users=RateLimiter(settings.web_submit_per_minute, burst),
             anonymous=RateLimiter(settings.web_anonymous_per_minute, settings.web_anonymous_burst),
-            login_pair=RateLimiter(
-                settings.web_submit_burst / LOGIN_WINDOW_MINUTES, settings.web_submit_burst
-            ),
+            login_pair=RateLimiter(burst / LOGIN_WINDOW_MINUTES, burst),
             login_address=RateLimiter(
-                settings.web_submit_burst * ADDRESS_LOGIN_FACTOR / LOGIN_WINDOW_MINUTES,
-                settings.web_submit_burst * ADDRESS_LOGIN_FACTOR,
+                burst * ADDRESS_LOGIN_FACTOR / LOGIN_WINDOW_MINUTES, burst * ADDRESS_LOGIN_FACTOR
             ),
         ),
         metrics=Metrics(),
@@ -146,20 +165,15 @@ def create_app(
         results=results,
         fanout=Fanout(engine, results, stopping, settings.web_stream_poll),
     )
+
+
+def _template_helpers(app: Flask) -> None:
+    """Every template escapes, and has the CSRF token, the time filter and the user."""
+    app.jinja_env.autoescape = True  # every template, whatever its file name
     app.jinja_env.globals["csrf_token"] = csrf_token
     app.jinja_env.globals["csrf_field"] = CSRF_FIELD
     app.jinja_env.filters["when"] = when
     app.context_processor(lambda: {"user": g.get("user")})
-
-    for blueprint in BLUEPRINTS:
-        app.register_blueprint(blueprint)
-
-    app.before_request(_check_csrf)
-    app.before_request(auth.load_user)
-    app.after_request(_after)
-    app.register_error_handler(HTTPException, _http_error)
-    app.register_error_handler(Exception, _unexpected)
-    return app
 
 
 def _check_csrf() -> None:
