@@ -19,8 +19,8 @@ from jodl import collect_status as collect
 from jodl.agent import split_address
 from jodl.log import ExecState, RequestKind, RunState
 
-from .app import Services, services
 from .auth import admin_required, current_user
+from .services import Services, services
 
 bp = Blueprint("admin", __name__, url_prefix="/admin")
 

@@ -21,11 +21,9 @@ from crawler_app.quota import QuotaExceeded
 from jodl import scrape_targets
 
 from . import admin, channels, jobs, tracking
-from .app import services
 from .auth import (
     SIGNUP_SENT,
     TOKEN_SECONDS,
-    _check_credentials,
     admin_required,
     current_user,
     end_session,
@@ -37,10 +35,12 @@ from .auth import (
     start_session,
     submission_rules,
 )
+from .auth import check_credentials as _check_credentials
 from .batch import SubmissionError
 from .openapi import document
 from .quota import refused, set_user_quota, usage
 from .security import CSRF_HEADER, csrf_token, csrf_valid
+from .services import services
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 

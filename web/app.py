@@ -1,10 +1,11 @@
-"""The Flask application factory and the services every view shares.
+"""The Flask application factory (the services every view shares: :mod:`web.services`).
 
 ``create_app(settings)`` builds the app on one database: blueprints ``ui``
 (submit, batches, reset), ``auth`` (sign up, log in, log out), ``tracking``
-(tracked pages, history, diffs), ``admin`` (operator views), ``stream`` (event
-streams), ``api`` (JSON API, OpenAPI document) and ``ops`` (``/healthz``,
-``/metrics``). Every response carries the security headers; every
+(tracked pages, history, diffs), ``channels``, ``feeds``, ``admin`` (operator
+views), ``families``, ``porting``, ``mailsink``, ``stream`` (event streams),
+``api`` (JSON API, OpenAPI document; the families' and trackings' API nested in it)
+and ``ops`` (``/healthz``, ``/metrics``). Every response carries the security headers; every
 state-changing form request must carry the session's CSRF token; every error is
 answered as a page (or JSON under ``/api``) and never as a bare traceback.
 """
@@ -13,27 +14,38 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
 from typing import Any
 
-from flask import Flask, Response, current_app, g, jsonify, render_template, request
+from flask import Flask, Response, g, jsonify, render_template, request
 from sqlalchemy import Engine
 from werkzeug.exceptions import (
     BadRequest,
     Forbidden,
     HTTPException,
     MethodNotAllowed,
-    NotFound,
     SecurityError,
 )
 from werkzeug.middleware.proxy_fix import ProxyFix
-from werkzeug.routing import IntegerConverter
 
-from crawler_app.reach import AllowUsers
 from crawler_app.settings import AppSettings
 from jodl.log import ResultWatch, Store, make_engine
 from jodl.queue import Queue
 
+from . import (
+    admin,
+    api,
+    auth,
+    channels,
+    families,
+    feeds,
+    mailsink,
+    ops,
+    porting,
+    stream,
+    tracking,
+    ui,
+)
+from .auth import ADDRESS_LOGIN_FACTOR, LOGIN_WINDOW_MINUTES
 from .batch import Batches
 from .fanout import Fanout
 from .metrics import Metrics
@@ -46,63 +58,27 @@ from .security import (
     csrf_token,
     csrf_valid,
 )
+from .services import IdConverter, Services, is_api, services
 from .settings import WebSettings
 from .slots import StreamSlots
 from .timefmt import when
 
 log = logging.getLogger("web")
 
+# The API's other parts nest under its blueprint (``/api``): its guard (JSON bodies, the
+# session's CSRF token) runs before their views as before the API's own.
+api.bp.register_blueprint(families.api_bp)
+api.bp.register_blueprint(porting.api_bp)
+
+#: The blueprints of every app, the API's with its nested ones.
+BLUEPRINTS = (
+    *(m.bp for m in (ui, auth, tracking, channels, feeds, admin, stream, api, ops, mailsink)),
+    families.bp,
+    porting.bp,
+)
+
 #: Largest request body accepted (bytes): a batch of URLs fits many times over.
 MAX_BODY = 1024 * 1024
-
-
-class IdConverter(IntegerConverter):
-    """A row id in a URL: a whole number a database column holds (else 404, never 500)."""
-
-    #: Largest id looked up (an integer column's largest value).
-    MAX = 2**31 - 1
-
-    def to_python(self, value: str) -> int:
-        number = int(value)
-        if not 1 <= number <= self.MAX:
-            # Not "no such route" (another route with other methods would answer 405).
-            raise NotFound("no such id")
-        return number
-
-
-@dataclass
-class Services:
-    """What the views share: settings, database, queue, batches, limits, counters."""
-
-    settings: WebSettings
-    engine: Engine
-    store: Store
-    queue: Queue
-    batches: Batches
-    limits: Limits
-    metrics: Metrics
-    #: Slots of open event streams (JODL_WEB_MAX_STREAMS, per client, operators').
-    streams: StreamSlots
-    #: Set when the server shuts down: open streams end at once.
-    stopping: threading.Event
-    #: Who may have pages fetched from the fetch allowlist's networks
-    #: (JODL_FETCH_ALLOW_USERS, read and checked at start).
-    allow_users: AllowUsers
-    #: Wakes the event streams waiting for these jobs when they end (one per process).
-    results: ResultWatch
-    #: Reads new results once per notice and hands them to the open batch streams.
-    fanout: Fanout
-
-
-def services() -> Services:
-    """The services of the current app."""
-    found: Services = current_app.extensions["jodl"]
-    return found
-
-
-def is_api() -> bool:
-    """True for requests to the JSON API (answered in JSON, errors too)."""
-    return request.path.startswith("/api/") or request.path == "/api"
 
 
 def create_app(
@@ -110,14 +86,9 @@ def create_app(
     *,
     engine: Engine | None = None,
 ) -> Flask:
-    """Build the web app for ``settings`` (default: from ``JODL_*`` variables)."""
+    """Build the web app for ``settings`` (default: from ``JODL_*`` variables) on
+    ``engine`` (default: one pooled for the server's threads)."""
     settings = settings or WebSettings.from_env()
-    if engine is None:
-        # Streams hold a pooled connection only while they look; size for the threads.
-        extra: dict[str, Any] = {}
-        if not settings.database_url.startswith("sqlite"):
-            extra = {"pool_size": 10, "max_overflow": settings.web_threads}
-        engine = make_engine(settings.database_url, **extra)
     app = Flask(__name__)
     secure = settings.web_secure_cookies
     app.config.update(
@@ -133,19 +104,43 @@ def create_app(
         # Host names this site answers to: a rebinding name pointing at it gets a 400.
         TRUSTED_HOSTS=settings.trusted_hosts(),
     )
-    app.jinja_env.autoescape = True  # every template, whatever its file name
-    app.url_map.converters["id"] = IdConverter
     if settings.web_proxies:
         app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
             app.wsgi_app, x_for=settings.web_proxies, x_proto=settings.web_proxies
         )
+    app.url_map.converters["id"] = IdConverter
+    if engine is None:
+        engine = _engine(settings)
+    app.extensions["jodl"] = _services(settings, engine)
+    _template_helpers(app)
+
+    for blueprint in BLUEPRINTS:
+        app.register_blueprint(blueprint)
+    app.before_request(_check_csrf)
+    app.before_request(auth.load_user)
+    app.after_request(_after)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected)
+    return app
+
+
+def _engine(settings: WebSettings) -> Engine:
+    """The database engine: streams hold a pooled connection only while they look, so
+    the pool is sized for the server's threads."""
+    extra: dict[str, Any] = {}
+    if not settings.database_url.startswith("sqlite"):
+        extra = {"pool_size": 10, "max_overflow": settings.web_threads}
+    return make_engine(settings.database_url, **extra)
+
+
+def _services(settings: WebSettings, engine: Engine) -> Services:
+    """The services the views share (:func:`web.services.services`), on ``engine``."""
     store = Store(engine)
     queue = Queue(store)
     stopping = threading.Event()
     results = ResultWatch(engine, stopping)
-    from .auth import ADDRESS_LOGIN_FACTOR, LOGIN_WINDOW_MINUTES
-
-    app.extensions["jodl"] = Services(
+    burst = settings.web_submit_burst
+    return Services(
         allow_users=AppSettings.from_env().allow_users(),
         settings=settings,
         engine=engine,
@@ -153,14 +148,11 @@ def create_app(
         queue=queue,
         batches=Batches(engine, settings, queue),
         limits=Limits(
-            users=RateLimiter(settings.web_submit_per_minute, settings.web_submit_burst),
+            users=RateLimiter(settings.web_submit_per_minute, burst),
             anonymous=RateLimiter(settings.web_anonymous_per_minute, settings.web_anonymous_burst),
-            login_pair=RateLimiter(
-                settings.web_submit_burst / LOGIN_WINDOW_MINUTES, settings.web_submit_burst
-            ),
+            login_pair=RateLimiter(burst / LOGIN_WINDOW_MINUTES, burst),
             login_address=RateLimiter(
-                settings.web_submit_burst * ADDRESS_LOGIN_FACTOR / LOGIN_WINDOW_MINUTES,
-                settings.web_submit_burst * ADDRESS_LOGIN_FACTOR,
+                burst * ADDRESS_LOGIN_FACTOR / LOGIN_WINDOW_MINUTES, burst * ADDRESS_LOGIN_FACTOR
             ),
         ),
         metrics=Metrics(),
@@ -173,27 +165,15 @@ def create_app(
         results=results,
         fanout=Fanout(engine, results, stopping, settings.web_stream_poll),
     )
+
+
+def _template_helpers(app: Flask) -> None:
+    """Every template escapes, and has the CSRF token, the time filter and the user."""
+    app.jinja_env.autoescape = True  # every template, whatever its file name
     app.jinja_env.globals["csrf_token"] = csrf_token
     app.jinja_env.globals["csrf_field"] = CSRF_FIELD
     app.jinja_env.filters["when"] = when
     app.context_processor(lambda: {"user": g.get("user")})
-
-    from . import admin, api, auth, channels, feeds, mailsink, ops, stream, tracking, ui
-
-    for module in (ui, auth, tracking, channels, feeds, admin, stream, api, ops, mailsink):
-        app.register_blueprint(module.bp)
-    from . import families, porting
-
-    for module in (families, porting):
-        app.register_blueprint(module.bp)
-        app.register_blueprint(module.api_bp)
-
-    app.before_request(_check_csrf)
-    app.before_request(auth.load_user)
-    app.after_request(_after)
-    app.register_error_handler(HTTPException, _http_error)
-    app.register_error_handler(Exception, _unexpected)
-    return app
 
 
 def _check_csrf() -> None:

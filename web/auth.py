@@ -48,8 +48,8 @@ from crawler_app.pages import PageError, add_user, check_password, normalise_ema
 from crawler_app.reach import USERS_SETTING, Reach
 from crawler_app.settings import AppSettings
 
-from .app import is_api, services
 from .security import CSRF_KEY
+from .services import is_api, services
 
 bp = Blueprint("auth", __name__)
 
@@ -97,7 +97,7 @@ def load_user() -> None:
     g.user = None
     auth = request.authorization if is_api() else None
     if auth is not None and auth.type == "basic":
-        user = _check_credentials(auth.username or "", auth.password or "")
+        user = check_credentials(auth.username or "", auth.password or "")
         if user is None:
             raise Unauthorized("wrong e-mail or password")
         g.user = CurrentUser(user.id, user.email, bool(user.is_admin), "basic")
@@ -196,7 +196,9 @@ def _too_many(wait: float, what: str) -> TooManyRequests:
     return exc
 
 
-def _check_credentials(email: str, password: str) -> User | None:
+def check_credentials(email: str, password: str) -> User | None:
+    """The account these credentials log in to, or None; failed attempts are counted
+    (per address, per address and account) and refused with 429 past the limits."""
     try:
         account = normalise_email(email)
     except PageError:
@@ -510,7 +512,7 @@ def login() -> Any:
     if request.method == "GET":
         return render_template("login.html", next=target)
     email = request.form.get("email", "")
-    user = _check_credentials(email, request.form.get("password", ""))
+    user = check_credentials(email, request.form.get("password", ""))
     if user is None:
         flash("Wrong e-mail or password.", "error")
         return render_template("login.html", next=target, email=email[:320]), 401

@@ -19,8 +19,8 @@ from crawler_app.models import Delivery, Notification, Tracking, User
 from crawler_app.settings import AppSettings
 from jodl.exceptions import ConfigError
 
-from .app import Services, services
 from .auth import CurrentUser, current_user, limit, login_required
+from .services import Services, services
 from .timefmt import iso
 
 bp = Blueprint("channels", __name__)

@@ -27,12 +27,12 @@ from jodl.admin.families import (
 )
 from jodl.exceptions import UnknownFamily
 
-from .api import _guard, body
-from .app import services
+from .api import body
 from .auth import admin_required
+from .services import services
 
-api_bp = Blueprint("families_api", __name__, url_prefix="/api/admin/families")
-api_bp.before_request(_guard)
+#: Nested under the API's blueprint (web.app): ``/api/admin/families``, behind its guard.
+api_bp = Blueprint("families_api", __name__, url_prefix="/admin/families")
 bp = Blueprint("families", __name__, url_prefix="/admin/families")
 
 #: Longest family name stored (the column's width).

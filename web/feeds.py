@@ -17,7 +17,7 @@ from crawler_app import feeds
 from crawler_app.pages import PageError, check_tags
 from jodl.log import utcnow
 
-from .app import services
+from .services import services
 
 bp = Blueprint("feeds", __name__, url_prefix="/feeds")
 

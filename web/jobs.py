@@ -18,8 +18,8 @@ from werkzeug.exceptions import BadRequest, Forbidden, NotFound
 from jodl import add_jobs
 from jodl.exceptions import JodlError
 
-from .app import Services
 from .auth import CurrentUser
+from .services import Services
 
 #: Jobs one request may add at most (a larger set: several requests).
 MAX_JOBS = 10_000

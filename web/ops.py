@@ -9,8 +9,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import Forbidden
 
-from .app import services
 from .auth import current_user
+from .services import services
 
 #: Client addresses of this machine.
 LOOPBACK = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})

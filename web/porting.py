@@ -20,14 +20,14 @@ from crawler_app import baselines, porting
 from crawler_app.pages import PageError
 from crawler_app.quota import QuotaExceeded
 
-from .api import _guard, body
-from .app import Services, services
+from .api import body
 from .auth import CurrentUser, current_user, login_required
 from .quota import QuotaRefused, refused
+from .services import Services, services
 
 bp = Blueprint("porting", __name__)
-api_bp = Blueprint("porting_api", __name__, url_prefix="/api/trackings")
-api_bp.before_request(_guard)
+#: Nested under the API's blueprint (web.app): ``/api/trackings``, behind its guard.
+api_bp = Blueprint("porting_api", __name__, url_prefix="/trackings")
 
 #: Each format's media type and the name a download is saved under.
 DOWNLOADS = {

@@ -40,10 +40,11 @@ from flask import Blueprint, Response, request
 from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import NotFound
 
-from .app import Services, services
+from .admin import overview
 from .auth import address_key, admin_required, client_key
 from .batch import Item
 from .fanout import Inbox
+from .services import Services, services
 from .slots import Slot
 
 bp = Blueprint("stream", __name__)
@@ -251,8 +252,6 @@ def batch_stream(batch_id: str) -> Response:
 @admin_required
 def admin_stream() -> Response:
     """Nodes, queue counts and runs (with live progress) every second, as events."""
-    from .admin import overview
-
     svc = services()
     disconnected = _gone()
     client, address = client_key(), address_key()

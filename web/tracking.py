@@ -38,10 +38,10 @@ from crawler_app.quota import QuotaExceeded
 from crawler_app.schedule import next_checks
 
 from . import channels
-from .app import IdConverter, Services, services
 from .auth import CurrentUser, current_user, limit, login_required
 from .diff import Piece, inline, side_by_side
 from .quota import QuotaRefused, refused
+from .services import IdConverter, Services, services
 
 bp = Blueprint("tracking", __name__)
 

@@ -9,7 +9,6 @@ from werkzeug.exceptions import NotFound
 
 from crawler_app.quota import QuotaExceeded
 
-from .app import services
 from .auth import (
     batch_limit,
     current_user,
@@ -20,6 +19,7 @@ from .auth import (
 )
 from .batch import SubmissionError, split_urls
 from .quota import refused
+from .services import services
 
 bp = Blueprint("ui", __name__)
 
