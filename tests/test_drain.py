@@ -89,7 +89,14 @@ def drain_mid_cycle(
             30,
             "the node to show as draining",
         )
-        assert drained.proc.wait(timeout=60) == 0, drained.log()
+        try:
+            code = drained.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            master_log = (tmp_path / "master.log").read_text()
+            raise AssertionError(
+                f"the drained agent did not exit\n{drained.log()}\n--- master\n{master_log}"
+            ) from None
+        assert code == 0, drained.log()
         assert master.wait(timeout=120) == 0, (tmp_path / "master.log").read_text()
     finally:
         if master.poll() is None:
