@@ -27,9 +27,10 @@ from jodl.admin.families import (
 )
 from jodl.exceptions import UnknownFamily
 
-from .api import _guard, body
+from .api import _guard, body_as
 from .app import services
 from .auth import admin_required
+from .schemas import FamilyChange, FamilyNodes
 
 api_bp = Blueprint("families_api", __name__, url_prefix="/api/admin/families")
 api_bp.before_request(_guard)
@@ -98,7 +99,7 @@ def api_show(name: str) -> Any:
 @api_bp.route("/<name>", methods=["PATCH"])
 @admin_required
 def api_update(name: str) -> Any:
-    changes = body()
+    changes = body_as(FamilyChange).model_dump(exclude_unset=True)
     return jsonify(_call(_admin().update, _name(name), changes).as_dict())
 
 
@@ -112,7 +113,7 @@ def api_nodes(name: str) -> Any:
 @api_bp.route("/<name>/nodes", methods=["POST"])
 @admin_required
 def api_nodes_set(name: str) -> Any:
-    nodes, allowed, max_slots, labels = _nodes_change(body())
+    nodes, allowed, max_slots, labels = _nodes_change(body_as(FamilyNodes).model_dump())
     info: FamilyInfo = _call(_admin().set_nodes, _name(name), nodes, allowed, max_slots, labels)
     return jsonify({"nodes": [r.as_dict() for r in info.nodes]})
 

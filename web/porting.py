@@ -20,10 +20,11 @@ from crawler_app import baselines, porting
 from crawler_app.pages import PageError
 from crawler_app.quota import QuotaExceeded
 
-from .api import _guard, body
+from .api import _guard, body_as
 from .app import Services, services
 from .auth import CurrentUser, current_user, login_required
 from .quota import QuotaRefused, refused
+from .schemas import TrackingsImport
 
 bp = Blueprint("porting", __name__)
 api_bp = Blueprint("porting_api", __name__, url_prefix="/api/trackings")
@@ -134,9 +135,9 @@ def import_upload() -> Any:
 @api_bp.route("/import", methods=["POST"])
 @login_required
 def api_import() -> Any:
-    data = body()
+    data = body_as(TrackingsImport)
     try:
-        return jsonify(import_text(services(), _user(), data.get("text"), data.get("format")))
+        return jsonify(import_text(services(), _user(), data.text, data.format))
     except ImportProblems as exc:
         problems = [p.as_dict() for p in exc.problems]
         answer = {"error": "bad_request", "message": exc.description, "problems": problems}
