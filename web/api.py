@@ -41,8 +41,8 @@ from .batch import SubmissionError
 from .openapi import document
 from .quota import refused, set_user_quota, usage
 from .schemas import (
-    BodyT,
     Credentials,
+    InputT,
     Jobs,
     NewChannel,
     NewNode,
@@ -51,6 +51,8 @@ from .schemas import (
     NoFields,
     QueuedJobs,
     QuotaChange,
+    ResultsQuery,
+    RunJobsQuery,
     Signup,
     TokenRequest,
     TrackingChange,
@@ -95,13 +97,18 @@ def body() -> dict[str, Any]:
     return data
 
 
-def body_as(model: type[BodyT], *, optional: bool = False) -> BodyT:
+def body_as(model: type[InputT], *, optional: bool = False) -> InputT:
     """The request's JSON object validated by ``model`` (web/schemas.py, which the
     OpenAPI document shows); 400 naming the first refused field. ``optional``: an
     empty body is an empty object."""
     if optional and not request.get_data(cache=True).strip():
         return validated(model, {})
     return validated(model, body())
+
+
+def query_as(model: type[InputT]) -> InputT:
+    """The query parameters validated by ``model`` (the document's parameters)."""
+    return validated(model, request.args.to_dict())
 
 
 def _encodable(value: Any) -> bool:
@@ -313,8 +320,8 @@ def family_jobs_add(name: str) -> Any:
 @login_required
 def family_results(name: str) -> Any:
     jobs.check_access(_me(), name)
-    args = request.args
-    return jsonify(jobs.family_results(services(), name, args.get("after"), args.get("limit")))
+    query = query_as(ResultsQuery)
+    return jsonify(jobs.family_results(services(), name, query.after, query.limit))
 
 
 @bp.route("/queue/<name>/jobs", methods=["POST"])
@@ -496,7 +503,8 @@ def admin_nodes_remove() -> Any:
 @bp.route("/admin/runs/<id:run_id>/jobs")
 @admin_required
 def admin_run_jobs(run_id: int) -> Any:
-    return jsonify(admin.run_jobs(services(), run_id, request.args))
+    query = query_as(RunJobsQuery).model_dump(exclude_none=True)
+    return jsonify(admin.run_jobs(services(), run_id, query))
 
 
 @bp.route("/admin/runs/<id:run_id>/cancel", methods=["POST"])

@@ -18,7 +18,6 @@ from werkzeug.exceptions import BadRequest, NotFound
 
 from jodl.admin.families import (
     JOB_STATES,
-    MAX_JOBS_LISTED,
     SETTABLE,
     BadSetting,
     FamilyAdmin,
@@ -27,10 +26,10 @@ from jodl.admin.families import (
 )
 from jodl.exceptions import UnknownFamily
 
-from .api import _guard, body_as
+from .api import _guard, body_as, query_as
 from .app import services
 from .auth import admin_required
-from .schemas import FamilyChange, FamilyNodes
+from .schemas import FamilyChange, FamilyJobsQuery, FamilyNodes
 
 api_bp = Blueprint("families_api", __name__, url_prefix="/api/admin/families")
 api_bp.before_request(_guard)
@@ -121,12 +120,9 @@ def api_nodes_set(name: str) -> Any:
 @api_bp.route("/<name>/jobs")
 @admin_required
 def api_jobs(name: str) -> Any:
-    state = request.args.get("state")
-    try:
-        limit = int(request.args.get("limit", "50"))
-    except ValueError:
-        raise BadRequest(f"limit: a whole number from 1 to {MAX_JOBS_LISTED}") from None
-    rows = _call(_admin().jobs, _name(name), state, limit)
+    query = query_as(FamilyJobsQuery)
+    limit = 50 if query.limit is None else query.limit
+    rows = _call(_admin().jobs, _name(name), query.state, limit)
     return jsonify({"jobs": [r.as_dict() for r in rows]})
 
 

@@ -20,11 +20,11 @@ from crawler_app import baselines, porting
 from crawler_app.pages import PageError
 from crawler_app.quota import QuotaExceeded
 
-from .api import _guard, body_as
+from .api import _guard, body_as, query_as
 from .app import Services, services
 from .auth import CurrentUser, current_user, login_required
 from .quota import QuotaRefused, refused
-from .schemas import TrackingsImport
+from .schemas import ExportQuery, TrackingsImport
 
 bp = Blueprint("porting", __name__)
 api_bp = Blueprint("porting_api", __name__, url_prefix="/api/trackings")
@@ -93,7 +93,7 @@ def _user() -> CurrentUser:
 @bp.route("/pages/export")
 @login_required
 def export_download() -> Any:
-    text, chosen = export_text(services(), _user(), request.args.get("format"))
+    text, chosen = export_text(services(), _user(), query_as(ExportQuery).format)
     mimetype, filename = DOWNLOADS[chosen]
     response = Response(text, mimetype=mimetype)
     response.headers["Content-Disposition"] = f'attachment; filename="{filename}"'
@@ -147,5 +147,5 @@ def api_import() -> Any:
 @api_bp.route("/export")
 @login_required
 def api_export() -> Any:
-    text, chosen = export_text(services(), _user(), request.args.get("format"))
+    text, chosen = export_text(services(), _user(), query_as(ExportQuery).format)
     return Response(text, mimetype=DOWNLOADS[chosen][0])

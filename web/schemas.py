@@ -26,12 +26,16 @@ from pydantic import (
     ValidationError,
     WithJsonSchema,
     create_model,
+    model_validator,
 )
 from werkzeug.exceptions import BadRequest
 
 from crawler_app.due import CRON_LENGTH
 from crawler_app.models import NAME_LENGTH
 from crawler_app.pages import MAX_TAGS, TAG_LENGTH
+from crawler_app.porting import FORMATS
+from jodl.admin.families import JOB_STATES, MAX_JOBS_LISTED
+from jodl.log import ExecState
 
 from .settings import WebSettings
 
@@ -45,23 +49,49 @@ MAX_JOBS = 10_000
 MAX_KEY = 500
 #: Latest a queued job may be due: a year from now, in seconds.
 MAX_DELAY = 366 * 86400
+#: The states a run's attempt is listed in (a sent one has no row until its outcome).
+LISTED_STATES = (
+    ExecState.DONE,
+    ExecState.FAILED,
+    ExecState.LOST,
+    ExecState.TAKEN_BACK,
+    ExecState.CANCELLED,
+)
 
 
-class Body(BaseModel):
-    """A request body: strict types, unknown fields refused.
+class Input(BaseModel):
+    """What a request gives: a body or query parameters.
 
     ``hints`` says, per field, what goes there: the refusal of a value of the wrong
     kind (or a missing one) names the field with its hint; a value out of bounds is
     refused with the bound it broke. ``unknown_field`` is what a field the body does
     not have is called."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
     hints: ClassVar[dict[str, str]] = {}
     unknown_field: ClassVar[str] = "not a field of this request"
 
 
-BodyT = TypeVar("BodyT", bound=Body)
+class Body(Input):
+    """A request body: strict types, unknown fields refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class Query(Input):
+    """Query parameters: text read as the field's type, an empty value taken as one
+    not given, parameters the model does not name ignored (a client's cache buster)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _given(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v != ""}
+        return data
+
+
+InputT = TypeVar("InputT", bound=Input)
 
 
 def _no_default(schema: dict[str, Any]) -> None:
@@ -268,7 +298,7 @@ class NewChannel(Body):
 
 class TrackingsImport(Body):
     text: str = _text(1_000_000, description="a urlwatch urls.yaml or a JODL export")
-    format: Literal["urlwatch", "json"] | None = Field(
+    format: Literal[FORMATS] | None = Field(  # type: ignore[valid-type]
         None, description="told from the text when not given"
     )
     hints = {"text": "the file's content (a urlwatch urls.yaml or a JODL export)"}
@@ -325,6 +355,40 @@ class NoFields(Body):
     """The body of an action that takes no input: none, or an empty object."""
 
 
+# -- query parameters ---------------------------------------------------------------------------
+
+
+class ResultsQuery(Query):
+    after: int = unchanged(description="a cursor: the `next` of the last answer (default 0)")
+    limit: int = unchanged(description="results at most (default 100)")
+
+
+class RunJobsQuery(Query):
+    state: Literal[LISTED_STATES] = unchanged()  # type: ignore[valid-type]
+    key: str = unchanged(max_length=200, description="text in the job's key")
+    after: int = unchanged(description="a cursor: the `next` of the last page")
+    limit: int = unchanged()
+
+
+class FamilyJobsQuery(Query):
+    state: Literal[JOB_STATES] = unchanged()  # type: ignore[valid-type]
+    limit: int = unchanged(ge=1, le=MAX_JOBS_LISTED, description="jobs at most (default 50)")
+
+
+class ExportQuery(Query):
+    format: Literal[FORMATS] = unchanged(description="default: json")  # type: ignore[valid-type]
+
+
+def query_parameters(model: type[Query]) -> list[dict[str, Any]]:
+    """``model``'s fields as an operation's query parameters."""
+    schema = json_schema(model)
+    required = set(schema.get("required", ()))
+    return [
+        {"name": name, "in": "query", "required": name in required, "schema": field}
+        for name, field in schema["properties"].items()
+    ]
+
+
 def models(settings: WebSettings) -> list[type[Body]]:
     """Every request body of the API under ``settings``."""
     return [
@@ -372,7 +436,7 @@ def components(bodies: Iterable[type[BaseModel]]) -> dict[str, dict[str, Any]]:
 # -- refusals -----------------------------------------------------------------------------------
 
 
-def validated(model: type[BodyT], data: Any) -> BodyT:
+def validated(model: type[InputT], data: Any) -> InputT:
     """``data`` as ``model``; :class:`BadRequest` naming the first refused field."""
     try:
         return model.model_validate(data)
@@ -396,6 +460,8 @@ _KINDS = {
     "bool_type": "true or false",
     "int_type": "a whole number",
     "int_from_float": "a whole number",
+    "int_parsing": "a whole number",
+    "float_parsing": "a number",
     "float_type": "a number",
     "finite_number": "a finite number",
     "string_type": "text",
@@ -406,7 +472,7 @@ _KINDS = {
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def refusal(model: type[Body], exc: ValidationError) -> str:
+def refusal(model: type[Input], exc: ValidationError) -> str:
     """One line for the first error of ``exc``: an unknown field first (with the fields
     the body has), else the field with its hint or the rule it broke."""
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
@@ -464,9 +530,9 @@ def _path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _model_at(model: type[Body], loc: tuple[Any, ...]) -> type[Body]:
+def _model_at(model: type[Input], loc: tuple[Any, ...]) -> type[Input]:
     """The (nested) model that holds the field at ``loc``."""
-    current: type[Body] = model
+    current: type[Input] = model
     for part in loc:
         if isinstance(part, int) or part not in current.model_fields:
             continue
@@ -477,8 +543,8 @@ def _model_at(model: type[Body], loc: tuple[Any, ...]) -> type[Body]:
     return current
 
 
-def _nested_model(annotation: Any) -> type[Body] | None:
-    if isinstance(annotation, type) and issubclass(annotation, Body):
+def _nested_model(annotation: Any) -> type[Input] | None:
+    if isinstance(annotation, type) and issubclass(annotation, Input):
         return annotation
     for arg in get_args(annotation):
         found = _nested_model(arg)
@@ -489,11 +555,13 @@ def _nested_model(annotation: Any) -> type[Body] | None:
 
 __all__ = [
     "Body",
+    "Query",
     "body_schema",
     "components",
     "json_schema",
     "models",
     "new_tracking_body",
+    "query_parameters",
     "refusal",
     "urls_body",
     "validated",
