@@ -70,6 +70,30 @@ def test_each_body_in_the_document_is_exactly_its_models_schema(app: Flask) -> N
     assert used == set(models)  # no model the document leaves out
 
 
+def test_query_parameters_in_the_document_are_their_models_fields(app: Flask) -> None:
+    doc = app.test_client().get("/api/openapi.json").get_json()
+    listed = {
+        (method, path): [p for p in operation.get("parameters", []) if p["in"] == "query"]
+        for path, operations in doc["paths"].items()
+        for method, operation in operations.items()
+    }
+    for (method, path), model in {
+        ("get", "/api/families/{name}/results"): schemas.ResultsQuery,
+        ("get", "/api/admin/runs/{run_id}/jobs"): schemas.RunJobsQuery,
+        ("get", "/api/admin/families/{name}/jobs"): schemas.FamilyJobsQuery,
+        ("get", "/api/trackings/export"): schemas.ExportQuery,
+    }.items():
+        assert listed[(method, path)] == schemas.query_parameters(model), (method, path)
+    client = app.test_client()
+    r = client.get("/api/admin/runs/1/jobs?state=running", headers=OPS)
+    assert r.status_code == 400 and r.get_json()["message"].startswith("state: one of 'done'")
+    r = client.get("/api/families/noop/results?after=soon", headers=OPS)
+    assert r.status_code == 400 and r.get_json()["message"] == "after: a whole number"
+    # An empty value is one not given; a parameter the model does not name is ignored.
+    r = client.get("/api/admin/families/noop/jobs?state=&limit=&_=1", headers=OPS)
+    assert r.status_code == 404  # no family noop in this database: the query was taken
+
+
 def test_the_document_follows_the_operators_limits(tmp_path: Path) -> None:
     app = make_app(tmp_path, web_batch_max=7, web_url_max=300)
     doc = app.test_client().get("/api/openapi.json").get_json()

@@ -18,7 +18,9 @@ from .schemas import (
     CRON_DESCRIPTION,
     EVERY_DESCRIPTION,
     Credentials,
+    ExportQuery,
     FamilyChange,
+    FamilyJobsQuery,
     FamilyNodes,
     Jobs,
     NewChannel,
@@ -28,6 +30,8 @@ from .schemas import (
     NoFields,
     QueuedJobs,
     QuotaChange,
+    ResultsQuery,
+    RunJobsQuery,
     Signup,
     TokenRequest,
     TrackingChange,
@@ -183,7 +187,6 @@ FAMILY_SCHEMAS = {
 
 def _porting_paths() -> dict[str, Any]:
     """Import and export of the user's trackings (``web/porting.py``)."""
-    fmt = {"type": "string", "enum": ["urlwatch", "json"]}
     report = {
         "type": "object",
         "required": ["added", "updated", "unchanged", "notes"],
@@ -226,7 +229,7 @@ def _porting_paths() -> dict[str, Any]:
                     **{k: v for k, v in _responses(200, "", None, 400, 401).items() if k != "200"},
                 },
                 auth=True,
-                params=[{"name": "format", "in": "query", "required": False, "schema": fmt}],
+                params=schemas.query_parameters(ExportQuery),
             )
         },
     }
@@ -292,16 +295,7 @@ def _family_paths() -> dict[str, Any]:
                     404,
                 ),
                 auth=True,
-                params=[
-                    FAMILY_NAME,
-                    {
-                        "name": "state",
-                        "in": "query",
-                        "required": False,
-                        "schema": {"type": "string"},
-                    },
-                    _query_int("limit"),
-                ],
+                params=[FAMILY_NAME, *schemas.query_parameters(FamilyJobsQuery)],
             )
         },
     }
@@ -401,7 +395,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "answer's `next` to read on",
                 _responses(200, "Results", obj, 400, 401, 403, 404),
                 auth=True,
-                params=[_path_str("name"), _query_int("after"), _query_int("limit")],
+                params=[_path_str("name"), *schemas.query_parameters(ResultsQuery)],
             )
         },
         "/api/queue/{name}/jobs": {
@@ -634,21 +628,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "by text in the key; `next` is the `after` of the following page",
                 _responses(200, "Jobs", obj, 400, 401, 403, 404),
                 auth=True,
-                params=[
-                    _path_int("run_id"),
-                    {
-                        "name": "state",
-                        "in": "query",
-                        "required": False,
-                        "schema": {
-                            "type": "string",
-                            "enum": ["done", "failed", "lost", "taken_back", "cancelled"],
-                        },
-                    },
-                    {"name": "key", "in": "query", "required": False, "schema": _text(200, 0)},
-                    _query_int("after"),
-                    _query_int("limit"),
-                ],
+                params=[_path_int("run_id"), *schemas.query_parameters(RunJobsQuery)],
             )
         },
         "/api/admin/runs/{run_id}/cancel": {
