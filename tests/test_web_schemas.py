@@ -14,7 +14,7 @@ import pytest
 from flask import Flask
 from test_web_api import OPS, make_app
 
-from web import schemas
+from web import refusals, schemas
 from web.settings import WebSettings
 
 #: Path parameters of the operations with a body: a family that exists, ids that do not
@@ -109,7 +109,7 @@ def test_the_document_follows_the_operators_limits(tmp_path: Path) -> None:
 
 def refused(model: type[schemas.Body], data: Any) -> str:
     with pytest.raises(Exception) as caught:
-        schemas.validated(model, data)
+        refusals.validated(model, data)
     return str(caught.value.description)  # type: ignore[attr-defined]
 
 
@@ -143,7 +143,7 @@ def test_a_refusal_is_one_line_naming_the_field() -> None:
 
 
 def test_a_body_keeps_what_it_was_given_and_only_that() -> None:
-    change = schemas.validated(schemas.TrackingChange, {"tags": [" Work "], "every": None})
+    change = refusals.validated(schemas.TrackingChange, {"tags": [" Work "], "every": None})
     assert change.model_dump(exclude_unset=True) == {"tags": ["work"], "every": None}
-    family = schemas.validated(schemas.FamilyChange, {"idempotent": None, "timeout": 5})
+    family = refusals.validated(schemas.FamilyChange, {"idempotent": None, "timeout": 5})
     assert family.model_dump(exclude_unset=True) == {"idempotent": None, "timeout": 5.0}

@@ -40,9 +40,9 @@ from .auth import (
 from .batch import SubmissionError
 from .openapi import document
 from .quota import refused, set_user_quota, usage
+from .refusals import InputT, validated
 from .schemas import (
     Credentials,
-    InputT,
     Jobs,
     NewChannel,
     NewNode,
@@ -58,7 +58,6 @@ from .schemas import (
     TrackingChange,
     new_tracking_body,
     urls_body,
-    validated,
 )
 from .security import CSRF_HEADER, csrf_token, csrf_valid
 
