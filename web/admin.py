@@ -20,6 +20,7 @@ from jodl.agent import split_address
 from jodl.log import ExecState, RequestKind, RunState
 
 from .auth import admin_required, current_user
+from .schemas import LISTED_STATES
 from .services import Services, services
 
 bp = Blueprint("admin", __name__, url_prefix="/admin")
@@ -30,14 +31,6 @@ FAILURES_LISTED = 100
 MAX_SLOTS = 10_000
 #: A run's attempts per page of its listing (the API may ask for up to 500).
 JOBS_PER_PAGE = 50
-#: The states an attempt is listed in (a sent one has no row until its outcome).
-LISTED_STATES = (
-    ExecState.DONE,
-    ExecState.FAILED,
-    ExecState.LOST,
-    ExecState.TAKEN_BACK,
-    ExecState.CANCELLED,
-)
 
 
 def _iso(value: Any) -> Any:

@@ -25,6 +25,7 @@ from .auth import (
     SIGNUP_SENT,
     TOKEN_SECONDS,
     admin_required,
+    check_credentials,
     current_user,
     end_session,
     fetch_reach,
@@ -35,10 +36,28 @@ from .auth import (
     start_session,
     submission_rules,
 )
-from .auth import check_credentials as _check_credentials
 from .batch import SubmissionError
 from .openapi import document
 from .quota import refused, set_user_quota, usage
+from .refusals import InputT, validated
+from .schemas import (
+    Credentials,
+    Jobs,
+    NewChannel,
+    NewNode,
+    NodeAddress,
+    NodeReload,
+    NoFields,
+    QueuedJobs,
+    QuotaChange,
+    ResultsQuery,
+    RunJobsQuery,
+    Signup,
+    TokenRequest,
+    TrackingChange,
+    new_tracking_body,
+    urls_body,
+)
 from .security import CSRF_HEADER, csrf_token, csrf_valid
 from .services import services
 
@@ -77,6 +96,20 @@ def body() -> dict[str, Any]:
     return data
 
 
+def body_as(model: type[InputT], *, optional: bool = False) -> InputT:
+    """The request's JSON object validated by ``model`` (web/schemas.py, which the
+    OpenAPI document shows); 400 naming the first refused field. ``optional``: an
+    empty body is an empty object."""
+    if optional and not request.get_data(cache=True).strip():
+        return validated(model, {})
+    return validated(model, body())
+
+
+def query_as(model: type[InputT]) -> InputT:
+    """The query parameters validated by ``model`` (the document's parameters)."""
+    return validated(model, request.args.to_dict())
+
+
 def _encodable(value: Any) -> bool:
     """True when every string (and key) inside ``value`` can be stored: UTF-8, no NUL
     (which PostgreSQL's text columns refuse)."""
@@ -98,11 +131,9 @@ def _encodable(value: Any) -> bool:
     return True
 
 
-def url_list(data: dict[str, Any]) -> list[str]:
-    urls = data.get("urls")
-    if not isinstance(urls, list):
-        raise BadRequest('urls: a list of URL strings, e.g. {"urls": ["https://example.org/"]}')
-    return urls
+def url_list() -> list[Any]:
+    """The body's URLs (each item is checked on its own: a bad one is refused alone)."""
+    return list(body_as(urls_body(services().settings)).model_dump()["urls"])
 
 
 def _user_json(user: Any) -> dict[str, Any] | None:
@@ -137,7 +168,7 @@ def batches_create() -> Any:
     svc = services()
     rules = submission_rules()
     limit("submit")
-    urls = url_list(body())
+    urls = url_list()
     user = current_user()
     try:
         submitted = svc.batches.submit(
@@ -214,7 +245,7 @@ def reset() -> Any:
     svc = services()
     user = current_user()
     try:
-        outcome = svc.batches.reset(url_list(body()), user.id if user else None, fetch_reach())
+        outcome = svc.batches.reset(url_list(), user.id if user else None, fetch_reach())
     except SubmissionError as exc:
         raise BadRequest(str(exc)) from None
     svc.metrics.inc("jodl_web_cache_resets_total", len(outcome["forgotten"]))
@@ -230,12 +261,9 @@ def signup() -> Any:
     if not svc.settings.web_signup:
         raise Forbidden("sign-up is closed; ask an operator for an account")
     limit("signup")
-    data = body()
-    email, password = data.get("email"), data.get("password")
-    if not isinstance(email, str) or not isinstance(password, str):
-        raise BadRequest("email and password: strings")
+    data = body_as(Signup)
     try:
-        sign_up(email, password)
+        sign_up(data.email, data.password)
     except PageError as exc:
         raise BadRequest(str(exc)) from None
     # The same answer whether the address had an account: nothing to enumerate.
@@ -249,11 +277,8 @@ def session_get() -> Any:
 
 @bp.route("/session", methods=["POST"])
 def session_create() -> Any:
-    data = body()
-    email, password = data.get("email"), data.get("password")
-    if not isinstance(email, str) or not isinstance(password, str):
-        raise BadRequest("email and password: strings")
-    user = _check_credentials(email, password)
+    data = body_as(Credentials)
+    user = check_credentials(data.email, data.password)
     if user is None:
         return jsonify({"error": "unauthorized", "message": "wrong e-mail or password"}), 401
     start_session(user)
@@ -273,8 +298,7 @@ def tokens_create() -> Any:
     """A bearer token: API requests without a password hash each (revoked by logout);
     with ``{"families": [...]}``, for those families' jobs and results only."""
     user = _me()
-    data = body() if request.content_length else {}
-    families = jobs.token_families(data, user)
+    families = jobs.token_families(body_as(TokenRequest, optional=True).families, user)
     out: dict[str, Any] = {"token": issue_token(user, families), "expires_in": TOKEN_SECONDS}
     if families is not None:
         out["families"] = list(families)
@@ -288,22 +312,22 @@ def tokens_create() -> Any:
 @login_required
 def family_jobs_add(name: str) -> Any:
     jobs.check_access(_me(), name)
-    return jsonify(jobs.add_to_family(services(), name, body())), 201
+    return jsonify(jobs.add_to_family(services(), name, body_as(Jobs))), 201
 
 
 @bp.route("/families/<name>/results")
 @login_required
 def family_results(name: str) -> Any:
     jobs.check_access(_me(), name)
-    args = request.args
-    return jsonify(jobs.family_results(services(), name, args.get("after"), args.get("limit")))
+    query = query_as(ResultsQuery)
+    return jsonify(jobs.family_results(services(), name, query.after, query.limit))
 
 
 @bp.route("/queue/<name>/jobs", methods=["POST"])
 @login_required
 def queue_jobs_add(name: str) -> Any:
     jobs.check_access(_me(), name)
-    return jsonify(jobs.add_to_queue(services(), name, body())), 201
+    return jsonify(jobs.add_to_queue(services(), name, body_as(QueuedJobs))), 201
 
 
 @bp.route("/queue/<name>/jobs/<path:key>")
@@ -331,32 +355,20 @@ def pages_list() -> Any:
 @bp.route("/pages", methods=["POST"])
 @login_required
 def pages_add() -> Any:
-    data = body()
-    _tags_are_a_list(data)
+    svc = services()
+    data = body_as(new_tracking_body(svc.settings)).model_dump(exclude_unset=True)
     added = tracking.add_page(
-        services(), _me(), data.get("url"), data, data.get("browser", False), json_body=True
+        svc, _me(), data["url"], data, data.get("browser", False), json_body=True
     )
     return jsonify(added), 201
-
-
-def _tags_are_a_list(data: dict[str, Any]) -> None:
-    """In JSON, tags come as a list (the form's text, split by spaces, is the web page's)."""
-    if data.get("tags") is not None and not isinstance(data["tags"], list):
-        raise BadRequest("tags: a list of words")
 
 
 @bp.route("/pages/<id:page_id>", methods=["PATCH"])
 @login_required
 def pages_update(page_id: int) -> Any:
-    data = body()
-    unknown = sorted(set(data) - {"paused", "tags", "every", "cron", "name"})
-    if unknown:
-        raise BadRequest(
-            f"{unknown[0]}: cannot be changed here (only paused, tags, every, cron and name)"
-        )
+    data = body_as(TrackingChange).model_dump(exclude_unset=True)
     if not data:
         raise BadRequest("paused: true or false (or tags: a list, every, cron, name)")
-    _tags_are_a_list(data)
     which = request.args.get("tracking")
     done: dict[str, Any] = {"id": page_id}
     if "tags" in data:  # checked first: a refused body changes nothing
@@ -409,7 +421,7 @@ def channels_list() -> Any:
 @bp.route("/channels", methods=["POST"])
 @login_required
 def channels_add() -> Any:
-    return jsonify(channels.add_channel(services(), _me(), body().get("url"))), 201
+    return jsonify(channels.add_channel(services(), _me(), body_as(NewChannel).url)), 201
 
 
 @bp.route("/channels/<id:channel_id>", methods=["DELETE"])
@@ -422,6 +434,7 @@ def channels_remove(channel_id: int) -> Any:
 @bp.route("/channels/<id:channel_id>/test", methods=["POST"])
 @login_required
 def channels_test(channel_id: int) -> Any:
+    body_as(NoFields, optional=True)
     return jsonify(channels.test_channel(services(), _me(), channel_id))
 
 
@@ -440,6 +453,7 @@ def feed_get() -> Any:
 @bp.route("/feed/rotate", methods=["POST"])
 @login_required
 def feed_rotate() -> Any:
+    body_as(NoFields, optional=True)
     return jsonify(channels.feed_urls(services(), _me(), rotate=True))
 
 
@@ -455,7 +469,7 @@ def quota_get() -> Any:
 @bp.route("/admin/quota", methods=["POST"])
 @admin_required
 def admin_quota() -> Any:
-    return jsonify(set_user_quota(services().batches.sessions, body()))
+    return jsonify(set_user_quota(services().batches.sessions, body_as(QuotaChange)))
 
 
 @bp.route("/admin/status")
@@ -474,49 +488,42 @@ def admin_scrape_targets() -> Any:
 @bp.route("/admin/nodes", methods=["POST"])
 @admin_required
 def admin_nodes_add() -> Any:
-    data = body()
-    address, slots = data.get("address"), data.get("slots", 1)
-    if not isinstance(address, str) or not isinstance(slots, int) or isinstance(slots, bool):
-        raise BadRequest("address: HOST:PORT text; slots: a whole number")
-    return jsonify({"message": admin.add_node(services(), address.strip(), slots)}), 201
+    data = body_as(NewNode)
+    return jsonify({"message": admin.add_node(services(), data.address.strip(), data.slots)}), 201
 
 
 @bp.route("/admin/nodes/remove", methods=["POST"])
 @admin_required
 def admin_nodes_remove() -> Any:
-    address = body().get("address")
-    if not isinstance(address, str):
-        raise BadRequest("address: HOST:PORT text")
+    address = body_as(NodeAddress).address
     return jsonify({"message": admin.remove_node(services(), address.strip())})
 
 
 @bp.route("/admin/runs/<id:run_id>/jobs")
 @admin_required
 def admin_run_jobs(run_id: int) -> Any:
-    return jsonify(admin.run_jobs(services(), run_id, request.args))
+    query = query_as(RunJobsQuery).model_dump(exclude_none=True)
+    return jsonify(admin.run_jobs(services(), run_id, query))
 
 
 @bp.route("/admin/runs/<id:run_id>/cancel", methods=["POST"])
 @admin_required
 def admin_run_cancel(run_id: int) -> Any:
+    body_as(NoFields, optional=True)
     return jsonify(admin.cancel_run(services(), run_id)), 202
 
 
 @bp.route("/admin/nodes/drain", methods=["POST"])
 @admin_required
 def admin_nodes_drain() -> Any:
-    address = body().get("address")
-    if not isinstance(address, str):
-        raise BadRequest("address: HOST:PORT text")
+    address = body_as(NodeAddress).address
     return jsonify({"message": admin.drain_node(services(), address.strip())})
 
 
 @bp.route("/admin/nodes/reload", methods=["POST"])
 @admin_required
 def admin_nodes_reload() -> Any:
-    address = body().get("address")
-    if address is not None and not isinstance(address, str):
-        raise BadRequest("address: HOST:PORT text, or none for every node")
+    address = body_as(NodeReload, optional=True).address
     message = admin.reload_nodes(services(), address.strip() if address is not None else None)
     return jsonify({"message": message}), 202
 
@@ -524,4 +531,5 @@ def admin_nodes_reload() -> Any:
 @bp.route("/admin/cycles", methods=["POST"])
 @admin_required
 def admin_cycle() -> Any:
+    body_as(NoFields, optional=True)
     return jsonify(admin.start_cycle(services())), 202

@@ -18,7 +18,6 @@ from werkzeug.exceptions import BadRequest, NotFound
 
 from jodl.admin.families import (
     JOB_STATES,
-    MAX_JOBS_LISTED,
     SETTABLE,
     BadSetting,
     FamilyAdmin,
@@ -27,8 +26,9 @@ from jodl.admin.families import (
 )
 from jodl.exceptions import UnknownFamily
 
-from .api import body
+from .api import body_as, query_as
 from .auth import admin_required
+from .schemas import FamilyChange, FamilyJobsQuery, FamilyNodes
 from .services import services
 
 #: Nested under the API's blueprint (web.app): ``/api/admin/families``, behind its guard.
@@ -98,7 +98,7 @@ def api_show(name: str) -> Any:
 @api_bp.route("/<name>", methods=["PATCH"])
 @admin_required
 def api_update(name: str) -> Any:
-    changes = body()
+    changes = body_as(FamilyChange).model_dump(exclude_unset=True)
     return jsonify(_call(_admin().update, _name(name), changes).as_dict())
 
 
@@ -112,7 +112,7 @@ def api_nodes(name: str) -> Any:
 @api_bp.route("/<name>/nodes", methods=["POST"])
 @admin_required
 def api_nodes_set(name: str) -> Any:
-    nodes, allowed, max_slots, labels = _nodes_change(body())
+    nodes, allowed, max_slots, labels = _nodes_change(body_as(FamilyNodes).model_dump())
     info: FamilyInfo = _call(_admin().set_nodes, _name(name), nodes, allowed, max_slots, labels)
     return jsonify({"nodes": [r.as_dict() for r in info.nodes]})
 
@@ -120,12 +120,9 @@ def api_nodes_set(name: str) -> Any:
 @api_bp.route("/<name>/jobs")
 @admin_required
 def api_jobs(name: str) -> Any:
-    state = request.args.get("state")
-    try:
-        limit = int(request.args.get("limit", "50"))
-    except ValueError:
-        raise BadRequest(f"limit: a whole number from 1 to {MAX_JOBS_LISTED}") from None
-    rows = _call(_admin().jobs, _name(name), state, limit)
+    query = query_as(FamilyJobsQuery)
+    limit = 50 if query.limit is None else query.limit
+    rows = _call(_admin().jobs, _name(name), query.state, limit)
     return jsonify({"jobs": [r.as_dict() for r in rows]})
 
 

@@ -19,16 +19,11 @@ from jodl import add_jobs
 from jodl.exceptions import JodlError
 
 from .auth import CurrentUser
+from .schemas import Jobs, QueuedJobs
 from .services import Services
 
-#: Jobs one request may add at most (a larger set: several requests).
-MAX_JOBS = 10_000
 #: Results one read returns at most.
 MAX_RESULTS = 500
-#: Longest job key accepted.
-MAX_KEY = 500
-#: Latest a queued job may be due: a year from now, in seconds.
-MAX_DELAY = 366 * 86400
 
 
 def check_access(user: CurrentUser, family: str) -> None:
@@ -40,46 +35,24 @@ def check_access(user: CurrentUser, family: str) -> None:
         raise Forbidden(f"this token is not for the family {family!r}")
 
 
-def token_families(data: dict[str, Any], user: CurrentUser) -> tuple[str, ...] | None:
-    """The families a token asked for in ``data`` names (None: the whole account)."""
-    families = data.get("families")
+def token_families(families: list[str] | None, user: CurrentUser) -> tuple[str, ...] | None:
+    """The families a token asked for (None: the whole account), as the body
+    (:class:`web.schemas.TokenRequest`) named them."""
     if families is None:
         return None
     if not user.is_admin:
         raise Forbidden("only operators issue tokens for families' jobs")
     if user.families is not None:
         raise Forbidden("a token scoped to families cannot issue tokens")
-    if (
-        not isinstance(families, list)
-        or not families
-        or not all(isinstance(f, str) and 0 < len(f) <= 200 for f in families)
-    ):
-        raise BadRequest("families: a non-empty list of family names")
     return tuple(dict.fromkeys(families))
 
 
-def _rows(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """``{"jobs": [{"key": …, "payload": {…}}, …]}`` as (key, payload) pairs; 400 naming
-    the first bad row's index."""
-    jobs = data.get("jobs")
-    if not isinstance(jobs, list) or not jobs:
-        raise BadRequest('jobs: a non-empty list of {"key": …, "payload": {…}}')
-    if len(jobs) > MAX_JOBS:
-        raise BadRequest(f"jobs: at most {MAX_JOBS} per request")
-    out = []
-    for n, job in enumerate(jobs):
-        if not isinstance(job, dict) or set(job) - {"key", "payload"}:
-            raise BadRequest(f'jobs[{n}]: an object with "key" and "payload" only')
-        key, payload = job.get("key"), job.get("payload", {})
-        if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY:
-            raise BadRequest(f"jobs[{n}].key: text of 1 to {MAX_KEY} characters")
-        if not isinstance(payload, dict):
-            raise BadRequest(f"jobs[{n}].payload: a JSON object")
-        out.append((key, payload))
-    return out
+def _rows(data: Jobs) -> list[tuple[str, dict[str, Any]]]:
+    """The body's jobs as (key, payload) pairs (web/schemas.py checked each row)."""
+    return [(job.key, job.payload) for job in data.jobs]
 
 
-def add_to_family(svc: Services, family: str, data: dict[str, Any]) -> dict[str, Any]:
+def add_to_family(svc: Services, family: str, data: Jobs) -> dict[str, Any]:
     """Add the body's jobs to ``family`` (all or none); how many were new."""
     rows = _rows(data)
     try:
@@ -112,15 +85,11 @@ def family_results(svc: Services, family: str, after: Any, limit: Any) -> dict[s
     }
 
 
-def add_to_queue(svc: Services, family: str, data: dict[str, Any]) -> dict[str, Any]:
+def add_to_queue(svc: Services, family: str, data: QueuedJobs) -> dict[str, Any]:
     """Queue the body's jobs on demand (a key queued again is updated in place)."""
     rows = _rows(data)
-    delay = data.get("delay", 0)
-    number = isinstance(delay, int | float) and not isinstance(delay, bool)
-    if not number or not 0 <= delay <= MAX_DELAY:
-        raise BadRequest("delay: seconds from now, 0 to a year")
     try:
-        ids = svc.queue.enqueue_many(family, rows, delay=float(delay))
+        ids = svc.queue.enqueue_many(family, rows, delay=data.delay)
     except JodlError as exc:
         raise BadRequest(str(exc)) from None
     return {"family": family, "queued": len(ids)}

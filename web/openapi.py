@@ -11,6 +11,34 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, TypeAdapter
+
+from . import schemas
+from .schemas import (
+    CRON_DESCRIPTION,
+    EVERY_DESCRIPTION,
+    Credentials,
+    ExportQuery,
+    FamilyChange,
+    FamilyJobsQuery,
+    FamilyNodes,
+    Jobs,
+    NewChannel,
+    NewNode,
+    NodeAddress,
+    NodeReload,
+    NoFields,
+    QueuedJobs,
+    QuotaChange,
+    ResultsQuery,
+    RunJobsQuery,
+    Signup,
+    TokenRequest,
+    TrackingChange,
+    TrackingsImport,
+    new_tracking_body,
+    urls_body,
+)
 from .settings import WebSettings
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -25,26 +53,10 @@ ANY = (401, 429)
 #: ... and a request with a JSON body: malformed, not JSON, no CSRF header (session).
 WITH_BODY = (400, 401, 403, 415, 429)
 
-#: A tracking's tags, as the API takes and shows them.
-_TAGS = {
-    "type": "array",
-    "items": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,40}$"},
-    "maxItems": 10,
-    "description": "labels of this tracking (lower-cased); searched by ?q=",
-}
-_EVERY = {
-    "type": ["integer", "null"],
-    "description": "check the page every this many seconds (900: 15 minutes), within the "
-    "operator's JODL_CHECK_EVERY_MIN/_MAX; null with cron null: the operator's default "
-    "schedule. The page is checked at the shortest schedule among its active trackings, "
-    "once per due time",
-}
-_CRON = {
-    "type": ["string", "null"],
-    "maxLength": 100,
-    "description": "or check it on this cron expression (MIN HOUR DAY MONTH WEEKDAY, the "
-    "server's local time), firing no more often than the minimum interval",
-}
+#: A tracking's tags, schedule and name, as the API takes (web/schemas.py) and shows them.
+_TAGS = TypeAdapter(schemas.Tags).json_schema()
+_EVERY = {"type": ["integer", "null"], "description": EVERY_DESCRIPTION}
+_CRON = {"type": ["string", "null"], "description": CRON_DESCRIPTION}
 
 REASONS = {
     400: "Malformed or refused input",
@@ -72,14 +84,14 @@ def _responses(
 def _op(
     summary: str,
     responses: dict[str, Any],
-    body: dict[str, Any] | None = None,
+    body: type[BaseModel] | None = None,
     *,
     auth: bool = False,
     params: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     op: dict[str, Any] = {"summary": summary, "responses": responses}
-    if body is not None:
-        op["requestBody"] = {"required": True, **_json(body)}
+    if body is not None:  # the schema of the model the handler validates with
+        op["requestBody"] = {"required": True, **_json(schemas.body_schema(body))}
     if auth:
         op["security"] = [{"session": [], "csrf": []}, {"bearer": []}, {"basic": []}]
     if params:
@@ -124,25 +136,6 @@ def _stream(*events: str) -> dict[str, Any]:
 def _query_int(name: str) -> dict[str, Any]:
     return {"name": name, "in": "query", "required": False, "schema": {"type": "integer"}}
 
-
-#: The body of jobs added over HTTP (web/jobs.py).
-JOBS_BODY: dict[str, Any] = {
-    "type": "object",
-    "required": ["jobs"],
-    "properties": {
-        "jobs": {
-            "type": "array",
-            "minItems": 1,
-            "maxItems": 10_000,
-            "items": {
-                "type": "object",
-                "required": ["key"],
-                "additionalProperties": False,
-                "properties": {"key": _text(500), "payload": {"type": "object"}},
-            },
-        }
-    },
-}
 
 BATCH_ID = {"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}
 
@@ -194,7 +187,6 @@ FAMILY_SCHEMAS = {
 
 def _porting_paths() -> dict[str, Any]:
     """Import and export of the user's trackings (``web/porting.py``)."""
-    fmt = {"type": "string", "enum": ["urlwatch", "json"]}
     report = {
         "type": "object",
         "required": ["added", "updated", "unchanged", "notes"],
@@ -223,11 +215,7 @@ def _porting_paths() -> dict[str, Any]:
                 "or position, message); over your trackings quota, 403; a page you track "
                 "through the same filters is updated, not added again",
                 _responses(200, "What the import did", report, *WITH_BODY),
-                {
-                    "type": "object",
-                    "required": ["text"],
-                    "properties": {"text": _text(1_000_000), "format": fmt},
-                },
+                TrackingsImport,
                 auth=True,
             )
         },
@@ -241,7 +229,7 @@ def _porting_paths() -> dict[str, Any]:
                     **{k: v for k, v in _responses(200, "", None, 400, 401).items() if k != "200"},
                 },
                 auth=True,
-                params=[{"name": "format", "in": "query", "required": False, "schema": fmt}],
+                params=schemas.query_parameters(ExportQuery),
             )
         },
     }
@@ -274,23 +262,7 @@ def _family_paths() -> dict[str, Any]:
             "patch": _op(
                 "Change a family's settings: all given ones at once, or none (operators)",
                 _responses(200, "The family as changed", _FAMILY, 404, *WITH_BODY),
-                {
-                    "type": "object",
-                    "properties": {
-                        "timeout": {"type": ["number", "null"], "exclusiveMinimum": 0},
-                        "max_attempts": {"type": ["integer", "null"], "minimum": 1},
-                        "idempotent": {"type": "boolean"},
-                        "strategy": _text(100),
-                        "strategy_params": {"type": "object"},
-                        "schedule": {
-                            "type": ["string", "null"],
-                            "description": "cron: [SEC] MIN HOUR DAY MONTH WEEKDAY, or off",
-                        },
-                        "every_n_cycles": {"type": "integer", "minimum": 1},
-                        "min_interval": _NUMBER_OR_NULL,
-                        "priority": {"type": "integer"},
-                    },
-                },
+                FamilyChange,
                 auth=True,
                 params=name,
             ),
@@ -305,16 +277,7 @@ def _family_paths() -> dict[str, Any]:
             "post": _op(
                 "Allow (with a cap and labels) or deny a family on nodes (operators)",
                 _responses(200, "Node rules", _NODE_RULES, 404, *WITH_BODY),
-                {
-                    "type": "object",
-                    "required": ["nodes"],
-                    "properties": {
-                        "nodes": {"type": "array", "items": _text(300), "minItems": 1},
-                        "allowed": {"type": "boolean"},
-                        "max_slots": {"type": ["integer", "null"], "minimum": 1},
-                        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                    },
-                },
+                FamilyNodes,
                 auth=True,
                 params=name,
             ),
@@ -332,16 +295,7 @@ def _family_paths() -> dict[str, Any]:
                     404,
                 ),
                 auth=True,
-                params=[
-                    FAMILY_NAME,
-                    {
-                        "name": "state",
-                        "in": "query",
-                        "required": False,
-                        "schema": {"type": "string"},
-                    },
-                    _query_int("limit"),
-                ],
+                params=[FAMILY_NAME, *schemas.query_parameters(FamilyJobsQuery)],
             )
         },
     }
@@ -349,36 +303,7 @@ def _family_paths() -> dict[str, Any]:
 
 def document(settings: WebSettings) -> dict[str, Any]:
     """The API's description, with this server's limits filled in."""
-    urls = {
-        "type": "object",
-        "required": ["urls"],
-        "properties": {
-            "urls": {
-                "type": "array",
-                "items": {
-                    "type": "string",
-                    "description": "A URL. One that is empty, malformed, not http(s) or "
-                    f"longer than {settings.web_url_max} characters is refused on its own "
-                    "(an item with an error); the rest of the batch goes ahead",
-                },
-                "minItems": 1,
-                "maxItems": settings.web_batch_max,
-                "description": "At most "
-                f"{min(settings.web_batch_max, settings.web_anonymous_batch_max)} "
-                "for visitors who are not logged in",
-            }
-        },
-    }
-    credentials = {
-        "type": "object",
-        "required": ["email", "password"],
-        "properties": {"email": _text(320), "password": _text(200)},
-    }
-    signup = {
-        "type": "object",
-        "required": ["email", "password"],
-        "properties": {"email": _text(320), "password": _text(200, 8)},
-    }
+    urls = urls_body(settings)
     obj = {"type": "object"}
     paths: dict[str, Any] = {
         "/api/": {"get": _op("Links to the API's parts", _responses(200, "Links", obj))},
@@ -428,7 +353,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "Sign up: the account's address gets a confirmation link. The answer is the "
                 "same whether the address had an account",
                 _responses(202, "Check your mailbox", obj, *WITH_BODY),
-                signup,
+                Signup,
             )
         },
         "/api/tokens": {
@@ -450,12 +375,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                     },
                     *WITH_BODY,
                 ),
-                {
-                    "type": "object",
-                    "properties": {
-                        "families": {"type": "array", "minItems": 1, "items": _text(200)}
-                    },
-                },
+                TokenRequest,
                 auth=True,
             )
         },
@@ -464,7 +384,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "Add jobs to a family, run by its next cycle: all or none; keys it has are "
                 "kept (operators, or a token scoped to the family)",
                 _responses(201, "Added", obj, *WITH_BODY),
-                JOBS_BODY,
+                Jobs,
                 auth=True,
                 params=[_path_str("name")],
             )
@@ -475,7 +395,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "answer's `next` to read on",
                 _responses(200, "Results", obj, 400, 401, 403, 404),
                 auth=True,
-                params=[_path_str("name"), _query_int("after"), _query_int("limit")],
+                params=[_path_str("name"), *schemas.query_parameters(ResultsQuery)],
             )
         },
         "/api/queue/{name}/jobs": {
@@ -483,13 +403,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "Queue jobs of a family on demand (a key queued again is updated in place); "
                 "`delay`: seconds before they are due",
                 _responses(201, "Queued", obj, *WITH_BODY),
-                {
-                    **JOBS_BODY,
-                    "properties": {
-                        **JOBS_BODY["properties"],
-                        "delay": {"type": "number", "minimum": 0, "maximum": 86400 * 366},
-                    },
-                },
+                QueuedJobs,
                 auth=True,
                 params=[_path_str("name")],
             )
@@ -509,7 +423,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
             "post": _op(
                 "Log in (sets the session cookie)",
                 _responses(200, "User and CSRF token", obj, *WITH_BODY),
-                credentials,
+                Credentials,
             ),
             "delete": _op(
                 "Log out: every session and token of the user ends",
@@ -543,50 +457,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "a tracking (rendered in a browser first with browser: true, for pages "
                 "built by JavaScript). A bad expression is refused with 400 naming it",
                 _responses(201, "Tracked", obj, *WITH_BODY),
-                {
-                    "type": "object",
-                    "required": ["url"],
-                    "properties": {
-                        "url": _text(settings.web_url_max),
-                        "selector": {
-                            "type": ["string", "null"],
-                            "description": "CSS selector; XPath when it starts with / or ( "
-                            "or xpath:, JSONPath when it starts with $ or jsonpath:",
-                        },
-                        "xpath": {"type": ["string", "null"]},
-                        "jsonpath": {"type": ["string", "null"]},
-                        "include": {
-                            "type": "array",
-                            "items": {"type": "string"},
-                            "description": "regular expressions: keep only lines matching one",
-                        },
-                        "exclude": {
-                            "type": "array",
-                            "items": {"type": "string"},
-                            "description": "regular expressions: drop lines matching one",
-                        },
-                        "ignore": {
-                            "type": "array",
-                            "items": {"type": "string"},
-                            "description": "texts: drop lines containing one, any case "
-                            "(re:REGEX for a regular expression)",
-                        },
-                        "trigger": {
-                            "type": ["string", "null"],
-                            "description": "alert only when the filtered text contains this "
-                            "(any case; re:REGEX: matches it)",
-                        },
-                        "browser": {"type": "boolean"},
-                        "paused": {
-                            "type": "boolean",
-                            "description": "start paused: no checks, no digests until resumed",
-                        },
-                        "tags": _TAGS,
-                        "every": _EVERY,
-                        "cron": _CRON,
-                    },
-                    "additionalProperties": False,
-                },
+                new_tracking_body(settings),
                 auth=True,
             ),
         },
@@ -606,17 +477,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "paused tracking keeps its history and gets no digest and its schedule "
                 "does not count; a page whose trackings are all paused is not fetched",
                 _responses(200, "Changed", obj, *WITH_BODY, 404),
-                {
-                    "type": "object",
-                    "properties": {
-                        "paused": {"type": "boolean"},
-                        "tags": _TAGS,
-                        "every": _EVERY,
-                        "cron": _CRON,
-                        "name": {"type": ["string", "null"], "maxLength": 200},
-                    },
-                    "additionalProperties": False,
-                },
+                TrackingChange,
                 auth=True,
                 params=[_path_int("page_id"), _query_int("tracking")],
             ),
@@ -650,7 +511,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "Add a notification channel: an Apprise URL (mailto://, ntfy://, slack://, "
                 "json://, ...); a private address is refused unless JODL_CHANNEL_ALLOW allows it",
                 _responses(201, "Added (its URL masked)", obj, *WITH_BODY),
-                {"type": "object", "required": ["url"], "properties": {"url": _text(2048)}},
+                NewChannel,
                 auth=True,
             ),
         },
@@ -666,7 +527,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
             "post": _op(
                 "Send a test message to a channel now (ok false and the reason if it failed)",
                 _responses(200, "What happened", obj, *WITH_BODY, 404),
-                {"type": "object"},
+                NoFields,
                 auth=True,
                 params=[_path_int("channel_id")],
             ),
@@ -690,7 +551,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
             "post": _op(
                 "Give your feed a new secret URL; the old one answers 404 from now on",
                 _responses(200, "The feed's new URL", obj, *WITH_BODY),
-                {"type": "object"},
+                NoFields,
                 auth=True,
             ),
         },
@@ -712,18 +573,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                     404,
                     *WITH_BODY,
                 ),
-                {
-                    "type": "object",
-                    "required": ["email"],
-                    "additionalProperties": False,
-                    "properties": {
-                        "email": _text(320),
-                        **{
-                            name: {"type": ["integer", "null"], "minimum": 0, "maximum": 2**31 - 1}
-                            for name in ("trackings", "urls_per_day", "batch")
-                        },
-                    },
-                },
+                QuotaChange,
                 auth=True,
             )
         },
@@ -759,14 +609,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
             "post": _op(
                 "Add (or bring back) an agent node",
                 _responses(201, "Added", obj, *WITH_BODY),
-                {
-                    "type": "object",
-                    "required": ["address"],
-                    "properties": {
-                        "address": {**_text(300), "description": "HOST:PORT"},
-                        "slots": {"type": "integer", "minimum": 1},
-                    },
-                },
+                NewNode,
                 auth=True,
             )
         },
@@ -774,11 +617,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
             "post": _op(
                 "Remove an agent node",
                 _responses(200, "Removed", obj, 404, *WITH_BODY),
-                {
-                    "type": "object",
-                    "required": ["address"],
-                    "properties": {"address": _text(300)},
-                },
+                NodeAddress,
                 auth=True,
             )
         },
@@ -789,28 +628,14 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "by text in the key; `next` is the `after` of the following page",
                 _responses(200, "Jobs", obj, 400, 401, 403, 404),
                 auth=True,
-                params=[
-                    _path_int("run_id"),
-                    {
-                        "name": "state",
-                        "in": "query",
-                        "required": False,
-                        "schema": {
-                            "type": "string",
-                            "enum": ["done", "failed", "lost", "taken_back", "cancelled"],
-                        },
-                    },
-                    {"name": "key", "in": "query", "required": False, "schema": _text(200, 0)},
-                    _query_int("after"),
-                    _query_int("limit"),
-                ],
+                params=[_path_int("run_id"), *schemas.query_parameters(RunJobsQuery)],
             )
         },
         "/api/admin/runs/{run_id}/cancel": {
             "post": _op(
                 "Cancel a running run (asked of the running master, or recorded at once)",
                 _responses(202, "Cancelled or asked", obj, *WITH_BODY, 404, 409),
-                {"type": "object"},
+                NoFields,
                 auth=True,
                 params=[_path_int("run_id")],
             )
@@ -820,11 +645,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "Drain an agent node: nothing new goes there; its agent finishes what it "
                 "has, hands the results over, exits, and the node is removed",
                 _responses(200, "Draining", obj, 404, *WITH_BODY),
-                {
-                    "type": "object",
-                    "required": ["address"],
-                    "properties": {"address": _text(300)},
-                },
+                NodeAddress,
                 auth=True,
             )
         },
@@ -834,7 +655,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "node's without an address); the running master relays it; held results "
                 "are kept",
                 _responses(202, "Asked", obj, 404, *WITH_BODY),
-                {"type": "object", "properties": {"address": _text(300)}},
+                NodeReload,
                 auth=True,
             )
         },
@@ -844,7 +665,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "the pages due by their trackings' schedules ('Check now' on a page in the "
                 "web UI fetches that page at once)",
                 _responses(202, "Requested", obj, *WITH_BODY),
-                {"type": "object"},
+                NoFields,
                 auth=True,
             )
         },
@@ -888,6 +709,7 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 "basic": {"type": "http", "scheme": "basic"},
             },
             "schemas": {
+                **schemas.components(schemas.models(settings)),
                 **FAMILY_SCHEMAS,
                 "Error": {
                     "type": "object",

@@ -20,9 +20,10 @@ from crawler_app import baselines, porting
 from crawler_app.pages import PageError
 from crawler_app.quota import QuotaExceeded
 
-from .api import body
+from .api import body_as, query_as
 from .auth import CurrentUser, current_user, login_required
 from .quota import QuotaRefused, refused
+from .schemas import ExportQuery, TrackingsImport
 from .services import Services, services
 
 bp = Blueprint("porting", __name__)
@@ -92,7 +93,7 @@ def _user() -> CurrentUser:
 @bp.route("/pages/export")
 @login_required
 def export_download() -> Any:
-    text, chosen = export_text(services(), _user(), request.args.get("format"))
+    text, chosen = export_text(services(), _user(), query_as(ExportQuery).format)
     mimetype, filename = DOWNLOADS[chosen]
     response = Response(text, mimetype=mimetype)
     response.headers["Content-Disposition"] = f'attachment; filename="{filename}"'
@@ -134,9 +135,9 @@ def import_upload() -> Any:
 @api_bp.route("/import", methods=["POST"])
 @login_required
 def api_import() -> Any:
-    data = body()
+    data = body_as(TrackingsImport)
     try:
-        return jsonify(import_text(services(), _user(), data.get("text"), data.get("format")))
+        return jsonify(import_text(services(), _user(), data.text, data.format))
     except ImportProblems as exc:
         problems = [p.as_dict() for p in exc.problems]
         answer = {"error": "bad_request", "message": exc.description, "problems": problems}
@@ -146,5 +147,5 @@ def api_import() -> Any:
 @api_bp.route("/export")
 @login_required
 def api_export() -> Any:
-    text, chosen = export_text(services(), _user(), request.args.get("format"))
+    text, chosen = export_text(services(), _user(), query_as(ExportQuery).format)
     return Response(text, mimetype=DOWNLOADS[chosen][0])

@@ -26,6 +26,7 @@ from jodl.exceptions import JodlError
 from jodl.log import utcnow
 
 from .models import Batch
+from .schemas import QuotaChange
 
 #: The window of the "URLs per day" quota: any 24 hours, not the calendar day (no
 #: burst of twice the quota around midnight).
@@ -110,21 +111,14 @@ def usage(sessions: sessionmaker[Any], user_id: int) -> dict[str, Any]:
     }
 
 
-def set_user_quota(sessions: sessionmaker[Any], data: dict[str, Any]) -> dict[str, Any]:
-    """An operator sets some quotas of the user ``data["email"]`` (null: the default,
-    0: no limit); the user's limits and usage after. Nothing changes on bad input."""
-    email = data.get("email")
-    if not isinstance(email, str) or not email.strip():
+def set_user_quota(sessions: sessionmaker[Any], change: QuotaChange) -> dict[str, Any]:
+    """An operator sets some quotas of the user ``change.email`` (null: the default,
+    0: no limit; those left out: unchanged); the user's limits and usage after.
+    Nothing changes on bad input."""
+    email = change.email
+    if not email.strip():
         raise BadRequest("email: the user's e-mail address")
-    unknown = sorted(set(data) - {"email", *QUOTAS})
-    if unknown:
-        raise BadRequest(f"unknown field {unknown[0]!r}; quotas: {', '.join(QUOTAS)}")
-    changes = {q: data[q] for q in QUOTAS if q in data}
-    for name, value in changes.items():
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31
-        ):
-            raise BadRequest(f"{name}: a whole number >= 0 (0: no limit), or null for the default")
+    changes = change.model_dump(exclude_unset=True, include=set(QUOTAS))
     try:
         address = normalise_email(email)
     except JodlError:

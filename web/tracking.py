@@ -170,12 +170,6 @@ def tags_from(value: Any) -> list[str] | None:
         raise BadRequest(f"tags: {exc}") from None
 
 
-#: The fields a tracking is created with (a JSON body's others are refused, not ignored).
-TRACKING_FIELDS = frozenset(
-    {"url", "browser", "paused", "tags", "every", "cron", "selector", *FILTER_FIELDS}
-)
-
-
 def schedule_from(data: Any, form: bool = False) -> Schedule | None:
     """The schedule a JSON body or the form asks for; None when it gives neither field.
 
@@ -230,11 +224,7 @@ def add_page(
     """Track ``url`` through the view ``data`` asks for (:func:`view_from`; rendered in a
     browser with ``browser``; on :func:`schedule_from`'s schedule) and queue its first
     check, which takes its baseline; :class:`BadRequest` saying why not. A JSON body
-    (``json_body``) with a field not in :data:`TRACKING_FIELDS` is refused."""
-    if json_body:
-        unknown = sorted(set(data) - TRACKING_FIELDS)
-        if unknown:
-            raise BadRequest(f"{unknown[0]}: not a field of a tracking (see /api/openapi.json)")
+    (``json_body``) was checked by :func:`web.schemas.new_tracking_body` already."""
     if not isinstance(url, str) or not url.strip():
         raise BadRequest("url: give the address of the page")
     if not isinstance(browser, bool):
