@@ -32,7 +32,7 @@ SMOKE: dict[str, str] = {
     "ondemand.py": "--jobs 200 --rounds 1 --batch 50 --celery-jobs 20",
     "pagecheck.py": "--pages 20 --latency 0.001 --concurrency 20 --confirm-delay 0.05",
     "sse.py": "--urls 10 --jobs 40 --streams 4 --agents 1 --slots 2",
-    "throughput.py": "--jobs 200 --cycles 1 --celery-jobs 20",
+    "throughput.py": "--jobs 200 --cycles 1 --celery-jobs 20 --dramatiq-jobs 20",
 }
 
 #: Scripts that need a PostgreSQL server, and the option that names it.
