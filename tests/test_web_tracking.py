@@ -148,3 +148,29 @@ def test_operator_views_show_readable_times(app: Flask, admin_client: FlaskClien
     assert doc.xpath("//ul[@id='cycle-requests']//time[@datetime]")
     with sessionmaker(app.extensions["jodl"].engine)() as s:
         assert s.scalar(select(Page.id)) is None  # nothing else was made on the way
+
+
+def test_check_now_through_the_api(app: Flask, user_client: FlaskClient) -> None:
+    """What the page list's button does, the API does: the batch that waits for a fresh
+    fetch, the baseline check queued, and the same refusals."""
+    import base64
+
+    from test_web_views import PASSWORD
+
+    page_id = tracked_page(app, "user@example.org")
+    basic = base64.b64encode(f"user@example.org:{PASSWORD}".encode()).decode()
+    headers = {"Authorization": f"Basic {basic}"}
+    r = user_client.post(f"/api/pages/{page_id}/check", headers=headers, json={})
+    assert r.status_code == 202, r.get_data(as_text=True)
+    answer = r.get_json()
+    assert answer["answers"] == f"/api/batches/{answer['batch']}"
+    mine = Reach.ALLOWLIST
+    assert queued(app) == {KEY_PREFIXES[mine] + URL, baselines.KEY_PREFIX + URL}
+    finish_all(app, "fresh")
+    (result,) = user_client.get(answer["answers"]).get_json()["results"]
+    assert result["title"] == "fresh" and not result["cached"]
+    # Not a page of yours, a field it does not take, no CSRF header with a session.
+    assert user_client.post("/api/pages/999/check", headers=headers, json={}).status_code == 404
+    r = user_client.post(f"/api/pages/{page_id}/check", headers=headers, json={"url": URL})
+    assert r.status_code == 400 and "url" in r.get_json()["message"]
+    assert user_client.post(f"/api/pages/{page_id}/check", json={}).status_code == 403

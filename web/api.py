@@ -398,6 +398,17 @@ def pages_history(page_id: int) -> Any:
     return jsonify(tracking.history(services(), _me(), page_id, request.args.get("tracking")))
 
 
+@bp.route("/pages/<id:page_id>/check", methods=["POST"])
+@login_required
+def pages_check(page_id: int) -> Any:
+    body_as(NoFields, optional=True)
+    limit("submit")
+    batch_id = tracking.check_now(services(), _me(), page_id)
+    return jsonify(
+        {"batch": batch_id, "answers": url_for("api.batches_get", batch_id=batch_id)}
+    ), 202
+
+
 @bp.route("/pages/<id:page_id>/diff")
 @login_required
 def pages_diff(page_id: int) -> Any:

@@ -488,6 +488,17 @@ def document(settings: WebSettings) -> dict[str, Any]:
                 params=[_path_int("page_id"), _query_int("tracking")],
             ),
         },
+        "/api/pages/{page_id}/check": {
+            "post": _op(
+                "Fetch a tracked page now, bypassing the result cache (as the page list's "
+                "Check now): the batch whose answers show the result; a view without a "
+                "baseline gets one now",
+                _responses(202, "The batch", obj, *WITH_BODY, 404),
+                NoFields,
+                auth=True,
+                params=[_path_int("page_id")],
+            ),
+        },
         "/api/pages/{page_id}/diff": {
             "get": _op(
                 "Inline and side-by-side diff of two snapshots (default: the newest two)",
