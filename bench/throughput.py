@@ -251,6 +251,18 @@ def noop():
 REDIS = "127.0.0.1:6379"
 
 
+def _peer_module(name: str, source: str) -> str:
+    """Write a peer's app module ``name`` (``source`` on :data:`REDIS`) into a fresh
+    folder on ``sys.path`` (its workers import it from there); the folder."""
+    import tempfile
+
+    tmp = tempfile.mkdtemp()
+    with open(os.path.join(tmp, f"{name}.py"), "w") as fh:
+        fh.write(source.format(redis=REDIS))
+    sys.path.insert(0, tmp)
+    return tmp
+
+
 def run_celery(jobs: int, workers: int) -> dict[str, float] | str:
     """The same no-op tasks through Celery + Redis; why not when Celery or Redis is missing."""
     try:
@@ -258,12 +270,7 @@ def run_celery(jobs: int, workers: int) -> dict[str, float] | str:
         from celery import group  # noqa: F401
     except ImportError:
         return "skipped: celery not installed (pip install '.[bench]')"
-    import tempfile
-
-    tmp = tempfile.mkdtemp()
-    with open(os.path.join(tmp, "benchapp.py"), "w") as fh:
-        fh.write(CELERY_APP.format(redis=REDIS))
-    sys.path.insert(0, tmp)
+    tmp = _peer_module("benchapp", CELERY_APP)
     import benchapp  # type: ignore[import-not-found]
 
     try:
@@ -338,12 +345,7 @@ def run_dramatiq(jobs: int, workers: int, threads: int) -> dict[str, float] | st
         import redis  # noqa: F401
     except ImportError:
         return "skipped: dramatiq not installed (pip install '.[bench]')"
-    import tempfile
-
-    tmp = tempfile.mkdtemp()
-    with open(os.path.join(tmp, "dramatiqapp.py"), "w") as fh:
-        fh.write(DRAMATIQ_APP.format(redis=REDIS))
-    sys.path.insert(0, tmp)
+    tmp = _peer_module("dramatiqapp", DRAMATIQ_APP)
     import dramatiqapp  # type: ignore[import-not-found]
 
     client = dramatiqapp.broker.client
