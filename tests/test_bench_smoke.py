@@ -31,6 +31,7 @@ SMOKE: dict[str, str] = {
     "makespan.py": "--jobs 10 --cycles 2 --seeds 1 --lb 0.1 --speeds 1,2",
     "ondemand.py": "--jobs 200 --rounds 1 --batch 50 --celery-jobs 20",
     "pagecheck.py": "--pages 20 --latency 0.001 --concurrency 20 --confirm-delay 0.05",
+    "scale.py": "--jobs 300 --base-jobs 100 --cycles 2 --agents 1 --slots 2",
     "sse.py": "--urls 10 --jobs 40 --streams 4 --agents 1 --slots 2",
     "throughput.py": "--jobs 200 --cycles 1 --celery-jobs 20 --dramatiq-jobs 20",
 }
@@ -39,6 +40,7 @@ SMOKE: dict[str, str] = {
 POSTGRES_OPTION = {
     "failover.py": "--database",
     "ondemand.py": "--db-url",
+    "scale.py": "--db-url",
     "sse.py": "--database-url",
     "throughput.py": "--db-url",
 }
