@@ -204,3 +204,83 @@ def test_the_graph_reads_imports_as_python_does(source: str, deps: set[str]) -> 
 def test_everywhere_counts_the_imports_inside_functions(source: str, deps: set[str]) -> None:
     found = dependencies(ast.parse(source).body, "jodl.log", module_files(), everywhere=True)
     assert found == deps
+
+
+# -- the web app's SQL lives in its gateway ----------------------------------------------------
+
+#: The web app's modules that may build SQL (docs/architecture.md#the-applications).
+WEB_SQL_GATEWAYS = frozenset({"web.queries"})
+#: Packages of the web app outside the rule: its schema's migrations (Alembic's DDL).
+WEB_SQL_EXEMPT = ("web.migrations.",)
+#: What of SQLAlchemy builds or runs statements (types, engines, sessions and errors are free).
+WEB_SQL_BUILDERS = frozenset(
+    {
+        "select", "update", "insert", "delete", "text", "func", "inspect", "literal",
+        "literal_column", "column", "table", "and_", "or_", "not_", "exists", "union",
+        "union_all", "bindparam", "case", "cast", "distinct", "null", "true", "false", "tuple_",
+    }
+)  # fmt: skip
+#: Methods that run statements on a connection or session.
+WEB_SQL_RUNNERS = frozenset({"execute", "exec_driver_sql", "scalar", "scalars", "query"})
+
+
+def web_sql_outside_gateway(tree: ast.Module) -> list[str]:
+    """What of ``tree`` builds or runs SQL: imports of SQLAlchemy's statement builders
+    (inside functions too) and calls of the methods that run statements."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [
+                f"import {a.name}"
+                for a in node.names
+                if a.name == "sqlalchemy"
+                or a.name.startswith(("sqlalchemy.sql", "sqlalchemy.dialects"))
+            ]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sqlalchemy"):
+            module = node.module or ""
+            if module.startswith(("sqlalchemy.sql", "sqlalchemy.dialects")):
+                found.append(f"from {module} import ...")
+            found += [
+                f"from {module} import {a.name}"
+                for a in node.names
+                if a.name in WEB_SQL_BUILDERS or a.name == "sql"
+            ]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in WEB_SQL_RUNNERS
+        ):
+            found.append(f"line {node.lineno}: .{node.func.attr}(...)")
+    return found
+
+
+def test_no_web_module_but_its_gateway_builds_sql() -> None:
+    """Every statement of the web app is a named function of ``web.queries``; the
+    other web modules call those (crawler_app's own functions are theirs to use)."""
+    offenders = {
+        name: found
+        for name, path in module_files().items()
+        if (name == "web" or name.startswith("web."))
+        and name not in WEB_SQL_GATEWAYS
+        and not name.startswith(WEB_SQL_EXEMPT)
+        and (found := web_sql_outside_gateway(ast.parse(path.read_text())))
+    }
+    assert offenders == {}
+    assert WEB_SQL_GATEWAYS <= module_files().keys()
+
+
+@pytest.mark.parametrize(
+    "source, found",
+    [
+        ("from sqlalchemy import Engine, select", ["from sqlalchemy import select"]),
+        ("def f():\n    from sqlalchemy import text", ["from sqlalchemy import text"]),
+        ("import sqlalchemy as sa", ["import sqlalchemy"]),
+        ("from sqlalchemy.sql import expression", ["from sqlalchemy.sql import ..."]),
+        ("with e.connect() as c:\n    c.execute(q)", ["line 2: .execute(...)"]),
+        ("from sqlalchemy.orm import Session, sessionmaker", []),
+        ("from sqlalchemy.exc import SQLAlchemyError", []),
+        ("x = queries.user_by_email(s, a)", []),
+    ],
+)
+def test_the_web_sql_scan_sees_builders_and_runners(source: str, found: list[str]) -> None:
+    assert web_sql_outside_gateway(ast.parse(source)) == found

@@ -37,7 +37,6 @@ from flask import (
     url_for,
 )
 from itsdangerous import BadSignature, URLSafeTimedSerializer
-from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from werkzeug.exceptions import Forbidden, NotFound, TooManyRequests, Unauthorized
 from werkzeug.security import check_password_hash, generate_password_hash
@@ -48,6 +47,7 @@ from crawler_app.pages import PageError, add_user, check_password, normalise_ema
 from crawler_app.reach import USERS_SETTING, Reach
 from crawler_app.settings import AppSettings
 
+from . import queries
 from .security import CSRF_KEY
 from .services import is_api, services
 
@@ -133,7 +133,7 @@ def _user_at_version(uid: object, version: object) -> User | None:
     if not isinstance(uid, int) or not isinstance(version, int):
         return None
     with services().batches.sessions() as s:
-        user = s.get(User, uid)
+        user = queries.user_by_id(s, uid)
     if user is None or user.session_version != version:
         return None
     return user
@@ -153,7 +153,7 @@ def issue_token(user: CurrentUser, families: tuple[str, ...] | None = None) -> s
     """A bearer token for ``user``, good until it expires or the user's sessions end;
     scoped to ``families`` (their jobs and results only) when given."""
     with services().batches.sessions() as s:
-        found = s.get(User, user.id)
+        found = queries.user_by_id(s, user.id)
         version = found.session_version if found is not None else -1
     data: dict[str, Any] = {"uid": user.id, "sv": version}
     if families is not None:
@@ -177,9 +177,7 @@ def _token_user(token: str) -> tuple[User | None, tuple[str, ...] | None]:
 def end_sessions(user_id: int) -> None:
     """End every session and token of the user (logout, password change)."""
     with services().batches.sessions.begin() as s:
-        s.execute(
-            update(User).where(User.id == user_id).values(session_version=User.session_version + 1)
-        )
+        queries.bump_session_version(s, user_id)
 
 
 @functools.cache
@@ -217,7 +215,7 @@ def check_credentials(email: str, password: str) -> User | None:
     user = None
     if account:
         with services().batches.sessions() as s:
-            user = s.scalar(select(User).where(User.email == account))
+            user = queries.user_by_email(s, account)
     if user is not None and user.password_hash:
         good = check_password(user, password)
     else:
@@ -407,7 +405,7 @@ def create_account(s: Session, email: str, password: str, confirm: str | None = 
     if confirm is not None and confirm != password:
         raise PageError("the two passwords differ")
     address = normalise_email(email)
-    if s.scalar(select(User.id).where(User.email == address)) is not None:
+    if queries.email_taken(s, address):
         generate_password_hash(password)
         raise AccountExists(address)
     user = add_user(s, address, password)
@@ -468,11 +466,7 @@ def confirm_token(token: str) -> str:
     if not isinstance(data, dict) or not isinstance(data.get("email"), str):
         raise NotFound("this confirmation link is unknown or expired; sign up again")
     with services().batches.sessions.begin() as s:
-        done = s.execute(
-            update(User)
-            .where(User.id == data.get("uid"), User.email == data["email"])
-            .values(email_confirmed=True)
-        ).rowcount
+        done = queries.confirm_email(s, data.get("uid"), data["email"])
     if not done:
         raise NotFound("this confirmation link is unknown or expired; sign up again")
     return str(data["email"])

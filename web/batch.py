@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, delete, insert, select
+from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 
 from crawler_app.guard import FetchRefused, parse_url
@@ -44,7 +44,8 @@ from crawler_app.reach import Reach
 from jodl.log import JobState, Reads, utcnow
 from jodl.queue import Queue
 
-from .models import ITEM_URL_LENGTH, Batch, BatchItem, CacheReset
+from . import queries
+from .models import ITEM_URL_LENGTH, Batch
 from .quota import check_submission, one_at_a_time
 from .settings import WebSettings
 
@@ -63,8 +64,6 @@ EXCERPT_CHARS = 300
 BATCH_DAYS = 7
 #: Seconds between two deletions of expired batches by one process.
 CLEANUP_EVERY = 3600.0
-#: Rows per ``IN (...)`` list.
-CHUNK = 500
 
 
 class SubmissionError(ValueError):
@@ -240,7 +239,7 @@ class Batches:
         return {key[len(prefix) :]: job for key, job in found.items()}
 
     def _floors(self, conn: Any, job_ids: Sequence[int]) -> dict[int, int]:
-        return _lookup(conn, CacheReset.job_id, CacheReset.floor_exec_id, job_ids)
+        return queries.cache_floors(conn, job_ids)
 
     def latest(
         self, job_ids: Sequence[int], keep: int = 2
@@ -395,11 +394,9 @@ class Batches:
             for item, jid in zip(to_queue, ids, strict=True):
                 item.job_id = jid
         with self.engine.begin() as conn:
-            conn.execute(
-                insert(Batch).values(id=out.id, user_id=user_id, size=len(items), created_at=now)
-            )
-            conn.execute(
-                insert(BatchItem),
+            queries.insert_batch(
+                conn,
+                {"id": out.id, "user_id": user_id, "size": len(items), "created_at": now},
                 [
                     {
                         "batch_id": out.id,
@@ -421,12 +418,10 @@ class Batches:
         if not isinstance(batch_id, str) or not 0 < len(batch_id) <= 32:
             return None
         with self.sessions() as s:
-            batch = s.get(Batch, batch_id)
-            if batch is None:
+            found = queries.batch_with_items(s, batch_id)
+            if found is None:
                 return None
-            rows = s.scalars(
-                select(BatchItem).where(BatchItem.batch_id == batch_id).order_by(BatchItem.position)
-            ).all()
+            batch, rows = found
             items = [
                 Item(
                     r.position,
@@ -545,10 +540,7 @@ class Batches:
                     {"job_id": jid, "floor_exec_id": top, "user_id": user_id, "reset_at": now}
                 )
             if rows:
-                conn.execute(
-                    delete(CacheReset).where(CacheReset.job_id.in_([r["job_id"] for r in rows]))
-                )
-                conn.execute(insert(CacheReset), rows)
+                queries.replace_cache_resets(conn, rows)
         log.info("cache reset of %d URLs (%d had results)", len(normal), len(forgotten))
         return {
             "forgotten": forgotten,
@@ -567,15 +559,4 @@ class Batches:
         self._next_cleanup = now + CLEANUP_EVERY
         cutoff = utcnow() - dt.timedelta(days=BATCH_DAYS)
         with self.engine.begin() as conn:
-            old = select(Batch.id).where(Batch.created_at < cutoff)
-            conn.execute(delete(BatchItem).where(BatchItem.batch_id.in_(old)))
-            conn.execute(delete(Batch).where(Batch.created_at < cutoff))
-
-
-def _lookup(conn: Any, key: Any, value: Any, ids: Sequence[int]) -> dict[Any, Any]:
-    """``{key: value}`` of the rows whose ``key`` is in ``ids``, in chunks of CHUNK ids."""
-    found: dict[Any, Any] = {}
-    for start in range(0, len(ids), CHUNK):
-        rows = conn.execute(select(key, value).where(key.in_(ids[start : start + CHUNK])))
-        found.update(rows.tuples().all())
-    return found
+            queries.delete_batches_before(conn, cutoff)

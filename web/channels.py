@@ -11,14 +11,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from flask import Blueprint, flash, redirect, render_template, request, url_for
-from sqlalchemy import select
 from werkzeug.exceptions import BadRequest, NotFound
 
 from crawler_app import channels, feeds
-from crawler_app.models import Delivery, Notification, Tracking, User
+from crawler_app.models import Delivery
 from crawler_app.settings import AppSettings
 from jodl.exceptions import ConfigError
 
+from . import queries
 from .auth import CurrentUser, current_user, limit, login_required
 from .services import Services, services
 from .timefmt import iso
@@ -49,7 +49,7 @@ def add_channel(svc: Services, user: CurrentUser, url: Any) -> dict[str, Any]:
         raise BadRequest("url: an Apprise URL such as ntfy://my-topic or json://host/hook")
     try:
         with svc.batches.sessions.begin() as s:
-            row = s.get(User, user.id)
+            row = queries.user_by_id(s, user.id)
             assert row is not None
             added = channels.add_channel(s, row, url, _allow())
     except channels.ChannelError as exc:
@@ -83,22 +83,10 @@ def test_channel(svc: Services, user: CurrentUser, channel_id: int) -> dict[str,
 def recent_digests(svc: Services, user: CurrentUser) -> list[dict[str, Any]]:
     """The user's latest digests: the e-mail's state and each channel delivery's."""
     with svc.batches.sessions() as s:
-        notes = list(
-            s.scalars(
-                select(Notification)
-                .where(Notification.user_id == user.id)
-                .order_by(Notification.id.desc())
-                .limit(RECENT_DIGESTS)
-            )
-        )
+        notes = queries.recent_notifications(s, user.id, RECENT_DIGESTS)
         deliveries: dict[int, list[Delivery]] = {}
-        if notes:
-            for d in s.scalars(
-                select(Delivery)
-                .where(Delivery.notification_id.in_([n.id for n in notes]))
-                .order_by(Delivery.id)
-            ):
-                deliveries.setdefault(d.notification_id, []).append(d)
+        for d in queries.deliveries_of(s, [n.id for n in notes]):
+            deliveries.setdefault(d.notification_id, []).append(d)
         return [
             {
                 "cycle": n.cycle_id,
@@ -133,7 +121,7 @@ def last_failure(svc: Services, user: CurrentUser) -> str | None:
 
 def _feed_token(svc: Services, user: CurrentUser, rotate: bool = False) -> str:
     with svc.batches.sessions.begin() as s:
-        row = s.get(User, user.id)
+        row = queries.user_by_id(s, user.id)
         assert row is not None
         return feeds.rotate_token(s, row) if rotate else feeds.feed_token(s, row)
 
@@ -148,8 +136,7 @@ def feed_urls(svc: Services, user: CurrentUser, rotate: bool = False) -> dict[st
     """The URL of the user's feed and of the feed of each tag they use (``tags``)."""
     url = feed_url(svc, user, rotate)
     with svc.batches.sessions() as s:
-        rows = s.scalars(select(Tracking.tags).where(Tracking.user_id == user.id))
-        tags = [tag for row in rows for tag in (row or [])]
+        tags = queries.tags_of_trackings(s, user.id)
     return {"url": url, "tags": tag_feed_urls(svc, user, tags)}
 
 

@@ -33,9 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
-from crawler_app.models import User
 from crawler_app.pages import add_user
 from jodl import RunRequests
 from jodl.agent import InProcessAgent
@@ -45,6 +44,7 @@ from jodl.master import Master
 from jodl.queue import Queue, QueueFeeder
 from jodl.settings.config import Settings
 
+from . import queries
 from .standalone import forget_in_process_nodes, start_in_process
 
 log = logging.getLogger("web.cluster")
@@ -224,14 +224,14 @@ class LocalCluster:
         upgrade(self.engine)
         self.store = Store(self.engine)
         with self.store.session() as s, s.begin():
-            admin = s.scalar(select(User).where(User.is_admin.is_(True)).order_by(User.id))
+            admin = queries.first_admin(s)
             if admin is not None:
                 if remembered and remembered[0] == admin.email:
                     if check_password(admin, remembered[1]):
                         return admin.email, remembered[1]
                 return admin.email, None
             password = secrets.token_urlsafe(12)
-            existing = s.scalar(select(User).where(User.email == ADMIN_EMAIL))
+            existing = queries.user_by_email(s, ADMIN_EMAIL)
             if existing is not None:
                 from crawler_app.pages import set_password
 

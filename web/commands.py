@@ -136,9 +136,9 @@ def serve(
 
 
 def _check_schema(engine: Any) -> None:
-    from sqlalchemy import inspect
+    from . import queries
 
-    if not inspect(engine).has_table("web_batch"):
+    if not queries.has_web_tables(engine):
         raise JodlError("the database has no web UI tables; run: jodl db upgrade")
 
 
@@ -366,16 +366,15 @@ def _sessions(ctx: click.Context) -> Any:
 @click.pass_context
 def admins_add(ctx: click.Context, email: str, password: bool) -> None:
     """Make EMAIL an operator (creating the user if needed)."""
-    from sqlalchemy import select
-
-    from crawler_app.models import User
     from crawler_app.pages import add_user, normalise_email, set_password
+
+    from . import queries
 
     secret = None
     if password:
         secret = click.prompt("password", hide_input=True, confirmation_prompt=True)
     with _sessions(ctx).begin() as s:
-        user = s.scalar(select(User).where(User.email == normalise_email(email)))
+        user = queries.user_by_email(s, normalise_email(email))
         if user is None:
             if secret is None:
                 raise JodlError(f"no user {email}; add --password to create one")
@@ -391,13 +390,12 @@ def admins_add(ctx: click.Context, email: str, password: bool) -> None:
 @click.pass_context
 def admins_remove(ctx: click.Context, email: str) -> None:
     """Take the operator role from EMAIL."""
-    from sqlalchemy import select
-
-    from crawler_app.models import User
     from crawler_app.pages import normalise_email
 
+    from . import queries
+
     with _sessions(ctx).begin() as s:
-        user = s.scalar(select(User).where(User.email == normalise_email(email)))
+        user = queries.user_by_email(s, normalise_email(email))
         if user is None:
             raise JodlError(f"no user {email}")
         user.is_admin = False
@@ -408,12 +406,10 @@ def admins_remove(ctx: click.Context, email: str) -> None:
 @click.pass_context
 def admins_list(ctx: click.Context) -> None:
     """List the operators."""
-    from sqlalchemy import select
-
-    from crawler_app.models import User
+    from . import queries
 
     with _sessions(ctx)() as s:
-        for user in s.scalars(select(User).where(User.is_admin.is_(True)).order_by(User.email)):
+        for user in queries.admins_by_email(s):
             click.echo(user.email)
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
-from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import Forbidden
 
+from . import queries
 from .auth import current_user
 from .services import services
 
@@ -23,8 +23,7 @@ def healthz() -> Any:
     """200 when the database answers, 503 otherwise (for load balancers and ``jodl up``)."""
     svc = services()
     try:
-        with svc.engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+        queries.ping(svc.engine)
     except SQLAlchemyError as exc:
         reason = str(exc).splitlines()[0][:200]
         return jsonify({"status": "error", "database": reason}), 503

@@ -15,17 +15,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
 from werkzeug.exceptions import BadRequest, Forbidden, NotFound
 
-from crawler_app.models import Tracking, User
 from crawler_app.pages import normalise_email
 from crawler_app.quota import QUOTAS, Limits, QuotaExceeded, limits_of, set_quota
 from jodl.exceptions import JodlError
 from jodl.log import utcnow
 
-from .models import Batch
+from . import queries
 from .schemas import QuotaChange
 
 #: The window of the "URLs per day" quota: any 24 hours, not the calendar day (no
@@ -58,14 +56,7 @@ def one_at_a_time(user_id: int) -> Iterator[None]:
 def urls_since(sessions: sessionmaker[Any], user_id: int, since: dt.datetime) -> int:
     """URLs ``user_id`` submitted since ``since`` (every batch's size)."""
     with sessions() as s:
-        return int(
-            s.scalar(
-                select(func.coalesce(func.sum(Batch.size), 0)).where(
-                    Batch.user_id == user_id, Batch.created_at > since
-                )
-            )
-            or 0
-        )
+        return queries.urls_submitted_since(s, user_id, since)
 
 
 def check_submission(
@@ -101,7 +92,7 @@ def usage(sessions: sessionmaker[Any], user_id: int) -> dict[str, Any]:
     """A user's limits in effect (0: none) and what they used of them."""
     with sessions() as s:
         limits = limits_of(s, user_id)
-        tracked = s.scalar(select(func.count()).where(Tracking.user_id == user_id)) or 0
+        tracked = queries.count_trackings(s, user_id)
     return {
         "limits": {q: getattr(limits, q) for q in QUOTAS},
         "used": {
@@ -124,7 +115,7 @@ def set_user_quota(sessions: sessionmaker[Any], change: QuotaChange) -> dict[str
     except JodlError:
         raise NotFound("no such user") from None
     with sessions.begin() as s:
-        user = s.scalar(select(User).where(User.email == address))
+        user = queries.user_by_email(s, address)
         if user is None:
             raise NotFound("no such user")
         set_quota(s, user, **changes)

@@ -16,13 +16,12 @@ import datetime as dt
 from typing import Any
 
 from flask import Blueprint, flash, redirect, render_template, request, url_for
-from sqlalchemy import select
 from werkzeug.exceptions import BadRequest, NotFound
 
 from crawler_app import baselines
 from crawler_app.due import Schedule, ScheduleError, check_schedule_of
 from crawler_app.filters import FilterError, ViewSpec
-from crawler_app.models import NAME_LENGTH, WHOLE_PAGE, Page, PageView, Snapshot, Tracking
+from crawler_app.models import NAME_LENGTH, WHOLE_PAGE, Page, Snapshot, Tracking
 from crawler_app.pages import (
     PageError,
     check_tags,
@@ -37,7 +36,7 @@ from crawler_app.pages import (
 from crawler_app.quota import QuotaExceeded
 from crawler_app.schedule import next_checks
 
-from . import channels
+from . import channels, queries
 from .auth import CurrentUser, current_user, limit, login_required
 from .diff import Piece, inline, side_by_side
 from .quota import QuotaRefused, refused
@@ -74,15 +73,7 @@ def list_pages(svc: Services, user: CurrentUser, query: Any = None) -> list[dict
         rows = trackings_of(s, user.email)
         if query and query.strip():
             rows = [(t, p) for t, p in rows if matches(query, p.url, p.title, t.tags or [], t.name)]
-        problems = {
-            (page_id, key): problem
-            for page_id, key, problem in s.execute(
-                select(PageView.page_id, PageView.selector, PageView.problem).where(
-                    PageView.page_id.in_([page.id for _, page in rows]),
-                    PageView.problem.is_not(None),
-                )
-            )
-        }
+        problems = queries.view_problems(s, [page.id for _, page in rows])
     upcoming = _next_checks(svc, [page.id for _, page in rows])
     return [
         {
@@ -245,7 +236,7 @@ def add_page(
             page_id = tracking.page_id
             if paused:
                 set_paused(s, user.email, url, True, tracking.id)
-            page = s.get(Page, page_id)
+            page = queries.page_by_id(s, page_id)
             assert page is not None
             added = {
                 "id": page_id,
@@ -282,20 +273,12 @@ def _tracking(
     svc: Services, user: CurrentUser, page_id: int, tracking_id: Any = None
 ) -> tuple[Page, Tracking]:
     """The page and the user's tracking of it (``tracking_id``, else the first one)."""
-    query = (
-        select(Page, Tracking)
-        .join(Tracking, Tracking.page_id == Page.id)
-        .where(Page.id == page_id, Tracking.user_id == user.id)
-        .order_by(Tracking.id)
-    )
     wanted = _tracking_id(tracking_id)
-    if wanted is not None:
-        query = query.where(Tracking.id == wanted)
     with svc.batches.sessions() as s:
-        row = s.execute(query).first()
+        row = queries.user_tracking(s, user.id, page_id, wanted)
     if row is None:
         raise NotFound("you do not track such a page")
-    return row[0], row[1]
+    return row
 
 
 def check_now(svc: Services, user: CurrentUser, page_id: int) -> str:
@@ -307,7 +290,7 @@ def check_now(svc: Services, user: CurrentUser, page_id: int) -> str:
     """
     if user.is_admin:
         with svc.batches.sessions() as s:
-            page = s.get(Page, page_id)
+            page = queries.page_by_id(s, page_id)
         if page is None:
             raise NotFound("no such page")
     else:
@@ -339,7 +322,7 @@ def set_tags(
     tags = tags_from(value) or []
     _, tracking = _tracking(svc, user, page_id, tracking_id)
     with svc.batches.sessions.begin() as s:
-        row = s.get(Tracking, tracking.id)
+        row = queries.tracking_by_id(s, tracking.id)
         assert row is not None
         row.tags = tags
     return tags
@@ -355,7 +338,7 @@ def set_name(
     name = (value or "").strip() or None
     _, tracking = _tracking(svc, user, page_id, tracking_id)
     with svc.batches.sessions.begin() as s:
-        row = s.get(Tracking, tracking.id)
+        row = queries.tracking_by_id(s, tracking.id)
         assert row is not None
         row.name = name
     return name
@@ -383,24 +366,8 @@ def history(
     page, tracking = _tracking(svc, user, page_id, tracking_id)
     selector = tracking.selector or WHOLE_PAGE
     with svc.batches.sessions() as s:
-        problem = s.scalar(
-            select(PageView.problem).where(
-                PageView.page_id == page.id, PageView.selector == selector
-            )
-        )
-        snaps = s.execute(
-            select(
-                Snapshot.id,
-                Snapshot.taken_at,
-                Snapshot.kind,
-                Snapshot.status,
-                Snapshot.fingerprint,
-                Snapshot.chars,
-            )
-            .where(Snapshot.page_id == page.id, Snapshot.selector == selector)
-            .order_by(Snapshot.id.desc())
-            .limit(HISTORY_LIMIT)
-        ).all()
+        problem = queries.view_problem(s, page.id, selector)
+        snaps = queries.snapshot_rows(s, page.id, selector, HISTORY_LIMIT)
     return {
         "id": page.id,
         "url": page.url,
@@ -447,8 +414,8 @@ def snapshot_pair(
     new_id = pick(b, ids[0] if ids else None)
     old_id = pick(a, ids[1] if len(ids) > 1 else None)
     with svc.batches.sessions() as s:
-        old = s.get(Snapshot, old_id) if old_id is not None else None
-        new = s.get(Snapshot, new_id) if new_id is not None else None
+        old = queries.snapshot_by_id(s, old_id) if old_id is not None else None
+        new = queries.snapshot_by_id(s, new_id) if new_id is not None else None
         if old is not None:
             old.text  # noqa: B018 - load while the session is open
         if new is not None:
