@@ -42,11 +42,20 @@ from sqlalchemy.orm import Session
 from werkzeug.exceptions import Forbidden, NotFound, TooManyRequests, Unauthorized
 from werkzeug.security import check_password_hash, generate_password_hash
 
-from crawler_app.guard import FetchRefused, check_url, parse_url, system_resolve
-from crawler_app.models import User
-from crawler_app.pages import PageError, add_user, check_password, normalise_email
-from crawler_app.reach import USERS_SETTING, Reach
-from crawler_app.settings import AppSettings
+from crawler_app import (
+    USERS_SETTING,
+    AppSettings,
+    FetchRefused,
+    PageError,
+    Reach,
+    User,
+    add_user,
+    check_password,
+    check_url,
+    normalise_email,
+    parse_url,
+    system_resolve,
+)
 
 from .security import CSRF_KEY
 from .services import is_api, services

@@ -38,9 +38,7 @@ from typing import Any
 from sqlalchemy import Engine, delete, insert, select
 from sqlalchemy.orm import sessionmaker
 
-from crawler_app.guard import FetchRefused, parse_url
-from crawler_app.pages import CHECK_FAMILY, check_payload, family_id
-from crawler_app.reach import Reach
+from crawler_app import CHECK_FAMILY, FetchRefused, Reach, check_payload, family_id, parse_url
 from jodl.log import JobState, Reads, utcnow
 from jodl.queue import Queue
 

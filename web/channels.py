@@ -14,9 +14,7 @@ from flask import Blueprint, flash, redirect, render_template, request, url_for
 from sqlalchemy import select
 from werkzeug.exceptions import BadRequest, NotFound
 
-from crawler_app import channels, feeds
-from crawler_app.models import Delivery, Notification, Tracking, User
-from crawler_app.settings import AppSettings
+from crawler_app import AppSettings, Delivery, Notification, Tracking, User, channels, feeds
 from jodl.exceptions import ConfigError
 
 from .auth import CurrentUser, current_user, limit, login_required

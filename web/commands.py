@@ -368,8 +368,7 @@ def admins_add(ctx: click.Context, email: str, password: bool) -> None:
     """Make EMAIL an operator (creating the user if needed)."""
     from sqlalchemy import select
 
-    from crawler_app.models import User
-    from crawler_app.pages import add_user, normalise_email, set_password
+    from crawler_app import User, add_user, normalise_email, set_password
 
     secret = None
     if password:
@@ -393,8 +392,7 @@ def admins_remove(ctx: click.Context, email: str) -> None:
     """Take the operator role from EMAIL."""
     from sqlalchemy import select
 
-    from crawler_app.models import User
-    from crawler_app.pages import normalise_email
+    from crawler_app import User, normalise_email
 
     with _sessions(ctx).begin() as s:
         user = s.scalar(select(User).where(User.email == normalise_email(email)))
@@ -410,7 +408,7 @@ def admins_list(ctx: click.Context) -> None:
     """List the operators."""
     from sqlalchemy import select
 
-    from crawler_app.models import User
+    from crawler_app import User
 
     with _sessions(ctx)() as s:
         for user in s.scalars(select(User).where(User.is_admin.is_(True)).order_by(User.email)):

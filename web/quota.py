@@ -19,9 +19,16 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
 from werkzeug.exceptions import BadRequest, Forbidden, NotFound
 
-from crawler_app.models import Tracking, User
-from crawler_app.pages import normalise_email
-from crawler_app.quota import QUOTAS, Limits, QuotaExceeded, limits_of, set_quota
+from crawler_app import (
+    QUOTAS,
+    Limits,
+    QuotaExceeded,
+    Tracking,
+    User,
+    limits_of,
+    normalise_email,
+    set_quota,
+)
 from jodl.exceptions import JodlError
 from jodl.log import utcnow
 

@@ -19,14 +19,24 @@ from flask import Blueprint, flash, redirect, render_template, request, url_for
 from sqlalchemy import select
 from werkzeug.exceptions import BadRequest, NotFound
 
-from crawler_app import baselines
-from crawler_app.due import Schedule, ScheduleError, check_schedule_of
-from crawler_app.filters import FilterError, ViewSpec
-from crawler_app.models import NAME_LENGTH, WHOLE_PAGE, Page, PageView, Snapshot, Tracking
-from crawler_app.pages import (
+from crawler_app import (
+    NAME_LENGTH,
+    WHOLE_PAGE,
+    FilterError,
+    Page,
     PageError,
+    PageView,
+    QuotaExceeded,
+    Schedule,
+    ScheduleError,
+    Snapshot,
+    Tracking,
+    ViewSpec,
+    baselines,
+    check_schedule_of,
     check_tags,
     matches,
+    next_checks,
     page_note,
     set_paused,
     set_schedule,
@@ -34,8 +44,6 @@ from crawler_app.pages import (
     trackings_of,
     untrack,
 )
-from crawler_app.quota import QuotaExceeded
-from crawler_app.schedule import next_checks
 
 from . import channels
 from .auth import CurrentUser, current_user, limit, login_required
