@@ -20,6 +20,7 @@ takes one, so an edit made before the first check would never be reported.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, func, select, update
@@ -29,6 +30,7 @@ from jodl.log import Reads
 from jodl.queue import Queue
 
 from . import analysis, confirm
+from .check_result import CheckResult
 from .models import Page, PageView, Snapshot, Tracking, decompress
 from .pages import CHECK_FAMILY, check_payload, family_id
 from .reach import AllowUsers, Reach, allowlisted_pages
@@ -161,10 +163,10 @@ def apply(engine: Engine) -> int:
         return len(snapshots)
 
 
-def _baselines_only(result: dict[str, Any]) -> dict[str, Any]:
-    views = result.get("views") or {}
-    kept = {sel: v for sel, v in views.items() if v.get("verdict") == confirm.BASELINE}
-    return {**result, "views": kept}
+def _baselines_only(result: CheckResult) -> CheckResult:
+    views = result.views or {}
+    kept = {sel: v for sel, v in views.items() if v.verdict == confirm.BASELINE}
+    return replace(result, views=kept)
 
 
 def adopt_migrated(

@@ -21,9 +21,10 @@ about what another edge served.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .check_result import ViewResult
 from .variance import Model, judge, text_keys
 
 SAME = "same"
@@ -150,15 +151,13 @@ class ViewCheck:
         varies per request, one right after another: :data:`BASELINE_DELAY`)."""
         return self.known.learn and not self.known.model.has_base
 
-    def result(self, view: dict[str, Any]) -> dict[str, Any]:
+    def result(self, view: ViewResult) -> ViewResult:
         """``view`` (the last fetch's fingerprint, chars, ...) with the verdict and model."""
-        out = dict(view)
-        out["verdict"] = self.verdict
-        out["fetches"] = len(self.texts)
-        if self.verdict not in (CHANGE, BASELINE):
-            out.pop("text", None)  # only a new baseline is stored
-        else:
-            out["text"] = self.texts[-1]
-        if self.model is not None:
-            out["model"] = self.model.to_json()
-        return out
+        return replace(
+            view,
+            verdict=self.verdict,
+            fetches=len(self.texts),
+            # only a new baseline or a change is stored
+            text=self.texts[-1] if self.verdict in (CHANGE, BASELINE) else None,
+            model=self.model.to_json() if self.model is not None else view.model,
+        )

@@ -24,6 +24,7 @@ import smtplib
 import ssl
 import threading
 import time
+from dataclasses import replace
 from email.message import EmailMessage
 from typing import Any
 
@@ -36,6 +37,7 @@ from jodl.settings.config import Settings
 
 from .browser import Renderer
 from .channels import ChannelError, open_channel
+from .check_result import CheckResult, ViewResult
 from .confirm import BASELINE_DELAY, BASELINE_FETCHES, Known, ViewCheck
 from .fetcher import THREAD_PARSE_BYTES, Fetcher
 from .filters import FilterError, ViewSpec
@@ -50,25 +52,15 @@ from .variance import Model
 #: Longest wait before a spread check starts (guards against a clock far off).
 MAX_START_DELAY = 3600.0
 
-# Result keys copied from the fetcher's result.
-_COPIED = (
-    "url", "final_url", "status", "ok", "not_modified", "etag", "last_modified",
-    "content_type", "size", "title", "truncated", "elapsed", "error", "error_reason",
-    "error_message",
-)  # fmt: skip
 
-
-def _view(text: str, matches: int | None, limit: int, fp: str | None = None) -> dict[str, Any]:
+def _view(text: str, matches: int | None, limit: int, fp: str | None = None) -> ViewResult:
     truncated = len(text) > limit
     if truncated:
         text = text[:limit].rstrip()
     if fp is None or truncated:
         # ``text`` comes from extract(), already normalised, unless it was cut here.
         fp = fingerprint(text, normalised=not truncated)
-    out: dict[str, Any] = {"fingerprint": fp, "chars": len(text), "matches": matches, "text": text}
-    if truncated:
-        out["truncated"] = True
-    return out
+    return ViewResult(fp, len(text), matches, text, truncated)
 
 
 def _selector_texts(
@@ -116,12 +108,11 @@ class CheckPage(Family):
     ``start_at``: Unix time before which the fetch does not start (spread). A view
     that differs from its baseline has the page fetched again
     (``JODL_CONFIRM_DELAY``, ``JODL_CONFIRM_FETCHES``).
-    Result: the fetcher's status fields of the last fetch, ``fetches``, and
-    ``views``: ``{view key: {fingerprint, chars, matches, verdict, text?, model?}}``
-    (``error`` instead for a view whose filters cannot be used; no ``verdict`` for
-    one left without text)
-    (``text`` only for a new baseline). Fetch errors, and a 200 page that reads as
-    an error page (``error_page``), are results (``ok`` false), not failures;
+    Result: a :class:`~crawler_app.check_result.CheckResult` as JSON, the fetcher's
+    status fields of the last fetch, ``fetches``, and each view's fingerprint and
+    verdict (its text only for a new baseline or a change). Fetch errors, and a 200
+    page that reads as an error page (``error_page``), are results (``ok`` false), not
+    failures;
     ``script_page`` says the page builds its text with scripts. With ``browser``
     true in the payload the page is rendered (:mod:`crawler_app.browser`) and the
     result's ``browser`` counts the requests it made and those refused. ``reach``
@@ -162,10 +153,10 @@ class CheckPage(Family):
         out = await self._fetch(
             url, payload.get("etag"), payload.get("last_modified"), checks, browser, allowlist
         )
-        if not out.get("ok") or out.get("not_modified"):
-            return out
+        if not out.ok or out.not_modified:
+            return out.to_json()
         fetches = 1
-        views = out["views"]
+        views = dict(out.views or {})
         # Fetched again, unconditionally, while a view differs from its baseline.
         while not all(c.settled for c in checks.values()) and fetches <= max(
             self.settings.confirm_fetches, BASELINE_FETCHES
@@ -176,13 +167,12 @@ class CheckPage(Family):
             await asyncio.sleep(BASELINE_DELAY if baselines else self.settings.confirm_delay)
             fetches += 1
             again = await self._fetch(url, None, None, checks, browser, allowlist)
-            if again.get("ok") and not again.get("not_modified"):
-                views.update(again["views"])
-        out["fetches"] = fetches
+            if again.ok and not again.not_modified:
+                views.update(again.views or {})
         for check in checks.values():
             check.finish()
-        out["views"] = {sel: checks[sel].result(view) for sel, view in views.items()}
-        return out
+        judged = {sel: checks[sel].result(view) for sel, view in views.items()}
+        return replace(out, views=judged, fetches=fetches).to_json()
 
     async def _fetch(
         self,
@@ -192,7 +182,7 @@ class CheckPage(Family):
         checks: dict[str, ViewCheck],
         browser: bool = False,
         allowlist: bool = False,
-    ) -> dict[str, Any]:
+    ) -> CheckResult:
         """One fetch (a rendering with ``browser``); each view's text goes to its check
         (an error page counts as an error). ``allowlist``: the job may reach the
         networks of ``JODL_FETCH_ALLOW`` (:mod:`crawler_app.reach`)."""
@@ -205,12 +195,9 @@ class CheckPage(Family):
             result, body = await self._fetcher.fetch_with_body(
                 url, etag=etag, last_modified=last_modified, use_allowlist=allowlist
             )
-        out = {key: result.get(key) for key in _COPIED}
-        if browser:
-            out["browser"] = result.get("browser")
-        out["redirects"] = len(result.get("redirects") or ())
+        out = CheckResult.of_fetch(result, rendered=browser)
         count_fetch(out)
-        if not result.get("ok") or result.get("not_modified"):
+        if not out.ok or out.not_modified:
             return out
         limit = self.fetch_settings.max_text_chars
         texts: dict[str, tuple[str, int | None, str | None]] = {}
@@ -218,44 +205,42 @@ class CheckPage(Family):
             # The fetcher fingerprinted the same (already cut) text.
             texts[""] = (result.get("text") or "", None, result.get("fingerprint"))
         others = [sel for sel in checks if sel]
-        views: dict[str, dict[str, Any]] = {}
+        views: dict[str, ViewResult] = {}
         whole = result.get("text") or ""
         if others and body is not None:
             if len(body) > THREAD_PARSE_BYTES:
                 found = await asyncio.to_thread(
-                    _selector_texts, body, result.get("content_type"), others, whole
+                    _selector_texts, body, out.content_type, others, whole
                 )
             else:
-                found = _selector_texts(body, result.get("content_type"), others, whole)
+                found = _selector_texts(body, out.content_type, others, whole)
             for sel, value in found.items():
                 if isinstance(value, str):
-                    views[sel] = {"error": value}
+                    views[sel] = ViewResult(error=value)
                 else:
                     texts[sel] = (value[0], value[1], None)
         model = checks[""].known.model if "" in checks else Model()
         # A rendered page ran its scripts: its text is what they built, however short.
-        out["script_page"] = not browser and built_by_script(body, whole)
-        why = error_page(result.get("title"), whole, model)
+        out = replace(out, script_page=not browser and built_by_script(body, whole))
+        why = error_page(out.title, whole, model)
         if why is not None:
-            out.update(ok=False, error="error_page", error_message=why)
-            return out
+            return replace(out, ok=False, error="error_page", error_message=why)
         for sel, (text, matches, fp) in texts.items():
             view = _view(text, matches, limit, fp)
-            if view["text"]:  # no text left is no state of the view (the user is told)
-                checks[sel].add(view["text"], view["fingerprint"])
+            if view.text:  # no text left is no state of the view (the user is told)
+                checks[sel].add(view.text, view.fingerprint or "")
             views[sel] = view
-        out["views"] = views
-        return out
+        return replace(out, views=views)
 
 
-def count_fetch(out: dict[str, Any]) -> None:
+def count_fetch(out: CheckResult) -> None:
     """One fetch in the agent's metrics, by outcome."""
-    if out.get("not_modified"):
+    if out.not_modified:
         outcome = "not_modified"
-    elif out.get("ok"):
+    elif out.ok:
         outcome = "ok"
     else:
-        outcome = str(out.get("error") or "http_error")[:40]
+        outcome = str(out.error or "http_error")[:40]
     FETCHES.labels(outcome).inc()
 
 
