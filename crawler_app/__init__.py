@@ -20,10 +20,10 @@ The public face, by part:
 * **checking**: a tracking's view and schedule (:class:`ViewSpec`, :class:`Schedule`),
   the ``check_page`` payload of a page (:func:`check_payload`), the cycle
   (:class:`PageCycle`) and its scheduler (:class:`CycleScheduler`), and the modules
-  the web UI calls by name: :mod:`baselines <crawler_app.baselines>` and
-  :mod:`cycle_requests <crawler_app.cycle_requests>`;
-* **notifying**: the modules :mod:`channels <crawler_app.channels>` and
-  :mod:`feeds <crawler_app.feeds>`;
+  the web UI calls by name: :mod:`baselines <crawler_app.checking.baselines>` and
+  :mod:`cycle_requests <crawler_app.checking.cycle_requests>`;
+* **notifying**: the modules :mod:`channels <crawler_app.notify.channels>` and
+  :mod:`feeds <crawler_app.notify.feeds>`;
 * **import and export** of trackings: the package :mod:`porting <crawler_app.porting>`;
 * **settings**: :class:`AppSettings`.
 """
@@ -34,21 +34,25 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from . import baselines as baselines
-    from . import channels as channels
-    from . import cycle_requests as cycle_requests
-    from . import feeds as feeds
     from . import porting as porting
-    from .cycle import PageCycle as PageCycle
-    from .due import Schedule as Schedule
-    from .due import ScheduleError as ScheduleError
-    from .due import check_schedule_of as check_schedule_of
-    from .filters import FilterError as FilterError
-    from .filters import ViewSpec as ViewSpec
-    from .guard import FetchRefused as FetchRefused
-    from .guard import check_url as check_url
-    from .guard import parse_url as parse_url
-    from .guard import system_resolve as system_resolve
+    from .checking import baselines as baselines
+    from .checking import cycle_requests as cycle_requests
+    from .checking.cycle import PageCycle as PageCycle
+    from .checking.due import Schedule as Schedule
+    from .checking.due import ScheduleError as ScheduleError
+    from .checking.due import check_schedule_of as check_schedule_of
+    from .checking.schedule import CycleScheduler as CycleScheduler
+    from .checking.schedule import MasterRunner as MasterRunner
+    from .checking.schedule import next_checks as next_checks
+    from .fetching.filters import FilterError as FilterError
+    from .fetching.filters import ViewSpec as ViewSpec
+    from .fetching.guard import FetchRefused as FetchRefused
+    from .fetching.guard import check_url as check_url
+    from .fetching.guard import parse_url as parse_url
+    from .fetching.guard import system_resolve as system_resolve
+    from .fetching.reach import USERS_SETTING as USERS_SETTING
+    from .fetching.reach import AllowUsers as AllowUsers
+    from .fetching.reach import Reach as Reach
     from .models import NAME_LENGTH as NAME_LENGTH
     from .models import WHOLE_PAGE as WHOLE_PAGE
     from .models import AppCycle as AppCycle
@@ -59,35 +63,31 @@ if TYPE_CHECKING:
     from .models import Snapshot as Snapshot
     from .models import Tracking as Tracking
     from .models import User as User
-    from .pages import CHECK_FAMILY as CHECK_FAMILY
-    from .pages import PageError as PageError
-    from .pages import add_user as add_user
-    from .pages import check_password as check_password
-    from .pages import check_payload as check_payload
-    from .pages import check_tags as check_tags
-    from .pages import family_id as family_id
-    from .pages import matches as matches
-    from .pages import normalise_email as normalise_email
-    from .pages import page_note as page_note
-    from .pages import set_password as set_password
-    from .pages import set_paused as set_paused
-    from .pages import set_schedule as set_schedule
-    from .pages import sync_jobs as sync_jobs
-    from .pages import track as track
-    from .pages import trackings_of as trackings_of
-    from .pages import untrack as untrack
-    from .quota import QUOTAS as QUOTAS
-    from .quota import Limits as Limits
-    from .quota import QuotaExceeded as QuotaExceeded
-    from .quota import limits_of as limits_of
-    from .quota import set_quota as set_quota
-    from .reach import USERS_SETTING as USERS_SETTING
-    from .reach import AllowUsers as AllowUsers
-    from .reach import Reach as Reach
-    from .schedule import CycleScheduler as CycleScheduler
-    from .schedule import MasterRunner as MasterRunner
-    from .schedule import next_checks as next_checks
+    from .notify import channels as channels
+    from .notify import feeds as feeds
     from .settings import AppSettings as AppSettings
+    from .users.pages import CHECK_FAMILY as CHECK_FAMILY
+    from .users.pages import PageError as PageError
+    from .users.pages import add_user as add_user
+    from .users.pages import check_password as check_password
+    from .users.pages import check_payload as check_payload
+    from .users.pages import check_tags as check_tags
+    from .users.pages import family_id as family_id
+    from .users.pages import matches as matches
+    from .users.pages import normalise_email as normalise_email
+    from .users.pages import page_note as page_note
+    from .users.pages import set_password as set_password
+    from .users.pages import set_paused as set_paused
+    from .users.pages import set_schedule as set_schedule
+    from .users.pages import sync_jobs as sync_jobs
+    from .users.pages import track as track
+    from .users.pages import trackings_of as trackings_of
+    from .users.pages import untrack as untrack
+    from .users.quota import QUOTAS as QUOTAS
+    from .users.quota import Limits as Limits
+    from .users.quota import QuotaExceeded as QuotaExceeded
+    from .users.quota import limits_of as limits_of
+    from .users.quota import set_quota as set_quota
 
 #: Public name -> (module of the package, name there; ``None``: the module itself).
 _PUBLIC: dict[str, tuple[str, str | None]] = {
@@ -102,51 +102,51 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
     "AppCycle": ("models", "AppCycle"),
     "NAME_LENGTH": ("models", "NAME_LENGTH"),
     "WHOLE_PAGE": ("models", "WHOLE_PAGE"),
-    "PageError": ("pages", "PageError"),
-    "add_user": ("pages", "add_user"),
-    "check_password": ("pages", "check_password"),
-    "set_password": ("pages", "set_password"),
-    "normalise_email": ("pages", "normalise_email"),
-    "track": ("pages", "track"),
-    "untrack": ("pages", "untrack"),
-    "trackings_of": ("pages", "trackings_of"),
-    "matches": ("pages", "matches"),
-    "page_note": ("pages", "page_note"),
-    "check_tags": ("pages", "check_tags"),
-    "set_paused": ("pages", "set_paused"),
-    "set_schedule": ("pages", "set_schedule"),
-    "sync_jobs": ("pages", "sync_jobs"),
-    "QuotaExceeded": ("quota", "QuotaExceeded"),
-    "QUOTAS": ("quota", "QUOTAS"),
-    "Limits": ("quota", "Limits"),
-    "limits_of": ("quota", "limits_of"),
-    "set_quota": ("quota", "set_quota"),
+    "PageError": ("users.pages", "PageError"),
+    "add_user": ("users.pages", "add_user"),
+    "check_password": ("users.pages", "check_password"),
+    "set_password": ("users.pages", "set_password"),
+    "normalise_email": ("users.pages", "normalise_email"),
+    "track": ("users.pages", "track"),
+    "untrack": ("users.pages", "untrack"),
+    "trackings_of": ("users.pages", "trackings_of"),
+    "matches": ("users.pages", "matches"),
+    "page_note": ("users.pages", "page_note"),
+    "check_tags": ("users.pages", "check_tags"),
+    "set_paused": ("users.pages", "set_paused"),
+    "set_schedule": ("users.pages", "set_schedule"),
+    "sync_jobs": ("users.pages", "sync_jobs"),
+    "QuotaExceeded": ("users.quota", "QuotaExceeded"),
+    "QUOTAS": ("users.quota", "QUOTAS"),
+    "Limits": ("users.quota", "Limits"),
+    "limits_of": ("users.quota", "limits_of"),
+    "set_quota": ("users.quota", "set_quota"),
     # fetching
-    "FetchRefused": ("guard", "FetchRefused"),
-    "parse_url": ("guard", "parse_url"),
-    "check_url": ("guard", "check_url"),
-    "system_resolve": ("guard", "system_resolve"),
-    "Reach": ("reach", "Reach"),
-    "AllowUsers": ("reach", "AllowUsers"),
-    "USERS_SETTING": ("reach", "USERS_SETTING"),
+    "FetchRefused": ("fetching.guard", "FetchRefused"),
+    "parse_url": ("fetching.guard", "parse_url"),
+    "check_url": ("fetching.guard", "check_url"),
+    "system_resolve": ("fetching.guard", "system_resolve"),
+    "Reach": ("fetching.reach", "Reach"),
+    "AllowUsers": ("fetching.reach", "AllowUsers"),
+    "USERS_SETTING": ("fetching.reach", "USERS_SETTING"),
     # checking
-    "CHECK_FAMILY": ("pages", "CHECK_FAMILY"),
-    "check_payload": ("pages", "check_payload"),
-    "family_id": ("pages", "family_id"),
-    "ViewSpec": ("filters", "ViewSpec"),
-    "FilterError": ("filters", "FilterError"),
-    "Schedule": ("due", "Schedule"),
-    "ScheduleError": ("due", "ScheduleError"),
-    "check_schedule_of": ("due", "check_schedule_of"),
-    "next_checks": ("schedule", "next_checks"),
-    "CycleScheduler": ("schedule", "CycleScheduler"),
-    "MasterRunner": ("schedule", "MasterRunner"),
-    "PageCycle": ("cycle", "PageCycle"),
-    "baselines": ("baselines", None),
-    "cycle_requests": ("cycle_requests", None),
+    "CHECK_FAMILY": ("users.pages", "CHECK_FAMILY"),
+    "check_payload": ("users.pages", "check_payload"),
+    "family_id": ("users.pages", "family_id"),
+    "ViewSpec": ("fetching.filters", "ViewSpec"),
+    "FilterError": ("fetching.filters", "FilterError"),
+    "Schedule": ("checking.due", "Schedule"),
+    "ScheduleError": ("checking.due", "ScheduleError"),
+    "check_schedule_of": ("checking.due", "check_schedule_of"),
+    "next_checks": ("checking.schedule", "next_checks"),
+    "CycleScheduler": ("checking.schedule", "CycleScheduler"),
+    "MasterRunner": ("checking.schedule", "MasterRunner"),
+    "PageCycle": ("checking.cycle", "PageCycle"),
+    "baselines": ("checking.baselines", None),
+    "cycle_requests": ("checking.cycle_requests", None),
     # notifying
-    "channels": ("channels", None),
-    "feeds": ("feeds", None),
+    "channels": ("notify.channels", None),
+    "feeds": ("notify.feeds", None),
     # import and export
     "porting": ("porting", None),
     # settings

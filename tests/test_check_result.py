@@ -1,4 +1,4 @@
-"""The ``check_page`` result as a record (crawler_app/check_result.py): the JSON the
+"""The ``check_page`` result as a record (crawler_app/checking/check_result.py): the JSON the
 family returns keeps the shape the log, the analysis and the API have always read."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from crawler_app.analysis import decode_result
-from crawler_app.check_result import STATUS_FIELDS, CheckResult, ViewResult
-from crawler_app.confirm import BASELINE, Known, ViewCheck
-from crawler_app.variance import Model
+from crawler_app.checking.analysis import decode_result
+from crawler_app.checking.check_result import STATUS_FIELDS, CheckResult, ViewResult
+from crawler_app.checking.confirm import BASELINE, Known, ViewCheck
+from crawler_app.checking.variance import Model
 
 
 def fetched(**more: Any) -> dict[str, Any]:

@@ -305,7 +305,7 @@ class SubmissionRules(NamedTuple):
     most: int
     #: Refuses a normalised URL more (ValueError saying why), or None.
     admit: Callable[[str], None] | None
-    #: Whether the queued jobs may use the fetch allowlist (crawler_app.reach).
+    #: Whether the queued jobs may use the fetch allowlist (crawler_app.fetching.reach).
     reach: Reach
 
 

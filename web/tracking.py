@@ -69,7 +69,7 @@ def _iso(value: dt.datetime | None) -> str | None:
 
 
 def _next_checks(svc: Services, page_ids: list[int]) -> dict[int, dt.datetime]:
-    """When these pages are next checked: their jobs' due times (crawler_app.due)."""
+    """When these pages are next checked: their jobs' due times (crawler_app.checking.due)."""
     return next_checks(svc.engine, page_ids)
 
 

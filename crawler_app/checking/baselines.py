@@ -1,7 +1,7 @@
 """Baselines: taken at once for a new tracking, kept for views from before the model.
 
 A view's *baseline* is the state its trackers were last told about; a change is
-a difference from it (:mod:`crawler_app.confirm`). Without one, a check only
+a difference from it (:mod:`crawler_app.checking.confirm`). Without one, a check only
 takes one, so an edit made before the first check would never be reported.
 
 * **At once.** Tracking a page (``jodl track``, the web UI, the API) or "Check
@@ -29,12 +29,12 @@ from sqlalchemy.orm import Session
 from jodl.log import Reads
 from jodl.queue import Queue
 
+from ..fetching.reach import AllowUsers, Reach, allowlisted_pages
+from ..models import Page, PageView, Snapshot, Tracking, decompress
+from ..settings import AppSettings
+from ..users.pages import CHECK_FAMILY, check_payload, family_id
 from . import analysis, confirm
 from .check_result import CheckResult
-from .models import Page, PageView, Snapshot, Tracking, decompress
-from .pages import CHECK_FAMILY, check_payload, family_id
-from .reach import AllowUsers, Reach, allowlisted_pages
-from .settings import AppSettings
 from .variance import Model, text_keys
 
 #: Prefix of the queue keys of baseline checks (the URL follows, so placement finds the host).

@@ -28,8 +28,8 @@ from sqlalchemy.orm import Session
 from jodl.exceptions import JodlError
 from jodl.log import Store, utcnow
 
+from ..models import AppCycle, CycleRequest, User
 from .cycle import CycleResult, OnStep
-from .models import AppCycle, CycleRequest, User
 
 #: Most pending requests listed for operators.
 LISTED = 20

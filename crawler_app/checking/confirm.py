@@ -1,7 +1,7 @@
 """One view of one page across the fetches of one check: same, noise, change or baseline.
 
 The agent's ``check_page`` fetches a page once; a view whose text is not its
-baseline (its exact fingerprint, or its masked form, :mod:`crawler_app.variance`)
+baseline (its exact fingerprint, or its masked form, :mod:`crawler_app.checking.variance`)
 makes the agent fetch the page again after a short delay, up to a number of
 times, all inside the same job and the same per-host politeness. A
 :class:`ViewCheck` follows one view over these fetches and says when it is

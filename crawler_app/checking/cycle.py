@@ -7,10 +7,10 @@
     check                  one JODL cycle of ``check_page`` on the agents (a page that
                            differs is fetched again in the same job to confirm it)
     analyse                verdicts -> views, snapshots, pages
-                           (:mod:`crawler_app.analysis`)
+                           (:mod:`crawler_app.checking.analysis`)
     prepare_notifications  one digest per user with confirmed changes: a row with an
                            idempotency key and a ``notify`` job, committed together
-                           (:mod:`crawler_app.digests`)
+                           (:mod:`crawler_app.notify.digests`)
     send                   one JODL cycle of ``notify`` (agents send over SMTP); outcomes
     finish                 snapshot retention, counts, the cycle closed
 
@@ -40,10 +40,8 @@ from sqlalchemy.orm import sessionmaker
 from jodl import failpoint
 from jodl.log import Run, RunState, Store, utcnow
 
-from . import baselines, digests
-from .analysis import apply_chunk
-from .due import floor_to_tick
-from .models import (
+from ..fetching.reach import Reach, allowlisted_pages
+from ..models import (
     WHOLE_PAGE,
     AppCycle,
     CycleStep,
@@ -52,9 +50,12 @@ from .models import (
     Snapshot,
     Tracking,
 )
-from .pages import CHECK_FAMILY, NOTIFY_FAMILY, check_payload, family_id, sync_jobs
-from .reach import Reach, allowlisted_pages
-from .settings import AppSettings
+from ..notify import digests
+from ..settings import AppSettings
+from ..users.pages import CHECK_FAMILY, NOTIFY_FAMILY, check_payload, family_id, sync_jobs
+from . import baselines
+from .analysis import apply_chunk
+from .due import floor_to_tick
 
 log = logging.getLogger("crawler_app.cycle")
 
@@ -210,7 +211,7 @@ class PageCycle:
         and, for a spread cycle, its start time and an ordering priority.
 
         Baseline checks finished since the last look are stored first, and views
-        kept from before models were learned get one (:mod:`crawler_app.baselines`)."""
+        kept from before models were learned get one (:mod:`crawler_app.checking.baselines`)."""
         baselines.apply(self.engine)
         with self.sessions() as s, s.begin():
             family_id(s, NOTIFY_FAMILY)
@@ -254,7 +255,7 @@ class PageCycle:
             known = {view: state for view, state in known.items() if state["model"]}
             start = _unix(cycle.started_at)
             # One fetch serves all of a page's trackers: it may use the allowlist when
-            # one of them may (crawler_app.reach).
+            # one of them may (crawler_app.fetching.reach).
             allowlisted = allowlisted_pages(s, self.settings.allow_users())
             rows = []
             for page_id, url, job_id, etag, last_modified, browser in pages:

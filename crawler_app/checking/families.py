@@ -4,12 +4,12 @@
 agent so connections, per-host politeness and robots.txt are shared) and
 returns its status, validators and the fingerprint of each *view* the page's
 trackers asked for (whole page, selectors and line filters,
-:mod:`crawler_app.filters`): however many views, the page is fetched once. A
+:mod:`crawler_app.fetching.filters`): however many views, the page is fetched once. A
 view's text travels back only when its fingerprint is not one the master
 already knows, so an unchanged page costs a few hundred bytes.
 
 ``notify`` sends one digest e-mail over SMTP, or one digest to one of the user's
-notification channels (:mod:`crawler_app.channels`, through Apprise). Once connected
+notification channels (:mod:`crawler_app.notify.channels`, through Apprise). Once connected
 and greeted (for a channel: once its target passed the SSRF guard), it claims the
 digest's idempotency key in the shared database *before* handing the message over
 and marks it sent as soon as it was accepted, so a digest run twice, on any agents
@@ -35,18 +35,18 @@ from jodl import Family, Permanent, failpoint
 from jodl.log import make_engine, utcnow
 from jodl.settings.config import Settings
 
-from .browser import Renderer
-from .channels import ChannelError, open_channel
+from ..fetching.browser import Renderer
+from ..fetching.fetcher import THREAD_PARSE_BYTES, Fetcher
+from ..fetching.filters import FilterError, ViewSpec
+from ..fetching.pagekind import built_by_script, error_page
+from ..fetching.reach import Reach
+from ..fetching.text import SelectorError, extract, fingerprint
+from ..metrics import FETCHES, NOTIFICATIONS
+from ..models import DigestClaim, DigestClaimState, UserChannel
+from ..notify.channels import ChannelError, open_channel
+from ..settings import SMTP_IN_CLEAR, AppSettings
 from .check_result import CheckResult, ViewResult
 from .confirm import BASELINE_DELAY, BASELINE_FETCHES, Known, ViewCheck
-from .fetcher import THREAD_PARSE_BYTES, Fetcher
-from .filters import FilterError, ViewSpec
-from .metrics import FETCHES, NOTIFICATIONS
-from .models import DigestClaim, DigestClaimState, UserChannel
-from .pagekind import built_by_script, error_page
-from .reach import Reach
-from .settings import SMTP_IN_CLEAR, AppSettings
-from .text import SelectorError, extract, fingerprint
 from .variance import Model
 
 #: Longest wait before a spread check starts (guards against a clock far off).
@@ -68,7 +68,7 @@ def _selector_texts(
 ) -> dict[str, tuple[str, int | None] | str]:
     """Each view's filtered text and selector match count, or its error message.
 
-    ``keys``: view keys (:attr:`~crawler_app.filters.ViewSpec.key`); ``whole``: the
+    ``keys``: view keys (:attr:`~crawler_app.fetching.filters.ViewSpec.key`); ``whole``: the
     whole page's text, the start of a view that filters lines only. The body is
     parsed once per selector, not once per view."""
     if not content_type:
@@ -104,19 +104,19 @@ class CheckPage(Family):
 
     Payload: ``url``; ``etag`` and ``last_modified`` as the server sent them last;
     ``views``: ``{view key: {"known": [fingerprints], "model": {...}}}`` (``""`` is
-    the whole page, :mod:`crawler_app.filters`; see :mod:`crawler_app.confirm`);
+    the whole page, :mod:`crawler_app.fetching.filters`; see :mod:`crawler_app.checking.confirm`);
     ``start_at``: Unix time before which the fetch does not start (spread). A view
     that differs from its baseline has the page fetched again
     (``JODL_CONFIRM_DELAY``, ``JODL_CONFIRM_FETCHES``).
-    Result: a :class:`~crawler_app.check_result.CheckResult` as JSON, the fetcher's
+    Result: a :class:`~crawler_app.checking.check_result.CheckResult` as JSON, the fetcher's
     status fields of the last fetch, ``fetches``, and each view's fingerprint and
     verdict (its text only for a new baseline or a change). Fetch errors, and a 200
     page that reads as an error page (``error_page``), are results (``ok`` false), not
     failures;
     ``script_page`` says the page builds its text with scripts. With ``browser``
-    true in the payload the page is rendered (:mod:`crawler_app.browser`) and the
+    true in the payload the page is rendered (:mod:`crawler_app.fetching.browser`) and the
     result's ``browser`` counts the requests it made and those refused. ``reach``
-    (:class:`~crawler_app.reach.Reach`, written where the job is queued): only
+    (:class:`~crawler_app.fetching.reach.Reach`, written where the job is queued): only
     ``"allowlist"`` lets the fetches reach the networks of ``JODL_FETCH_ALLOW``.
     """
 
@@ -185,7 +185,7 @@ class CheckPage(Family):
     ) -> CheckResult:
         """One fetch (a rendering with ``browser``); each view's text goes to its check
         (an error page counts as an error). ``allowlist``: the job may reach the
-        networks of ``JODL_FETCH_ALLOW`` (:mod:`crawler_app.reach`)."""
+        networks of ``JODL_FETCH_ALLOW`` (:mod:`crawler_app.fetching.reach`)."""
         assert self._fetcher is not None
         if browser:
             if self._renderer is None:

@@ -1,7 +1,7 @@
 """Scheduled application cycles beside a serving master (``jodl master``).
 
 An APScheduler ``BackgroundScheduler`` starts page-check cycles; each checks the
-pages due by their trackings' schedules (:mod:`crawler_app.due`, docs/schedules.md):
+pages due by their trackings' schedules (:mod:`crawler_app.checking.due`, docs/schedules.md):
 
 * a **tick** every ``JODL_CHECK_TICK`` seconds, on a fixed grid, starts a cycle when
   some page's due time has passed (one look at the library's index), else nothing;
@@ -26,11 +26,11 @@ does nothing.
   A cycle an operator asked for is not spread: someone is waiting for it, and
   spreading exists to smooth the load of the scheduled checks.
 * :func:`next_checks` tells the web UI when a page is next checked (its job's due time).
-* Operators' requests for a cycle now (:mod:`crawler_app.cycle_requests`) are
+* Operators' requests for a cycle now (:mod:`crawler_app.checking.cycle_requests`) are
   looked for every :data:`REQUEST_POLL` seconds by an interval job, also with
   ``JODL_SCHEDULE=off``. A request waits while a cycle runs; all requests
   pending when the cycle ends are served by one cycle (trigger ``web``).
-* Baseline checks of new trackings (:mod:`crawler_app.baselines`) are stored
+* Baseline checks of new trackings (:mod:`crawler_app.checking.baselines`) are stored
   by another interval job as soon as they finish.
 """
 
@@ -52,6 +52,9 @@ from sqlalchemy.orm import sessionmaker
 from jodl.exceptions import JodlError
 from jodl.log import Reads, utcnow
 
+from ..models import Page, Tracking
+from ..settings import SCHEDULE_OFF, AppSettings, cron_trigger
+from ..users.pages import CHECK_FAMILY, sync_jobs
 from . import baselines, cycle_requests
 from .cycle import (
     CycleResult,
@@ -61,9 +64,6 @@ from .cycle import (
     open_cycle_step,
 )
 from .due import Clock, Schedule, local_zone, shortest_interval
-from .models import Page, Tracking
-from .pages import CHECK_FAMILY, sync_jobs
-from .settings import SCHEDULE_OFF, AppSettings, cron_trigger
 
 log = logging.getLogger("crawler_app.schedule")
 
@@ -325,7 +325,7 @@ def next_checks(
     timezone: Any = None,
 ) -> dict[int, dt.datetime]:
     """When each of these pages is next checked: its job's due time (the earliest among
-    its active trackings', :mod:`crawler_app.due`), or ``now`` when that has passed
+    its active trackings', :mod:`crawler_app.checking.due`), or ``now`` when that has passed
     (the next tick takes it); aware datetimes in ``timezone``, by default the local one.
 
     Pages without a job (untracked, all trackings paused) or without a due time

@@ -1,5 +1,5 @@
 """Digests: one per user per cycle, listing the user's changed pages, by e-mail and
-to each of the user's notification channels (:mod:`crawler_app.channels`).
+to each of the user's notification channels (:mod:`crawler_app.notify.channels`).
 
 :func:`prepare` turns the cycle's confirmed changes into one :class:`Notification`
 row per user (its idempotency key ``digest-<cycle>-<user>`` names the ``notify``
@@ -18,9 +18,10 @@ from sqlalchemy.orm import Session
 
 from jodl.log import JobLog, JobState, utcnow
 
-from . import change, mail
-from .filters import describe_key
-from .models import (
+from ..checking import change
+from ..checking.variance import Model
+from ..fetching.filters import describe_key
+from ..models import (
     WHOLE_PAGE,
     AppCycle,
     Delivery,
@@ -34,9 +35,9 @@ from .models import (
     UserChannel,
     decompress,
 )
-from .pages import NOTIFY_FAMILY, family_id
-from .settings import AppSettings
-from .variance import Model
+from ..settings import AppSettings
+from ..users.pages import NOTIFY_FAMILY, family_id
+from . import mail
 
 
 def prepare(s: Session, cycle: AppCycle, settings: AppSettings) -> int:

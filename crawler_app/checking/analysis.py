@@ -2,8 +2,8 @@
 
 A ``check_page`` result updates its page (status, validators, title, error, the
 script-built flag) and each of the page's views (whole page, filters:
-:mod:`crawler_app.filters`). The agent judged each view over the fetches of its
-check (:mod:`crawler_app.confirm`): a ``baseline`` or a ``change`` becomes a
+:mod:`crawler_app.fetching.filters`). The agent judged each view over the fetches of its
+check (:mod:`crawler_app.checking.confirm`): a ``baseline`` or a ``change`` becomes a
 snapshot (a change is notified, unless the view has a trigger its new text
 lacks: then it is a ``quiet`` snapshot, the new baseline), and what the fetches
 taught about the view's noise is kept in its model; a view left without text
@@ -21,10 +21,10 @@ from sqlalchemy.orm import Session
 
 from jodl.log import utcnow
 
+from ..fetching.filters import FilterError, ViewSpec
+from ..models import WHOLE_PAGE, AppCycle, Page, PageView, Snapshot, compress
 from . import confirm
 from .check_result import CheckResult, ViewResult
-from .filters import FilterError, ViewSpec
-from .models import WHOLE_PAGE, AppCycle, Page, PageView, Snapshot, compress
 
 # Columns read and written per page and per view. The chunk is applied with plain
 # rows and one executemany per table: ORM objects cost more than the analysis itself.
@@ -215,7 +215,7 @@ def apply_result(
             continue  # a bad selector, no text
         verdict, new = fetched.verdict, fetched.fingerprint
         if verdict == confirm.BASELINE and view["fingerprint"] is not None:
-            continue  # a baseline taken meanwhile (crawler_app.baselines) stays the baseline
+            continue  # a baseline taken meanwhile (checking.baselines) stays the baseline
         if fetched.model:
             view["model"] = fetched.model
         view["model"] = _seen_more(view["model"], fetched.fetches)

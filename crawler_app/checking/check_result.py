@@ -1,10 +1,11 @@
 """The result of a ``check_page`` job: what the family returns and the analysis reads.
 
-:class:`CheckResult` is made on the agent (:class:`crawler_app.families.CheckPage`)
-and read on the master (:mod:`crawler_app.analysis`, :mod:`crawler_app.baselines`).
-Between them it is JSON, the job's result in the log (the web UI and the API read that
-JSON too), converted at the boundary by :meth:`CheckResult.to_json` on the agent and
-:meth:`CheckResult.from_json` on the master: nothing else reads or writes its keys.
+:class:`CheckResult` is made on the agent (:class:`~crawler_app.checking.families.CheckPage`)
+and read on the master (:mod:`~crawler_app.checking.analysis`,
+:mod:`~crawler_app.checking.baselines`). Between them it is JSON, the job's result in
+the log (the web UI and the API read that JSON too), converted at the boundary by
+:meth:`CheckResult.to_json` on the agent and :meth:`CheckResult.from_json` on the
+master: nothing else reads or writes its keys.
 
 The JSON, as every version of the family wrote it: the fetcher's status fields of the
 last fetch (``url`` ... ``error_message``, :data:`STATUS_FIELDS`), ``browser`` (a
@@ -30,7 +31,7 @@ STATUS_FIELDS = (
 
 @dataclass(frozen=True)
 class ViewResult:
-    """One view of the page as the check saw it (:mod:`crawler_app.confirm`)."""
+    """One view of the page as the check saw it (:mod:`crawler_app.checking.confirm`)."""
 
     #: Fingerprint and length of the view's text in the last good fetch.
     fingerprint: str | None = None
