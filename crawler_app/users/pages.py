@@ -5,6 +5,10 @@ the CLI and the web UI can combine them and commit once. A URL is normalised
 (and checked for syntax by the SSRF guard) before it is stored; the same URL
 tracked by any number of users is one :class:`~crawler_app.models.Page` with one
 ``check_page`` job keyed by that normalised URL.
+
+This module is the gateway of the users, pages and trackings tables: the rest of the
+page checker (and, through ``crawler_app``'s public names, the web UI) changes them by
+its named functions and builds no SQL on them (tests/test_layers.py).
 """
 
 from __future__ import annotations
