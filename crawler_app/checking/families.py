@@ -28,11 +28,8 @@ from dataclasses import replace
 from email.message import EmailMessage
 from typing import Any
 
-from sqlalchemy import Engine, delete, insert, select, update
-from sqlalchemy.exc import IntegrityError
-
 from jodl import Family, Permanent, failpoint
-from jodl.log import make_engine, utcnow
+from jodl.log import make_engine
 from jodl.settings.config import Settings
 
 from ..fetching.browser import Renderer
@@ -42,8 +39,9 @@ from ..fetching.pagekind import built_by_script, error_page
 from ..fetching.reach import Reach
 from ..fetching.text import SelectorError, extract, fingerprint
 from ..metrics import FETCHES, NOTIFICATIONS
-from ..models import DigestClaim, DigestClaimState, UserChannel
+from ..models import DigestClaimState
 from ..notify.channels import ChannelError, open_channel
+from ..notify.claims import Journal
 from ..settings import SMTP_IN_CLEAR, AppSettings
 from .check_result import CheckResult, ViewResult
 from .confirm import BASELINE_DELAY, BASELINE_FETCHES, Known, ViewCheck
@@ -247,67 +245,6 @@ def count_fetch(out: CheckResult) -> None:
 # -- notify -----------------------------------------------------------------------------------
 
 
-class Journal:
-    """The digests' claims, by idempotency key, in the shared database (:class:`DigestClaim`).
-
-    A claim is one row, inserted once the SMTP server greeted us and right before the
-    message is handed over (MAIL, RCPT, DATA): the primary key makes
-    the first inserter the only sender, whichever agent it runs on, across agent
-    restarts and ``jodl up``. The row says ``sent`` once the server accepted the mail;
-    it is deleted when the server accepted nothing, so a retry may send it.
-
-    A crash between the claim and the server's answer to DATA leaves ``sending``:
-    the digest is then **not** sent again (at most once). The server may or may not
-    have it, and a second copy is the fault users see and report; a missing digest
-    shows as failed in the UI and the next digest lists the later changes.
-    """
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    def claim(self, key: str, message_id: str, node: str) -> str | None:
-        """Take the claim on ``key``: None when taken, else the state found there."""
-        try:
-            with self.engine.begin() as conn:
-                conn.execute(
-                    insert(DigestClaim).values(
-                        idem_key=key,
-                        message_id=message_id,
-                        state=DigestClaimState.SENDING,
-                        node=node,
-                        claimed_at=utcnow(),
-                    )
-                )
-        except IntegrityError:
-            with self.engine.connect() as conn:
-                state = conn.scalar(select(DigestClaim.state).where(DigestClaim.idem_key == key))
-            return state or DigestClaimState.SENDING
-        return None
-
-    def state(self, key: str) -> str | None:
-        """``sending``, ``sent`` or None (not claimed)."""
-        with self.engine.connect() as conn:
-            return conn.scalar(select(DigestClaim.state).where(DigestClaim.idem_key == key))
-
-    def sent(self, key: str) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(
-                update(DigestClaim)
-                .where(DigestClaim.idem_key == key)
-                .values(state=DigestClaimState.SENT, sent_at=utcnow())
-            )
-
-    def release(self, key: str) -> None:
-        """Nothing went out: free the key for a retry."""
-        with self.engine.begin() as conn:
-            conn.execute(delete(DigestClaim).where(DigestClaim.idem_key == key))
-
-    def channel_url(self, channel_id: int) -> str | None:
-        """The Apprise URL of a channel (None once its user removed it)."""
-        with self.engine.connect() as conn:
-            return conn.scalar(select(UserChannel.url).where(UserChannel.id == channel_id))
-
-
 class SmtpRefused(Permanent):
     """SMTP settings ``notify`` will not use (one line saying what to set)."""
 
@@ -340,8 +277,9 @@ class Notify(Family):
     Payload: ``key`` (idempotency key), ``message_id``, ``from``, ``to``,
     ``subject``, ``text``, ``html``. Result: ``{"sent": true, "message_id": ...}``,
     or ``{"sent": false, "duplicate": true}`` for a key already sent. The claim is
-    taken in the shared database (``JODL_DATABASE_URL``, see :class:`Journal`);
-    SMTP settings come from the agent's environment (``JODL_SMTP_*``).
+    taken in the shared database (``JODL_DATABASE_URL``, see
+    :class:`~crawler_app.notify.claims.Journal`); SMTP settings come from the agent's
+    environment (``JODL_SMTP_*``).
 
     A channel's delivery has ``key``, ``channel_id``, ``title`` and ``body`` instead;
     its URL is read from the database when it is sent, its target checked by the
