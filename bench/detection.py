@@ -27,7 +27,7 @@ from _common import SECRET, agents, free_port, fresh_database  # noqa: E402
 def one_seed(db_url: str, seed: int, cycles: int, confirm_delay: float) -> dict[str, object]:
     from aiosmtpd.controller import Controller
 
-    from crawler_app.cycle import PageCycle
+    from crawler_app.checking.cycle import PageCycle
     from crawler_app.settings import AppSettings
     from jodl import Master, Settings, Store, make_engine
     from jodl.log.migrate import upgrade

@@ -222,7 +222,7 @@ def track_pages(engine: object, urls: list[str]) -> None:
     from sqlalchemy.orm import sessionmaker
 
     from crawler_app.models import Page, Tracking, User
-    from crawler_app.pages import sync_jobs
+    from crawler_app.users.pages import sync_jobs
     from jodl.log import utcnow
 
     with sessionmaker(engine)() as s, s.begin():  # type: ignore[call-overload]
@@ -245,7 +245,7 @@ def run_page_checker(
     loop: str,
     confirm_delay: float | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
-    from crawler_app.cycle import PageCycle
+    from crawler_app.checking.cycle import PageCycle
     from crawler_app.settings import AppSettings
     from jodl import Master, Settings, Store, make_engine
     from jodl.log.migrate import upgrade

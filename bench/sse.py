@@ -287,7 +287,7 @@ def sign_in(web: str, engine: Any) -> dict[str, str]:
     import httpx
     from sqlalchemy.orm import sessionmaker
 
-    from crawler_app.pages import add_user
+    from crawler_app.users.pages import add_user
 
     with sessionmaker(engine).begin() as s:
         add_user(s, EMAIL, PASSWORD)

@@ -1,5 +1,5 @@
 """``jodl channels add|list|remove|test``: a user's notification channels
-(:mod:`crawler_app.channels`). Refusals are one line and a non-zero exit."""
+(:mod:`crawler_app.notify.channels`). Refusals are one line and a non-zero exit."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ def channels() -> None:
 def channels_add(ctx: click.Context, email: str, url: str) -> None:
     """Add the channel URL (an Apprise URL: ntfy://topic, json://host/path, mailto://...)
     for user EMAIL. A private address is refused unless JODL_CHANNEL_ALLOW allows it."""
-    from .channels import add_channel
     from .commands import _session
-    from .pages import get_user
+    from .notify.channels import add_channel
+    from .users.pages import get_user
 
     with _session(ctx) as s:
         added = add_channel(s, get_user(s, email), url, _allow())
@@ -38,9 +38,9 @@ def channels_add(ctx: click.Context, email: str, url: str) -> None:
 @click.pass_context
 def channels_list(ctx: click.Context, email: str) -> None:
     """List the channels of user EMAIL (secrets masked)."""
-    from .channels import list_channels
     from .commands import _session
-    from .pages import get_user
+    from .notify.channels import list_channels
+    from .users.pages import get_user
 
     with _session(ctx) as s:
         found = list_channels(s, get_user(s, email).id)
@@ -56,9 +56,9 @@ def channels_list(ctx: click.Context, email: str) -> None:
 @click.pass_context
 def channels_remove(ctx: click.Context, email: str, channel_id: int) -> None:
     """Remove channel CHANNEL_ID of user EMAIL."""
-    from .channels import remove_channel
     from .commands import _session
-    from .pages import get_user
+    from .notify.channels import remove_channel
+    from .users.pages import get_user
 
     with _session(ctx) as s:
         shown = remove_channel(s, get_user(s, email).id, channel_id)
@@ -71,9 +71,9 @@ def channels_remove(ctx: click.Context, email: str, channel_id: int) -> None:
 @click.pass_context
 def channels_test(ctx: click.Context, email: str, channel_id: int) -> None:
     """Send a test message to channel CHANNEL_ID of user EMAIL now, from this machine."""
-    from .channels import channel_of, send_test
     from .commands import _session
-    from .pages import get_user
+    from .notify.channels import channel_of, send_test
+    from .users.pages import get_user
 
     with _session(ctx) as s:
         url = channel_of(s, get_user(s, email).id, channel_id).url

@@ -64,7 +64,7 @@ def users() -> None:
 @click.pass_context
 def users_add(ctx: click.Context, email: str, with_password: bool) -> None:
     """Add the user EMAIL."""
-    from .pages import add_user
+    from .users.pages import add_user
 
     password = None
     if with_password:
@@ -98,7 +98,7 @@ def users_list(ctx: click.Context) -> None:
 @click.pass_context
 def users_remove(ctx: click.Context, email: str) -> None:
     """Remove the user EMAIL and their trackings."""
-    from .pages import remove_user
+    from .users.pages import remove_user
 
     with _session(ctx) as s:
         remove_user(s, email)
@@ -109,7 +109,7 @@ def users_remove(ctx: click.Context, email: str) -> None:
 
 
 def view_options(command: Any) -> Any:
-    """The options that say which view of a page a tracking is (crawler_app.filters)."""
+    """The options that say which view of a page a tracking is (crawler_app.fetching.filters)."""
     options = [
         click.option(
             "--selector",
@@ -156,9 +156,9 @@ def view_of(
     ignore: tuple[str, ...],
     trigger: str | None,
 ) -> Any:
-    """The :class:`~crawler_app.filters.ViewSpec` the view options give; a bad expression
+    """The :class:`~crawler_app.fetching.filters.ViewSpec` the view options give; a bad expression
     is refused naming it."""
-    from .pages import PageError, check_view
+    from .users.pages import PageError, check_view
 
     # An explicit option names the kind, whatever the expression starts with.
     given = [
@@ -241,11 +241,11 @@ def track(
 
     from jodl.queue import Queue
 
-    from . import baselines
-    from .due import Schedule, check_schedule_of
-    from .filters import describe_key
+    from .checking import baselines
+    from .checking.due import Schedule, check_schedule_of
+    from .fetching.filters import describe_key
     from .models import Page, Tracking
-    from .pages import track as do_track
+    from .users.pages import track as do_track
 
     if default_schedule and (every or cron):
         raise JodlError("--default-schedule goes without --every and --cron")
@@ -289,9 +289,9 @@ def untrack(ctx: click.Context, url: str, email: str, **filters: Any) -> None:
     through all their views of it."""
     from jodl.queue import Queue
 
-    from . import baselines
-    from .pages import normalise_url, page_ids
-    from .pages import untrack as do_untrack
+    from .checking import baselines
+    from .users.pages import normalise_url, page_ids
+    from .users.pages import untrack as do_untrack
 
     only = any(filters.values())
     view = view_of(**filters) if only else None
@@ -308,8 +308,8 @@ def untrack(ctx: click.Context, url: str, email: str, **filters: Any) -> None:
 def _pause(ctx: click.Context, url: str, email: str, paused: bool) -> None:
     from jodl.queue import Queue
 
-    from . import baselines
-    from .pages import normalise_url, page_ids, set_paused
+    from .checking import baselines
+    from .users.pages import normalise_url, page_ids, set_paused
 
     with _session(ctx) as s:
         changed = set_paused(s, email, url, paused)
@@ -347,10 +347,10 @@ def tracked(ctx: click.Context, email: str | None) -> None:
     """List tracked pages with their last check (and each view's filters and problem)."""
     from sqlalchemy import func, select
 
-    from . import pages
-    from .due import Schedule
-    from .filters import describe_key
+    from .checking.due import Schedule
+    from .fetching.filters import describe_key
     from .models import Page, PageView, Tracking, User
+    from .users import pages
 
     with _session(ctx) as s:
         query = (
@@ -374,7 +374,7 @@ def tracked(ctx: click.Context, email: str | None) -> None:
             .order_by(Page.url, User.email, Tracking.id)
         )
         if email:
-            from .pages import normalise_email
+            from .users.pages import normalise_email
 
             query = query.where(User.email == normalise_email(email))
         rows = s.execute(query).all()
@@ -410,9 +410,9 @@ def check(urls: tuple[str, ...], selector: str | None, show_text: bool, as_json:
     """
     import asyncio
 
-    from .fetcher import Fetcher
-    from .pages import check_selector, normalise_url
+    from .fetching.fetcher import Fetcher
     from .settings import AppSettings
+    from .users.pages import check_selector, normalise_url
 
     settings = AppSettings.from_env()
     selector = check_selector(selector)
@@ -462,7 +462,7 @@ def cycle(ctx: click.Context, takeover: bool) -> None:
 
     from jodl.master import Master
 
-    from .cycle import PageCycle
+    from .checking.cycle import PageCycle
     from .settings import AppSettings
 
     app = AppSettings.from_env()
@@ -497,7 +497,7 @@ def _cycle_by(holder: str, store: Any) -> Any:
     """Ask the running master ``holder`` for a cycle now and follow it to its end."""
     from sqlalchemy.exc import OperationalError, ProgrammingError
 
-    from . import cycle_requests
+    from .checking import cycle_requests
 
     try:
         request_id = cycle_requests.request_cycle(store.engine, None)

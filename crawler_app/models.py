@@ -4,9 +4,9 @@ Users track pages; a page is fetched once per cycle however many users track it
 (its :class:`Page` is linked 1 : 0..1 to a JODL job of family ``check_page``
 keyed by the normalised URL). A page is seen through one or more *views*: the
 whole page, and each set of filters some tracking asks for (a selector, line
-filters, a trigger: :mod:`crawler_app.filters`; the ``selector`` columns hold the
+filters, a trigger: :mod:`crawler_app.fetching.filters`; the ``selector`` columns hold the
 view's key). Every view keeps the
-state the confirmed-change rule needs (:mod:`crawler_app.change`) and a history
+state the confirmed-change rule needs (:mod:`crawler_app.checking.change`) and a history
 of snapshots for diffs. An application cycle (:class:`AppCycle`) records the
 step it is at, so a killed process resumes there; a digest e-mail is one
 :class:`Notification` row per user per cycle, unique by its idempotency key.
@@ -37,7 +37,7 @@ from jodl.log import Base, BigId, utcnow
 
 #: Longest normalised URL kept (the guard refuses longer ones anyway).
 URL_LENGTH = 2048
-#: Longest view key stored (a selector, or a view's filters as JSON: crawler_app.filters).
+#: Longest view key stored (a selector, or a view's filters as JSON: crawler_app.fetching.filters).
 SELECTOR_LENGTH = 1000
 #: The view of the whole page (no selector).
 WHOLE_PAGE = ""
@@ -70,13 +70,14 @@ class User(Base):
     email_confirmed: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     #: Raised by logout and password changes: web sessions of an older version end.
     session_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    #: The secret in the URL of the user's Atom feed (:mod:`crawler_app.feeds`); None
+    #: The secret in the URL of the user's Atom feed (:mod:`crawler_app.notify.feeds`); None
     #: until the feed is first asked for; a new one (rotation) ends the old URL.
     feed_token: Mapped[str | None] = mapped_column(String(64), unique=True)
 
 
 class UserQuota(Base):
-    """An operator's quotas for one user (:mod:`crawler_app.quota`); NULL keeps the default."""
+    """An operator's quotas for one user (:mod:`crawler_app.users.quota`); NULL keeps the
+    default."""
 
     __tablename__ = "app_user_quota"
     user_id: Mapped[int] = mapped_column(
@@ -103,10 +104,10 @@ class Page(Base):
     #: Fingerprint of the whole page's text as last fetched.
     fingerprint: Mapped[str | None] = mapped_column(String(64))
     title: Mapped[str | None] = mapped_column(String(300))
-    #: The last full fetch had scripts and almost no visible text (crawler_app.pagekind).
+    #: The last full fetch had scripts and almost no visible text (crawler_app.fetching.pagekind).
     script_page: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     #: Rendered in a browser (Chromium) because one of its trackers asked for it; all its
-    #: views are then read from the rendered page (crawler_app.browser).
+    #: views are then read from the rendered page (crawler_app.fetching.browser).
     browser: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     #: Requests the page made that the last rendering refused (SSRF guard, limits).
     refused_requests: Mapped[int | None] = mapped_column(Integer)
@@ -119,7 +120,7 @@ class Page(Base):
     #: Checked every N-th application cycle (1 = every cycle).
     period: Mapped[int] = mapped_column(Integer, default=1)
     #: Start (on the scheduler's tick grid) of the cycle that last checked the page: its
-    #: trackings' next due times count from it (crawler_app.due).
+    #: trackings' next due times count from it (crawler_app.checking.due).
     slot_at: Mapped[dt.datetime | None]
     #: The application cycle whose check result was applied last (analysis is idempotent).
     analysed_cycle_id: Mapped[int | None] = mapped_column(Integer)
@@ -137,19 +138,19 @@ class Tracking(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("app_user.id", ondelete="CASCADE"))
     page_id: Mapped[int] = mapped_column(ForeignKey("app_page.id", ondelete="CASCADE"), index=True)
-    #: The view's key (:attr:`crawler_app.filters.ViewSpec.key`); empty: the whole page.
+    #: The view's key (:attr:`crawler_app.fetching.filters.ViewSpec.key`); empty: the whole page.
     selector: Mapped[str | None] = mapped_column(String(SELECTOR_LENGTH), default=WHOLE_PAGE)
     since: Mapped[dt.datetime] = mapped_column(default=utcnow)
     #: The tracker wants the page rendered in a browser (it builds its text with scripts).
     browser: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     #: Paused by its user: keeps its history, asks for no check and gets no digest; a
-    #: page whose trackings are all paused is not fetched (crawler_app.pages.sync_jobs).
+    #: page whose trackings are all paused is not fetched (crawler_app.users.pages.sync_jobs).
     paused: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
-    #: The user's labels for it (:func:`crawler_app.pages.check_tags`), searched with the
+    #: The user's labels for it (:func:`crawler_app.users.pages.check_tags`), searched with the
     #: page's URL and title.
     tags: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
     #: Check the page every this many seconds, or on this cron expression (five fields,
-    #: local time); neither: on the operator's ``JODL_SCHEDULE`` (crawler_app.due).
+    #: local time); neither: on the operator's ``JODL_SCHEDULE`` (crawler_app.checking.due).
     every: Mapped[int | None] = mapped_column(Integer)
     cron: Mapped[str | None] = mapped_column(String(100))
     #: What the user calls it (NULL: the page's title); kept through imports and exports.
@@ -165,14 +166,14 @@ class PageView(Base):
     )
     id: Mapped[int] = mapped_column(primary_key=True)
     page_id: Mapped[int] = mapped_column(ForeignKey("app_page.id", ondelete="CASCADE"))
-    #: The view's key (:attr:`crawler_app.filters.ViewSpec.key`); empty for the whole page.
+    #: The view's key (:attr:`crawler_app.fetching.filters.ViewSpec.key`); empty for the whole page.
     selector: Mapped[str] = mapped_column(String(SELECTOR_LENGTH), default=WHOLE_PAGE)
     #: Fingerprint of the current (confirmed) text; None before the first good fetch.
     fingerprint: Mapped[str | None] = mapped_column(String(64))
     #: Exact fingerprints of fetches judged the same as the current text, newest first.
     recent: Mapped[list[str]] = mapped_column(JSON, default=list)
     #: What is learned of the view: its baseline's line keys and what varies on it
-    #: (:class:`crawler_app.variance.Model`); None before the first baseline.
+    #: (:class:`crawler_app.checking.variance.Model`); None before the first baseline.
     model: Mapped[dict[str, str] | None] = mapped_column(JSON)
     last_changed_at: Mapped[dt.datetime | None]
     #: Why the last good fetch gave this view no text (its selector matches nothing,
@@ -208,7 +209,7 @@ class Snapshot(Base):
 
 
 class CycleStep:
-    """Steps of the page checker's cycle, in order (see :mod:`crawler_app.cycle`)."""
+    """Steps of the page checker's cycle, in order (see :mod:`crawler_app.checking.cycle`)."""
 
     PREPARE = "prepare"
     CHECK = "check"
@@ -323,10 +324,10 @@ class DigestClaim(Base):
 
 
 class UserChannel(Base):
-    """A notification channel of a user (:mod:`crawler_app.channels`): an Apprise URL.
+    """A notification channel of a user (:mod:`crawler_app.notify.channels`): an Apprise URL.
 
     The URL holds the channel's secrets (tokens, passwords); it is read by the agent
-    that sends to it and never shown back in full (:func:`crawler_app.channels.masked`).
+    that sends to it and never shown back in full (:func:`crawler_app.notify.channels.masked`).
     """
 
     __tablename__ = "app_channel"

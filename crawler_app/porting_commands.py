@@ -31,7 +31,8 @@ def import_(ctx: click.Context, file: Any, email: str, format_: str | None) -> N
     from jodl.exceptions import JodlError
     from jodl.queue import Queue
 
-    from . import baselines, porting
+    from . import porting
+    from .checking import baselines
     from .commands import _engine, _session
 
     try:

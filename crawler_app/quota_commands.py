@@ -1,4 +1,4 @@
-"""``jodl users quota EMAIL``: show or set one user's quotas (:mod:`crawler_app.quota`)."""
+"""``jodl users quota EMAIL``: show or set one user's quotas (:mod:`crawler_app.users.quota`)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ def quota(ctx: click.Context, email: str, **given: Any) -> None:
 
     from .commands import _session
     from .models import Tracking
-    from .pages import get_user
-    from .quota import Limits, limits_of, set_quota
+    from .users.pages import get_user
+    from .users.quota import Limits, limits_of, set_quota
 
     source = click.get_current_context().get_parameter_source
     chosen = {k: v for k, v in given.items() if source(k) == click.core.ParameterSource.COMMANDLINE}

@@ -17,8 +17,9 @@ from jodl.exceptions import ConfigError
 from jodl.settings.config import read_values
 from jodl.settings.options import Option, register_check, register_options
 
-from . import confirm, fetch_settings, politeness, reach
-from .guard import parse_allowlist
+from .checking import confirm
+from .fetching import fetch_settings, politeness, reach
+from .fetching.guard import parse_allowlist
 
 #: Cron expression of the application cycle run by ``jodl master`` (daily at 06:00).
 DEFAULT_SCHEDULE = "0 6 * * *"

@@ -23,10 +23,10 @@ from aiosmtpd.controller import Controller
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
-from crawler_app import pages
-from crawler_app.cycle import CycleResult, PageCycle
+from crawler_app.checking.cycle import CycleResult, PageCycle
 from crawler_app.models import User
 from crawler_app.settings import AppSettings
+from crawler_app.users import pages
 from jodl.master import Master
 
 

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import sessionmaker
 
-from crawler_app import pages
-from crawler_app.cycle import CycleResult
+from crawler_app.checking.cycle import CycleResult
 from crawler_app.models import Page, Snapshot
+from crawler_app.users import pages
 
 if TYPE_CHECKING:
     from tests.site import TestSite

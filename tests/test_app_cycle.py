@@ -14,9 +14,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
 from test_web_views import login, make_user, token
 
-from crawler_app import mail
-from crawler_app.confirm import DEFAULT_CONFIRM_FETCHES
-from crawler_app.families import Notify
+from crawler_app.checking.confirm import DEFAULT_CONFIRM_FETCHES
+from crawler_app.checking.families import Notify
+from crawler_app.checking.schedule import CycleScheduler
 from crawler_app.models import (
     AppCycle,
     CycleStep,
@@ -26,8 +26,8 @@ from crawler_app.models import (
     PageView,
     Snapshot,
 )
-from crawler_app.pages import normalise_url
-from crawler_app.schedule import CycleScheduler
+from crawler_app.notify import mail
+from crawler_app.users.pages import normalise_url
 from jodl.log.models import ExecState, Execution, FamilyRow, Job, JobState, Run
 from jodl.master import Master
 from web.app import create_app

@@ -1,4 +1,5 @@
-"""Baselines (crawler_app.baselines) end to end: real agents, a real SMTP inbox, the database.
+"""Baselines (crawler_app.checking.baselines) end to end: real agents, a real SMTP inbox,
+the database.
 
 A new tracking takes its baseline at once, through the on-demand queue of a
 serving master, so an edit made before the first cycle is mailed in that cycle;
@@ -18,9 +19,9 @@ from app_support import add_users_tracking, agent_env, app_settings, inbox, run_
 from sqlalchemy import null, select, update
 from sqlalchemy.orm import sessionmaker
 
-from crawler_app import baselines
+from crawler_app.checking import baselines
+from crawler_app.checking.schedule import CycleScheduler, MasterRunner
 from crawler_app.models import Page, PageView, Snapshot
-from crawler_app.schedule import CycleScheduler, MasterRunner
 from jodl.master import Master
 from jodl.queue import Queue, QueueFeeder
 

@@ -25,7 +25,7 @@ from agents import wait_for
 from sqlalchemy import func, select
 from test_web_up import LOGIN_LINE, UP_LINE, start_up, wait_up
 
-from crawler_app.confirm import BASELINE_FETCHES
+from crawler_app.checking.confirm import BASELINE_FETCHES
 from crawler_app.models import AppCycle
 from jodl.log import make_engine
 

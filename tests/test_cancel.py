@@ -20,8 +20,8 @@ from app_support import add_users_tracking, agent_env
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import sessionmaker
 
-from crawler_app import pages
-from crawler_app.pages import CHECK_FAMILY
+from crawler_app.users import pages
+from crawler_app.users.pages import CHECK_FAMILY
 from jodl.log import Store
 from jodl.log.models import Dispatch, ExecState, Execution, Job, JobState, Run, RunState
 
@@ -227,7 +227,7 @@ def test_untracking_the_last_tracker_stops_the_check_job(
     url = site.url("/slow")
     add_users_tracking(store, url, ["ann@example.org", "bob@example.org"])
     # `jodl run` runs the family without the page checker's cycle, which would mark the
-    # job as one of users allowed the loopback allowlist (crawler_app.reach): mark it.
+    # job as one of users allowed the loopback allowlist (crawler_app.fetching.reach): mark it.
     with store.engine.begin() as conn:
         payload = json.dumps({"url": url, "reach": "allowlist"})
         conn.execute(update(Job).where(Job.key == url).values(payload=payload))

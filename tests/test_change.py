@@ -1,6 +1,6 @@
 """Change detection within one check: what varies is learned, a real edit is confirmed.
 
-:class:`~crawler_app.confirm.ViewCheck` is fed the texts of a check's fetches, as
+:class:`~crawler_app.checking.confirm.ViewCheck` is fed the texts of a check's fetches, as
 the agent feeds it; the end-to-end runs with real agents are in test_noise.py
 and test_detection.py.
 """
@@ -12,8 +12,8 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crawler_app.change import diff, short_diff
-from crawler_app.confirm import (
+from crawler_app.checking.change import diff, short_diff
+from crawler_app.checking.confirm import (
     BASELINE,
     CHANGE,
     NOISE,
@@ -23,9 +23,9 @@ from crawler_app.confirm import (
     ViewCheck,
     fetches_to_confirm,
 )
-from crawler_app.pagekind import built_by_script, error_page
-from crawler_app.text import fingerprint
-from crawler_app.variance import Model, text_keys
+from crawler_app.checking.variance import Model, text_keys
+from crawler_app.fetching.pagekind import built_by_script, error_page
+from crawler_app.fetching.text import fingerprint
 
 CONFIRMS = 4
 PAGE = "Shop\nOpening hours\nMon-Fri 9-17\nSat 10-14\nAd: shoes\nServer time 12:00:01"

@@ -22,9 +22,9 @@ from test_app_cycle import KILL_CHAIN, html
 from test_digest_once import cycle_in_thread
 from test_web_views import PASSWORD, login
 
-from crawler_app import channels
 from crawler_app.models import AppCycle, Delivery, Notification, NotificationState, User
-from crawler_app.pages import add_user, get_user
+from crawler_app.notify import channels
+from crawler_app.users.pages import add_user, get_user
 from jodl.log.models import ExecState, Execution
 from web.app import create_app
 from web.settings import WebSettings

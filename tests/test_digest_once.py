@@ -26,8 +26,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 from test_app_cycle import KILL_CHAIN, digest_payload, html
 
-from crawler_app.cycle import CycleResult, PageCycle
-from crawler_app.families import Notify, SmtpRefused
+from crawler_app.checking.cycle import CycleResult, PageCycle
+from crawler_app.checking.families import Notify, SmtpRefused
 from crawler_app.models import (
     DigestClaim,
     DigestClaimState,

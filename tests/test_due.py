@@ -1,4 +1,4 @@
-"""Schedules per tracking (crawler_app.due): bounds, due times with a controlled clock,
+"""Schedules per tracking (crawler_app.checking.due): bounds, due times with a controlled clock,
 one fetch per due time on real agents, pause and resume, the tick, the CLI and the API."""
 
 from __future__ import annotations
@@ -17,10 +17,16 @@ from sqlalchemy.orm import sessionmaker
 from test_web_api import USER, make_app
 from test_web_views import assert_safe, token
 
-from crawler_app import pages
-from crawler_app.due import Clock, Schedule, ScheduleError, check_schedule_of, floor_to_tick
+from crawler_app.checking.due import (
+    Clock,
+    Schedule,
+    ScheduleError,
+    check_schedule_of,
+    floor_to_tick,
+)
+from crawler_app.checking.schedule import CycleScheduler, due_spread
 from crawler_app.models import AppCycle, Page, Snapshot, Tracking
-from crawler_app.schedule import CycleScheduler, due_spread
+from crawler_app.users import pages
 from jodl.log import Reads, utcnow
 from jodl.master import Master
 

@@ -24,8 +24,8 @@ from flask import Flask
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import sessionmaker
 
-from crawler_app.pages import add_user
-from crawler_app.reach import Reach
+from crawler_app.fetching.reach import Reach
+from crawler_app.users.pages import add_user
 from jodl.log import Store
 from jodl.queue import Queue
 from tests.test_notices import live, wait_until

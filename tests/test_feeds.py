@@ -14,7 +14,7 @@ from sqlalchemy.orm import sessionmaker
 from test_web_views import PASSWORD, assert_safe, token
 
 from crawler_app.models import Page, Snapshot, compress
-from crawler_app.pages import track
+from crawler_app.users.pages import track
 
 app = test_web_views.app
 user_client = test_web_views.user_client

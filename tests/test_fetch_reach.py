@@ -24,11 +24,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 from webserver import AGENT_ENV, ServingMaster
 
-from crawler_app import pages
-from crawler_app.fetcher import NOT_FOR_THIS_JOB, Fetcher, FetchFailed, FetchSettings
+from crawler_app.fetching.fetcher import NOT_FOR_THIS_JOB, Fetcher, FetchFailed, FetchSettings
+from crawler_app.fetching.reach import AllowUsers, Reach
 from crawler_app.models import Page
-from crawler_app.reach import AllowUsers, Reach
 from crawler_app.settings import AppSettings
+from crawler_app.users import pages
 from jodl.exceptions import ConfigError
 from jodl.log.models import Job
 from web.app import create_app
@@ -236,7 +236,7 @@ def test_the_fetcher_empties_the_allowlist_for_a_job_without_it(site: TestSite) 
         async with Fetcher(config) as fetcher:
             refused = await fetcher.fetch(site.url("/secret"), use_allowlist=False)
             read = await fetcher.fetch(site.url("/secret"))
-            try:  # a rendered page's request, as crawler_app.browser makes it
+            try:  # a rendered page's request, as crawler_app.fetching.browser makes it
                 await fetcher.get_resource(site.url("/secret"), {}, 1000, use_allowlist=False)
             except FetchFailed as exc:
                 return refused, read, exc.code

@@ -17,8 +17,15 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from crawler_app.fetcher import RESULT_KEYS, USER_AGENT, Fetcher, FetchSettings, fetch, make_client
-from crawler_app.text import fingerprint
+from crawler_app.fetching.fetcher import (
+    RESULT_KEYS,
+    USER_AGENT,
+    Fetcher,
+    FetchSettings,
+    fetch,
+    make_client,
+)
+from crawler_app.fetching.text import fingerprint
 
 if TYPE_CHECKING:
     from tests.site import TestSite

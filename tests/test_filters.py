@@ -1,4 +1,4 @@
-"""Filters and triggers per tracking (crawler_app/filters.py), through real cycles.
+"""Filters and triggers per tracking (crawler_app/fetching/filters.py), through real cycles.
 
 A local site serves an HTML page and a JSON document that change between cycles;
 users track them through views (CSS, XPath, JSONPath, include, exclude, ignore
@@ -21,10 +21,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
 from test_web_views import login, token
 
-from crawler_app import pages
-from crawler_app.filters import FilterError, ViewSpec
+from crawler_app.fetching.filters import FilterError, ViewSpec
+from crawler_app.fetching.text import extract
 from crawler_app.models import PageView, Snapshot, Tracking, User
-from crawler_app.text import extract
+from crawler_app.users import pages
 from jodl.cli import main
 from web.app import create_app
 from web.settings import WebSettings

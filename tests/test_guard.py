@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crawler_app import guard
-from crawler_app.fetcher import Fetcher, FetchSettings, fetch
-from crawler_app.guard import FetchRefused, check_address, check_url, parse_url
+from crawler_app.fetching import guard
+from crawler_app.fetching.fetcher import Fetcher, FetchSettings, fetch
+from crawler_app.fetching.guard import FetchRefused, check_address, check_url, parse_url
 
 if TYPE_CHECKING:
     from tests.site import TestSite

@@ -14,7 +14,7 @@ from flask.testing import FlaskClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
 
-from crawler_app.pages import add_user
+from crawler_app.users.pages import add_user
 from jodl.log import Store
 from jodl.log.models import JobProgress
 from jodl.master import Master

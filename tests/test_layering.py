@@ -123,3 +123,13 @@ def test_all_lists_only_names_the_module_defines(module: str) -> None:
 def test_the_lazy_names_of_jodl_are_its_all() -> None:
     lazy = set(jodl._PUBLIC) | {"PUBLIC_MODULES"}
     assert lazy == set(jodl.__all__)
+
+
+def test_the_page_checkers_public_names_load() -> None:
+    """Every name of ``crawler_app.__all__`` loads (they are lazy: tests/test_layers.py
+    holds the web app to them)."""
+    import crawler_app
+
+    listed = list(crawler_app.__all__)
+    assert len(listed) == len(set(listed)), "no name twice"
+    assert [name for name in listed if getattr(crawler_app, name, None) is None] == []

@@ -5,6 +5,10 @@ The sources are read with :mod:`ast`, nothing is imported. ``from pkg import nam
 depends on the submodule ``pkg.name`` when there is one, else on ``pkg`` itself.
 Imports inside functions are not module-level and are not counted, except in the web
 app, where they form no circle either (none hides a circle the factory would close).
+
+Each application has one gateway: the web app imports the page checker's package
+``crawler_app`` (the names of its ``__all__``), never one of its modules, wherever the
+import is, as the applications import jodl's public modules only (tests/test_layering.py).
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("crawler_app",),
     ("web",),
 )
+
+#: Each importer package -> the package it may reach only through that package's ``__all__``.
+GATEWAYS = {"web": "crawler_app"}
 
 #: Circles left to break: none, and none may be added (``TYPE_CHECKING`` imports count).
 KNOWN_CIRCLES: set[frozenset[str]] = set()
@@ -284,3 +291,127 @@ def test_no_web_module_but_its_gateway_builds_sql() -> None:
 )
 def test_the_web_sql_scan_sees_builders_and_runners(source: str, found: list[str]) -> None:
     assert web_sql_outside_gateway(ast.parse(source)) == found
+
+
+def public_face(package: str) -> set[str]:
+    """The names of the ``__all__`` of ``package``, read from its ``__init__.py``."""
+    tree = ast.parse((ROOT / package / "__init__.py").read_text())
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in stmt.targets
+        ):
+            return set(ast.literal_eval(stmt.value))
+    return set()
+
+
+def past_the_gateway(source: str, gateway: str, where: str) -> Iterator[str]:
+    """Each import of ``source`` (inside functions too) that reaches ``gateway`` other
+    than by a name of its ``__all__``, described."""
+    face = public_face(gateway)
+    for node in all_imports(ast.parse(source).body):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.partition(".")[0] == gateway:
+                    yield f"{where}:{node.lineno}: import {alias.name}"
+        elif node.level == 0 and node.module and node.module.partition(".")[0] == gateway:
+            if node.module != gateway:
+                yield f"{where}:{node.lineno}: from {node.module} (a module of {gateway})"
+                continue
+            for alias in node.names:
+                if alias.name not in face:
+                    yield f"{where}:{node.lineno}: {gateway}.{alias.name} is not in its __all__"
+
+
+def test_the_web_app_reaches_the_page_checker_through_its_package_only() -> None:
+    found = []
+    for importer, gateway in GATEWAYS.items():
+        for path in sorted((ROOT / importer).rglob("*.py")):
+            where = str(path.relative_to(ROOT))
+            found += past_the_gateway(path.read_text(), gateway, where)
+    assert found == []
+
+
+def test_the_page_checkers_face_lists_what_it_loads() -> None:
+    """Every public name of ``crawler_app`` is one of its lazy names (nothing imported)."""
+    tree = ast.parse((ROOT / "crawler_app" / "__init__.py").read_text())
+    lazy = next(
+        stmt.value
+        for stmt in tree.body
+        if isinstance(stmt, ast.AnnAssign)
+        and isinstance(stmt.target, ast.Name)
+        and stmt.target.id == "_PUBLIC"
+    )
+    assert isinstance(lazy, ast.Dict)
+    names = {ast.literal_eval(key) for key in lazy.keys if key is not None}
+    assert names == public_face("crawler_app")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from crawler_app.pages import track",
+        "import crawler_app.settings",
+        "from crawler_app import not_public",
+        "def later():\n    from crawler_app.models import User",
+    ],
+)
+def test_an_import_past_the_gateway_is_caught(source: str) -> None:
+    assert list(past_the_gateway(source, "crawler_app", "example")) != []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from crawler_app import User, track, feeds",
+        "def later():\n    from crawler_app import AppSettings",
+        "from jodl.log import Store\nfrom .models import Batch",
+    ],
+)
+def test_an_import_through_the_gateway_passes(source: str) -> None:
+    assert list(past_the_gateway(source, "crawler_app", "example")) == []
+
+
+#: What builds SQL: these names of ``sqlalchemy`` imported, anywhere in a module.
+SQL_NAMES = {"select", "insert", "update", "delete", "exists", "func", "text", "bindparam"}
+
+#: The page checker's gateways: its modules that build SQL for the others.
+SQL_GATEWAYS = {
+    "crawler_app.users.pages",  # users, pages, trackings and their jobs
+    "crawler_app.users.quota",  # the users' quotas
+    "crawler_app.checking.queries",  # the cycle's and the scheduler's statements
+    "crawler_app.checking.cycle_requests",  # cycles asked through the database
+    "crawler_app.notify.queries",  # the digests' statements
+    "crawler_app.notify.claims",  # the digests' claims, on the agents
+}
+#: Modules that still build SQL inline, to move into a gateway (issue 21): none may be added.
+SQL_LEFT_TO_MOVE = {
+    "crawler_app.commands",
+    "crawler_app.quota_commands",
+    "crawler_app.checking.analysis",
+    "crawler_app.checking.baselines",
+    "crawler_app.fetching.reach",
+    "crawler_app.notify.channels",
+    "crawler_app.notify.feeds",
+    "crawler_app.porting.store",
+}
+
+
+def builds_sql(body: list[ast.stmt]) -> bool:
+    return any(
+        isinstance(node, ast.ImportFrom)
+        and (node.module or "").partition(".")[0] == "sqlalchemy"
+        and any(alias.name in SQL_NAMES for alias in node.names)
+        for node in all_imports(body)
+    )
+
+
+def test_the_page_checker_builds_sql_in_its_gateways_only() -> None:
+    found = {
+        name
+        for name, path in module_files().items()
+        if name.startswith("crawler_app.")
+        and ".migrations" not in name
+        and builds_sql(ast.parse(path.read_text()).body)
+    }
+    assert "crawler_app.checking.queries" in found, "the SQL builders were found"
+    assert sorted(found - SQL_GATEWAYS - SQL_LEFT_TO_MOVE) == []

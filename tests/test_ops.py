@@ -409,7 +409,7 @@ def test_page_checks_count_fetches_and_politeness_waits(store, agents, settings,
     for i in range(pages):
         site.set_page(f"/p{i}", f"<html><title>P{i}</title><body>page {i}</body></html>")
     fam = store.ensure_family("check_page")
-    # The site is on loopback: jobs of a user allowed the allowlist (crawler_app.reach).
+    # The site is on loopback: jobs of a user allowed the allowlist (crawler_app.fetching.reach).
     store.add_jobs(
         fam,
         (

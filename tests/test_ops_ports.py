@@ -19,7 +19,7 @@ from agents import free_port, run_jodl, spawn_jodl, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import sessionmaker
 
-from crawler_app.pages import add_user
+from crawler_app.users.pages import add_user
 from jodl.cli.ops import render, snapshot
 from jodl.log import Store
 from jodl.log.nodes import OPS_LABEL

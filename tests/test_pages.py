@@ -9,8 +9,8 @@ from agents import run_jodl  # noqa: I001 - tests/ is on sys.path
 from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
 
-from crawler_app import pages
 from crawler_app.models import Page, PageView, Tracking, User
+from crawler_app.users import pages
 from jodl.log.models import FamilyRow, Job, JobState
 
 

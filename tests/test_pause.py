@@ -15,9 +15,10 @@ from sqlalchemy.orm import sessionmaker
 from test_web_api import USER, make_app
 from test_web_views import assert_safe, token
 
-from crawler_app import baselines, pages
+from crawler_app.checking import baselines
 from crawler_app.models import Page, Snapshot, Tracking
-from crawler_app.pages import normalise_url
+from crawler_app.users import pages
+from crawler_app.users.pages import normalise_url
 from jodl.log.models import Job, JobState
 from jodl.queue import Queue
 

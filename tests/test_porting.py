@@ -13,12 +13,13 @@ from click.testing import CliRunner, Result
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from crawler_app import porting, quota
-from crawler_app.due import Schedule
-from crawler_app.filters import ViewSpec
+from crawler_app import porting
+from crawler_app.checking.due import Schedule
+from crawler_app.fetching.filters import ViewSpec
 from crawler_app.models import Page, Tracking
-from crawler_app.pages import add_user, get_user, set_paused, track
-from crawler_app.quota import set_quota
+from crawler_app.users import quota
+from crawler_app.users.pages import add_user, get_user, set_paused, track
+from crawler_app.users.quota import set_quota
 from jodl.cli import main
 from jodl.log import make_engine
 from jodl.log.migrate import upgrade

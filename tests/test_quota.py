@@ -21,8 +21,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
 
 from crawler_app.models import Tracking, User
-from crawler_app.pages import add_user
-from crawler_app.quota import QuotaExceeded, set_quota
+from crawler_app.users.pages import add_user
+from crawler_app.users.quota import QuotaExceeded, set_quota
 from jodl.cli import main
 from jodl.log import make_engine
 from jodl.log.migrate import upgrade

@@ -1,4 +1,4 @@
-"""Pages rendered in Debian's Chromium by a real agent (crawler_app.browser).
+"""Pages rendered in Debian's Chromium by a real agent (crawler_app.fetching.browser).
 
 A page whose text is built by its scripts is flagged to a tracker who checks it
 without the browser; with the browser on, its rendered text is the baseline and
@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 from crawler_app.models import Page, Snapshot
-from crawler_app.pages import SCRIPT_PAGE_NOTE, normalise_url, page_note
+from crawler_app.users.pages import SCRIPT_PAGE_NOTE, normalise_url, page_note
 
 if TYPE_CHECKING:
     from tests.site import TestSite

@@ -10,8 +10,8 @@ import asyncio
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from crawler_app.fetcher import Fetcher, FetchSettings
-from crawler_app.politeness import (
+from crawler_app.fetching.fetcher import Fetcher, FetchSettings
+from crawler_app.fetching.politeness import (
     ROBOTS_TTL,
     Politeness,
     RobotsAnswer,

@@ -15,12 +15,12 @@ from sqlalchemy import select
 from sqlalchemy import update as sql_update
 from sqlalchemy.orm import sessionmaker
 
-from crawler_app.confirm import BASELINE_FETCHES
-from crawler_app.cycle import PageCycle, spread_fraction
-from crawler_app.cycle_requests import request_cycle
-from crawler_app.due import Schedule, local_zone
+from crawler_app.checking.confirm import BASELINE_FETCHES
+from crawler_app.checking.cycle import PageCycle, spread_fraction
+from crawler_app.checking.cycle_requests import request_cycle
+from crawler_app.checking.due import Schedule, local_zone
+from crawler_app.checking.schedule import CycleScheduler, MasterRunner
 from crawler_app.models import AppCycle, CycleRequest, CycleStep, Page
-from crawler_app.schedule import CycleScheduler, MasterRunner
 from crawler_app.settings import AppSettings, cron_trigger
 from jodl.exceptions import ConfigError
 from jodl.log.models import Job, utcnow
@@ -333,8 +333,8 @@ def test_a_requested_cycle_is_not_spread(store, agents, settings, site, inbox):
 
 
 def test_next_check_of_each_tracked_page(store):
-    from crawler_app.pages import set_schedule, sync_jobs
-    from crawler_app.schedule import next_checks
+    from crawler_app.checking.schedule import next_checks
+    from crawler_app.users.pages import set_schedule, sync_jobs
 
     add_users_tracking(store, "http://pages.example/daily", ["ann@example.org"])
     add_users_tracking(store, "http://pages.example/hourly", ["ann@example.org"])

@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy.orm import sessionmaker
 from webserver import AGENT_ENV, EventStream, ServingMaster, WebProcess, start_web
 
-from crawler_app.pages import add_user
+from crawler_app.users.pages import add_user
 from jodl.log import Store
 from jodl.settings.config import Settings
 

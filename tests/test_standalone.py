@@ -25,7 +25,7 @@ from test_web_up import LOGIN_LINE, UP_LINE, children, wait_up
 from webserver import AGENT_ENV
 
 from crawler_app.models import Page
-from crawler_app.pages import sync_jobs
+from crawler_app.users.pages import sync_jobs
 from jodl.log import Store, make_engine
 from jodl.log.models import Node, NodeState
 from web.standalone import forget_in_process_nodes

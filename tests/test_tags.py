@@ -13,8 +13,8 @@ from sqlalchemy.orm import sessionmaker
 from test_web_api import USER, make_app
 from test_web_views import assert_safe, token
 
-from crawler_app import pages
 from crawler_app.models import Page
+from crawler_app.users import pages
 
 app = test_web_views.app
 user_client = test_web_views.user_client

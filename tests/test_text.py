@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crawler_app.text import (
+from crawler_app.fetching.text import (
     SelectorError,
     extract,
     fingerprint,
@@ -144,7 +144,7 @@ WALK_PIECES = st.sampled_from(
 
 @given(st.lists(WALK_PIECES, max_size=40))
 def test_the_quick_html_walk_gives_the_text_of_the_exact_one(pieces: list[str]) -> None:
-    from crawler_app.text import _visible_lines, _visible_lines_kept, parse_html
+    from crawler_app.fetching.text import _visible_lines, _visible_lines_kept, parse_html
 
     root = parse_html("".join(pieces))
     if root is not None:

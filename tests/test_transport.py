@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from crawler_app.fetcher import Fetcher, FetchSettings, make_client
-from crawler_app.guard import check_url
-from crawler_app.transport import PINNED, PinnedTransport
+from crawler_app.fetching.fetcher import Fetcher, FetchSettings, make_client
+from crawler_app.fetching.guard import check_url
+from crawler_app.fetching.transport import PINNED, PinnedTransport
 
 if TYPE_CHECKING:
     from tests.site import TestSite

@@ -14,9 +14,9 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy.orm import sessionmaker
 
-from crawler_app.cycle_requests import claim
+from crawler_app.checking.cycle_requests import claim
 from crawler_app.models import Snapshot, compress
-from crawler_app.pages import add_user
+from crawler_app.users.pages import add_user
 from jodl.log import Store, make_engine
 from jodl.log.migrate import upgrade
 from jodl.log.models import RequestKind, RunState

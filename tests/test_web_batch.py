@@ -36,7 +36,7 @@ def batches(store: Store, clock: Clock) -> Iterator[Batches]:
 
 
 def result(url: str, text: str = "hello", ok: bool = True, status: int = 200) -> dict[str, Any]:
-    from crawler_app.text import fingerprint
+    from crawler_app.fetching.text import fingerprint
 
     out: dict[str, Any] = {
         "url": url,

@@ -13,7 +13,7 @@ from test_channels import LOOPBACK, Webhook, webhook
 from test_web_views import PASSWORD, assert_safe, text_of, token
 
 from crawler_app.models import AppCycle, Delivery, Notification, NotificationState
-from crawler_app.pages import get_user
+from crawler_app.users.pages import get_user
 
 app = test_web_views.app
 user_client = test_web_views.user_client

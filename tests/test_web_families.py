@@ -13,7 +13,7 @@ from flask.testing import FlaskClient
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
-from crawler_app.pages import add_user
+from crawler_app.users.pages import add_user
 from jodl.log import Store, make_engine
 from jodl.log.migrate import upgrade
 from jodl.log.models import FamilyOnNode, FamilyRow, Job

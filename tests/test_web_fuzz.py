@@ -26,7 +26,7 @@ from schemathesis.checks import (
 from sqlalchemy.orm import sessionmaker
 from webserver import WebProcess, start_web
 
-from crawler_app.pages import add_user
+from crawler_app.users.pages import add_user
 from jodl.log import make_engine
 from jodl.log.migrate import upgrade
 

@@ -16,9 +16,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 from webserver import AGENT_ENV, ServingMaster
 
-from crawler_app import baselines, pages
+from crawler_app.checking import baselines
 from crawler_app.models import Page
-from crawler_app.pages import CHECK_FAMILY
+from crawler_app.users import pages
+from crawler_app.users.pages import CHECK_FAMILY
 from jodl.log.models import ExecState, Execution, FamilyRow, Job
 from web.batch import Batches
 from web.settings import WebSettings

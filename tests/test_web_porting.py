@@ -17,8 +17,8 @@ from test_web_api import USER, make_app
 from test_web_views import assert_safe, token
 
 from crawler_app.models import Tracking
-from crawler_app.pages import get_user
-from crawler_app.quota import set_quota
+from crawler_app.users.pages import get_user
+from crawler_app.users.quota import set_quota
 
 app = test_web_views.app
 user_client = test_web_views.user_client

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy.orm import sessionmaker
 from webserver import ReverseProxy, WebProcess, client_at, start_web
 
-from crawler_app.pages import add_user
+from crawler_app.users.pages import add_user
 from jodl.log import make_engine
 from jodl.log.migrate import upgrade
 

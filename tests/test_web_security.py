@@ -24,7 +24,7 @@ from sqlalchemy.orm import sessionmaker
 from webserver import EventStream, start_web
 
 from crawler_app.models import User
-from crawler_app.pages import add_user, set_password
+from crawler_app.users.pages import add_user, set_password
 from jodl.log import make_engine
 from jodl.log.migrate import upgrade
 from jodl.log.models import FamilyRow, Job

@@ -15,10 +15,10 @@ from sqlalchemy.orm import sessionmaker
 from test_web_views import assert_safe, login, make_user, text_of, token
 from tzlocal import get_localzone
 
-from crawler_app import baselines
+from crawler_app.checking import baselines
+from crawler_app.fetching.reach import Reach
 from crawler_app.models import Page
-from crawler_app.pages import sync_jobs, track
-from crawler_app.reach import Reach
+from crawler_app.users.pages import sync_jobs, track
 from jodl.log.models import utcnow
 from web.batch import KEY_PREFIXES
 

@@ -21,7 +21,7 @@ from agents import child_env, jodl_command, port_answers, run_jodl, wait_for
 from sqlalchemy import create_engine, text
 from webserver import AGENT_ENV, EventStream
 
-from crawler_app import mail
+from crawler_app.notify import mail
 from crawler_app.settings import AppSettings
 from web.settings import up_app_url
 

@@ -21,7 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 from crawler_app.models import CycleRequest, Page, Snapshot, User, compress
-from crawler_app.pages import add_user, track
+from crawler_app.users.pages import add_user, track
 from jodl.log import Store, make_engine
 from jodl.log.migrate import upgrade
 from jodl.log.models import RunState

@@ -16,8 +16,7 @@ from typing import Any
 from flask import Blueprint, jsonify, request, url_for
 from werkzeug.exceptions import BadRequest, Forbidden, NotFound, UnsupportedMediaType
 
-from crawler_app.pages import PageError
-from crawler_app.quota import QuotaExceeded
+from crawler_app import PageError, QuotaExceeded
 from jodl import scrape_targets
 
 from . import admin, channels, jobs, tracking

@@ -27,7 +27,7 @@ from werkzeug.exceptions import (
 )
 from werkzeug.middleware.proxy_fix import ProxyFix
 
-from crawler_app.settings import AppSettings
+from crawler_app import AppSettings
 from jodl.log import ResultWatch, Store, make_engine
 from jodl.queue import Queue
 

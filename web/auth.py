@@ -41,11 +41,20 @@ from sqlalchemy.orm import Session
 from werkzeug.exceptions import Forbidden, NotFound, TooManyRequests, Unauthorized
 from werkzeug.security import check_password_hash, generate_password_hash
 
-from crawler_app.guard import FetchRefused, check_url, parse_url, system_resolve
-from crawler_app.models import User
-from crawler_app.pages import PageError, add_user, check_password, normalise_email
-from crawler_app.reach import USERS_SETTING, Reach
-from crawler_app.settings import AppSettings
+from crawler_app import (
+    USERS_SETTING,
+    AppSettings,
+    FetchRefused,
+    PageError,
+    Reach,
+    User,
+    add_user,
+    check_password,
+    check_url,
+    normalise_email,
+    parse_url,
+    system_resolve,
+)
 
 from . import queries
 from .security import CSRF_KEY
@@ -294,7 +303,7 @@ class SubmissionRules(NamedTuple):
     most: int
     #: Refuses a normalised URL more (ValueError saying why), or None.
     admit: Callable[[str], None] | None
-    #: Whether the queued jobs may use the fetch allowlist (crawler_app.reach).
+    #: Whether the queued jobs may use the fetch allowlist (crawler_app.fetching.reach).
     reach: Reach
 
 

@@ -18,7 +18,7 @@ the job of a tracked page, which belongs to the application cycles). The job's
 A reset forgets a URL's results: the cache ignores every execution of its job
 up to the newest one at the time of the reset.
 
-A job carries who asked (:class:`crawler_app.reach.Reach`): jobs that may use the
+A job carries who asked (:class:`crawler_app.Reach`): jobs that may use the
 fetch allowlist are keyed apart (:data:`KEY_PREFIXES`), so a visitor's submission
 of a URL never shares the job, nor the cached results, of a user's submission
 that may reach a private network.
@@ -38,9 +38,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 
-from crawler_app.guard import FetchRefused, parse_url
-from crawler_app.pages import CHECK_FAMILY, check_payload, family_id
-from crawler_app.reach import Reach
+from crawler_app import CHECK_FAMILY, FetchRefused, Reach, check_payload, family_id, parse_url
 from jodl.log import JobState, Reads, utcnow
 from jodl.queue import Queue
 
@@ -297,7 +295,7 @@ class Batches:
         who submits (a visitor not signed in: never); it also picks the jobs' keys.
 
         Raises :class:`SubmissionError` for an empty batch or one over the size limit,
-        :class:`crawler_app.quota.QuotaExceeded` for one over the user's quotas.
+        :class:`crawler_app.QuotaExceeded` for one over the user's quotas.
         Each URL refused on its own (scheme, syntax, length) becomes an item with an
         error: the rest of the batch goes ahead. ``admit`` may refuse a normalised
         URL more (ValueError saying why); ``most`` lowers the size limit.

@@ -13,9 +13,7 @@ from typing import Any
 from flask import Blueprint, flash, redirect, render_template, request, url_for
 from werkzeug.exceptions import BadRequest, NotFound
 
-from crawler_app import channels, feeds
-from crawler_app.models import Delivery
-from crawler_app.settings import AppSettings
+from crawler_app import AppSettings, Delivery, channels, feeds
 from jodl.exceptions import ConfigError
 
 from . import queries

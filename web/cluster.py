@@ -35,7 +35,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from crawler_app.pages import add_user
+from crawler_app import add_user
 from jodl import RunRequests
 from jodl.agent import InProcessAgent
 from jodl.log import NodeState, Store, make_engine
@@ -217,7 +217,7 @@ class LocalCluster:
         operator's ``remembered`` (e-mail, password) from an earlier start is returned
         when it still logs in.
         """
-        from crawler_app.pages import check_password
+        from crawler_app import check_password
 
         self.settings = self.settings or Settings.from_env(database_url=self.database_url)
         self.engine = make_engine(self.database_url)
@@ -233,7 +233,7 @@ class LocalCluster:
             password = secrets.token_urlsafe(12)
             existing = queries.user_by_email(s, ADMIN_EMAIL)
             if existing is not None:
-                from crawler_app.pages import set_password
+                from crawler_app import set_password
 
                 set_password(existing, password)
                 existing.is_admin = True
@@ -299,8 +299,7 @@ class LocalCluster:
     def start_master(self) -> None:
         """Start the serving master (queue feeder, cycle scheduler) in a thread."""
         assert self.settings is not None and self.store is not None
-        from crawler_app.schedule import CycleScheduler, MasterRunner
-        from crawler_app.settings import AppSettings
+        from crawler_app import AppSettings, CycleScheduler, MasterRunner
 
         # HOST:PID first: a jodl up killed on this host does not hold the lease after it.
         name = f"{socket.gethostname()}:{os.getpid()}:jodl-up"

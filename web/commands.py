@@ -366,7 +366,8 @@ def _sessions(ctx: click.Context) -> Any:
 @click.pass_context
 def admins_add(ctx: click.Context, email: str, password: bool) -> None:
     """Make EMAIL an operator (creating the user if needed)."""
-    from crawler_app.pages import add_user, normalise_email, set_password
+
+    from crawler_app import add_user, normalise_email, set_password
 
     from . import queries
 
@@ -390,7 +391,8 @@ def admins_add(ctx: click.Context, email: str, password: bool) -> None:
 @click.pass_context
 def admins_remove(ctx: click.Context, email: str) -> None:
     """Take the operator role from EMAIL."""
-    from crawler_app.pages import normalise_email
+
+    from crawler_app import normalise_email
 
     from . import queries
 

@@ -13,8 +13,7 @@ from typing import Any
 from flask import Blueprint, Response, url_for
 from werkzeug.exceptions import NotFound
 
-from crawler_app import feeds
-from crawler_app.pages import PageError, check_tags
+from crawler_app import PageError, check_tags, feeds
 from jodl.log import utcnow
 
 from .services import services

@@ -16,9 +16,7 @@ from typing import Any
 from flask import Blueprint, Response, flash, jsonify, redirect, request, url_for
 from werkzeug.exceptions import BadRequest
 
-from crawler_app import baselines, porting
-from crawler_app.pages import PageError
-from crawler_app.quota import QuotaExceeded
+from crawler_app import PageError, QuotaExceeded, baselines, porting
 
 from .api import body_as, query_as
 from .auth import CurrentUser, current_user, login_required

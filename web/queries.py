@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Engine, delete, func, insert, inspect, select, text, update
 from sqlalchemy.orm import Session
 
-from crawler_app.models import Delivery, Notification, Page, PageView, Snapshot, Tracking, User
+from crawler_app import Delivery, Notification, Page, PageView, Snapshot, Tracking, User
 
 from .models import Batch, BatchItem, CacheReset
 

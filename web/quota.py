@@ -1,6 +1,6 @@
 """The per-user quotas of submissions (URLs per day, largest batch) and their refusals.
 
-The limits are the page checker's (:mod:`crawler_app.quota`: defaults, operators'
+The limits are the page checker's (:mod:`crawler_app.users.quota`: defaults, operators'
 overrides); the submitted batches are the web UI's, so they are counted here. A
 submission over a quota is refused whole, before a URL is queued or a batch
 written: 403 with ``{"error": "quota_exceeded", ...}`` in the API, a message in
@@ -18,8 +18,14 @@ from typing import Any
 from sqlalchemy.orm import sessionmaker
 from werkzeug.exceptions import BadRequest, Forbidden, NotFound
 
-from crawler_app.pages import normalise_email
-from crawler_app.quota import QUOTAS, Limits, QuotaExceeded, limits_of, set_quota
+from crawler_app import (
+    QUOTAS,
+    Limits,
+    QuotaExceeded,
+    limits_of,
+    normalise_email,
+    set_quota,
+)
 from jodl.exceptions import JodlError
 from jodl.log import utcnow
 

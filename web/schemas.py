@@ -27,10 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from crawler_app.due import CRON_LENGTH
-from crawler_app.models import NAME_LENGTH
-from crawler_app.pages import MAX_TAGS, TAG_LENGTH
-from crawler_app.porting import FORMATS
+from crawler_app import CRON_LENGTH, FORMATS, MAX_TAGS, NAME_LENGTH, TAG_LENGTH
 from jodl.admin.families import JOB_STATES, MAX_JOBS_LISTED
 from jodl.log import ExecState
 

@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 from werkzeug.exceptions import NotFound
 from werkzeug.routing import IntegerConverter
 
-from crawler_app.reach import AllowUsers
+from crawler_app import AllowUsers
 from jodl.log import ResultWatch, Store
 from jodl.queue import Queue
 

@@ -10,7 +10,7 @@ from typing import Any
 
 # The page checker's options register first, whichever module is imported first:
 # the configuration table keeps one order.
-import crawler_app.settings
+from crawler_app import AppSettings
 from jodl.exceptions import ConfigError
 from jodl.settings.config import read_values
 from jodl.settings.options import Option, register_options
@@ -337,7 +337,7 @@ def up_app_url(served: str, env: Mapping[str, str] | None = None) -> str | None:
     """
     from urllib.parse import urlsplit, urlunsplit
 
-    if crawler_app.settings.AppSettings.from_env(env).app_url:
+    if AppSettings.from_env(env).app_url:
         return None
     parts = urlsplit(served)
     if parts.hostname in ("0.0.0.0", "::"):

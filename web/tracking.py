@@ -18,14 +18,23 @@ from typing import Any
 from flask import Blueprint, flash, redirect, render_template, request, url_for
 from werkzeug.exceptions import BadRequest, NotFound
 
-from crawler_app import baselines
-from crawler_app.due import Schedule, ScheduleError, check_schedule_of
-from crawler_app.filters import FilterError, ViewSpec
-from crawler_app.models import NAME_LENGTH, WHOLE_PAGE, Page, Snapshot, Tracking
-from crawler_app.pages import (
+from crawler_app import (
+    NAME_LENGTH,
+    WHOLE_PAGE,
+    FilterError,
+    Page,
     PageError,
+    QuotaExceeded,
+    Schedule,
+    ScheduleError,
+    Snapshot,
+    Tracking,
+    ViewSpec,
+    baselines,
+    check_schedule_of,
     check_tags,
     matches,
+    next_checks,
     page_note,
     set_paused,
     set_schedule,
@@ -33,8 +42,6 @@ from crawler_app.pages import (
     trackings_of,
     untrack,
 )
-from crawler_app.quota import QuotaExceeded
-from crawler_app.schedule import next_checks
 
 from . import channels, queries
 from .auth import CurrentUser, current_user, limit, login_required
@@ -60,7 +67,7 @@ def _iso(value: dt.datetime | None) -> str | None:
 
 
 def _next_checks(svc: Services, page_ids: list[int]) -> dict[int, dt.datetime]:
-    """When these pages are next checked: their jobs' due times (crawler_app.due)."""
+    """When these pages are next checked: their jobs' due times (crawler_app.checking.due)."""
     return next_checks(svc.engine, page_ids)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from flask import Blueprint, flash, redirect, render_template, request, url_for
 from werkzeug.exceptions import NotFound
 
-from crawler_app.quota import QuotaExceeded
+from crawler_app import QuotaExceeded
 
 from .auth import (
     batch_limit,

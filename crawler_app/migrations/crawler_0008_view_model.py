@@ -1,7 +1,7 @@
 """page checker: what varies per view, and script-built pages
 
 ``app_page_view.model`` holds a view's learned model (its baseline's line keys
-and what varies on it, crawler_app.variance); the pending candidate of the old
+and what varies on it, crawler_app.checking.variance); the pending candidate of the old
 two-cycle confirmation goes (a change is now confirmed within one check).
 ``app_page.script_page`` flags pages that build their text with scripts.
 

@@ -2,7 +2,7 @@
 
 A view's key (``selector`` in ``app_tracking``, ``app_page_view``, ``app_snapshot``)
 now holds a CSS selector, an XPath or JSONPath expression, or a view's filters as
-JSON (crawler_app.filters): widened to 1000 characters. A user may track one page
+JSON (crawler_app.fetching.filters): widened to 1000 characters. A user may track one page
 through several views: the unique constraint on ``app_tracking`` takes the view,
 and a whole-page tracking's key is ``''`` (NULL before). ``app_page_view.problem``
 says why a view's last good fetch gave it no text.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from ..pages import get_user
+from ..users.pages import get_user
 from . import document, urlwatch
 from .spec import MAX_IMPORT_BYTES, ImportRefused, Parsed, Problem, TrackingSpec
 from .store import ImportReport, exported, import_trackings

@@ -22,12 +22,12 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from ..due import ScheduleError, check_schedule
-from ..filters import FilterError, ViewSpec
+from ..checking.due import ScheduleError, check_schedule
+from ..fetching.filters import FilterError, ViewSpec
+from ..fetching.text import CSS, JSONPATH, XPATH, selector_kind
 from ..models import NAME_LENGTH
-from ..pages import PageError, check_tags, normalise_url
 from ..settings import AppSettings
-from ..text import CSS, JSONPATH, XPATH, selector_kind
+from ..users.pages import PageError, check_tags, normalise_url
 from .spec import Exported, Parsed, Problem, TrackingSpec
 
 FORMAT = "jodl-trackings"

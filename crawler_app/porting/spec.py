@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from jodl.exceptions import JodlError
 
-from ..due import Schedule
-from ..filters import ViewSpec
+from ..checking.due import Schedule
+from ..fetching.filters import ViewSpec
 
 #: Largest import file read, in bytes (a file of a few thousand trackings is far smaller).
 MAX_IMPORT_BYTES = 1_000_000

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from ..due import Schedule
-from ..filters import FilterError, ViewSpec
+from ..checking.due import Schedule
+from ..fetching.filters import FilterError, ViewSpec
 from ..models import WHOLE_PAGE, Page, Tracking
-from ..pages import get_user, sync_jobs, track, trackings_of
-from ..quota import QuotaExceeded, limits_of
+from ..users.pages import get_user, sync_jobs, track, trackings_of
+from ..users.quota import QuotaExceeded, limits_of
 from .spec import Exported, Parsed, TrackingSpec
 
 
@@ -27,7 +27,7 @@ from .spec import Exported, Parsed, TrackingSpec
 class ImportReport:
     """What an import did; ``baseline_pages``: pages of its active trackings, to queue
     the first check of those without a baseline once committed
-    (:func:`crawler_app.baselines.request`)."""
+    (:func:`crawler_app.checking.baselines.request`)."""
 
     added: int = 0
     updated: int = 0
@@ -73,7 +73,7 @@ def _state(t: Tracking, page: Page) -> tuple[object, ...]:
 def import_trackings(s: Session, email: str, parsed: Parsed) -> ImportReport:
     """Track everything ``parsed`` asks for, for ``email``, in one savepoint; raises
     :class:`~crawler_app.porting.spec.ImportRefused` (problems) or
-    :class:`~crawler_app.quota.QuotaExceeded` before writing anything."""
+    :class:`~crawler_app.users.quota.QuotaExceeded` before writing anything."""
     specs = parsed.checked().specs
     user = get_user(s, email)
     have = _existing(s, user.id)

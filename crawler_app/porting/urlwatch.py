@@ -27,10 +27,10 @@ import yaml
 from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.nodes import MappingNode, Node, SequenceNode
 
-from ..filters import REGEX_PREFIX, FilterError, ViewSpec
+from ..fetching.filters import REGEX_PREFIX, FilterError, ViewSpec
+from ..fetching.text import CSS, XPATH, selector_kind
 from ..models import NAME_LENGTH
-from ..pages import PageError, normalise_url
-from ..text import CSS, XPATH, selector_kind
+from ..users.pages import PageError, normalise_url
 from .spec import Exported, Parsed, Problem, TrackingSpec
 
 #: Job keys read and dropped: they tune how urlwatch fetches or shows, not what is compared.

@@ -1,7 +1,7 @@
 """Baselines: taken at once for a new tracking, kept for views from before the model.
 
 A view's *baseline* is the state its trackers were last told about; a change is
-a difference from it (:mod:`crawler_app.confirm`). Without one, a check only
+a difference from it (:mod:`crawler_app.checking.confirm`). Without one, a check only
 takes one, so an edit made before the first check would never be reported.
 
 * **At once.** Tracking a page (``jodl track``, the web UI, the API) or "Check
@@ -20,6 +20,7 @@ takes one, so an edit made before the first check would never be reported.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, func, select, update
@@ -28,11 +29,12 @@ from sqlalchemy.orm import Session
 from jodl.log import Reads
 from jodl.queue import Queue
 
+from ..fetching.reach import AllowUsers, Reach, allowlisted_pages
+from ..models import Page, PageView, Snapshot, Tracking, decompress
+from ..settings import AppSettings
+from ..users.pages import CHECK_FAMILY, check_payload, family_id
 from . import analysis, confirm
-from .models import Page, PageView, Snapshot, Tracking, decompress
-from .pages import CHECK_FAMILY, check_payload, family_id
-from .reach import AllowUsers, Reach, allowlisted_pages
-from .settings import AppSettings
+from .check_result import CheckResult
 from .variance import Model, text_keys
 
 #: Prefix of the queue keys of baseline checks (the URL follows, so placement finds the host).
@@ -161,10 +163,10 @@ def apply(engine: Engine) -> int:
         return len(snapshots)
 
 
-def _baselines_only(result: dict[str, Any]) -> dict[str, Any]:
-    views = result.get("views") or {}
-    kept = {sel: v for sel, v in views.items() if v.get("verdict") == confirm.BASELINE}
-    return {**result, "views": kept}
+def _baselines_only(result: CheckResult) -> CheckResult:
+    views = result.views or {}
+    kept = {sel: v for sel, v in views.items() if v.verdict == confirm.BASELINE}
+    return replace(result, views=kept)
 
 
 def adopt_migrated(

@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import false, or_, select, true
 from sqlalchemy.orm import Session
 
-from .models import Tracking, User
+from ..models import Tracking, User
 
 #: Key of a ``check_page`` payload that carries the job's :class:`Reach`.
 PAYLOAD_KEY = "reach"

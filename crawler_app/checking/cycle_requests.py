@@ -12,6 +12,9 @@ by one cycle. A request made while a cycle runs stays pending until that cycle
 ends, then the next cycle serves it (and every other request made meanwhile).
 
 Operators see each recent request in one :class:`RequestState` (:func:`recent`).
+
+This module is the gateway of :class:`~crawler_app.models.CycleRequest`: the web UI,
+the commands and the scheduler go through its functions (tests/test_layers.py).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from sqlalchemy.orm import Session
 from jodl.exceptions import JodlError
 from jodl.log import Store, utcnow
 
+from ..models import AppCycle, CycleRequest, User
 from .cycle import CycleResult, OnStep
-from .models import AppCycle, CycleRequest, User
 
 #: Most pending requests listed for operators.
 LISTED = 20

@@ -4,12 +4,12 @@
 agent so connections, per-host politeness and robots.txt are shared) and
 returns its status, validators and the fingerprint of each *view* the page's
 trackers asked for (whole page, selectors and line filters,
-:mod:`crawler_app.filters`): however many views, the page is fetched once. A
+:mod:`crawler_app.fetching.filters`): however many views, the page is fetched once. A
 view's text travels back only when its fingerprint is not one the master
 already knows, so an unchanged page costs a few hundred bytes.
 
 ``notify`` sends one digest e-mail over SMTP, or one digest to one of the user's
-notification channels (:mod:`crawler_app.channels`, through Apprise). Once connected
+notification channels (:mod:`crawler_app.notify.channels`, through Apprise). Once connected
 and greeted (for a channel: once its target passed the SSRF guard), it claims the
 digest's idempotency key in the shared database *before* handing the message over
 and marks it sent as soon as it was accepted, so a digest run twice, on any agents
@@ -24,51 +24,41 @@ import smtplib
 import ssl
 import threading
 import time
+from dataclasses import replace
 from email.message import EmailMessage
 from typing import Any
 
-from sqlalchemy import Engine, delete, insert, select, update
-from sqlalchemy.exc import IntegrityError
-
 from jodl import Family, Permanent, failpoint
-from jodl.log import make_engine, utcnow
+from jodl.log import make_engine
 from jodl.settings.config import Settings
 
-from .browser import Renderer
-from .channels import ChannelError, open_channel
+from ..fetching.browser import Renderer
+from ..fetching.fetcher import THREAD_PARSE_BYTES, Fetcher
+from ..fetching.filters import FilterError, ViewSpec
+from ..fetching.pagekind import built_by_script, error_page
+from ..fetching.reach import Reach
+from ..fetching.text import SelectorError, extract, fingerprint
+from ..metrics import FETCHES, NOTIFICATIONS
+from ..models import DigestClaimState
+from ..notify.channels import ChannelError, open_channel
+from ..notify.claims import Journal
+from ..settings import SMTP_IN_CLEAR, AppSettings
+from .check_result import CheckResult, ViewResult
 from .confirm import BASELINE_DELAY, BASELINE_FETCHES, Known, ViewCheck
-from .fetcher import THREAD_PARSE_BYTES, Fetcher
-from .filters import FilterError, ViewSpec
-from .metrics import FETCHES, NOTIFICATIONS
-from .models import DigestClaim, DigestClaimState, UserChannel
-from .pagekind import built_by_script, error_page
-from .reach import Reach
-from .settings import SMTP_IN_CLEAR, AppSettings
-from .text import SelectorError, extract, fingerprint
 from .variance import Model
 
 #: Longest wait before a spread check starts (guards against a clock far off).
 MAX_START_DELAY = 3600.0
 
-# Result keys copied from the fetcher's result.
-_COPIED = (
-    "url", "final_url", "status", "ok", "not_modified", "etag", "last_modified",
-    "content_type", "size", "title", "truncated", "elapsed", "error", "error_reason",
-    "error_message",
-)  # fmt: skip
 
-
-def _view(text: str, matches: int | None, limit: int, fp: str | None = None) -> dict[str, Any]:
+def _view(text: str, matches: int | None, limit: int, fp: str | None = None) -> ViewResult:
     truncated = len(text) > limit
     if truncated:
         text = text[:limit].rstrip()
     if fp is None or truncated:
         # ``text`` comes from extract(), already normalised, unless it was cut here.
         fp = fingerprint(text, normalised=not truncated)
-    out: dict[str, Any] = {"fingerprint": fp, "chars": len(text), "matches": matches, "text": text}
-    if truncated:
-        out["truncated"] = True
-    return out
+    return ViewResult(fp, len(text), matches, text, truncated)
 
 
 def _selector_texts(
@@ -76,7 +66,7 @@ def _selector_texts(
 ) -> dict[str, tuple[str, int | None] | str]:
     """Each view's filtered text and selector match count, or its error message.
 
-    ``keys``: view keys (:attr:`~crawler_app.filters.ViewSpec.key`); ``whole``: the
+    ``keys``: view keys (:attr:`~crawler_app.fetching.filters.ViewSpec.key`); ``whole``: the
     whole page's text, the start of a view that filters lines only. The body is
     parsed once per selector, not once per view."""
     if not content_type:
@@ -112,20 +102,19 @@ class CheckPage(Family):
 
     Payload: ``url``; ``etag`` and ``last_modified`` as the server sent them last;
     ``views``: ``{view key: {"known": [fingerprints], "model": {...}}}`` (``""`` is
-    the whole page, :mod:`crawler_app.filters`; see :mod:`crawler_app.confirm`);
+    the whole page, :mod:`crawler_app.fetching.filters`; see :mod:`crawler_app.checking.confirm`);
     ``start_at``: Unix time before which the fetch does not start (spread). A view
     that differs from its baseline has the page fetched again
     (``JODL_CONFIRM_DELAY``, ``JODL_CONFIRM_FETCHES``).
-    Result: the fetcher's status fields of the last fetch, ``fetches``, and
-    ``views``: ``{view key: {fingerprint, chars, matches, verdict, text?, model?}}``
-    (``error`` instead for a view whose filters cannot be used; no ``verdict`` for
-    one left without text)
-    (``text`` only for a new baseline). Fetch errors, and a 200 page that reads as
-    an error page (``error_page``), are results (``ok`` false), not failures;
+    Result: a :class:`~crawler_app.checking.check_result.CheckResult` as JSON, the fetcher's
+    status fields of the last fetch, ``fetches``, and each view's fingerprint and
+    verdict (its text only for a new baseline or a change). Fetch errors, and a 200
+    page that reads as an error page (``error_page``), are results (``ok`` false), not
+    failures;
     ``script_page`` says the page builds its text with scripts. With ``browser``
-    true in the payload the page is rendered (:mod:`crawler_app.browser`) and the
+    true in the payload the page is rendered (:mod:`crawler_app.fetching.browser`) and the
     result's ``browser`` counts the requests it made and those refused. ``reach``
-    (:class:`~crawler_app.reach.Reach`, written where the job is queued): only
+    (:class:`~crawler_app.fetching.reach.Reach`, written where the job is queued): only
     ``"allowlist"`` lets the fetches reach the networks of ``JODL_FETCH_ALLOW``.
     """
 
@@ -162,10 +151,10 @@ class CheckPage(Family):
         out = await self._fetch(
             url, payload.get("etag"), payload.get("last_modified"), checks, browser, allowlist
         )
-        if not out.get("ok") or out.get("not_modified"):
-            return out
+        if not out.ok or out.not_modified:
+            return out.to_json()
         fetches = 1
-        views = out["views"]
+        views = dict(out.views or {})
         # Fetched again, unconditionally, while a view differs from its baseline.
         while not all(c.settled for c in checks.values()) and fetches <= max(
             self.settings.confirm_fetches, BASELINE_FETCHES
@@ -176,13 +165,12 @@ class CheckPage(Family):
             await asyncio.sleep(BASELINE_DELAY if baselines else self.settings.confirm_delay)
             fetches += 1
             again = await self._fetch(url, None, None, checks, browser, allowlist)
-            if again.get("ok") and not again.get("not_modified"):
-                views.update(again["views"])
-        out["fetches"] = fetches
+            if again.ok and not again.not_modified:
+                views.update(again.views or {})
         for check in checks.values():
             check.finish()
-        out["views"] = {sel: checks[sel].result(view) for sel, view in views.items()}
-        return out
+        judged = {sel: checks[sel].result(view) for sel, view in views.items()}
+        return replace(out, views=judged, fetches=fetches).to_json()
 
     async def _fetch(
         self,
@@ -192,10 +180,10 @@ class CheckPage(Family):
         checks: dict[str, ViewCheck],
         browser: bool = False,
         allowlist: bool = False,
-    ) -> dict[str, Any]:
+    ) -> CheckResult:
         """One fetch (a rendering with ``browser``); each view's text goes to its check
         (an error page counts as an error). ``allowlist``: the job may reach the
-        networks of ``JODL_FETCH_ALLOW`` (:mod:`crawler_app.reach`)."""
+        networks of ``JODL_FETCH_ALLOW`` (:mod:`crawler_app.fetching.reach`)."""
         assert self._fetcher is not None
         if browser:
             if self._renderer is None:
@@ -205,12 +193,9 @@ class CheckPage(Family):
             result, body = await self._fetcher.fetch_with_body(
                 url, etag=etag, last_modified=last_modified, use_allowlist=allowlist
             )
-        out = {key: result.get(key) for key in _COPIED}
-        if browser:
-            out["browser"] = result.get("browser")
-        out["redirects"] = len(result.get("redirects") or ())
+        out = CheckResult.of_fetch(result, rendered=browser)
         count_fetch(out)
-        if not result.get("ok") or result.get("not_modified"):
+        if not out.ok or out.not_modified:
             return out
         limit = self.fetch_settings.max_text_chars
         texts: dict[str, tuple[str, int | None, str | None]] = {}
@@ -218,109 +203,46 @@ class CheckPage(Family):
             # The fetcher fingerprinted the same (already cut) text.
             texts[""] = (result.get("text") or "", None, result.get("fingerprint"))
         others = [sel for sel in checks if sel]
-        views: dict[str, dict[str, Any]] = {}
+        views: dict[str, ViewResult] = {}
         whole = result.get("text") or ""
         if others and body is not None:
             if len(body) > THREAD_PARSE_BYTES:
                 found = await asyncio.to_thread(
-                    _selector_texts, body, result.get("content_type"), others, whole
+                    _selector_texts, body, out.content_type, others, whole
                 )
             else:
-                found = _selector_texts(body, result.get("content_type"), others, whole)
+                found = _selector_texts(body, out.content_type, others, whole)
             for sel, value in found.items():
                 if isinstance(value, str):
-                    views[sel] = {"error": value}
+                    views[sel] = ViewResult(error=value)
                 else:
                     texts[sel] = (value[0], value[1], None)
         model = checks[""].known.model if "" in checks else Model()
         # A rendered page ran its scripts: its text is what they built, however short.
-        out["script_page"] = not browser and built_by_script(body, whole)
-        why = error_page(result.get("title"), whole, model)
+        out = replace(out, script_page=not browser and built_by_script(body, whole))
+        why = error_page(out.title, whole, model)
         if why is not None:
-            out.update(ok=False, error="error_page", error_message=why)
-            return out
+            return replace(out, ok=False, error="error_page", error_message=why)
         for sel, (text, matches, fp) in texts.items():
             view = _view(text, matches, limit, fp)
-            if view["text"]:  # no text left is no state of the view (the user is told)
-                checks[sel].add(view["text"], view["fingerprint"])
+            if view.text:  # no text left is no state of the view (the user is told)
+                checks[sel].add(view.text, view.fingerprint or "")
             views[sel] = view
-        out["views"] = views
-        return out
+        return replace(out, views=views)
 
 
-def count_fetch(out: dict[str, Any]) -> None:
+def count_fetch(out: CheckResult) -> None:
     """One fetch in the agent's metrics, by outcome."""
-    if out.get("not_modified"):
+    if out.not_modified:
         outcome = "not_modified"
-    elif out.get("ok"):
+    elif out.ok:
         outcome = "ok"
     else:
-        outcome = str(out.get("error") or "http_error")[:40]
+        outcome = str(out.error or "http_error")[:40]
     FETCHES.labels(outcome).inc()
 
 
 # -- notify -----------------------------------------------------------------------------------
-
-
-class Journal:
-    """The digests' claims, by idempotency key, in the shared database (:class:`DigestClaim`).
-
-    A claim is one row, inserted once the SMTP server greeted us and right before the
-    message is handed over (MAIL, RCPT, DATA): the primary key makes
-    the first inserter the only sender, whichever agent it runs on, across agent
-    restarts and ``jodl up``. The row says ``sent`` once the server accepted the mail;
-    it is deleted when the server accepted nothing, so a retry may send it.
-
-    A crash between the claim and the server's answer to DATA leaves ``sending``:
-    the digest is then **not** sent again (at most once). The server may or may not
-    have it, and a second copy is the fault users see and report; a missing digest
-    shows as failed in the UI and the next digest lists the later changes.
-    """
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    def claim(self, key: str, message_id: str, node: str) -> str | None:
-        """Take the claim on ``key``: None when taken, else the state found there."""
-        try:
-            with self.engine.begin() as conn:
-                conn.execute(
-                    insert(DigestClaim).values(
-                        idem_key=key,
-                        message_id=message_id,
-                        state=DigestClaimState.SENDING,
-                        node=node,
-                        claimed_at=utcnow(),
-                    )
-                )
-        except IntegrityError:
-            with self.engine.connect() as conn:
-                state = conn.scalar(select(DigestClaim.state).where(DigestClaim.idem_key == key))
-            return state or DigestClaimState.SENDING
-        return None
-
-    def state(self, key: str) -> str | None:
-        """``sending``, ``sent`` or None (not claimed)."""
-        with self.engine.connect() as conn:
-            return conn.scalar(select(DigestClaim.state).where(DigestClaim.idem_key == key))
-
-    def sent(self, key: str) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(
-                update(DigestClaim)
-                .where(DigestClaim.idem_key == key)
-                .values(state=DigestClaimState.SENT, sent_at=utcnow())
-            )
-
-    def release(self, key: str) -> None:
-        """Nothing went out: free the key for a retry."""
-        with self.engine.begin() as conn:
-            conn.execute(delete(DigestClaim).where(DigestClaim.idem_key == key))
-
-    def channel_url(self, channel_id: int) -> str | None:
-        """The Apprise URL of a channel (None once its user removed it)."""
-        with self.engine.connect() as conn:
-            return conn.scalar(select(UserChannel.url).where(UserChannel.id == channel_id))
 
 
 class SmtpRefused(Permanent):
@@ -355,8 +277,9 @@ class Notify(Family):
     Payload: ``key`` (idempotency key), ``message_id``, ``from``, ``to``,
     ``subject``, ``text``, ``html``. Result: ``{"sent": true, "message_id": ...}``,
     or ``{"sent": false, "duplicate": true}`` for a key already sent. The claim is
-    taken in the shared database (``JODL_DATABASE_URL``, see :class:`Journal`);
-    SMTP settings come from the agent's environment (``JODL_SMTP_*``).
+    taken in the shared database (``JODL_DATABASE_URL``, see
+    :class:`~crawler_app.notify.claims.Journal`); SMTP settings come from the agent's
+    environment (``JODL_SMTP_*``).
 
     A channel's delivery has ``key``, ``channel_id``, ``title`` and ``body`` instead;
     its URL is read from the database when it is sent, its target checked by the

@@ -1,7 +1,7 @@
 """One view of one page across the fetches of one check: same, noise, change or baseline.
 
 The agent's ``check_page`` fetches a page once; a view whose text is not its
-baseline (its exact fingerprint, or its masked form, :mod:`crawler_app.variance`)
+baseline (its exact fingerprint, or its masked form, :mod:`crawler_app.checking.variance`)
 makes the agent fetch the page again after a short delay, up to a number of
 times, all inside the same job and the same per-host politeness. A
 :class:`ViewCheck` follows one view over these fetches and says when it is
@@ -21,9 +21,10 @@ about what another edge served.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .check_result import ViewResult
 from .variance import Model, judge, text_keys
 
 SAME = "same"
@@ -150,15 +151,13 @@ class ViewCheck:
         varies per request, one right after another: :data:`BASELINE_DELAY`)."""
         return self.known.learn and not self.known.model.has_base
 
-    def result(self, view: dict[str, Any]) -> dict[str, Any]:
+    def result(self, view: ViewResult) -> ViewResult:
         """``view`` (the last fetch's fingerprint, chars, ...) with the verdict and model."""
-        out = dict(view)
-        out["verdict"] = self.verdict
-        out["fetches"] = len(self.texts)
-        if self.verdict not in (CHANGE, BASELINE):
-            out.pop("text", None)  # only a new baseline is stored
-        else:
-            out["text"] = self.texts[-1]
-        if self.model is not None:
-            out["model"] = self.model.to_json()
-        return out
+        return replace(
+            view,
+            verdict=self.verdict,
+            fetches=len(self.texts),
+            # only a new baseline or a change is stored
+            text=self.texts[-1] if self.verdict in (CHANGE, BASELINE) else None,
+            model=self.model.to_json() if self.model is not None else view.model,
+        )

@@ -5,6 +5,10 @@ the CLI and the web UI can combine them and commit once. A URL is normalised
 (and checked for syntax by the SSRF guard) before it is stored; the same URL
 tracked by any number of users is one :class:`~crawler_app.models.Page` with one
 ``check_page`` job keyed by that normalised URL.
+
+This module is the gateway of the users, pages and trackings tables: the rest of the
+page checker (and, through ``crawler_app``'s public names, the web UI) changes them by
+its named functions and builds no SQL on them (tests/test_layers.py).
 """
 
 from __future__ import annotations
@@ -22,13 +26,13 @@ from werkzeug.security import check_password_hash, generate_password_hash
 from jodl.exceptions import JodlError
 from jodl.log import JobLog, JobState, utcnow
 
-from .due import Clock, Schedule
-from .filters import FilterError, ViewSpec
-from .guard import FetchRefused, parse_url
-from .models import URL_LENGTH, WHOLE_PAGE, Page, PageView, Tracking, User
+from ..checking.due import Clock, Schedule
+from ..fetching.filters import FilterError, ViewSpec
+from ..fetching.guard import FetchRefused, parse_url
+from ..fetching.reach import Reach
+from ..models import URL_LENGTH, WHOLE_PAGE, Page, PageView, Tracking, User
+from ..settings import AppSettings
 from .quota import check_tracking
-from .reach import Reach
-from .settings import AppSettings
 
 #: Family of the jobs that fetch pages.
 CHECK_FAMILY = "check_page"
@@ -185,7 +189,7 @@ def track(
     schedule: Schedule | None = None,
 ) -> Tracking:
     """``email`` tracks ``url`` through a view: ``view`` (filters and trigger,
-    :mod:`crawler_app.filters`), or only the part ``selector`` picks, or the whole page.
+    :mod:`crawler_app.fetching.filters`), or only the part ``selector`` picks, or the whole page.
 
     A user may track one page through several views: tracking it again through a
     view they have changes only ``browser`` (when given); through another view it
@@ -194,8 +198,8 @@ def track(
     cycle) applies to the page, hence to all its trackers. ``browser``: the page is
     rendered in a browser, for all its trackers (see :func:`_render_mode`). ``tags``
     (when given) replace the tracking's tags (:func:`check_tags`); ``schedule`` (when
-    given, from :func:`crawler_app.due.check_schedule_of`) replaces its schedule. Queue its first
-    check with :func:`crawler_app.baselines.request` once committed.
+    given, from :func:`crawler_app.checking.due.check_schedule_of`) replaces its schedule.
+    Queue its first check with :func:`crawler_app.checking.baselines.request` once committed.
     """
     user = get_user(session, email)
     normal = normalise_url(url)
@@ -402,8 +406,8 @@ def trackings_of(session: Session, email: str) -> list[tuple[Tracking, Page]]:
 def check_payload(
     url: str, browser: bool, views: dict[str, Any], reach: Reach = Reach.PUBLIC
 ) -> dict[str, Any]:
-    """The payload of a ``check_page`` job (see :class:`crawler_app.families.CheckPage`);
-    ``reach``: whether its fetches may use the allowlist (:mod:`crawler_app.reach`)."""
+    """The payload of a ``check_page`` job (see :class:`crawler_app.checking.families.CheckPage`);
+    ``reach``: whether its fetches may use the allowlist (:mod:`crawler_app.fetching.reach`)."""
     payload: dict[str, Any] = {"url": url, "views": views}
     if browser:
         payload["browser"] = True
@@ -434,7 +438,7 @@ def sync_jobs(
 
     ``page_ids`` limits the work to those pages (None: all pages). Each live job's
     due time is the earliest next due among the page's active trackings at ``now``
-    (:mod:`crawler_app.due`; ``settings`` give the default schedule, by default the
+    (:mod:`crawler_app.checking.due`; ``settings`` give the default schedule, by default the
     environment's); ``every_page``: none, so the next run takes every page. Also
     gives each page a view per view key its trackers use. A handful of statements
     whatever the number of pages. Returns the number of pages with a live job.

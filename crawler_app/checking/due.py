@@ -21,7 +21,7 @@ from typing import Any
 from jodl.admin.families import cron_trigger
 from jodl.exceptions import JodlError
 
-from .settings import SCHEDULE_OFF, AppSettings
+from ..settings import SCHEDULE_OFF, AppSettings
 
 #: Seconds per unit of a duration (``90s``, ``15m``, ``2h``, ``1d``, ``1w``).
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

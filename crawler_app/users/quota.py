@@ -23,8 +23,8 @@ from jodl.exceptions import JodlError
 from jodl.settings.config import read_values
 from jodl.settings.options import Option, register_options
 
-from .models import Tracking, User, UserQuota
-from .settings import AppOption
+from ..models import Tracking, User, UserQuota
+from ..settings import AppOption
 
 #: Pages one user may track by default (each is fetched every cycle).
 DEFAULT_MAX_TRACKINGS = 500

@@ -1,5 +1,5 @@
 """Digests: one per user per cycle, listing the user's changed pages, by e-mail and
-to each of the user's notification channels (:mod:`crawler_app.channels`).
+to each of the user's notification channels (:mod:`crawler_app.notify.channels`).
 
 :func:`prepare` turns the cycle's confirmed changes into one :class:`Notification`
 row per user (its idempotency key ``digest-<cycle>-<user>`` names the ``notify``
@@ -13,65 +13,38 @@ from __future__ import annotations
 
 import json
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from jodl.log import JobLog, JobState, utcnow
 
-from . import change, mail
-from .filters import describe_key
-from .models import (
-    WHOLE_PAGE,
+from ..checking import change
+from ..checking.variance import Model
+from ..fetching.filters import describe_key
+from ..models import (
     AppCycle,
     Delivery,
     Notification,
     NotificationState,
-    Page,
-    PageView,
     Snapshot,
-    Tracking,
-    User,
-    UserChannel,
     decompress,
 )
-from .pages import NOTIFY_FAMILY, family_id
-from .settings import AppSettings
-from .variance import Model
+from ..settings import AppSettings
+from ..users.pages import NOTIFY_FAMILY, family_id
+from . import mail, queries
 
 
 def prepare(s: Session, cycle: AppCycle, settings: AppSettings) -> int:
     """Notification rows and ``notify`` jobs for the cycle's changes; users that have
     one already (a redone step) are skipped. Returns the number of digests."""
-    changes = s.execute(
-        select(Snapshot, Page)
-        .join(Page, Page.id == Snapshot.page_id)
-        .where(Snapshot.cycle_id == cycle.id, Snapshot.kind == "change")
-        .order_by(Page.url, Snapshot.selector)
-    ).all()
+    changes = queries.changes_of_cycle(s, cycle.id)
     if not changes:
         return 0
     # What each changed view learned to vary: left out of the diffs mailed.
-    models = {
-        (page_id, selector): model
-        for page_id, selector, model in s.execute(
-            select(PageView.page_id, PageView.selector, PageView.model).where(
-                PageView.page_id.in_({snap.page_id for snap, _ in changes})
-            )
-        )
-    }
+    models = queries.view_models(s, {snap.page_id for snap, _ in changes})
     digests: dict[int, list[tuple[Snapshot, mail.ChangedPage]]] = {}
     emails: dict[int, str] = {}
     for snap, page in changes:
-        previous = s.scalar(
-            select(Snapshot.text_z)
-            .where(
-                Snapshot.page_id == snap.page_id,
-                Snapshot.selector == snap.selector,
-                Snapshot.id < snap.id,
-            )
-            .order_by(Snapshot.id.desc())
-            .limit(1)
-        )
+        previous = queries.previous_text(s, snap)
         item = mail.ChangedPage(
             url=page.url,
             title=page.title,
@@ -84,21 +57,10 @@ def prepare(s: Session, cycle: AppCycle, settings: AppSettings) -> int:
             ),
             page_id=page.id,
         )
-        trackers = s.execute(
-            select(User.id, User.email)
-            .join(Tracking, Tracking.user_id == User.id)
-            .where(
-                Tracking.page_id == snap.page_id,
-                func.coalesce(Tracking.selector, WHOLE_PAGE) == snap.selector,
-                Tracking.paused.is_(False),  # a paused tracking keeps quiet
-                # Only to addresses their owners confirmed (web sign-ups follow a link).
-                User.email_confirmed.is_(True),
-            )
-        ).all()
-        for user_id, address in trackers:
+        for user_id, address in queries.trackers_to_tell(s, snap.page_id, snap.selector):
             emails[user_id] = address
             digests.setdefault(user_id, []).append((snap, item))
-    have = set(s.scalars(select(Notification.user_id).where(Notification.cycle_id == cycle.id)))
+    have = queries.users_with_digest(s, cycle.id)
     fid = family_id(s, NOTIFY_FAMILY)
     domain = settings.mail_from.rpartition("@")[2].strip(" >") or "localhost"
     stamp = cycle.started_at.strftime("%Y%m%d%H%M%S")
@@ -133,10 +95,7 @@ def prepare(s: Session, cycle: AppCycle, settings: AppSettings) -> int:
         )
         s.add(note)
         s.flush()
-        channel_ids = s.scalars(
-            select(UserChannel.id).where(UserChannel.user_id == user_id).order_by(UserChannel.id)
-        )
-        for channel_id in channel_ids:
+        for channel_id in queries.channel_ids(s, user_id):
             # The same digest once more: the agent reads the channel's URL (its secrets)
             # from the table when it sends, so the job log never holds them.
             delivery_key = f"{key}-c{channel_id}"
@@ -167,43 +126,14 @@ def prepare(s: Session, cycle: AppCycle, settings: AppSettings) -> int:
 
 def pending(s: Session, cycle_id: int) -> int:
     """E-mails and channel deliveries of the cycle not sent nor failed yet."""
-    notes = s.scalar(
-        select(func.count()).where(
-            Notification.cycle_id == cycle_id,
-            Notification.state == NotificationState.PREPARED,
-        )
-    )
-    deliveries = s.scalar(
-        select(func.count())
-        .select_from(Delivery)
-        .join(Notification, Notification.id == Delivery.notification_id)
-        .where(Notification.cycle_id == cycle_id, Delivery.state == NotificationState.PREPARED)
-    )
-    return (notes or 0) + (deliveries or 0)
+    return queries.pending_count(s, cycle_id)
 
 
 def record_outcomes(s: Session, cycle_id: int, run_id: int) -> int:
     """Mark the cycle's prepared e-mails and channel deliveries sent (a committed result
     in the ``notify`` run) or failed (the job is dead), and retire their jobs (``done``)
     so no later ``notify`` run sends them again. Returns the number sent."""
-    notes: list[Notification | Delivery] = list(
-        s.scalars(
-            select(Notification).where(
-                Notification.cycle_id == cycle_id,
-                Notification.state == NotificationState.PREPARED,
-                Notification.job_id.is_not(None),
-            )
-        )
-    )
-    notes += s.scalars(
-        select(Delivery)
-        .join(Notification, Notification.id == Delivery.notification_id)
-        .where(
-            Notification.cycle_id == cycle_id,
-            Delivery.state == NotificationState.PREPARED,
-            Delivery.job_id.is_not(None),
-        )
-    )
+    notes = queries.prepared(s, cycle_id)
     conn = s.connection()
     outcomes = JobLog.outcomes(conn, [n.job_id for n in notes if n.job_id is not None], run_id)
     rows = [(n, outcomes[n.job_id]) for n in notes if n.job_id in outcomes]

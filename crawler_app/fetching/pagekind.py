@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from .variance import Model, text_keys
+from ..checking.variance import Model, text_keys
 
 #: Phrases of error and maintenance pages (English; the usual wording of servers,
 #: CDNs and status pages).

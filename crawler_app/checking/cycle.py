@@ -7,10 +7,10 @@
     check                  one JODL cycle of ``check_page`` on the agents (a page that
                            differs is fetched again in the same job to confirm it)
     analyse                verdicts -> views, snapshots, pages
-                           (:mod:`crawler_app.analysis`)
+                           (:mod:`crawler_app.checking.analysis`)
     prepare_notifications  one digest per user with confirmed changes: a row with an
                            idempotency key and a ``notify`` job, committed together
-                           (:mod:`crawler_app.digests`)
+                           (:mod:`crawler_app.notify.digests`)
     send                   one JODL cycle of ``notify`` (agents send over SMTP); outcomes
     finish                 snapshot retention, counts, the cycle closed
 
@@ -33,28 +33,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, select, update
+from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
 from jodl import failpoint
 from jodl.log import Run, RunState, Store, utcnow
 
-from . import baselines, digests
+from ..fetching.reach import Reach, allowlisted_pages
+from ..models import WHOLE_PAGE, AppCycle, CycleStep
+from ..notify import digests
+from ..settings import AppSettings
+from ..users.pages import CHECK_FAMILY, NOTIFY_FAMILY, check_payload, family_id, sync_jobs
+from . import baselines, queries
 from .analysis import apply_chunk
 from .due import floor_to_tick
-from .models import (
-    WHOLE_PAGE,
-    AppCycle,
-    CycleStep,
-    Page,
-    PageView,
-    Snapshot,
-    Tracking,
-)
-from .pages import CHECK_FAMILY, NOTIFY_FAMILY, check_payload, family_id, sync_jobs
-from .reach import Reach, allowlisted_pages
-from .settings import AppSettings
 
 log = logging.getLogger("crawler_app.cycle")
 
@@ -166,7 +159,7 @@ class PageCycle:
         """The open cycle (resumed: True), or a new one at step ``prepare``."""
         for _ in range(3):
             with self.sessions() as s, s.begin():
-                cycle = s.scalar(select(AppCycle).where(AppCycle.is_open.is_(True)))
+                cycle = queries.open_cycle(s)
                 if cycle is not None:
                     return cycle, True
             try:
@@ -210,7 +203,7 @@ class PageCycle:
         and, for a spread cycle, its start time and an ordering priority.
 
         Baseline checks finished since the last look are stored first, and views
-        kept from before models were learned get one (:mod:`crawler_app.baselines`)."""
+        kept from before models were learned get one (:mod:`crawler_app.checking.baselines`)."""
         baselines.apply(self.engine)
         with self.sessions() as s, s.begin():
             family_id(s, NOTIFY_FAMILY)
@@ -220,30 +213,11 @@ class PageCycle:
             live = sync_jobs(s, settings=self.settings, every_page=every_page)
             fid = family_id(s, CHECK_FAMILY)
             idle = self.store.reads.idle_jobs(fid, s.connection())
-            pages = [
-                row
-                for row in s.execute(
-                    select(
-                        Page.id, Page.url, Page.job_id, Page.etag, Page.last_modified, Page.browser
-                    ).where(Page.job_id.is_not(None))
-                )
-                if row.job_id in idle
-            ]
-            wanted: dict[int, set[str]] = {}
-            for page_id, selector in s.execute(select(Tracking.page_id, Tracking.selector)):
-                wanted.setdefault(page_id, set()).add(selector or WHOLE_PAGE)
+            pages = [row for row in queries.pages_with_jobs(s) if row.job_id in idle]
+            wanted = queries.wanted_views(s)
             known: dict[tuple[int, str], dict[str, Any]] = {}
             migrated: list[tuple[int, int, str, str]] = []
-            for view_id, page_id, selector, fp, recent, model in s.execute(
-                select(
-                    PageView.id,
-                    PageView.page_id,
-                    PageView.selector,
-                    PageView.fingerprint,
-                    PageView.recent,
-                    PageView.model,
-                )
-            ):
+            for view_id, page_id, selector, fp, recent, model in queries.view_states(s):
                 if fp is None:
                     continue
                 if not model:
@@ -254,7 +228,7 @@ class PageCycle:
             known = {view: state for view, state in known.items() if state["model"]}
             start = _unix(cycle.started_at)
             # One fetch serves all of a page's trackers: it may use the allowlist when
-            # one of them may (crawler_app.reach).
+            # one of them may (crawler_app.fetching.reach).
             allowlisted = allowlisted_pages(s, self.settings.allow_users())
             rows = []
             for page_id, url, job_id, etag, last_modified, browser in pages:
@@ -333,11 +307,9 @@ class PageCycle:
         with self.sessions() as s, s.begin():
             # Jobs that failed every attempt: the page records why (never a change).
             errors = self.store.reads.dead_in_run(run_id, s.connection())
-            ids = list(errors)
             dead = [
                 (page, errors[page.job_id])
-                for start in range(0, len(ids), 500)
-                for page in s.scalars(select(Page).where(Page.job_id.in_(ids[start : start + 500])))
+                for page in queries.pages_of_jobs(s, list(errors))
                 if page.job_id is not None
             ]
             for page, error in dead:
@@ -350,11 +322,8 @@ class PageCycle:
                     row.errors += 1
             # The pages this cycle checked are next due a whole interval (or their next
             # cron time) after the tick that started it; all jobs get their due times.
-            s.execute(
-                update(Page)
-                .where(Page.analysed_cycle_id == cycle.id)
-                .values(slot_at=floor_to_tick(cycle.started_at, self.settings.check_tick))
-            )
+            slot_at = floor_to_tick(cycle.started_at, self.settings.check_tick)
+            queries.set_slot_of_analysed(s, cycle.id, slot_at)
             sync_jobs(s, settings=self.settings)
 
     # -- notifications ------------------------------------------------------------------------
@@ -385,41 +354,7 @@ class PageCycle:
     # -- finish --------------------------------------------------------------------------------
 
     def finish(self, cycle: AppCycle) -> None:
-        """Keep the newest ``JODL_SNAPSHOT_RETENTION`` snapshots of every view touched.
-
-        One statement: the snapshots of the pages this cycle touched, numbered
-        newest first per view; those past the limit go.
-        """
-        keep = self.settings.snapshot_retention
-        touched = select(Snapshot.page_id).where(Snapshot.cycle_id == cycle.id)
-        numbered = (
-            select(
-                Snapshot.id,
-                func.row_number()
-                .over(
-                    partition_by=(Snapshot.page_id, Snapshot.selector),
-                    order_by=Snapshot.id.desc(),
-                )
-                .label("newest"),
-            )
-            .where(Snapshot.page_id.in_(touched))
-            .subquery()
-        )
+        """Keep the newest ``JODL_SNAPSHOT_RETENTION`` snapshots of every view touched
+        (:func:`~crawler_app.checking.queries.trim_snapshots`)."""
         with self.sessions() as s, s.begin():
-            s.execute(
-                delete(Snapshot)
-                .where(Snapshot.id.in_(select(numbered.c.id).where(numbered.c.newest > keep)))
-                .execution_options(synchronize_session=False)
-            )
-
-
-def open_cycle_step(engine: Engine) -> str | None:
-    """The step of the open application cycle, or None when none is open."""
-    with engine.connect() as conn:
-        return conn.scalar(select(AppCycle.step).where(AppCycle.is_open.is_(True)))
-
-
-def last_cycle_start(engine: Engine) -> dt.datetime | None:
-    """When the most recent application cycle started (UTC, naive), if any."""
-    with engine.connect() as conn:
-        return conn.scalar(select(func.max(AppCycle.started_at)))
+            queries.trim_snapshots(s, cycle.id, self.settings.snapshot_retention)

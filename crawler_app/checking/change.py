@@ -1,9 +1,9 @@
 """Changes as users see them: the diff of two snapshots, full and short.
 
 *Whether* a view changed is decided on the agent, over the fetches of one check
-(:mod:`crawler_app.confirm`, with what varies learned per view in
-:mod:`crawler_app.variance`); the master stores the verdict
-(:mod:`crawler_app.analysis`). :func:`diff` and :func:`short_diff` render a
+(:mod:`crawler_app.checking.confirm`, with what varies learned per view in
+:mod:`crawler_app.checking.variance`); the master stores the verdict
+(:mod:`crawler_app.checking.analysis`). :func:`diff` and :func:`short_diff` render a
 change for the history page and for e-mails.
 """
 

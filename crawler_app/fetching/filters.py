@@ -4,7 +4,7 @@ A :class:`ViewSpec` holds a tracking's filters, applied in this order to the
 text of one fetch:
 
 1. ``selector``: a CSS selector or an XPath expression (HTML, XML), or a JSONPath
-   expression (JSON), picks part of the page (:mod:`crawler_app.text`);
+   expression (JSON), picks part of the page (:mod:`crawler_app.fetching.text`);
 2. ``include``: regular expressions; when given, only lines matching one are kept;
 3. ``exclude``: regular expressions; lines matching one are dropped;
 4. ``ignore``: texts; lines containing one (any case) are dropped, for phrases

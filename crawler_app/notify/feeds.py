@@ -22,8 +22,8 @@ from lxml import etree
 from sqlalchemy import func, select, true
 from sqlalchemy.orm import Session, aliased
 
-from .filters import describe_key
-from .models import WHOLE_PAGE, Page, Snapshot, Tracking, User
+from ..fetching.filters import describe_key
+from ..models import WHOLE_PAGE, Page, Snapshot, Tracking, User
 
 #: Entries in one feed (readers poll it; older changes are on the pages' history).
 MAX_ENTRIES = 100

@@ -2,23 +2,23 @@
 
 Every request — page, redirect hop, robots.txt — goes through one path:
 
-1. the SSRF guard (:mod:`crawler_app.guard`) checks the URL and resolves the
+1. the SSRF guard (:mod:`crawler_app.fetching.guard`) checks the URL and resolves the
    host once;
 2. the connection goes to the address the guard checked: each request
    carries its checked target, and the client's transport
-   (:class:`~crawler_app.transport.PinnedTransport`) connects to exactly that
+   (:class:`~crawler_app.fetching.transport.PinnedTransport`) connects to exactly that
    address and refuses any request without one, while the URL keeps the host
    name, so the ``Host`` header, the TLS server name (SNI) and certificate
    checks are those of the real host and kept-alive connections are never
    shared between host names or addresses;
-3. per-host politeness (:mod:`crawler_app.politeness`) spaces and limits the
+3. per-host politeness (:mod:`crawler_app.fetching.politeness`) spaces and limits the
    requests and honours robots.txt and ``Retry-After``.
 
 A fetch sends the stored validators back exactly as the server gave them
 (``If-None-Match``/``If-Modified-Since``); a ``304`` is reported as
 ``not_modified`` without reading a body. Redirects are followed by hand, each
 hop checked again. Bodies are streamed, decoded in bounded steps
-(:mod:`crawler_app.decoding`) and cut at ``max_bytes``. The result is a
+(:mod:`crawler_app.fetching.decoding`) and cut at ``max_bytes``. The result is a
 plain JSON-able dict (see :data:`RESULT_KEYS`); errors come back in it with a
 short code (:data:`ERROR_CODES`) and a one-line message, never as exceptions.
 """
@@ -91,7 +91,7 @@ ERROR_CODES = (
     "http_error",  # an answer other than 2xx, 3xx redirect or 304
     "bad_selector",  # the CSS selector cannot be parsed
     "error_page",  # a 2xx answer that reads as an error or maintenance page, or is blank
-    "browser_error",  # the browser could not render the page (crawler_app.browser)
+    "browser_error",  # the browser could not render the page (crawler_app.fetching.browser)
     "internal_error",  # a bug: reported, never raised
 )
 
@@ -166,7 +166,7 @@ def make_client(settings: FetchSettings = DEFAULT_SETTINGS) -> httpx.AsyncClient
         follow_redirects=False,
         headers={"User-Agent": settings.user_agent, "Accept": ACCEPT},
     )
-    # Only codings decoded in bounded steps (see crawler_app.decoding); set in place, so
+    # Only codings decoded in bounded steps (see crawler_app.fetching.decoding); set in place, so
     # the headers keep httpx's order.
     client.headers["Accept-Encoding"] = ACCEPT_ENCODING
     _GUARDED_CLIENTS.add(client)
@@ -273,7 +273,7 @@ class Fetcher:
         resolve: AsyncResolver | None = None,
     ) -> None:
         if client is not None and client not in _GUARDED_CLIENTS:
-            raise ValueError("client must be made by crawler_app.fetcher.make_client()")
+            raise ValueError("client must be made by crawler_app.fetching.fetcher.make_client()")
         self.settings = settings
         self._own_client = client is None
         self.client = client if client is not None else make_client(settings)
@@ -328,7 +328,7 @@ class Fetcher:
         ``selector`` a CSS selector the text is restricted to; ``use_allowlist``
         False treats ``settings.allow_networks`` as empty for this fetch, every hop
         and robots.txt included (a job whose asker may not use it, see
-        :mod:`crawler_app.reach`). Never raises (except on cancellation).
+        :mod:`crawler_app.fetching.reach`). Never raises (except on cancellation).
         """
         result, _body = await self.fetch_with_body(
             url,
@@ -468,7 +468,7 @@ class Fetcher:
     async def get_resource(
         self, url: str, headers: dict[str, str], max_bytes: int, use_allowlist: bool = True
     ) -> Answer:
-        """One GET a rendered page asked for (:mod:`crawler_app.browser`).
+        """One GET a rendered page asked for (:mod:`crawler_app.fetching.browser`).
 
         The same guard and pinned connection as every fetch (``use_allowlist`` as
         for :meth:`fetch`); no robots.txt and no per-host spacing (the renderer has

@@ -1,7 +1,7 @@
 """What varies on a page: learned per view, left out when texts are compared.
 
 A view's normalised text is a sequence of lines, one per block element
-(:mod:`crawler_app.text`). Each line gets a *key* (a short hash) and, when it
+(:mod:`crawler_app.fetching.text`). Each line gets a *key* (a short hash) and, when it
 holds digits, a *template key* (the hash of the line with every run of digits
 made ``#``). A :class:`Model` keeps, per view:
 
@@ -88,7 +88,7 @@ class Model:
     has_base: bool = False
     #: Good fetches of the view seen so far (counted by the master): the more of them
     #: showed no variant of a kind, the rarer that variant can be (how many fetches
-    #: confirm a difference, :func:`crawler_app.confirm.fetches_to_confirm`).
+    #: confirm a difference, :func:`crawler_app.checking.confirm.fetches_to_confirm`).
     seen: int = 0
 
     @classmethod

@@ -5,7 +5,7 @@ whose tracker turned the browser on, ``check_page`` renders it instead, and the
 rendered page (its DOM as HTML) goes through the same text extraction and change
 detection as a fetched one. The browser never touches the network itself:
 
-* the **document** is fetched by the agent's :class:`~crawler_app.fetcher.Fetcher`
+* the **document** is fetched by the agent's :class:`~crawler_app.fetching.fetcher.Fetcher`
   (SSRF guard, robots.txt, per-host politeness, size limits) and handed to the
   browser;
 * **every request the page makes** is intercepted. A GET passes the same SSRF
@@ -17,7 +17,7 @@ detection as a fetched one. The browser never touches the network itself:
 * the browser is started with a proxy that leads nowhere, so a request that would
   escape the interception fails instead of reaching the network.
 
-Limits of its own (:class:`~crawler_app.fetch_settings.BrowserSettings`): the
+Limits of its own (:class:`~crawler_app.fetching.fetch_settings.BrowserSettings`): the
 time a rendering may take, the requests it may make and the bytes their answers
 may hold, and how many pages an agent renders at once. One browser per agent
 process, started on first use (about 3 s) and kept; one fresh context (no
@@ -34,9 +34,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..metrics import BROWSER_REQUESTS
 from .fetch_settings import BrowserSettings
 from .fetcher import Fetcher, FetchFailed, text_fields
-from .metrics import BROWSER_REQUESTS
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, Playwright, Route

@@ -1,7 +1,7 @@
 """Scheduled application cycles beside a serving master (``jodl master``).
 
 An APScheduler ``BackgroundScheduler`` starts page-check cycles; each checks the
-pages due by their trackings' schedules (:mod:`crawler_app.due`, docs/schedules.md):
+pages due by their trackings' schedules (:mod:`crawler_app.checking.due`, docs/schedules.md):
 
 * a **tick** every ``JODL_CHECK_TICK`` seconds, on a fixed grid, starts a cycle when
   some page's due time has passed (one look at the library's index), else nothing;
@@ -26,11 +26,11 @@ does nothing.
   A cycle an operator asked for is not spread: someone is waiting for it, and
   spreading exists to smooth the load of the scheduled checks.
 * :func:`next_checks` tells the web UI when a page is next checked (its job's due time).
-* Operators' requests for a cycle now (:mod:`crawler_app.cycle_requests`) are
+* Operators' requests for a cycle now (:mod:`crawler_app.checking.cycle_requests`) are
   looked for every :data:`REQUEST_POLL` seconds by an interval job, also with
   ``JODL_SCHEDULE=off``. A request waits while a cycle runs; all requests
   pending when the cycle ends are served by one cycle (trigger ``web``).
-* Baseline checks of new trackings (:mod:`crawler_app.baselines`) are stored
+* Baseline checks of new trackings (:mod:`crawler_app.checking.baselines`) are stored
   by another interval job as soon as they finish.
 """
 
@@ -45,25 +45,18 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from sqlalchemy import Engine, exists, select
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
 from jodl.exceptions import JodlError
 from jodl.log import Reads, utcnow
 
-from . import baselines, cycle_requests
-from .cycle import (
-    CycleResult,
-    PageCycle,
-    RunFamily,
-    last_cycle_start,
-    open_cycle_step,
-)
+from ..settings import SCHEDULE_OFF, AppSettings, cron_trigger
+from ..users.pages import CHECK_FAMILY, sync_jobs
+from . import baselines, cycle_requests, queries
+from .cycle import CycleResult, PageCycle, RunFamily
 from .due import Clock, Schedule, local_zone, shortest_interval
-from .models import Page, Tracking
-from .pages import CHECK_FAMILY, sync_jobs
-from .settings import SCHEDULE_OFF, AppSettings, cron_trigger
 
 log = logging.getLogger("crawler_app.schedule")
 
@@ -124,11 +117,11 @@ class CycleScheduler:
 
     def missed(self, now: dt.datetime | None = None) -> bool:
         """True when a cycle is open, or a slot passed since the last cycle started."""
-        if open_cycle_step(self.engine) is not None:
+        if queries.open_cycle_step(self.engine) is not None:
             return True
         if self.trigger is None:
             return False
-        last = last_cycle_start(self.engine)
+        last = queries.last_cycle_start(self.engine)
         if last is None:
             return True  # never ran: the first slot is now
         now = now or self._now()
@@ -195,7 +188,7 @@ class CycleScheduler:
         why = ""
         if first is not None:
             # A database where no cycle ever ran missed nothing: its first run is now.
-            fresh = last_cycle_start(self.engine) is None
+            fresh = queries.last_cycle_start(self.engine) is None
             why = " (the first run)" if fresh else " (catching up a missed run)"
         log.info(
             "page check cycle scheduled (%s), next run %s%s",
@@ -253,7 +246,7 @@ class CycleScheduler:
         if not self.leads(CHECK_FAMILY):
             return None
         try:
-            if open_cycle_step(self.engine) is None and not self.due(now):
+            if queries.open_cycle_step(self.engine) is None and not self.due(now):
                 return None
         except SQLAlchemyError:
             log.exception("looking for due pages")
@@ -283,7 +276,9 @@ class CycleScheduler:
         """The cycle itself, its checks spread over ``spread`` seconds; the caller
         holds the lock."""
         try:
-            if open_cycle_step(self.engine) is None and not _anything_tracked(self.engine):
+            if queries.open_cycle_step(self.engine) is None and not queries.anything_tracked(
+                self.engine
+            ):
                 log.info("no tracked pages: nothing to check in this slot")
                 return None
             runner = PageCycle(self.engine, self.run_family, self.settings)
@@ -325,7 +320,7 @@ def next_checks(
     timezone: Any = None,
 ) -> dict[int, dt.datetime]:
     """When each of these pages is next checked: its job's due time (the earliest among
-    its active trackings', :mod:`crawler_app.due`), or ``now`` when that has passed
+    its active trackings', :mod:`crawler_app.checking.due`), or ``now`` when that has passed
     (the next tick takes it); aware datetimes in ``timezone``, by default the local one.
 
     Pages without a job (untracked, all trackings paused) or without a due time
@@ -337,11 +332,7 @@ def next_checks(
     zone = timezone or local_zone()
     now = now.astimezone(dt.UTC) if now is not None else dt.datetime.now(dt.UTC)
     with engine.connect() as conn:
-        pages = conn.execute(
-            select(Page.id, Page.job_id).where(
-                Page.id.in_(list(page_ids)), Page.job_id.is_not(None)
-            )
-        ).all()
+        pages = queries.jobs_of_pages(conn, list(page_ids))
     dues = Reads(engine).due_times([job_id for _, job_id in pages])
     out: dict[int, dt.datetime] = {}
     for page_id, job_id in pages:
@@ -362,19 +353,12 @@ def due_spread(
         return 0.0
     now = now or utcnow()
     with engine.connect() as conn:
-        rows = conn.execute(select(Page.job_id, Page.id).where(Page.job_id.is_not(None)))
-        pages: dict[int, int] = dict(rows.tuples().all())
+        pages = queries.pages_by_job(conn)
         dues = Reads(engine).due_times(list(pages))
         due_pages = [pages[j] for j, when in dues.items() if when is None or when <= now]
         schedules: dict[int, list[Schedule]] = {}
-        for start in range(0, len(due_pages), 1000):
-            for page_id, every, cron in conn.execute(
-                select(Tracking.page_id, Tracking.every, Tracking.cron).where(
-                    Tracking.page_id.in_(due_pages[start : start + 1000]),
-                    Tracking.paused.is_(False),
-                )
-            ):
-                schedules.setdefault(page_id, []).append(Schedule(every, cron))
+        for page_id, every, cron in queries.active_schedules(conn, due_pages):
+            schedules.setdefault(page_id, []).append(Schedule(every, cron))
     shortest = shortest_interval(Clock(settings), schedules, now)
     return cap if shortest is None else max(0.0, min(cap, shortest / 4))
 
@@ -384,12 +368,6 @@ def refresh_due_times(engine: Engine, settings: AppSettings) -> int:
     upgraded from before schedules, or a changed ``JODL_SCHEDULE``); pages with a job."""
     with sessionmaker(engine)() as s, s.begin():
         return sync_jobs(s, settings=settings)
-
-
-def _anything_tracked(engine: Engine) -> bool:
-    with engine.connect() as conn:
-        # Paused trackings ask for no check.
-        return bool(conn.scalar(select(exists().where(Tracking.paused.is_(False)))))
 
 
 def _undefined() -> Any:

@@ -2,8 +2,8 @@
 
 A ``check_page`` result updates its page (status, validators, title, error, the
 script-built flag) and each of the page's views (whole page, filters:
-:mod:`crawler_app.filters`). The agent judged each view over the fetches of its
-check (:mod:`crawler_app.confirm`): a ``baseline`` or a ``change`` becomes a
+:mod:`crawler_app.fetching.filters`). The agent judged each view over the fetches of its
+check (:mod:`crawler_app.checking.confirm`): a ``baseline`` or a ``change`` becomes a
 snapshot (a change is notified, unless the view has a trigger its new text
 lacks: then it is a ``quiet`` snapshot, the new baseline), and what the fetches
 taught about the view's noise is kept in its model; a view left without text
@@ -21,9 +21,10 @@ from sqlalchemy.orm import Session
 
 from jodl.log import utcnow
 
+from ..fetching.filters import FilterError, ViewSpec
+from ..models import WHOLE_PAGE, AppCycle, Page, PageView, Snapshot, compress
 from . import confirm
-from .filters import FilterError, ViewSpec
-from .models import WHOLE_PAGE, AppCycle, Page, PageView, Snapshot, compress
+from .check_result import CheckResult, ViewResult
 
 # Columns read and written per page and per view. The chunk is applied with plain
 # rows and one executemany per table: ORM objects cost more than the analysis itself.
@@ -75,8 +76,8 @@ def apply_chunk(s: Session, cycle_id: int, rows: list[Any]) -> None:
         changed = apply_result(cycle_id, page, page_views, result, finished, snapshots)
         changed_views.extend(v for v, old in zip(page_views, before, strict=True) if v != old)
         counts["checked"] += 1
-        counts["not_modified"] += bool(result.get("not_modified"))
-        counts["errors"] += not result.get("ok")
+        counts["not_modified"] += result.not_modified
+        counts["errors"] += not result.ok
         counts["changed"] += changed
         page["analysed_cycle_id"] = cycle_id
     write(s, pages, changed_views, snapshots)
@@ -87,18 +88,18 @@ def apply_chunk(s: Session, cycle_id: int, rows: list[Any]) -> None:
     )
 
 
-def view_problem(key: str, fetched: dict[str, Any]) -> str | None:
+def view_problem(key: str, fetched: ViewResult) -> str | None:
     """Why a good fetch gave the view ``key`` no text, in one line for its trackers; None
     when it gave some."""
-    if fetched.get("error"):
-        return str(fetched["error"])[:500]
-    if fetched.get("chars"):
+    if fetched.error:
+        return str(fetched.error)[:500]
+    if fetched.chars:
         return None
     try:
         spec = ViewSpec.parse(key)
     except FilterError as exc:
         return str(exc)
-    if spec.selector is not None and fetched.get("matches") == 0:
+    if spec.selector is not None and fetched.matches == 0:
         return f"the selector {spec.selector} matches nothing on the page"
     if spec.filters_lines:
         return "the line filters leave no text of the page"
@@ -113,12 +114,13 @@ def _triggered(key: str, text: str | None) -> bool:
         return True
 
 
-def decode_result(text: str | None) -> dict[str, Any]:
-    """A stored ``check_page`` result as a dict (a bad one reads as an internal error)."""
+def decode_result(text: str | None) -> CheckResult:
+    """A stored ``check_page`` result (a bad one reads as an internal error)."""
     try:
-        return json.loads(text or "null") or {}
+        data = json.loads(text or "null") or {}
     except ValueError:
-        return {"ok": False, "error": "internal_error", "error_message": "bad result"}
+        data = None
+    return CheckResult.from_json(data)
 
 
 def read_pages(s: Session, *where: Any) -> list[dict[str, Any]]:
@@ -172,7 +174,7 @@ def apply_result(
     cycle_id: int,
     page: dict[str, Any],
     views: list[dict[str, Any]],
-    result: dict[str, Any],
+    result: CheckResult,
     finished: dt.datetime | None,
     snapshots: list[dict[str, Any]],
 ) -> int:
@@ -184,46 +186,44 @@ def apply_result(
     views as they are.
     """
     now = finished or utcnow()
-    ok = bool(result.get("ok"))
-    not_modified = bool(result.get("not_modified"))
     page["last_checked_at"] = now
-    page["last_status"] = result.get("status")
-    if "script_page" in result:
-        page["script_page"] = bool(result["script_page"])
-    if isinstance(result.get("browser"), dict):
-        page["refused_requests"] = int(result["browser"].get("refused") or 0)
-    if not ok:
-        code = result.get("error") or "error"
-        page["last_error"] = f"{code}: {result.get('error_message') or ''}".strip()
+    page["last_status"] = result.status
+    if result.script_page is not None:
+        page["script_page"] = bool(result.script_page)
+    if result.refused_requests is not None:
+        page["refused_requests"] = result.refused_requests
+    if not result.ok:
+        code = result.error or "error"
+        page["last_error"] = f"{code}: {result.error_message or ''}".strip()
         return 0
     page["last_error"] = None
-    if not_modified:
+    if result.not_modified:
         return 0
-    page["etag"] = result.get("etag")
-    page["last_modified"] = result.get("last_modified")
-    page["title"] = (result.get("title") or None) and result["title"][:300]
-    seen = result.get("views") or {}
-    whole = seen.get(WHOLE_PAGE) or {}
-    page["fingerprint"] = whole.get("fingerprint") or page["fingerprint"]
+    page["etag"] = result.etag
+    page["last_modified"] = result.last_modified
+    page["title"] = (result.title or None) and result.title[:300]
+    seen = result.views or {}
+    whole = seen.get(WHOLE_PAGE)
+    page["fingerprint"] = (whole and whole.fingerprint) or page["fingerprint"]
     changed = 0
     for view in views:
         fetched = seen.get(view["selector"])
         if not fetched:
             continue  # a view added after the payload was made
         view["problem"] = view_problem(view["selector"], fetched)
-        if fetched.get("error") or not fetched.get("verdict"):
+        if fetched.error or not fetched.verdict:
             continue  # a bad selector, no text
-        verdict, new = fetched["verdict"], fetched["fingerprint"]
+        verdict, new = fetched.verdict, fetched.fingerprint
         if verdict == confirm.BASELINE and view["fingerprint"] is not None:
-            continue  # a baseline taken meanwhile (crawler_app.baselines) stays the baseline
-        if fetched.get("model"):
-            view["model"] = fetched["model"]
-        view["model"] = _seen_more(view["model"], fetched.get("fetches"))
+            continue  # a baseline taken meanwhile (checking.baselines) stays the baseline
+        if fetched.model:
+            view["model"] = fetched.model
+        view["model"] = _seen_more(view["model"], fetched.fetches)
         if verdict in (confirm.SAME, confirm.NOISE):
             if new != view["fingerprint"] and new not in (view["recent"] or []):
                 view["recent"] = [new, *(view["recent"] or [])][:KNOWN_FINGERPRINTS]
             continue
-        text = fetched.get("text")
+        text = fetched.text
         kind = "change" if verdict == confirm.CHANGE and view["fingerprint"] else "baseline"
         if kind == "change" and not _triggered(view["selector"], text):
             kind = QUIET
@@ -233,7 +233,7 @@ def apply_result(
                 "selector": view["selector"],
                 "cycle_id": cycle_id,
                 "taken_at": now,
-                "status": result.get("status"),
+                "status": result.status,
                 "kind": kind,
                 "fingerprint": new,
                 "text_z": compress(text),

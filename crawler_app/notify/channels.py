@@ -4,12 +4,12 @@ A user keeps a list of channels, each an Apprise URL (``mailto://``, ``slack://`
 ``discord://``, ``tgram://``, ``ntfy://``, ``matrix://``, ``json://`` webhooks, …).
 Each cycle a channel gets one more *delivery* of the user's digest
 (:class:`crawler_app.models.Delivery`), prepared, claimed, journaled and recorded
-by the same machinery as the e-mail (:mod:`crawler_app.digests`, the ``notify``
+by the same machinery as the e-mail (:mod:`crawler_app.notify.digests`, the ``notify``
 family), so it is sent at most once across crashes.
 
 A channel may point at a host of the user's choosing (``json://HOST/…``,
 ``ntfy://HOST/…``, ``mailto://…?smtp=HOST``): those hosts pass the SSRF guard of the
-page fetches (:mod:`crawler_app.guard`), when the channel is added and again on the
+page fetches (:mod:`crawler_app.fetching.guard`), when the channel is added and again on the
 agent right before each send. Private and loopback addresses are refused unless the
 operator names their network in ``JODL_CHANNEL_ALLOW``. Apprise makes its own
 connections, so the address cannot be pinned as a fetch's is: a name whose DNS
@@ -32,8 +32,8 @@ from sqlalchemy.orm import Session
 
 from jodl.exceptions import JodlError
 
-from .guard import FetchRefused, check_address, system_resolve
-from .models import URL_LENGTH, User, UserChannel
+from ..fetching.guard import FetchRefused, check_address, system_resolve
+from ..models import URL_LENGTH, User, UserChannel
 
 #: Channels one user may keep (each is one more message per changed cycle).
 MAX_CHANNELS = 20

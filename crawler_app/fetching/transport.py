@@ -13,7 +13,7 @@ with two ``Content-Length`` headers, both a length and ``chunked``, a folded
 (obs-fold) header or bare LF line ends is refused, and the connection dropped.
 
 **Pinning.** Every request must carry, in its ``extensions`` under
-:data:`PINNED`, the :class:`~crawler_app.guard.CheckedTarget` the SSRF guard
+:data:`PINNED`, the :class:`~crawler_app.fetching.guard.CheckedTarget` the SSRF guard
 returned for its URL; the transport connects to exactly that checked address
 and refuses a request without one, or whose URL names another host or port.
 Connections are pooled by scheme, host name, port *and* address, so a kept

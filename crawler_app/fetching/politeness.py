@@ -18,7 +18,7 @@ For every host (by name) a :class:`Politeness` object keeps
 One object serves one event loop: its locks belong to the loop that uses them.
 The limits are kept per agent process; they hold across the cluster because the
 master places every page of a host on one agent (``check_page`` uses the strict
-``affinity`` strategy by host, see :data:`crawler_app.pages.CHECK_STRATEGY`).
+``affinity`` strategy by host, see :data:`crawler_app.users.pages.CHECK_STRATEGY`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import NamedTuple
 
 from protego import Protego
 
+from ..metrics import POLITENESS_WAIT_SECONDS, POLITENESS_WAITS
 from .guard import ParsedUrl
-from .metrics import POLITENESS_WAIT_SECONDS, POLITENESS_WAITS
 
 #: Requests to one host in flight at once (Scrapy uses 8; a page checker needs few).
 DEFAULT_MAX_IN_FLIGHT = 2

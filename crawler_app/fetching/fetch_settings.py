@@ -1,6 +1,6 @@
 """How pages are fetched: the fetcher's settings and their defaults.
 
-Apart from :mod:`crawler_app.fetcher` (httpx, lxml): the page checker's options
+Apart from :mod:`crawler_app.fetching.fetcher` (httpx, lxml): the page checker's options
 (:mod:`crawler_app.settings`) name these defaults, and every ``jodl`` process reads
 the installed options at start, a master included.
 """
@@ -65,7 +65,7 @@ class FetchSettings:
     allow_networks: tuple[str, ...] = ()
     obey_robots: bool = True
     #: Memory the robots.txt cache may hold (bytes, estimated), and how long it keeps an
-    #: answer and a failure (seconds); see :class:`~crawler_app.politeness.RobotsCache`.
+    #: answer and a failure (seconds); see :class:`~crawler_app.fetching.politeness.RobotsCache`.
     robots_cache_bytes: int = ROBOTS_CACHE_BYTES
     robots_ttl: float = ROBOTS_TTL
     robots_failure_ttl: float = ROBOTS_FAILURE_TTL
@@ -112,7 +112,7 @@ BROWSER_PAGES = 2
 
 @dataclass(frozen=True)
 class BrowserSettings:
-    """How pages are rendered (crawler_app.browser); every default is a named constant."""
+    """How pages are rendered (crawler_app.fetching.browser); every default is a named constant."""
 
     path: str = BROWSER_PATH
     timeout: float = BROWSER_TIMEOUT
