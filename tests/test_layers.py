@@ -387,8 +387,6 @@ SQL_GATEWAYS = {
 SQL_LEFT_TO_MOVE = {
     "crawler_app.commands",
     "crawler_app.quota_commands",
-    "crawler_app.checking.analysis",
-    "crawler_app.checking.baselines",
     "crawler_app.fetching.reach",
     "crawler_app.notify.channels",
     "crawler_app.notify.feeds",

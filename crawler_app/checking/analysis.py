@@ -16,38 +16,20 @@ import datetime as dt
 import json
 from typing import Any
 
-from sqlalchemy import bindparam, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from jodl.log import utcnow
 
 from ..fetching.filters import FilterError, ViewSpec
-from ..models import WHOLE_PAGE, AppCycle, Page, PageView, Snapshot, compress
-from . import confirm
+from ..models import WHOLE_PAGE, compress
+from . import confirm, queries
 from .check_result import CheckResult, ViewResult
 
-# Columns read and written per page and per view. The chunk is applied with plain
-# rows and one executemany per table: ORM objects cost more than the analysis itself.
-_PAGE = Page.__table__
-_VIEW = PageView.__table__
-_PAGE_SET = ("etag", "last_modified", "title", "fingerprint", "last_status", "last_error",
-             "last_checked_at", "last_changed_at", "analysed_cycle_id", "script_page",
-             "refused_requests")  # fmt: skip
-_VIEW_SET = ("fingerprint", "recent", "model", "last_changed_at", "problem")
 #: Snapshot kind of a confirmed change the view's trigger kept from its trackers.
 QUIET = "quiet"
 #: Exact fingerprints of fetches judged the same as a view's baseline, kept so the next
 #: fetch with one of them is settled at once (an A/B variant, a CDN edge's stamp).
 KNOWN_FINGERPRINTS = 8
-
-
-def _updates(table: Any, names: tuple[str, ...]) -> Any:
-    """UPDATE table SET name = :v_name, ... WHERE id = :v_id (for executemany)."""
-    return (
-        update(table)
-        .where(table.c.id == bindparam("v_id"))
-        .values({name: bindparam(f"v_{name}") for name in names})
-    )
 
 
 def apply_chunk(s: Session, cycle_id: int, rows: list[Any]) -> None:
@@ -57,14 +39,10 @@ def apply_chunk(s: Session, cycle_id: int, rows: list[Any]) -> None:
     the same transaction, so a redone chunk counts nothing twice.
     """
     by_job = {job_id: (result, finished) for _, job_id, result, finished in rows}
-    pages = read_pages(
-        s,
-        _PAGE.c.job_id.in_(list(by_job)),
-        or_(_PAGE.c.analysed_cycle_id.is_(None), _PAGE.c.analysed_cycle_id != cycle_id),
-    )
+    pages = queries.pages_to_analyse(s, list(by_job), cycle_id)
     if not pages:
         return
-    views = read_views(s, [p["id"] for p in pages])
+    views = queries.analysed_views(s, [p["id"] for p in pages])
     counts = {"checked": 0, "not_modified": 0, "errors": 0, "changed": 0}
     snapshots: list[dict[str, Any]] = []
     changed_views: list[dict[str, Any]] = []
@@ -80,12 +58,8 @@ def apply_chunk(s: Session, cycle_id: int, rows: list[Any]) -> None:
         counts["errors"] += not result.ok
         counts["changed"] += changed
         page["analysed_cycle_id"] = cycle_id
-    write(s, pages, changed_views, snapshots)
-    s.connection().execute(
-        update(AppCycle)
-        .where(AppCycle.id == cycle_id)
-        .values({key: getattr(AppCycle, key) + value for key, value in counts.items()})
-    )
+    queries.write_analysed(s, pages, changed_views, snapshots)
+    queries.add_cycle_counts(s, cycle_id, counts)
 
 
 def view_problem(key: str, fetched: ViewResult) -> str | None:
@@ -121,46 +95,6 @@ def decode_result(text: str | None) -> CheckResult:
     except ValueError:
         data = None
     return CheckResult.from_json(data)
-
-
-def read_pages(s: Session, *where: Any) -> list[dict[str, Any]]:
-    """Rows of the pages matching ``where``, as dicts of the columns analysis uses."""
-    query = select(_PAGE.c.id, _PAGE.c.job_id, *(_PAGE.c[name] for name in _PAGE_SET))
-    return [dict(row) for row in s.execute(query.where(*where)).mappings()]
-
-
-def read_views(s: Session, page_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
-    """Per page, rows of its views as dicts of the columns analysis uses."""
-    views: dict[int, list[dict[str, Any]]] = {}
-    for row in s.execute(
-        select(
-            _VIEW.c.id, _VIEW.c.page_id, _VIEW.c.selector, *(_VIEW.c[n] for n in _VIEW_SET)
-        ).where(_VIEW.c.page_id.in_(page_ids))
-    ).mappings():
-        views.setdefault(row["page_id"], []).append(dict(row))
-    return views
-
-
-def write(
-    s: Session,
-    pages: list[dict[str, Any]],
-    views: list[dict[str, Any]],
-    snapshots: list[dict[str, Any]],
-) -> None:
-    """Store page and view rows changed by :func:`apply_result`, and its new snapshots."""
-    conn = s.connection()
-    if pages:
-        conn.execute(
-            _updates(_PAGE, _PAGE_SET),
-            [{"v_id": p["id"], **{f"v_{n}": p[n] for n in _PAGE_SET}} for p in pages],
-        )
-    if views:
-        conn.execute(
-            _updates(_VIEW, _VIEW_SET),
-            [{"v_id": v["id"], **{f"v_{n}": v[n] for n in _VIEW_SET}} for v in views],
-        )
-    if snapshots:
-        conn.execute(insert(Snapshot), snapshots)
 
 
 def _seen_more(model: dict[str, str] | None, fetches: Any) -> dict[str, str] | None:

@@ -23,17 +23,17 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from jodl.log import Reads
 from jodl.queue import Queue
 
 from ..fetching.reach import AllowUsers, Reach, allowlisted_pages
-from ..models import Page, PageView, Snapshot, Tracking, decompress
+from ..models import decompress
 from ..settings import AppSettings
 from ..users.pages import CHECK_FAMILY, check_payload, family_id
-from . import analysis, confirm
+from . import analysis, confirm, queries
 from .check_result import CheckResult
 from .variance import Model, text_keys
 
@@ -54,20 +54,9 @@ class _Wanted(NamedTuple):
 def _missing(s: Session, page_ids: Iterable[int] | None = None) -> dict[int, _Wanted]:
     """Tracked pages (not all of whose trackings are paused) with views that have no
     baseline."""
-    query = (
-        select(Page.id, Page.url, Page.browser, PageView.selector)
-        .join(PageView, PageView.page_id == Page.id)
-        .where(
-            PageView.fingerprint.is_(None),
-            Page.job_id.is_not(None),
-            # A page whose trackings are all paused is not fetched, its baseline neither.
-            Page.id.in_(select(Tracking.page_id).where(Tracking.paused.is_(False))),
-        )
-    )
-    if page_ids is not None:
-        query = query.where(Page.id.in_(list(page_ids)))
+    rows = queries.views_without_baseline(s, None if page_ids is None else list(page_ids))
     out: dict[int, _Wanted] = {}
-    for page_id, url, browser, selector in s.execute(query):
+    for page_id, url, browser, selector in rows:
         out.setdefault(page_id, _Wanted(url, browser, set())).selectors.add(selector)
     return out
 
@@ -124,13 +113,7 @@ def apply(engine: Engine) -> int:
         done = {
             keys[key]: latest[job_id][0] for key, (job_id, _) in jobs.items() if latest.get(job_id)
         }
-        since = dict(
-            s.execute(
-                select(Tracking.page_id, func.max(Tracking.since))
-                .where(Tracking.page_id.in_(list(done)))
-                .group_by(Tracking.page_id)
-            ).all()
-        )
+        since = queries.newest_tracking_since(s, list(done))
         done = {
             page_id: (exec_id, finished)
             for page_id, (exec_id, finished) in done.items()
@@ -139,8 +122,8 @@ def apply(engine: Engine) -> int:
         if not done:
             return 0
         texts = reads.result_texts(exec_id for exec_id, _ in done.values())
-        pages = analysis.read_pages(s, Page.id.in_(list(done)))
-        views = analysis.read_views(s, [p["id"] for p in pages])
+        pages = queries.analysed_pages_by_id(s, list(done))
+        views = queries.analysed_views(s, [p["id"] for p in pages])
         snapshots: list[dict[str, Any]] = []
         changed: list[dict[str, Any]] = []
         applied = []
@@ -159,7 +142,7 @@ def apply(engine: Engine) -> int:
                 # validators would hide a change of theirs.
                 page["etag"], page["last_modified"] = validators
             changed.extend(v for v, old in zip(page_views, before, strict=True) if v != old)
-        analysis.write(s, applied, changed, snapshots)
+        queries.write_analysed(s, applied, changed, snapshots)
         return len(snapshots)
 
 
@@ -180,20 +163,11 @@ def adopt_migrated(
     """
     adopted: dict[tuple[int, str], dict[str, str]] = {}
     for view_id, page_id, selector, fp in views:
-        text_z = s.scalar(
-            select(Snapshot.text_z)
-            .where(
-                Snapshot.page_id == page_id,
-                Snapshot.selector == selector,
-                Snapshot.fingerprint == fp,
-            )
-            .order_by(Snapshot.id.desc())
-            .limit(1)
-        )
+        text_z = queries.baseline_text(s, page_id, selector, fp)
         if text_z is None:
             continue
         model = Model().rebased(text_keys(decompress(text_z) or "")).to_json()
-        s.execute(update(PageView).where(PageView.id == view_id).values(model=model))
+        queries.set_view_model(s, view_id, model)
         adopted[(page_id, selector)] = model
     return adopted
 

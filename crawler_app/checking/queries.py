@@ -1,5 +1,6 @@
-"""The cycle's SQL: every statement :mod:`crawler_app.checking.cycle` runs on the page
-checker's tables, as named functions (the cycle builds none of its own).
+"""The checking's SQL: every statement :mod:`crawler_app.checking.cycle`, the scheduler,
+the analysis of check results and the baselines run on the page checker's tables, as
+named functions (those modules build none of their own).
 
 Each function works in the caller's session and transaction (or, taking an engine,
 in one of its own), so a step of the cycle still commits its work at once.
@@ -11,7 +12,19 @@ import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, delete, exists, func, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Row,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from ..models import WHOLE_PAGE, AppCycle, Page, PageView, Snapshot, Tracking
@@ -147,3 +160,145 @@ def anything_tracked(engine: Engine) -> bool:
     """Whether any tracking is active (paused trackings ask for no check)."""
     with engine.connect() as conn:
         return bool(conn.scalar(select(exists().where(Tracking.paused.is_(False)))))
+
+
+# -- the analysis of check results (crawler_app.checking.analysis) ------------------------
+
+# Columns read and written per page and per view. A chunk is applied with plain rows and
+# one executemany per table: ORM objects cost more than the analysis itself.
+_PAGE = Page.__table__
+_VIEW = PageView.__table__
+ANALYSED_PAGE_COLUMNS = ("etag", "last_modified", "title", "fingerprint", "last_status",
+                         "last_error", "last_checked_at", "last_changed_at",
+                         "analysed_cycle_id", "script_page", "refused_requests")  # fmt: skip
+ANALYSED_VIEW_COLUMNS = ("fingerprint", "recent", "model", "last_changed_at", "problem")
+
+
+def _updates(table: Any, names: tuple[str, ...]) -> Any:
+    """UPDATE table SET name = :v_name, ... WHERE id = :v_id (for executemany)."""
+    return (
+        update(table)
+        .where(table.c.id == bindparam("v_id"))
+        .values({name: bindparam(f"v_{name}") for name in names})
+    )
+
+
+def _analysed_pages(s: Session, *where: Any) -> list[dict[str, Any]]:
+    query = select(_PAGE.c.id, _PAGE.c.job_id, *(_PAGE.c[name] for name in ANALYSED_PAGE_COLUMNS))
+    return [dict(row) for row in s.execute(query.where(*where)).mappings()]
+
+
+def pages_to_analyse(s: Session, job_ids: list[int], cycle_id: int) -> list[dict[str, Any]]:
+    """Rows (dicts of the columns analysis uses) of the pages of these jobs not yet
+    analysed for this cycle."""
+    return _analysed_pages(
+        s,
+        _PAGE.c.job_id.in_(job_ids),
+        or_(_PAGE.c.analysed_cycle_id.is_(None), _PAGE.c.analysed_cycle_id != cycle_id),
+    )
+
+
+def analysed_pages_by_id(s: Session, page_ids: list[int]) -> list[dict[str, Any]]:
+    """Rows (dicts of the columns analysis uses) of these pages."""
+    return _analysed_pages(s, Page.id.in_(page_ids))
+
+
+def analysed_views(s: Session, page_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """Per page, rows of its views as dicts of the columns analysis uses."""
+    views: dict[int, list[dict[str, Any]]] = {}
+    for row in s.execute(
+        select(
+            _VIEW.c.id,
+            _VIEW.c.page_id,
+            _VIEW.c.selector,
+            *(_VIEW.c[n] for n in ANALYSED_VIEW_COLUMNS),
+        ).where(_VIEW.c.page_id.in_(page_ids))
+    ).mappings():
+        views.setdefault(row["page_id"], []).append(dict(row))
+    return views
+
+
+def write_analysed(
+    s: Session,
+    pages: list[dict[str, Any]],
+    views: list[dict[str, Any]],
+    snapshots: list[dict[str, Any]],
+) -> None:
+    """Store these page and view rows (the columns analysis uses) and new snapshots."""
+    conn = s.connection()
+    if pages:
+        conn.execute(
+            _updates(_PAGE, ANALYSED_PAGE_COLUMNS),
+            [{"v_id": p["id"], **{f"v_{n}": p[n] for n in ANALYSED_PAGE_COLUMNS}} for p in pages],
+        )
+    if views:
+        conn.execute(
+            _updates(_VIEW, ANALYSED_VIEW_COLUMNS),
+            [{"v_id": v["id"], **{f"v_{n}": v[n] for n in ANALYSED_VIEW_COLUMNS}} for v in views],
+        )
+    if snapshots:
+        conn.execute(insert(Snapshot), snapshots)
+
+
+def add_cycle_counts(s: Session, cycle_id: int, counts: dict[str, int]) -> None:
+    """Add ``counts`` (checked, not_modified, errors, changed) to the cycle's counts."""
+    s.connection().execute(
+        update(AppCycle)
+        .where(AppCycle.id == cycle_id)
+        .values({key: getattr(AppCycle, key) + value for key, value in counts.items()})
+    )
+
+
+# -- baselines (crawler_app.checking.baselines) -------------------------------------------
+
+
+def views_without_baseline(
+    s: Session, page_ids: list[int] | None = None
+) -> list[tuple[int, str, bool, str]]:
+    """(page id, url, browser, selector) of each view without a baseline of a tracked
+    page (not all of whose trackings are paused), of these pages if given."""
+    query = (
+        select(Page.id, Page.url, Page.browser, PageView.selector)
+        .join(PageView, PageView.page_id == Page.id)
+        .where(
+            PageView.fingerprint.is_(None),
+            Page.job_id.is_not(None),
+            # A page whose trackings are all paused is not fetched, its baseline neither.
+            Page.id.in_(select(Tracking.page_id).where(Tracking.paused.is_(False))),
+        )
+    )
+    if page_ids is not None:
+        query = query.where(Page.id.in_(page_ids))
+    return [(page_id, url, browser, sel) for page_id, url, browser, sel in s.execute(query)]
+
+
+def newest_tracking_since(s: Session, page_ids: list[int]) -> dict[int, dt.datetime]:
+    """Per page of these, when its newest tracking began."""
+    return dict(
+        s.execute(
+            select(Tracking.page_id, func.max(Tracking.since))
+            .where(Tracking.page_id.in_(page_ids))
+            .group_by(Tracking.page_id)
+        )
+        .tuples()
+        .all()
+    )
+
+
+def baseline_text(s: Session, page_id: int, selector: str, fingerprint: str) -> bytes | None:
+    """The compressed text of the view's newest snapshot with this fingerprint, if any."""
+    return s.scalar(
+        select(Snapshot.text_z)
+        .where(
+            Snapshot.page_id == page_id,
+            Snapshot.selector == selector,
+            Snapshot.fingerprint == fingerprint,
+        )
+        .order_by(Snapshot.id.desc())
+        .limit(1)
+    )
+
+
+def set_view_model(s: Session, view_id: int, model: dict[str, str]) -> None:
+    """Store this view's model."""
+    s.execute(update(PageView).where(PageView.id == view_id).values(model=model))
