@@ -390,8 +390,6 @@ SQL_LEFT_TO_MOVE = {
     "crawler_app.checking.analysis",
     "crawler_app.checking.baselines",
     "crawler_app.fetching.reach",
-    "crawler_app.notify.channels",
-    "crawler_app.notify.feeds",
     "crawler_app.porting.store",
 }
 
