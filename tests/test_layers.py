@@ -378,6 +378,7 @@ SQL_NAMES = {"select", "insert", "update", "delete", "exists", "func", "text", "
 SQL_GATEWAYS = {
     "crawler_app.users.pages",  # users, pages, trackings and their jobs
     "crawler_app.users.quota",  # the users' quotas
+    "crawler_app.fetching.queries",  # who a fetch is for (the allowlist's users)
     "crawler_app.checking.queries",  # the cycle's and the scheduler's statements
     "crawler_app.checking.cycle_requests",  # cycles asked through the database
     "crawler_app.notify.queries",  # the digests' statements
@@ -389,7 +390,6 @@ SQL_LEFT_TO_MOVE = {
     "crawler_app.quota_commands",
     "crawler_app.checking.analysis",
     "crawler_app.checking.baselines",
-    "crawler_app.fetching.reach",
     "crawler_app.porting.store",
 }
 
