@@ -387,7 +387,6 @@ SQL_GATEWAYS = {
 #: Modules that still build SQL inline, to move into a gateway (issue 21): none may be added.
 SQL_LEFT_TO_MOVE = {
     "crawler_app.commands",
-    "crawler_app.quota_commands",
     "crawler_app.checking.analysis",
     "crawler_app.checking.baselines",
     "crawler_app.porting.store",
