@@ -78,17 +78,10 @@ def users_add(ctx: click.Context, email: str, with_password: bool) -> None:
 @click.pass_context
 def users_list(ctx: click.Context) -> None:
     """List users with how many pages each tracks."""
-    from sqlalchemy import func, select
-
-    from .models import Tracking, User
+    from .users.pages import users_with_counts
 
     with _session(ctx) as s:
-        rows = s.execute(
-            select(User.id, User.email, func.count(Tracking.id))
-            .outerjoin(Tracking, Tracking.user_id == User.id)
-            .group_by(User.id, User.email)
-            .order_by(User.email)
-        ).all()
+        rows = users_with_counts(s)
     for user_id, email, count in rows:
         click.echo(f"{user_id:5d} {email:40s} {count} tracked")
 
@@ -237,15 +230,14 @@ def track(
     --every or --cron set when this tracking wants the page checked (tracking it
     again through the same view changes them); the page is checked at the
     shortest schedule among its trackers', still once per due time."""
-    from sqlalchemy import func, select
-
     from jodl.queue import Queue
 
     from .checking import baselines
     from .checking.due import Schedule, check_schedule_of
     from .fetching.filters import describe_key
-    from .models import Page, Tracking
+    from .models import Page
     from .users.pages import track as do_track
+    from .users.pages import trackers_count
 
     if default_schedule and (every or cron):
         raise JodlError("--default-schedule goes without --every and --cron")
@@ -266,7 +258,7 @@ def track(
         )
         page = s.get(Page, tracking.page_id)
         assert page is not None
-        trackers = s.scalar(select(func.count()).where(Tracking.page_id == page.id))
+        trackers = trackers_count(s, page.id)
     baselines.request(Queue(_engine(ctx)), _engine(ctx), [page.id])
     key = tracking.selector or ""
     part = f" ({describe_key(key)})" if view.filters_lines or view.trigger else ""
@@ -345,39 +337,12 @@ def resume(ctx: click.Context, url: str, email: str) -> None:
 @click.pass_context
 def tracked(ctx: click.Context, email: str | None) -> None:
     """List tracked pages with their last check (and each view's filters and problem)."""
-    from sqlalchemy import func, select
-
     from .checking.due import Schedule
     from .fetching.filters import describe_key
-    from .models import Page, PageView, Tracking, User
     from .users import pages
 
     with _session(ctx) as s:
-        query = (
-            select(
-                User.email,
-                Page,
-                Tracking.selector,
-                PageView.problem,
-                Tracking.paused,
-                Tracking.tags,
-                Tracking.every,
-                Tracking.cron,
-            )
-            .join(Tracking, Tracking.user_id == User.id)
-            .join(Page, Page.id == Tracking.page_id)
-            .outerjoin(
-                PageView,
-                (PageView.page_id == Page.id)
-                & (PageView.selector == func.coalesce(Tracking.selector, "")),
-            )
-            .order_by(Page.url, User.email, Tracking.id)
-        )
-        if email:
-            from .users.pages import normalise_email
-
-            query = query.where(User.email == normalise_email(email))
-        rows = s.execute(query).all()
+        rows = pages.tracked_rows(s, email)
     for address, page, selector, problem, paused, tags, every, cron in rows:
         checked = (
             page.last_checked_at.isoformat(timespec="seconds") if page.last_checked_at else "never"

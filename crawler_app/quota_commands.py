@@ -25,12 +25,9 @@ _HELP = "(0: no limit; 'default': the JODL_USER_* setting)"
 @click.pass_context
 def quota(ctx: click.Context, email: str, **given: Any) -> None:
     """Show the quotas of user EMAIL, or set some of them."""
-    from sqlalchemy import func, select
-
     from .commands import _session
-    from .models import Tracking
     from .users.pages import get_user
-    from .users.quota import Limits, limits_of, set_quota
+    from .users.quota import Limits, limits_of, set_quota, trackings_count
 
     source = click.get_current_context().get_parameter_source
     chosen = {k: v for k, v in given.items() if source(k) == click.core.ParameterSource.COMMANDLINE}
@@ -39,7 +36,7 @@ def quota(ctx: click.Context, email: str, **given: Any) -> None:
         if chosen:
             set_quota(s, user, **chosen)
         limits = limits_of(s, user.id, Limits.from_env())
-        tracked = s.scalar(select(func.count()).where(Tracking.user_id == user.id)) or 0
+        tracked = trackings_count(s, user.id)
 
     def shown(value: int) -> str:
         return str(value) if value else "no limit"

@@ -24,10 +24,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import false, or_, select, true
 from sqlalchemy.orm import Session
 
-from ..models import Tracking, User
+from . import queries
 
 #: Key of a ``check_page`` payload that carries the job's :class:`Reach`.
 PAYLOAD_KEY = "reach"
@@ -95,30 +94,19 @@ class AllowUsers:
         allowed = self.everyone or (self.operators and is_admin) or email.lower() in self.emails
         return Reach.ALLOWLIST if allowed else Reach.PUBLIC
 
-    def _admitted(self) -> Any:
-        """A condition on :class:`User` rows true for the users admitted."""
-        if self.everyone:
-            return true()
-        return or_(
-            User.email.in_(sorted(self.emails)) if self.emails else false(),
-            User.is_admin.is_(True) if self.operators else false(),
-        )
-
 
 def allowlisted_pages(
     session: Session, allow: AllowUsers, page_ids: Iterable[int] | None = None
 ) -> set[int]:
     """Ids of the pages (of ``page_ids``; None: all) that a user admitted by ``allow``
     tracks: their jobs may use the allowlist."""
-    query = (
-        select(Tracking.page_id)
-        .join(User, User.id == Tracking.user_id)
-        .where(allow._admitted())
-        .distinct()
+    return queries.pages_tracked_by_admitted(
+        session,
+        emails=allow.emails,
+        operators=allow.operators,
+        everyone=allow.everyone,
+        page_ids=page_ids,
     )
-    if page_ids is not None:
-        query = query.where(Tracking.page_id.in_(list(page_ids)))
-    return set(session.scalars(query))
 
 
 __all__ = [

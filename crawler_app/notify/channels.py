@@ -27,13 +27,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from jodl.exceptions import JodlError
 
 from ..fetching.guard import FetchRefused, check_address, system_resolve
 from ..models import URL_LENGTH, User, UserChannel
+from . import queries
 
 #: Channels one user may keep (each is one more message per changed cycle).
 MAX_CHANNELS = 20
@@ -177,7 +177,7 @@ def add_channel(s: Session, user: User, url: str, allow: Iterable[str] = ()) -> 
     """Add a channel for ``user`` after the guard's check; :class:`ChannelError` if not."""
     channel = open_channel(url)
     channel.check(allow)
-    have = list(s.scalars(select(UserChannel.url).where(UserChannel.user_id == user.id)))
+    have = queries.channel_urls(s, user.id)
     if url.strip() in have:
         raise ChannelError(f"{user.email} has this channel already")
     if len(have) >= MAX_CHANNELS:
@@ -198,17 +198,13 @@ def shown_url(url: str) -> str:
 
 def list_channels(s: Session, user_id: int) -> list[ChannelInfo]:
     """The user's channels, oldest first, masked."""
-    rows = s.scalars(
-        select(UserChannel).where(UserChannel.user_id == user_id).order_by(UserChannel.id)
-    )
+    rows = queries.channels_of(s, user_id)
     return [ChannelInfo(row.id, shown_url(row.url)) for row in rows]
 
 
 def channel_of(s: Session, user_id: int, channel_id: int) -> UserChannel:
     """The user's channel ``channel_id``; :class:`ChannelError` if the user has none such."""
-    row = s.scalar(
-        select(UserChannel).where(UserChannel.id == channel_id, UserChannel.user_id == user_id)
-    )
+    row = queries.channel_by_id(s, user_id, channel_id)
     if row is None:
         raise ChannelError(f"no channel {channel_id} of this user")
     return row

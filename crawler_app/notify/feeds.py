@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from lxml import etree
-from sqlalchemy import func, select, true
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session
 
 from ..fetching.filters import describe_key
-from ..models import WHOLE_PAGE, Page, Snapshot, Tracking, User
+from ..models import User
+from . import queries
 
 #: Entries in one feed (readers poll it; older changes are on the pages' history).
 MAX_ENTRIES = 100
@@ -71,7 +71,7 @@ def user_by_token(s: Session, user_id: int, token: str) -> User | None:
 def tagged(s: Session, user_id: int, tag: str) -> list[int]:
     """Ids of the user's trackings with the tag ``tag`` (tags are a JSON list: read here
     rather than matched in SQL, the same way on SQLite and PostgreSQL)."""
-    rows = s.execute(select(Tracking.id, Tracking.tags).where(Tracking.user_id == user_id))
+    rows = queries.tracking_tags(s, user_id)
     return [tracking_id for tracking_id, tags in rows if tag in (tags or [])]
 
 
@@ -80,33 +80,8 @@ def changes(
 ) -> list[FeedEntry]:
     """The confirmed changes of the views ``user_id`` tracks since they track them
     (only through trackings tagged ``tag``, when given), newest first."""
-    only = Tracking.id.in_(tagged(s, user_id, tag)) if tag is not None else true()
-    older = aliased(Snapshot)
-    previous = (
-        select(func.max(older.id))
-        .where(
-            older.page_id == Snapshot.page_id,
-            older.selector == Snapshot.selector,
-            older.id < Snapshot.id,
-        )
-        .correlate(Snapshot)
-        .scalar_subquery()
-    )
-    rows = s.execute(
-        select(Snapshot.id, previous, Page.id, Page.url, Page.title, Snapshot.selector)
-        .add_columns(Snapshot.taken_at)
-        .join(Page, Page.id == Snapshot.page_id)
-        .join(Tracking, Tracking.page_id == Page.id)
-        .where(
-            Tracking.user_id == user_id,
-            Snapshot.kind == "change",
-            Snapshot.selector == func.coalesce(Tracking.selector, WHOLE_PAGE),
-            Snapshot.taken_at >= Tracking.since,
-            only,
-        )
-        .order_by(Snapshot.id.desc())
-        .limit(limit)
-    ).all()
+    only = tagged(s, user_id, tag) if tag is not None else None
+    rows = queries.feed_changes(s, user_id, limit, only)
     return [
         FeedEntry(sid, prev, page_id, url, title, selector or None, taken)
         for sid, prev, page_id, url, title, selector, taken in rows

@@ -1,5 +1,6 @@
-"""The digests' SQL: every statement :mod:`crawler_app.notify.digests` runs on the page
-checker's tables, as named functions (the digests build none of their own).
+"""The notifications' SQL: every statement :mod:`crawler_app.notify.digests`,
+:mod:`crawler_app.notify.channels` and :mod:`crawler_app.notify.feeds` run on the page
+checker's tables, as named functions (those modules build none of their own).
 
 Each function works in the caller's session and transaction: a digest row and its
 ``notify`` job still commit together.
@@ -9,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Row, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Row, func, select, true
+from sqlalchemy.orm import Session, aliased
 
 from ..models import (
     WHOLE_PAGE,
@@ -132,3 +133,73 @@ def prepared(s: Session, cycle_id: int) -> list[Notification | Delivery]:
         )
     )
     return notes
+
+
+# -- channels ----------------------------------------------------------------------------------
+
+
+def channel_urls(s: Session, user_id: int) -> list[str]:
+    """The URLs of the user's channels."""
+    return list(s.scalars(select(UserChannel.url).where(UserChannel.user_id == user_id)))
+
+
+def channels_of(s: Session, user_id: int) -> list[UserChannel]:
+    """The user's channels, oldest first."""
+    return list(
+        s.scalars(
+            select(UserChannel).where(UserChannel.user_id == user_id).order_by(UserChannel.id)
+        )
+    )
+
+
+def channel_by_id(s: Session, user_id: int, channel_id: int) -> UserChannel | None:
+    """The user's channel ``channel_id``, or None if the user has none such."""
+    return s.scalar(
+        select(UserChannel).where(UserChannel.id == channel_id, UserChannel.user_id == user_id)
+    )
+
+
+# -- feeds -------------------------------------------------------------------------------------
+
+
+def tracking_tags(s: Session, user_id: int) -> list[tuple[int, list[str] | None]]:
+    """(tracking id, tags) of each of the user's trackings."""
+    rows = s.execute(select(Tracking.id, Tracking.tags).where(Tracking.user_id == user_id))
+    return [(tracking_id, tags) for tracking_id, tags in rows]
+
+
+def feed_changes(
+    s: Session, user_id: int, limit: int, tracking_ids: list[int] | None = None
+) -> list[Row[Any]]:
+    """(snapshot id, previous snapshot id, page id, URL, title, view key, taken at) of
+    the confirmed changes of the views ``user_id`` tracks since they track them (only
+    through the trackings ``tracking_ids``, when given), newest first."""
+    only = Tracking.id.in_(tracking_ids) if tracking_ids is not None else true()
+    older = aliased(Snapshot)
+    previous = (
+        select(func.max(older.id))
+        .where(
+            older.page_id == Snapshot.page_id,
+            older.selector == Snapshot.selector,
+            older.id < Snapshot.id,
+        )
+        .correlate(Snapshot)
+        .scalar_subquery()
+    )
+    return list(
+        s.execute(
+            select(Snapshot.id, previous, Page.id, Page.url, Page.title, Snapshot.selector)
+            .add_columns(Snapshot.taken_at)
+            .join(Page, Page.id == Snapshot.page_id)
+            .join(Tracking, Tracking.page_id == Page.id)
+            .where(
+                Tracking.user_id == user_id,
+                Snapshot.kind == "change",
+                Snapshot.selector == func.coalesce(Tracking.selector, WHOLE_PAGE),
+                Snapshot.taken_at >= Tracking.since,
+                only,
+            )
+            .order_by(Snapshot.id.desc())
+            .limit(limit)
+        ).all()
+    )

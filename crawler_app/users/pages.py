@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, true, update
+from sqlalchemy import Row, bindparam, func, insert, select, true, update
 from sqlalchemy.orm import Session
 from werkzeug.security import check_password_hash, generate_password_hash
 
@@ -398,6 +398,50 @@ def trackings_of(session: Session, email: str) -> list[tuple[Tracking, Page]]:
         .order_by(Page.url, Tracking.id)
     )
     return [(t, p) for t, p in rows.tuples()]
+
+
+def users_with_counts(session: Session) -> list[tuple[int, str, int]]:
+    """(id, address, trackings) of every user, by address."""
+    rows = session.execute(
+        select(User.id, User.email, func.count(Tracking.id))
+        .outerjoin(Tracking, Tracking.user_id == User.id)
+        .group_by(User.id, User.email)
+        .order_by(User.email)
+    ).all()
+    return [(user_id, email, count) for user_id, email, count in rows]
+
+
+def trackers_count(session: Session, page_id: int) -> int | None:
+    """How many trackings the page has (each view counts)."""
+    return session.scalar(select(func.count()).where(Tracking.page_id == page_id))
+
+
+def tracked_rows(session: Session, email: str | None = None) -> list[Row[Any]]:
+    """(address, page, view key, the view's problem, paused, tags, every, cron) of each
+    tracking (only ``email``'s when given), by URL, address and tracking."""
+    query = (
+        select(
+            User.email,
+            Page,
+            Tracking.selector,
+            PageView.problem,
+            Tracking.paused,
+            Tracking.tags,
+            Tracking.every,
+            Tracking.cron,
+        )
+        .join(Tracking, Tracking.user_id == User.id)
+        .join(Page, Page.id == Tracking.page_id)
+        .outerjoin(
+            PageView,
+            (PageView.page_id == Page.id)
+            & (PageView.selector == func.coalesce(Tracking.selector, "")),
+        )
+        .order_by(Page.url, User.email, Tracking.id)
+    )
+    if email:
+        query = query.where(User.email == normalise_email(email))
+    return list(session.execute(query).all())
 
 
 # -- pages and their check_page jobs -------------------------------------------------------------

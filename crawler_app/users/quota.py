@@ -107,6 +107,11 @@ def limits_of(session: Session, user_id: int, defaults: Limits | None = None) ->
     )
 
 
+def trackings_count(session: Session, user_id: int) -> int:
+    """How many trackings the user has (each view of a page counts)."""
+    return session.scalar(select(func.count()).where(Tracking.user_id == user_id)) or 0
+
+
 def check_tracking(
     session: Session, user: User, page_id: int | None, view: str | None = None
 ) -> None:
@@ -126,7 +131,7 @@ def check_tracking(
         )
         if already is not None:
             return
-    count = session.scalar(select(func.count()).where(Tracking.user_id == user.id)) or 0
+    count = trackings_count(session, user.id)
     if count >= most:
         raise QuotaExceeded(
             "trackings",
@@ -162,4 +167,5 @@ __all__ = [
     "check_tracking",
     "limits_of",
     "set_quota",
+    "trackings_count",
 ]
