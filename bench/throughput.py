@@ -28,12 +28,13 @@ The last line printed is one JSON object with the figures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -263,6 +264,27 @@ def _peer_module(name: str, source: str) -> str:
     return tmp
 
 
+@contextlib.contextmanager
+def _workers(folder: str, *module_args: str) -> Iterator[None]:
+    """A peer's worker processes: ``python -m MODULE_ARGS`` in ``folder``, where
+    :func:`_peer_module` wrote the app module (on their path); stopped on the way out."""
+    worker = subprocess.Popen(
+        [sys.executable, "-m", *module_args],
+        cwd=folder,
+        env={**os.environ, "PYTHONPATH": folder},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(10)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
 def run_celery(jobs: int, workers: int) -> dict[str, float] | str:
     """The same no-op tasks through Celery + Redis; why not when Celery or Redis is missing."""
     try:
@@ -278,42 +300,28 @@ def run_celery(jobs: int, workers: int) -> dict[str, float] | str:
     except Exception:  # noqa: BLE001 - Redis not running: no peer figures
         return f"skipped: redis not answering on {REDIS}"
     benchapp.app.backend.client.flushdb()
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "benchapp",
-            "worker",
-            "--pool",
-            "prefork",
-            "--concurrency",
-            str(workers),
-            "--loglevel",
-            "WARNING",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ],
-        cwd=tmp,
-        env={**os.environ, "PYTHONPATH": tmp},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    with _workers(
+        tmp,
+        "celery",
+        "-A",
+        "benchapp",
+        "worker",
+        "--pool",
+        "prefork",
+        "--concurrency",
+        str(workers),
+        "--loglevel",
+        "WARNING",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+    ):
         benchapp.noop.delay().get(timeout=60)  # worker is up
         started = time.perf_counter()
         results = [benchapp.noop.delay() for _ in range(jobs)]
         for result in results:
             result.get(timeout=300)
         seconds = time.perf_counter() - started
-    finally:
-        worker.terminate()
-        try:
-            worker.wait(10)
-        except subprocess.TimeoutExpired:
-            worker.kill()
     return {"seconds": seconds, "jobs_per_s": jobs / seconds}
 
 
@@ -354,39 +362,25 @@ def run_dramatiq(jobs: int, workers: int, threads: int) -> dict[str, float] | st
     except Exception:  # noqa: BLE001 - Redis not running: no peer figures
         return f"skipped: redis not answering on {REDIS}"
     client.flushdb()
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dramatiq",
-            "dramatiqapp",
-            "--processes",
-            str(workers),
-            "--threads",
-            str(threads),
-            "--worker-shutdown-timeout",
-            "5000",
-            "--skip-logging",
-        ],
-        cwd=tmp,
-        env={**os.environ, "PYTHONPATH": tmp},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    with _workers(
+        tmp,
+        "dramatiq",
+        "dramatiqapp",
+        "--processes",
+        str(workers),
+        "--threads",
+        str(threads),
+        "--worker-shutdown-timeout",
+        "5000",
+        "--skip-logging",
+    ):
         dramatiqapp.noop.send().get_result(block=True, timeout=60_000)  # workers are up
         started = time.perf_counter()
         messages = [dramatiqapp.noop.send() for _ in range(jobs)]
         for message in messages:
             message.get_result(block=True, timeout=300_000)
         seconds = time.perf_counter() - started
-    finally:
-        worker.terminate()
-        try:
-            worker.wait(10)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-        client.flushdb()
+    client.flushdb()
     return {"seconds": seconds, "jobs_per_s": jobs / seconds}
 
 
