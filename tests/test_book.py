@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from jodl.agent.local import start_agent
-from jodl.log.records import PendingJob, Sent
+from jodl.log.records import NO_NODES, PendingJob, Sent
 from jodl.log.store import Store
 from jodl.master import Master
 from jodl.master.book import Closed, Failed, Failure, Finished, JobBook, Stage
@@ -25,7 +25,7 @@ SENT_AT = dt.datetime(2026, 1, 1)
 
 def pending(job_id: int, run_id: int | None = 1, claim: int | None = None) -> PendingJob:
     return PendingJob(
-        job_id, f"job-{job_id}", "fam", "{}", 0, run_id, None, None, 0, set(), claim
+        job_id, f"job-{job_id}", "fam", "{}", 0, run_id, None, None, 0, NO_NODES, claim
     )  # fmt: skip
 
 

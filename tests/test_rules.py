@@ -170,9 +170,9 @@ def test_backups_for_stragglers_only() -> None:
 
 def test_lower_bound_timeouts_rules_and_tuning() -> None:
     nodes_ = {1: (1.0, 1), 2: (1.0, 1), 3: (2.0, 1), 4: (4.0, 1)}
-    assert rules.lower_bound([8.0] * 10, nodes_) == pytest.approx(10.0)
-    assert rules.lower_bound([40.0, 1.0], nodes_) == pytest.approx(10.0)  # longest / fastest
-    assert rules.lower_bound([], nodes_) is None
+    assert rules.lower_bound(80.0, 8.0, nodes_) == pytest.approx(10.0)
+    assert rules.lower_bound(41.0, 40.0, nodes_) == pytest.approx(10.0)  # longest / fastest
+    assert rules.lower_bound(1.0, 1.0, {}) is None
     assert rules.overdue({1: 0.0, 2: 9.0}, 10.0, 5.0) == [1]
     assert rules.overdue({1: 0.0}, 10.0, None) == []
     assert rules.allows(None, None, {})

@@ -216,9 +216,14 @@ class PendingJob:
     permanent_node_id: int | None
     trial_node_id: int | None
     attempts: int
-    failed_on: set[int]
+    #: Nodes it failed on too often this run (shared :data:`NO_NODES` when none).
+    failed_on: frozenset[int]
     #: For on-demand jobs: the attempt number that claimed it (guards completion).
     claim: int | None
+
+
+#: The empty ``failed_on`` every job starts with: one object, not a set per job.
+NO_NODES: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True)

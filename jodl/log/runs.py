@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import Engine, delete, exists, func, insert, literal_column, or_, select, update
@@ -24,7 +24,7 @@ from .models import (
     RunState,
     utcnow,
 )
-from .records import JobResult, PendingJob, ProgressRow, RunResults, Sent
+from .records import NO_NODES, JobResult, PendingJob, ProgressRow, RunResults, Sent
 
 #: How long a progress report no run end clears is kept.
 PROGRESS_KEPT = dt.timedelta(days=1)
@@ -137,9 +137,13 @@ class Runs:
                 Job.trial_node_id,
             )
             members = select(*columns).where(*_member_filter(run))
+            rows: Iterable[Any]
             if first is None:
-                # one fetch: iterating the result fetches row by row
-                rows = conn.execute(members.order_by(*budgets.oldest_due())).all()
+                # streamed in chunks (a server-side cursor on PostgreSQL): a million-job
+                # run holds its jobs, never all their rows besides
+                rows = conn.execution_options(yield_per=20_000).execute(
+                    members.order_by(*budgets.oldest_due())
+                )
             else:
                 # Those done, skipped or in ``also`` may be among the first rows: read
                 # enough that ``first`` others are too.
@@ -161,7 +165,7 @@ class Runs:
                     permanent_node_id=home,
                     trial_node_id=trial,
                     attempts=len(failed_on.get(job_id, ())),
-                    failed_on=set(failed_on.get(job_id, ())),
+                    failed_on=frozenset(failed_on[job_id]) if job_id in failed_on else NO_NODES,
                     claim=None,
                 )
                 for job_id, key, payload, priority, home, trial in rows

@@ -388,7 +388,7 @@ class JobBook:
         key = (job.id, node_id)
         self.node_failures[key] = self.node_failures.get(key, 0) + 1
         if self.node_failures[key] >= moves_after:
-            job.failed_on.add(node_id)
+            job.failed_on = job.failed_on | {node_id}
             self.retry_on.pop(job.id, None)
         else:
             self.retry_on[job.id] = node_id

@@ -113,12 +113,9 @@ def job_info(job: PendingJob) -> JobInfo:
         job.priority,
         job.permanent_node_id,
         job.trial_node_id,
-        frozenset(job.failed_on) if job.failed_on else _NONE,
+        job.failed_on,
         job.attempts,
     )
-
-
-_NONE: frozenset[int] = frozenset()
 
 
 def execution_row(

@@ -412,14 +412,16 @@ def pick_backups(
 # -- makespan ---------------------------------------------------------------------------------
 
 
-def lower_bound(works: Sequence[float], nodes: Mapping[int, tuple[float, int]]) -> float | None:
-    """max(total work ÷ total speed, longest job ÷ fastest node), works measured at speed 1.0.
+def lower_bound(
+    total: float, longest: float, nodes: Mapping[int, tuple[float, int]]
+) -> float | None:
+    """max(total work ÷ total speed, longest job ÷ fastest node), work measured at speed 1.0.
 
     ``nodes`` maps each node to (speed, slots); a node's capacity is speed × slots,
     but one job runs in one slot, so the longest job is bounded by the fastest speed.
     """
     capacity = sum(speed * max(1, slots) for speed, slots in nodes.values())
-    if not works or capacity <= 0:
+    if capacity <= 0:
         return None
     fastest = max(speed for speed, _slots in nodes.values())
-    return max(sum(works) / capacity, max(works) / fastest)
+    return max(total / capacity, longest / fastest)

@@ -39,13 +39,16 @@ class TrialMoves(PartOf):
         self.rng = rng
         #: (job, node, duration) of results committed since the last review.
         self.reviews: list[tuple[PendingJob, int, float]] = []
-        #: run -> job -> (node, seconds) of each committed result, for the lower bound.
-        self.run_works: dict[int, dict[int, tuple[int, float]]] = {}
+        #: run -> node -> [seconds, longest seconds] of the results committed there, for
+        #: the lower bound (sums per node: nothing kept per job of a million-job run).
+        self.run_works: dict[int, dict[int, list[float]]] = {}
 
     def note(self, job: PendingJob, node_id: int, duration: float) -> None:
         """A result of ``job`` is about to be committed: review it next."""
         if job.run_id is not None:
-            self.run_works.setdefault(job.run_id, {})[job.id] = (node_id, duration)
+            acc = self.run_works.setdefault(job.run_id, {}).setdefault(node_id, [0.0, 0.0])
+            acc[0] += duration
+            acc[1] = max(acc[1], duration)
         self.reviews.append((job, node_id, duration))
 
     def make_trial_moves(self, active: ActiveRun, jobs: Sequence[PendingJob]) -> None:
@@ -160,10 +163,16 @@ class TrialMoves(PartOf):
                 slot.load.speed = speed
                 self.store.update_node(node_id, speed=speed)
         works = self.run_works.pop(active.run.id, {})
-        ran = {n for n, _d in works.values()}
+        if not works:
+            return None
         nodes = {
             s.id: (self.knowledge.speed(s.id), s.load.slots)
             for s in self.nodes
-            if not s.removed and (s.usable or s.id in ran)
+            if not s.removed and (s.usable or s.id in works)
         }
-        return rules.lower_bound([d * self.knowledge.speed(n) for n, d in works.values()], nodes)
+        speed_of = self.knowledge.speed
+        return rules.lower_bound(
+            sum(total * speed_of(n) for n, (total, _) in works.items()),
+            max(longest * speed_of(n) for n, (_, longest) in works.items()),
+            nodes,
+        )

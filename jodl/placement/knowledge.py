@@ -27,7 +27,7 @@ RECENT_WEIGHT = 0.3
 SPEED_SAMPLE = 3000
 
 
-@dataclass
+@dataclass(slots=True)
 class Learned:
     """Statistics of one job on one node (mirrors a JobOnNode row)."""
 
@@ -37,6 +37,8 @@ class Learned:
     recent: float | None = None
     m2: float = 0.0
     last: float | None = None
+    #: The node these statistics are of (set when :class:`Knowledge` files them).
+    node_id: int = -1
 
     @property
     def spread(self) -> float:
@@ -60,13 +62,18 @@ class Learned:
 
 
 class Knowledge:
-    """Learned durations per (job, node) and node speeds, with the fallbacks of :meth:`expected`."""
+    """Learned durations per (job, node) and node speeds, with the fallbacks of :meth:`expected`.
+
+    A master keeps what it learned of every job of its families, a million jobs
+    included, so the statistics are filed compactly: per job, the one
+    :class:`Learned` of the node it ran on, or a dict of them once it ran on
+    several (most jobs run on one node; a dict costs three times a slotted record).
+    """
 
     def __init__(self, default_duration: float = DEFAULT_DURATION) -> None:
         self.default_duration = default_duration
-        self.stats: dict[tuple[int, int], Learned] = {}
-        self._by_job: dict[int, dict[int, Learned]] = {}
-        self._family_of: dict[int, str] = {}
+        #: job -> what is known of it: one node's statistics, or per node when several.
+        self._by_job: dict[int, Learned | dict[int, Learned]] = {}
         # family -> node -> [sum, count]; node None = all nodes
         self._family: dict[str, dict[int | None, list[float]]] = {}
         #: Learned speed per node (1.0 = the average node); see :meth:`learn_speeds`.
@@ -77,28 +84,41 @@ class Knowledge:
 
     def learned(self, job_id: int, node_id: int) -> Learned | None:
         """What is known of ``job_id`` on ``node_id`` (None: it never ran there)."""
-        return self.stats.get((job_id, node_id))
+        known = self._by_job.get(job_id)
+        if isinstance(known, Learned):
+            return known if known.node_id == node_id else None
+        return None if known is None else known.get(node_id)
 
     def of_job(self, job_id: int) -> dict[int, Learned]:
         """Per node, what is known of ``job_id``."""
-        return self._by_job.get(job_id, {})
+        known = self._by_job.get(job_id)
+        if known is None:
+            return {}
+        return {known.node_id: known} if isinstance(known, Learned) else known
+
+    def _file(self, job_id: int, node_id: int, stat: Learned) -> None:
+        stat.node_id = node_id
+        known = self._by_job.get(job_id)
+        if known is None:
+            self._by_job[job_id] = stat
+        elif isinstance(known, Learned):
+            self._by_job[job_id] = {known.node_id: known, node_id: stat}
+        else:
+            known[node_id] = stat
 
     def load(self, job_id: int, node_id: int, stat: Learned, family: str) -> None:
         """Put a stored JobOnNode row into memory (at start)."""
-        self.stats[(job_id, node_id)] = stat
-        self._by_job.setdefault(job_id, {})[node_id] = stat
-        self._family_of[job_id] = family
+        self._file(job_id, node_id, stat)
         self._work.pop(job_id, None)
         if stat.mean is not None and stat.count:
             self._add_family(family, node_id, stat.mean * stat.count, stat.count)
 
     def record(self, job_id: int, node_id: int, family: str, duration: float | None) -> Learned:
         """Record an execution: a duration on success, None on failure."""
-        stat = self.stats.get((job_id, node_id))
+        stat = self.learned(job_id, node_id)
         if stat is None:
-            stat = self.stats[(job_id, node_id)] = Learned()
-            self._by_job.setdefault(job_id, {})[node_id] = stat
-            self._family_of[job_id] = family
+            stat = Learned()
+            self._file(job_id, node_id, stat)
         if duration is None:
             stat.failures += 1
         else:
@@ -130,7 +150,7 @@ class Knowledge:
         except KeyError:
             pass
         total = weight = 0.0
-        for node_id, stat in self._by_job.get(job_id, {}).items():
+        for node_id, stat in self.of_job(job_id).items():
             if stat.mean is not None and stat.count:
                 total += stat.mean * self.speed(node_id) * stat.count
                 weight += stat.count
@@ -154,7 +174,7 @@ class Knowledge:
         4. the family's mean on all nodes, scaled by this node's speed;
         5. the default duration, scaled by this node's speed.
         """
-        stat = self.stats.get((job.id, node.id))
+        stat = self.learned(job.id, node.id)
         if stat is not None and stat.recent is not None:
             return stat.recent
         speed = max(node.speed, 1e-6)
@@ -178,7 +198,9 @@ class Knowledge:
         means (the mean of a family's jobs there against their mean everywhere).
         Speeds are scaled so that their mean over the nodes seen is 1.0.
         """
-        nodes = {node_id for (_job, node_id), st in self.stats.items() if st.count}
+        nodes = {
+            n for per in self._family.values() for n, acc in per.items() if n is not None and acc[1]
+        }
         if not nodes:
             return dict(self.node_speed)
         # Start from family means: a node where a family's jobs take half the time is 2x.
@@ -197,7 +219,7 @@ class Knowledge:
         log_s = {n: num[n] / den[n] if den.get(n) else 0.0 for n in nodes}
         shared: dict[int, dict[int, tuple[float, float]]] = {}
         for job_id, seen_on in self._by_job.items():
-            if len(seen_on) < 2:
+            if isinstance(seen_on, Learned):
                 continue  # most jobs ran on one node: they say nothing about ratios
             obs = {
                 n: (math.log(st.mean), float(st.count))

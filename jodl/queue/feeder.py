@@ -19,7 +19,7 @@ from collections import deque
 
 from ..log.notices import HERE
 from ..log.queue_records import Claimed
-from ..log.records import PendingJob
+from ..log.records import NO_NODES, PendingJob
 from ..master import Feeder, FeedHost
 from ..settings.config import read_values
 from .queue import CHECK_INTERVAL, CLAIM_BATCH, OPTIONS, WAKE_MAX, Queue
@@ -103,7 +103,7 @@ class QueueFeeder(Feeder):
                 job.permanent_node_id,
                 job.trial_node_id,
                 job.failures,
-                set(),
+                NO_NODES,
                 job.attempt,
             )
             for job in got
