@@ -239,6 +239,20 @@ def test_a_run_resumed_in_two_parts_finishes_once(store, agents, db_url, tmp_pat
     kill_and_resume(store, db_url, points, nodes, marks, extra_env={"JODL_BATCH_SIZE": "4"})
 
 
+def test_a_run_read_in_windows_is_killed_and_resumed_and_finishes_once(
+    store, agents, db_url, tmp_path
+):
+    """Windows of 9 members, batches of 4: the master holds a few windows of the run at a
+    time, both before the kills (a run it opened: the log is not asked) and after them
+    (a resumed run: each window leaves out what is done and what was read early)."""
+    marks = tmp_path / "marks.txt"
+    add_mark_jobs(store, marks, count=100, seconds=0.02)
+    nodes = agents(2, slots=2)
+    points = ["after_commit:6", "after_send:5"]
+    env = {"JODL_BATCH_SIZE": "4", "JODL_RUN_WINDOW": "9"}
+    kill_and_resume(store, db_url, points, nodes, marks, extra_env=env)
+
+
 def fail_an_agent_mid_cycle(store, agents, db_url, tmp_path, hang: bool) -> None:  # type: ignore[no-untyped-def]
     """Kill (SIGKILL) or hang (SIGSTOP) one of three agents mid-cycle; the run must finish."""
     marks = tmp_path / "marks.txt"

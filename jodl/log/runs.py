@@ -4,10 +4,23 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, delete, exists, func, insert, literal_column, or_, select, update
+from sqlalchemy import (
+    Engine,
+    delete,
+    exists,
+    func,
+    insert,
+    literal,
+    literal_column,
+    or_,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..exceptions import JodlError
@@ -33,6 +46,19 @@ PROGRESS_KEPT = dt.timedelta(days=1)
 #: to one pause to be seen and a send up to another, so a run whose jobs take about
 #: that long measures the loop's own overhead, not placement (tiny jobs printed 483).
 MIN_LOWER_BOUND = 0.1
+#: Members of a run read at once when all are read (:meth:`Runs.run_jobs`).
+WHOLE_WINDOW = 50_000
+#: Ids per ``IN`` list.
+CHUNK = 5000
+
+
+@dataclass(frozen=True)
+class RunWindow:
+    """Jobs of a run read together, and where its next window starts."""
+
+    jobs: list[PendingJob]
+    #: Order key (last run, id) of the window's last member; None: no member follows.
+    next_after: tuple[int, int] | None
 
 
 def makespan_ratio(makespan: float | None, lower_bound: float | None) -> float | None:
@@ -95,66 +121,82 @@ class Runs:
             limits.cut_run(s, run, family, members, recent)  # at most N jobs per cycle
             return run, False
 
-    def run_jobs(
+    def run_jobs(self, run: Run, family_name: str) -> list[PendingJob]:
+        """Every job of ``run`` with no committed result, with its attempts so far in it."""
+        jobs: list[PendingJob] = []
+        after: tuple[int, int] | None = None
+        while True:
+            window = self.run_window(run, family_name, WHOLE_WINDOW, after)
+            jobs += window.jobs
+            if window.next_after is None:
+                return jobs
+            after = window.next_after
+
+    def run_window(
         self,
         run: Run,
         family_name: str,
-        first: int | None = None,
+        size: int,
+        after: tuple[int, int] | None = None,
         also: Collection[int] = (),
-        loaded: Collection[int] = (),
-    ) -> list[PendingJob]:
-        """Jobs of ``run`` with no committed result, with their attempts so far in it.
+        leave: Collection[int] = (),
+        logged: bool = True,
+    ) -> RunWindow:
+        """The next ``size`` members of ``run`` in its order (oldest due first) after
+        ``after``, those of them with no committed result as jobs (their attempts so far
+        in the run with them), and where the window after this one starts.
 
-        ``first``: only the first so many of them (oldest due first) and those among
-        ``also`` (ids), so a resumed run can send before the rest is read; ``loaded``:
-        ids read before, left out.
+        A run is read in windows so that a master holds a window's jobs, not all of a
+        million-job run's: members do not change while a run is open, and their order
+        key (last run, id) is unique, so windows read each member once. ``also``: ids of
+        members to read in this window wherever they are in the order (a resumed run's
+        jobs in flight), ``leave``: ids read before that way, left out here.
+        ``logged`` false: no member of this window can have an execution in the run yet
+        (a run this master opened, read window by window), so the log is not asked.
         """
         with self.engine.connect() as conn:
-            # The jobs done are read apart and left out here, not with NOT EXISTS in the
-            # members' query: right after jobs were added (no statistics yet) PostgreSQL
-            # planned that anti-join as a nested loop, 8 s for 20,000 jobs on resume.
-            done = set(
-                conn.scalars(
-                    select(Execution.job_id).where(
-                        Execution.run_id == run.id, Execution.state == ExecState.DONE
-                    )
-                )
-            )
-            failed_on: dict[int, list[int]] = {}
-            for job_id, node_id in conn.execute(
-                select(Execution.job_id, Execution.node_id).where(
-                    Execution.run_id == run.id, Execution.state == ExecState.FAILED
-                )
-            ):
-                failed_on.setdefault(job_id, []).append(node_id)
-            skip = _too_recent(conn, run)
-            columns = (
+            members = select(
                 Job.id,
                 Job.key,
                 Job.payload,
                 Job.priority,
                 Job.permanent_node_id,
                 Job.trial_node_id,
-            )
-            members = select(*columns).where(*_member_filter(run))
-            rows: Iterable[Any]
-            if first is None:
-                # streamed in chunks (a server-side cursor on PostgreSQL): a million-job
-                # run holds its jobs, never all their rows besides
-                rows = conn.execution_options(yield_per=20_000).execute(
-                    members.order_by(*budgets.oldest_due())
-                )
-            else:
-                # Those done, skipped or in ``also`` may be among the first rows: read
-                # enough that ``first`` others are too.
-                head = first + len(done) + len(skip) + len(also)
-                rows = list(conn.execute(members.order_by(*budgets.oldest_due()).limit(head)))
-                wanted = sorted(set(also) - {row[0] for row in rows})
-                for start in range(0, len(wanted), 5000):
-                    chunk = wanted[start : start + 5000]
-                    rows += conn.execute(members.where(Job.id.in_(chunk))).all()
-            out = set(loaded)
-            return [
+                *budgets.oldest_due(),
+            ).where(*_member_filter(run))
+            window = members
+            if after is not None:
+                window = window.where(tuple_(*budgets.oldest_due()) > tuple_(*map(literal, after)))
+            rows = conn.execute(window.order_by(*budgets.oldest_due()).limit(size)).all()
+            next_after = (int(rows[-1][-2]), int(rows[-1][-1])) if len(rows) == size else None
+            wanted = sorted(set(also) - {row[0] for row in rows})
+            for start in range(0, len(wanted), CHUNK):
+                rows = [
+                    *rows,
+                    *conn.execute(members.where(Job.id.in_(wanted[start : start + CHUNK]))).all(),
+                ]
+            done: set[int] = set()
+            failed_on: dict[int, list[int]] = {}
+            if logged:
+                # Read apart and left out here, not with NOT EXISTS in the members' query:
+                # right after jobs were added (no statistics yet) PostgreSQL planned that
+                # anti-join as a nested loop, 8 s for 20,000 jobs on resume.
+                ids = [row[0] for row in rows]
+                for start in range(0, len(ids), CHUNK):
+                    for job_id, node_id, state in conn.execute(
+                        select(Execution.job_id, Execution.node_id, Execution.state).where(
+                            Execution.run_id == run.id,
+                            Execution.state.in_((ExecState.DONE, ExecState.FAILED)),
+                            Execution.job_id.in_(ids[start : start + CHUNK]),
+                        )
+                    ):
+                        if state == ExecState.DONE:
+                            done.add(job_id)
+                        else:
+                            failed_on.setdefault(job_id, []).append(node_id)
+            skip = _too_recent(conn, run)
+            out = set(leave)
+            jobs = [
                 PendingJob(
                     id=job_id,
                     key=key,
@@ -168,9 +210,10 @@ class Runs:
                     failed_on=frozenset(failed_on[job_id]) if job_id in failed_on else NO_NODES,
                     claim=None,
                 )
-                for job_id, key, payload, priority, home, trial in rows
+                for job_id, key, payload, priority, home, trial, _n, _id in rows
                 if job_id not in skip and job_id not in done and job_id not in out
             ]
+            return RunWindow(jobs, next_after)
 
     def sent_executions(self, run_ids: Sequence[int | None]) -> list[Sent]:
         """Executions of open dispatches of these runs (None: on-demand) with no outcome."""

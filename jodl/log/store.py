@@ -32,7 +32,7 @@ from .outcomes import OutcomeLog
 from .reads import Reads
 from .records import Home, OutcomeBatch, PendingJob, ProgressRow, RunResults, Sent
 from .requests import Request, RequestLog
-from .runs import Runs
+from .runs import Runs, RunWindow
 
 
 class Store:
@@ -274,18 +274,23 @@ class Store:
         """The family's unfinished run (resumed: True) or a new one with its due jobs."""
         return self._runs.open_run(family, epoch)
 
-    def run_jobs(
+    def run_jobs(self, run: Run, family_name: str) -> list[PendingJob]:
+        """Every job of ``run`` with no committed result, with its attempts so far in it."""
+        return self._runs.run_jobs(run, family_name)
+
+    def run_window(
         self,
         run: Run,
         family_name: str,
-        first: int | None = None,
+        size: int,
+        after: tuple[int, int] | None = None,
         also: Collection[int] = (),
-        loaded: Collection[int] = (),
-    ) -> list[PendingJob]:
-        """Jobs of ``run`` with no committed result, with their attempts so far in it
-        (``first``: only the oldest due so many and those in ``also``; ``loaded``: ids
-        left out)."""
-        return self._runs.run_jobs(run, family_name, first, also, loaded)
+        leave: Collection[int] = (),
+        logged: bool = True,
+    ) -> RunWindow:
+        """The next ``size`` members of ``run`` after ``after`` (see
+        :meth:`Runs.run_window <jodl.log.runs.Runs.run_window>`)."""
+        return self._runs.run_window(run, family_name, size, after, also, leave, logged)
 
     def sent_executions(self, run_ids: Sequence[int | None]) -> list[Sent]:
         """Executions of open dispatches of these runs (None: on-demand) with no outcome."""

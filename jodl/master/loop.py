@@ -9,7 +9,7 @@
     send             log the executions (write-ahead), then one send call per agent
     collect          one call per agent; commit results and failures; ack them next time
                      (before assign and send while a resumed run has sent nothing yet)
-    load_rest        the rest of a resumed run's jobs, once its first batch went out
+    read_more        the next window of a large run's jobs, and a resumed run's trial moves
     balance          an idle agent takes unstarted jobs from the one expected to end last
     check_timeouts   take jobs back from an agent past its family's timeout
     review_durations trial moves decided; slow jobs get a trial move for their next run
@@ -297,7 +297,7 @@ class Master:
             raise UnknownFamily(f"no family {family_name!r} in the database (no jobs added)")
         run, resumed = self.store.open_run(family, self.epoch)
         active = self.keeper.open(run, family, resumed)
-        while active.remaining > 0:
+        while not active.ended:
             if stop is not None and stop.is_set():
                 raise Stopped(
                     f"stopped: run {family_name}#{run.number} left unfinished "
@@ -362,7 +362,7 @@ class Master:
                 self._report()
                 time.sleep(self.settings.idle_sleep)
             self._start_deferred()
-            for active in [a for a in self.runs.values() if a.remaining <= 0]:
+            for active in [a for a in self.runs.values() if a.ended]:
                 summary = self.keeper.finish(active)
                 failpoint.hit("run_ended")
                 for future in self._waiting.pop(active.run.id, []):
@@ -451,7 +451,7 @@ class Master:
         sent = self.dispatcher.send()
         if not collect_first:
             got = self.outcomes.collect()
-        self.keeper.load_rest()  # of runs resumed in two parts: after their first send
+        self.keeper.read_more()  # the next windows of large runs, after the sends
         self.balancer.balance()
         self.balancer.check_timeouts()
         self.balancer.trials.review_durations()

@@ -99,9 +99,17 @@ class ActiveRun:
     done: int = 0
     failed: int = 0
     dead: int = 0
+    #: Jobs read and not finished yet.
     remaining: int = 0
     #: Cancelled (``jodl run cancel``): closed as soon as its jobs left the book.
     cancelled: bool = False
+    #: Order key after which the run's members are still to be read (None: all read).
+    unread_after: tuple[int, int] | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Every job read and finished, or cancelled with none left in the book."""
+        return self.remaining <= 0 and (self.unread_after is None or self.cancelled)
 
 
 def job_info(job: PendingJob) -> JobInfo:

@@ -36,35 +36,44 @@ class RunKeeper(PartOf):
         self.knowledge = parts.knowledge
         self.runs = parts.runs
         self.gauges = parts.gauges
-        #: run -> ids of its jobs read so far, for runs whose rest is still to be read.
-        self.rest: dict[int, set[int]] = {}
+        #: run -> ids of jobs read out of their order (a resumed run's jobs in flight),
+        #: left out of its later windows.
+        self.read_early: dict[int, set[int]] = {}
+        #: Resumed runs whose trial moves are made at the end of their first step.
+        self.trials_due: set[int] = set()
+        #: Members of a run read at once (``JODL_RUN_WINDOW``).
+        self.window = parts.settings.run_window
         #: run -> its (done, failed, dead) counts last written to the log.
         self._written: dict[int, tuple[int, int, int]] = {}
 
     def open(self, run: Run, family: FamilyRow, resumed: bool) -> ActiveRun:
-        """Load a run's jobs without a committed result and re-attach logged executions.
+        """Load a run's first jobs without a committed result and re-attach logged executions.
 
         The family's settings and node rules are read again: a change an operator made
         (``jodl family set|allow|deny``) holds from the next cycle on.
 
-        A resumed run opens in two parts, so a restarted master sends within its first
-        step: here the jobs of the logged executions (re-attached before any of them is
-        placed again) and a first batch of the others; the rest, and the trial moves,
-        at the end of the first step (:meth:`load_rest`), once that batch went out.
-        Reading 100,000 jobs takes about half a second. The cost: jobs of the first
-        batch get no new trial move.
+        A run is read in windows (``JODL_RUN_WINDOW`` members, oldest due first): the
+        next one when fewer than half a window of its jobs are left in the book
+        (:meth:`read_more`, at the end of every step), so a master holds about a window
+        of a million-job run, not all of it. A resumed run's first window is one batch
+        per agent and the jobs of its logged executions (re-attached before any of them
+        is placed again), so a restarted master sends within its first step; reading
+        100,000 jobs takes about half a second. The cost: a window's jobs are ordered
+        longest first (LPT) among themselves only, and jobs of a resumed run's first
+        window get no new trial move.
         """
         self.families.setup(family, reload=True)
         counter = run_bytes(self.store.fenced_engine, family, run.id, resumed)
         sents: list[Sent] = []
         if resumed:
             sents = self.store.sent_executions([run.id])
-            jobs = self.store.run_jobs(
-                run, family.name, first=self.parts.first_batch(), also={x.job_id for x in sents}
-            )
-            self.rest[run.id] = {job.id for job in jobs}
+            early = {x.job_id for x in sents}
+            window = self.store.run_window(run, family.name, self.parts.first_batch(), also=early)
+            self.read_early[run.id] = early
+            self.trials_due.add(run.id)
         else:
-            jobs = self.store.run_jobs(run, family.name)
+            window = self.store.run_window(run, family.name, self.window, logged=False)
+        jobs = window.jobs
         done_before = 0
         if resumed:
             done_before, _ = self.store.count_run(run.id)
@@ -76,6 +85,7 @@ class RunKeeper(PartOf):
             started=time.perf_counter(),
             done=done_before,
             remaining=len(jobs),
+            unread_after=window.next_after,
         )
         self.runs[run.id] = active
         for job in jobs:
@@ -86,37 +96,57 @@ class RunKeeper(PartOf):
             self.outcomes.run_bytes[run.id] = counter
         if not resumed:
             self.balancer.trials.make_trial_moves(active, jobs)
-        if counter is not None and counter.stopped:
-            self.outcomes.hold_back(run.id)
+        self._hold_back_if_stopped(run.id)
         log.info(
-            "run %s#%d %s: %d jobs to do",
+            "run %s#%d %s: %d jobs to do%s",
             family.name,
             run.number,
             "resumed" if resumed else "opened",
             len(jobs),
+            " in its first window" if window.next_after is not None else "",
             extra={"run_id": run.id, "family": family.name},
         )
         return active
 
-    def load_rest(self) -> None:
-        """Read the rest of each run resumed in two parts (:meth:`open`) into the book:
-        at the end of every step, before any run's end is looked at."""
-        for run_id, loaded in list(self.rest.items()):
-            active = self.runs.get(run_id)
-            if active is None or active.cancelled:  # cancelled: the rest stays due
-                del self.rest[run_id]
-                continue
-            del self.rest[run_id]
-            jobs = self.store.run_jobs(active.run, active.family.name, loaded=loaded)
-            active.total += len(jobs)
-            active.remaining += len(jobs)
-            for job in jobs:
-                self.book.hold(job)
-            held = [j for i in loaded if (j := self.book.jobs.get(i)) is not None]
-            self.balancer.trials.make_trial_moves(active, held + jobs)
-            counter = self.outcomes.run_bytes.get(run_id)
-            if counter is not None and counter.stopped:
-                self.outcomes.hold_back(run_id)
+    def read_more(self) -> None:
+        """Read the next windows of open runs with fewer than half a window of their jobs
+        in the book, and make a resumed run's trial moves: at the end of every step,
+        before any run's end is looked at."""
+        for active in list(self.runs.values()):
+            run = active.run
+            while (
+                active.unread_after is not None
+                and not active.cancelled  # cancelled: the rest stays due
+                and active.remaining < self.window // 2
+            ):
+                window = self.store.run_window(
+                    run,
+                    active.family.name,
+                    self.window,
+                    after=active.unread_after,
+                    leave=self.read_early.get(run.id, ()),
+                    logged=active.resumed,
+                )
+                active.unread_after = window.next_after
+                active.total += len(window.jobs)
+                active.remaining += len(window.jobs)
+                for job in window.jobs:
+                    self.book.hold(job)
+                if run.id not in self.trials_due:
+                    self.balancer.trials.make_trial_moves(active, window.jobs, home_work=False)
+                self._hold_back_if_stopped(run.id)
+            if active.unread_after is None:
+                self.read_early.pop(run.id, None)
+            if run.id in self.trials_due and not active.cancelled:
+                # a resumed run's first step is over: trial moves for all its jobs held
+                self.trials_due.discard(run.id)
+                held = [j for j in self.book.jobs.values() if j.run_id == run.id]
+                self.balancer.trials.make_trial_moves(active, held)
+
+    def _hold_back_if_stopped(self, run_id: int) -> None:
+        counter = self.outcomes.run_bytes.get(run_id)
+        if counter is not None and counter.stopped:
+            self.outcomes.hold_back(run_id)
 
     def _reattach(self, sents: list[Sent]) -> None:
         """After a restart: keep executions agents still hold, close the others as lost.

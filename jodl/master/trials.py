@@ -51,11 +51,14 @@ class TrialMoves(PartOf):
             acc[1] = max(acc[1], duration)
         self.reviews.append((job, node_id, duration))
 
-    def make_trial_moves(self, active: ActiveRun, jobs: Sequence[PendingJob]) -> None:
+    def make_trial_moves(
+        self, active: ActiveRun, jobs: Sequence[PendingJob], home_work: bool = True
+    ) -> None:
         """When a cycle opens: decide open trials, give new nodes a share, explore at random.
 
-        Also sets each node's expected work per cycle of the jobs whose home it is
-        (weighted by how often each job is due), which placement sees.
+        ``home_work``: also set each node's expected work per cycle of the jobs whose
+        home it is (weighted by how often each job is due), which placement sees; the
+        later windows of a large run leave it as its first window set it.
         """
         fam = active.family.name
         tuning = self.families.tuned(fam)
@@ -95,6 +98,8 @@ class TrialMoves(PartOf):
                 len(moves),
             )
         self.ledger.write_homes()
+        if not home_work:
+            return
         self.ledger.writer.flush()  # the homes just decided count in the query below
         period = self.store.cycle_period(active.family.id)
         default = self.knowledge.family_mean(fam) or self.knowledge.default_duration

@@ -50,6 +50,8 @@ DEFAULT_FENCE_HOLD = 60.0
 DEFAULT_MAX_ATTEMPTS = 3
 #: Jobs sent to one agent in one call at most.
 DEFAULT_BATCH_SIZE = 2000
+#: Jobs of a run a master reads at once: it holds about this many of a large run.
+DEFAULT_RUN_WINDOW = 50_000
 #: Longest pause of the master loop when nothing happens (seconds).
 DEFAULT_IDLE_SLEEP = 0.05
 #: Seconds a master's leadership lease lasts without renewal. Renewed every third of
@@ -242,6 +244,14 @@ OPTIONS: tuple[Option, ...] = (
         "master",
     ),
     Option(
+        "JODL_RUN_WINDOW",
+        str(DEFAULT_RUN_WINDOW),
+        "int+",
+        "Jobs of a run read at once: a master holds about this many of a large run "
+        "(about 1 KB each), and orders them longest first among themselves",
+        "master",
+    ),
+    Option(
         "JODL_IDLE_SLEEP",
         str(DEFAULT_IDLE_SLEEP),
         "float+",
@@ -380,6 +390,7 @@ class Settings:
     agent_fence_hold: float = DEFAULT_FENCE_HOLD
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     batch_size: int = DEFAULT_BATCH_SIZE
+    run_window: int = DEFAULT_RUN_WINDOW
     idle_sleep: float = DEFAULT_IDLE_SLEEP
     lease_ttl: float = DEFAULT_LEASE_TTL
     node_backoff_max: float = DEFAULT_NODE_BACKOFF_MAX
