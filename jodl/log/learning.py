@@ -46,7 +46,8 @@ class Learning:
         with self.engine.connect() as conn:
             speeds = conn.execute(select(Node.id, Node.speed))
             knowledge.set_speeds({node_id: speed or 1.0 for node_id, speed in speeds})
-            rows = conn.execute(
+            # streamed in chunks: a million learned rows never sit in memory as rows
+            rows = conn.execution_options(yield_per=20_000).execute(
                 select(
                     JobOnNode.job_id,
                     JobOnNode.node_id,

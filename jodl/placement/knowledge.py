@@ -48,8 +48,9 @@ class Learned:
     def add(self, duration: float) -> None:
         """Record one successful execution (Welford mean/variance, EWMA recent)."""
         self.count += 1
-        if self.mean is None:
-            self.mean = duration
+        if self.mean is None:  # the first: one float for all three, m2 stays the shared 0.0
+            self.mean = self.recent = self.last = duration
+            return
         delta = duration - self.mean
         self.mean += delta / self.count
         self.m2 += delta * (duration - self.mean)
@@ -145,6 +146,11 @@ class Knowledge:
 
     def work(self, job_id: int) -> float | None:
         """The job's learned work: its durations scaled to a node of speed 1.0 (None: unknown)."""
+        known = self._by_job.get(job_id)
+        if isinstance(known, Learned):  # one node (most jobs): not worth a cache entry
+            if known.mean is None or not known.count:
+                return None
+            return known.mean * self.speed(known.node_id)
         try:
             return self._work[job_id]
         except KeyError:
