@@ -79,7 +79,7 @@ RUN_JOBS_DONE = Gauge("jodl_run_jobs_done", "Jobs of the running cycle done, by 
 WRITER_QUEUE = Gauge("jodl_log_writer_queue_depth", "Outcome batches waiting for the log writer")
 WRITER_COMMIT = Histogram(
     "jodl_log_writer_commit_seconds",
-    "Time to commit one batch of outcomes to the reconstruction log",
+    "Time of one commit of outcomes to the reconstruction log (the batches queued meanwhile)",
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 
