@@ -79,7 +79,7 @@ def serve_farm(slots: int) -> None:
     from jodl.agent import AgentService, make_server
 
     class CountedService(AgentService):
-        """The agent's own service, noting when the master polls it (``done``)."""
+        """The agent's own service, noting when the master sends to it and polls it."""
 
         def __init__(self, core: Any) -> None:
             super().__init__(core)
