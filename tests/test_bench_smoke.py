@@ -28,6 +28,7 @@ TIMEOUT = 300
 SMOKE: dict[str, str] = {
     "detection.py": "--smoke",
     "failover.py": "--jobs 300 --kills 1 --ttl 1 --agents 1 --slots 2 --restart-jobs 300",
+    "farm.py": "--agents 4 --processes 2 --jobs 300",
     "makespan.py": "--jobs 10 --cycles 2 --seeds 1 --lb 0.1 --speeds 1,2",
     "ondemand.py": "--jobs 200 --rounds 1 --batch 50 --celery-jobs 20",
     "pagecheck.py": "--pages 20 --latency 0.001 --concurrency 20 --confirm-delay 0.05",
@@ -39,6 +40,7 @@ SMOKE: dict[str, str] = {
 #: Scripts that need a PostgreSQL server, and the option that names it.
 POSTGRES_OPTION = {
     "failover.py": "--database",
+    "farm.py": "--db-url",
     "ondemand.py": "--db-url",
     "scale.py": "--db-url",
     "sse.py": "--database-url",

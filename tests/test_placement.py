@@ -153,6 +153,50 @@ def test_lpt_plan_is_close_to_the_lower_bound() -> None:
     assert makespan(rr, works) > 1.5 * lb
 
 
+class Scanning(EarliestFinish):
+    """earliest_finish judging every job by the scan over all nodes (no heap)."""
+
+    def _front(self, *_args: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_heap_places_new_jobs_as_the_scan_does(seed: int) -> None:
+    """Jobs nothing is known of take the heap (O(log n) each), the others the scan;
+    mixed in one batch, with ties, homes, reservations and two families, both place
+    every job on the same node as scanning all of them does."""
+    rng = random.Random(seed)
+
+    def view() -> list[NodeLoad]:
+        rnd = random.Random(seed)
+        out = []
+        for n in range(1, 41):
+            node = NodeLoad(n, f"n{n}", rnd.choice((1, 2, 4)), rnd.choice((1.0, 1.0, 2.0)))
+            node.queued_work = float(rnd.choice((0, 0, 1, 3)))
+            node.home_work = float(rnd.choice((0, 0, 2)))
+            out.append(node)
+        return out
+
+    k = Knowledge()
+    for j in range(0, 300, 3):  # a third of the jobs ran before, some families' too
+        k.record(j, 1 + j % 40, "fam" if j % 2 else "other", rng.choice((0.5, 1.0, 2.0)))
+    jobs = [
+        JobInfo(
+            j,
+            f"job-{j}",
+            "fam" if j % 2 else "other",
+            permanent_node_id=rng.choice((None, None, 1 + j % 40)) if j % 3 == 0 else None,
+            failed_on=frozenset({2}) if j % 50 == 7 else frozenset(),
+        )
+        for j in range(600)
+    ]
+    heaped, scanned = view(), view()
+    got = EarliestFinish().place(jobs, lambda _j: heaped, k)
+    want = Scanning().place(jobs, lambda _j: scanned, k)
+    assert [(j.id, n.id) for j, n in got] == [(j.id, n.id) for j, n in want]
+    assert len({n.id for _j, n in got}) == 40
+
+
 def test_home_is_kept_when_cheap_and_left_when_costly() -> None:
     k = knowledge_for({1: 1.0}, {1: 1.0, 2: 1.0})
     a, b = nodes(1.0, 1.0)

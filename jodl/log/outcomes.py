@@ -143,8 +143,21 @@ class OutcomeLog:
                 check_fence(conn, rows[0]["epoch"])
             bulk.insert_rows(conn, table_of(Dispatch), rows)
 
-    def record(self, batch: OutcomeBatch) -> None:
-        """Commit a batch of outcomes, and what they teach, in one transaction.
+    def record(self, *batches: OutcomeBatch) -> None:
+        """Commit batches of outcomes, and what they teach, in one transaction, each
+        as :meth:`_record` writes it.
+        """
+        batches = tuple(batch for batch in batches if batch)
+        if not batches:
+            return
+        with begin(self.engine) as conn:
+            for epoch in sorted({batch.epoch for batch in batches if batch.epoch}):
+                check_fence(conn, epoch)
+            for batch in batches:
+                self._record(conn, batch)
+
+    def _record(self, conn: Connection, batch: OutcomeBatch) -> None:
+        """Write a batch of outcomes, and what they teach.
 
         Executions are appended to the log and folded into JobOnNode
         (:func:`learn_from_executions`); with ``settle``, jobs with no home get the
@@ -154,35 +167,28 @@ class OutcomeLog:
         id has one outcome row at most (primary key), and a job one ``done`` row per
         run (unique index): the database refuses a second.
         """
-        if not batch:
-            return
-        with begin(self.engine) as conn:
-            if batch.epoch:
-                check_fence(conn, batch.epoch)
-            if batch.executions:
-                self._append(conn, batch.executions, batch.settle)
-            if batch.homes:
-                write_homes(conn, batch.homes)
-            if batch.dead:
-                conn.execute(
-                    update(Job)
-                    .where(Job.id == bindparam("jid"))
-                    .values(
-                        state=JobState.DEAD,
-                        last_error=bindparam("err"),
-                        run_id=bindparam("rid"),
-                        updated_at=utcnow(),
-                    ),
-                    [{"jid": j, "err": e, "rid": r} for j, e, r in batch.dead],
-                )
-            if batch.claims_done or batch.claims_failed:
-                close_claims(conn, batch.claims_done, batch.claims_failed)
-            if batch.closed:
-                conn.execute(
-                    update(Dispatch)
-                    .where(Dispatch.id.in_(list(batch.closed)))
-                    .values(is_open=False)
-                )
+        if batch.executions:
+            self._append(conn, batch.executions, batch.settle)
+        if batch.homes:
+            write_homes(conn, batch.homes)
+        if batch.dead:
+            conn.execute(
+                update(Job)
+                .where(Job.id == bindparam("jid"))
+                .values(
+                    state=JobState.DEAD,
+                    last_error=bindparam("err"),
+                    run_id=bindparam("rid"),
+                    updated_at=utcnow(),
+                ),
+                [{"jid": j, "err": e, "rid": r} for j, e, r in batch.dead],
+            )
+        if batch.claims_done or batch.claims_failed:
+            close_claims(conn, batch.claims_done, batch.claims_failed)
+        if batch.closed:
+            conn.execute(
+                update(Dispatch).where(Dispatch.id.in_(list(batch.closed))).values(is_open=False)
+            )
 
     @staticmethod
     def _append(conn: Connection, executions: Sequence[Any], settle: bool) -> None:

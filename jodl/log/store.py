@@ -338,9 +338,9 @@ class Store:
         """Log batches about to be sent (write-ahead): id, run_id, node_id, epoch, items."""
         self._outcomes.record_dispatches(rows)
 
-    def record_outcomes(self, batch: OutcomeBatch) -> None:
-        """Commit a batch of outcomes, and what they teach, in one transaction."""
-        self._outcomes.record(batch)
+    def record_outcomes(self, *batches: OutcomeBatch) -> None:
+        """Commit batches of outcomes, and what they teach, in one transaction."""
+        self._outcomes.record(*batches)
 
     def settled(self, exec_ids: Sequence[int]) -> set[int]:
         """Which of ``exec_ids`` have an outcome in the log."""

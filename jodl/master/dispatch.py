@@ -3,8 +3,9 @@
 ``assign`` asks each family's placement strategy where its waiting jobs go (a job
 that failed on a node fewer than the family's K times goes back there first);
 ``send`` takes from each node's queue what keeps its agent busy for
-:data:`~jodl.master.rules.QUEUE_AHEAD` seconds, logs the executions (write-ahead:
-committed before any agent sees them), then makes one send call per agent.
+:data:`~jodl.master.rules.QUEUE_AHEAD` seconds (in one step at most a share of
+:data:`~jodl.master.rules.STEP_SEND`), logs the executions (write-ahead: committed
+before any agent sees them), then makes one send call per agent.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .nodes import Nodes, NodeSlot
 from .outcomes import Outcomes
 from .parts import PartOf, Parts
 from .records import job_info
-from .rules import QUEUE_AHEAD
+from .rules import QUEUE_AHEAD, STEP_SEND
 
 
 class Dispatcher(PartOf):
@@ -127,15 +128,16 @@ class Dispatcher(PartOf):
     # -- send --------------------------------------------------------------------------------
 
     def send(self) -> int:
-        """Send queued jobs, up to what keeps each agent busy; log the batches first."""
+        """Send queued jobs, up to what keeps each agent busy and a share of
+        :data:`STEP_SEND` each; log the batches first."""
         book = self.book
         batches: dict[int, list[int]] = {}
         total = 0
-        for slot in self.nodes:
+        ready = [slot for slot in self.nodes if slot.usable and book.queues[slot.id]]
+        share = max(1, STEP_SEND // max(1, len(ready)))
+        for slot in ready:
             queue = book.queues[slot.id]
-            if not queue or not slot.usable:
-                continue
-            take = min(self._room(slot), len(queue), self.batch_size)
+            take = min(self._room(slot), len(queue), self.batch_size, share)
             if take <= 0:
                 continue
             batch = book.pick(slot.id, take, self.families.caps.get(slot.id))

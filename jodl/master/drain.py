@@ -10,8 +10,8 @@ collected and acknowledged until its agent exits.
 from __future__ import annotations
 
 import logging
+from functools import partial
 
-from ..agent.client import AgentLink
 from ..log.models import NodeState
 from .slot import NodeSlot, NodeTable
 
@@ -30,14 +30,18 @@ def follow(slot: NodeSlot, state: str, labels: dict[str, str]) -> None:
 
 
 def poll(nodes: NodeTable, epoch: int) -> None:
-    """Ask each agent whether it drains, relaying ``jodl node drain`` to it.
+    """Ask each agent whether it drains, relaying ``jodl node drain`` to it; all at once,
+    as a step's calls are (one by one, 500 agents took about half a second).
 
     A draining agent is asked too: the call that fails once it exited removes it.
     """
-    for slot in list(nodes.slots.values()):
-        if not slot.usable:
-            continue
-        draining = nodes.call(slot, epoch, AgentLink.draining, epoch, slot.draining)
+    asks = {
+        slot.id: partial(slot.link.draining, epoch, slot.draining)
+        for slot in list(nodes.slots.values())
+        if slot.usable
+    }
+    for node_id, draining in nodes.call_each(epoch, asks).items():
+        slot = nodes.slots[node_id]
         if draining and not slot.draining_heard:
             slot.draining = slot.draining_heard = True
             nodes.store.update_node(slot.load.id, state=NodeState.DRAINING)

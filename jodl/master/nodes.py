@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -411,6 +411,21 @@ class Nodes(PartOf):
         except AgentUnavailable:
             self.down(slot, epoch)
             return None
+
+    def call_each(self, epoch: int, work: Mapping[int, Callable[[], _R]]) -> dict[int, _R | None]:
+        """Each node's call of ``work`` (on its link), all at once on the call pool; by
+        node, its reply, or None (and the node down) if the agent is unreachable.
+        :class:`Fenced` passes through: the loop stops."""
+        out: dict[int, _R | None] = {}
+        for node_id, reply in self.calls.each(work).items():
+            try:
+                out[node_id] = reply.get()
+            except Fenced:
+                raise
+            except AgentUnavailable:
+                self.down(self.slots[node_id], epoch)
+                out[node_id] = None
+        return out
 
     def cancel(self, slot: NodeSlot, epoch: int, exec_ids: list[int]) -> None:
         """Cancel executions on the agent (queued ones never start; a result is dropped)."""

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Callable
+from functools import partial
 
-from ..agent.client import AgentLink
 from ..agent.replies import AgentInfo
 from .slot import NodeSlot, NodeTable
 
@@ -35,9 +36,12 @@ class Reloads:
         self.relayed: dict[int, tuple[dt.datetime, AgentInfo, int]] = {}
 
     def poll(self, epoch: int) -> None:
-        """One ``reload`` call per connected agent (from the node refresh, ~1/s)."""
+        """One ``reload`` call per connected agent, all at once (from the node refresh,
+        ~1/s)."""
         nodes = self.nodes
         asked = nodes.store.reloads_asked()
+        asks: dict[int, Callable[[], int]] = {}
+        nows: dict[int, bool] = {}
         for slot in list(nodes.slots.values()):
             if slot.removed:
                 self.relayed.pop(slot.id, None)
@@ -46,13 +50,15 @@ class Reloads:
                 continue
             if self._cleared(slot):
                 continue
-            when = asked.get(slot.id)
-            now = when is not None and slot.id not in self.relayed
-            generation = nodes.call(slot, epoch, AgentLink.reload, epoch, now)
+            nows[slot.id] = now = slot.id in asked and slot.id not in self.relayed
+            asks[slot.id] = partial(slot.link.reload, epoch, now)
+        for node_id, generation in nodes.call_each(epoch, asks).items():
+            slot = nodes.slots[node_id]
             if generation is None or slot.link.info is None:
                 continue  # down: asked again once it answers
-            if now and when is not None:
-                self.relayed[slot.id] = (when, slot.link.info, generation)
+            now = nows[node_id]
+            if now:
+                self.relayed[slot.id] = (asked[slot.id], slot.link.info, generation)
             if generation != slot.link.info.generation:
                 log.warning(
                     "node %s reloaded its families: initialising it again",

@@ -52,6 +52,13 @@ from ..placement import JobInfo, Knowledge, NodeLoad
 #: that a slot never waits for the next loop step (a step takes about a millisecond
 #: with hundreds of results), little enough that long jobs stay stealable here.
 QUEUE_AHEAD = 0.5
+#: Most jobs one loop step sends, all agents together, shared evenly among those with
+#: jobs queued. A step's time grows with the jobs it sends (write-ahead rows, the
+#: wire) and then collects: on 500 agents, each with room for a batch, one step sent a
+#: whole cycle of 100,000 no-op jobs and the next collected it, seconds each, while
+#: every agent waited for its next poll (bench/farm.py). 10,000 jobs make a step of
+#: about half a second there; up to five agents still get full batches.
+STEP_SEND = 10_000
 #: Most waiting jobs of one node looked at per balance step (from the end of its
 #: queue, where steals come from): bounds a step's work on a backlog of 100,000 jobs.
 STEAL_WINDOW = 256

@@ -6,7 +6,7 @@ that shape, :class:`~jodl.master.nodes.Nodes` being the one the master has."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -106,6 +106,8 @@ class NodeTable(Protocol):
     knowledge: Knowledge
 
     def call(self, slot: NodeSlot, epoch: int, method: Callable[..., Any], *args: Any) -> Any: ...
+
+    def call_each(self, epoch: int, work: Mapping[int, Callable[[], Any]]) -> dict[int, Any]: ...
 
     def candidates(self, family: str) -> list[NodeLoad]: ...
 

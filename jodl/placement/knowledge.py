@@ -90,6 +90,11 @@ class Knowledge:
             return known if known.node_id == node_id else None
         return None if known is None else known.get(node_id)
 
+    def knows(self, job_id: int) -> bool:
+        """Whether anything was learned of ``job_id`` (if not, :meth:`expected` gives it
+        what the family's jobs take on each node, the same for every such job)."""
+        return job_id in self._by_job
+
     def of_job(self, job_id: int) -> dict[int, Learned]:
         """Per node, what is known of ``job_id``."""
         known = self._by_job.get(job_id)
