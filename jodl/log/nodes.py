@@ -196,7 +196,7 @@ class NodeLog:
 def _payload_json(key: Any, payload: Any) -> str:
     """A job's payload as JSON text of an object; :class:`BadPayload` naming the job."""
     if isinstance(payload, Mapping):
-        return json.dumps(payload if isinstance(payload, dict) else dict(payload))
+        return json.dumps(dict(payload))
     if isinstance(payload, str):
         try:
             value = json.loads(payload)
@@ -242,8 +242,9 @@ def _add_new(
     On PostgreSQL the pairs stream into a temporary table by binary COPY, then one
     ``INSERT … SELECT`` adds them. To a family with no jobs yet, keys all different, a
     plain insert: ``ON CONFLICT DO NOTHING`` checks each row before inserting it, a
-    fifth of the cost (another transaction adding the same keys meanwhile makes the
-    plain insert fail: it is undone to its savepoint and the checked one runs).
+    third more of the server's time for 200,000 jobs (another transaction adding the
+    same keys meanwhile makes the plain insert fail: it is undone to its savepoint
+    and the checked one runs).
     Otherwise ``ON CONFLICT (family_id, key) DO NOTHING`` keeps the jobs the family
     has and adds a key given twice once. 200,000 jobs went in at about 9,000 jobs/s
     by reading the keys present and inserting rows with parameters, many times slower
