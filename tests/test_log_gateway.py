@@ -251,6 +251,7 @@ def test_keys_another_transaction_adds_meanwhile_are_kept(pg_database: str) -> N
             "WHERE datname = current_database() AND wait_event_type = 'Lock'"
         )
         while not watch.scalar(waiting):  # the add waits for the other's key "b"
+            watch.rollback()  # the next read sees pg_stat_activity anew
             assert time.monotonic() < deadline and adding.is_alive()
             time.sleep(0.01)
         other.commit()
