@@ -5,6 +5,10 @@ the reconstruction log on PostgreSQL (default) and reports jobs/s and µs per jo
 for each cycle: the first places jobs never seen before (and records where they
 ran), the next ones run them with what was learned. Every attempt is logged.
 
+Adding the jobs is measured too: ``add_jobs_per_s`` through the library
+(``Store.add_jobs``, the jobs of the cycles) and ``cli_add_jobs_per_s`` through
+``jodl jobs add --from FILE`` (a JSON Lines file, into a fresh database).
+
 Beside it, in the same invocation (so the ratios hold on a noisy machine):
 
 * the floor: a bare loop over the same agent processes that ships the same no-op
@@ -33,6 +37,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -85,6 +90,31 @@ def run_jodl(url: str, jobs: int, addresses: list[str], slots: int, cycles: int)
         "us_per_job": [s / jobs * 1e6 for s in seconds],
         "epoch": epoch,
     }
+
+
+def run_cli_add(url: str, jobs: int) -> float:
+    """Seconds ``jodl jobs add noop --from FILE`` takes to add a JSON Lines file of
+    ``jobs`` jobs (each its own payload) to a fresh database: the command run in this
+    process, from reading the file to the commit (the interpreter's start aside)."""
+    from jodl import make_engine
+    from jodl.cli import main
+    from jodl.log.migrate import upgrade
+
+    with (
+        fresh_database(url) as db_url,
+        tempfile.NamedTemporaryFile("w", suffix=".jsonl") as lines,
+    ):
+        lines.writelines(f'{{"key": "job-{i}", "payload": {{"n": {i}}}}}\n' for i in range(jobs))
+        lines.flush()
+        engine = make_engine(db_url)
+        upgrade(engine)
+        engine.dispose()
+        started = time.perf_counter()
+        main.main(
+            ["--database-url", db_url, "jobs", "add", "noop", "--from", lines.name],
+            standalone_mode=False,
+        )
+        return time.perf_counter() - started
 
 
 #: Results asked of one agent per ``done`` call, as the master asks (its COLLECT_LIMIT).
@@ -430,6 +460,13 @@ def main() -> None:
         "(default: --jobs; 0 to skip it)",
     )
     parser.add_argument(
+        "--cli-jobs",
+        type=int,
+        default=None,
+        help="jobs added by `jodl jobs add --from FILE` to a fresh database "
+        "(default: --jobs; 0 to skip it)",
+    )
+    parser.add_argument(
         "--celery-jobs",
         type=int,
         default=10_000,
@@ -449,6 +486,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     floor_jobs = args.jobs if args.floor_jobs is None else args.floor_jobs
+    cli_jobs = args.jobs if args.cli_jobs is None else args.cli_jobs
 
     with agents(args.agents, slots=args.slots) as addresses:
         jodl = run_jodl(args.db_url, args.jobs, addresses, args.slots, args.cycles)
@@ -463,6 +501,9 @@ def main() -> None:
             f"({secs / args.jobs * 1e6:.1f} us/job)"
         )
     print(f"(adding the jobs took {jodl['add_seconds']:.2f}s)")
+    cli_seconds = run_cli_add(args.db_url, cli_jobs) if cli_jobs else None
+    if cli_seconds is not None:
+        print(f"jodl jobs add --from: {cli_jobs} jobs in {cli_seconds:.2f}s")
     figures: dict[str, Any] = {
         "jobs": args.jobs,
         "agents": args.agents,
@@ -472,6 +513,7 @@ def main() -> None:
         "cycles_jobs_per_s": [round(r) for r in jodl["jobs_per_s"]],
         "add_jobs_per_s": round(args.jobs / jodl["add_seconds"]),
         "us_per_job": round(min(jodl["us_per_job"]), 1),
+        "cli_add_jobs_per_s": round(cli_jobs / cli_seconds) if cli_seconds else "skipped",
     }
     if floor is None:
         print("floor: skipped: --floor-jobs 0")

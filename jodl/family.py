@@ -269,12 +269,13 @@ def _fields_at_fault(exc: ValueError) -> str:
 
 
 def load(name: str) -> type[Family]:
-    """The family class installed under ``name``; :class:`UnknownFamily` if there is none."""
-    try:
-        return installed()[name]
-    except KeyError:
-        known = ", ".join(sorted(installed())) or "none"
-        raise UnknownFamily(
-            f"unknown family {name!r}: no entry point of that name in group "
-            f"{ENTRY_POINT_GROUP!r} (installed: {known})"
-        ) from None
+    """The family class installed under ``name``, importing only its module;
+    :class:`UnknownFamily` (naming every installed one) if there is none."""
+    cls = installed_class(name)
+    if cls is not None:
+        return cls
+    known = ", ".join(sorted(installed())) or "none"
+    raise UnknownFamily(
+        f"unknown family {name!r}: no entry point of that name in group "
+        f"{ENTRY_POINT_GROUP!r} (installed: {known})"
+    )

@@ -278,6 +278,29 @@ def test_jobs_from_a_file_and_their_results(store, db_url, tmp_path):
     one_line_error(jodl("results", "sleep", env=env), "no results", "'sleep' has no run")
 
 
+def test_a_bad_line_deep_in_a_large_file_is_named_and_the_file_added_once(store, db_url, tmp_path):
+    """A large file is all or nothing: one bad line among 20,000 names its number and
+    adds no job; fixed, the file is added whole, and adding it again adds none."""
+    lines = [f'{{"key": "k{i}", "payload": {{"seconds": {i % 3}}}}}' for i in range(20_000)]
+    good = lines[12_345]
+    lines[12_345] = '{"key": "k12345", "payload": {"seconds": 0}'  # the closing brace lost
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    env = {"JODL_DATABASE_URL": db_url}
+    line = one_line_error(jodl("jobs", "add", "sleep", "--from", str(path), env=env))
+    assert "1 bad line(s), no job added: line 12346: not JSON" in line, line
+    assert counts(store)[1] == 0, "nothing half-added"
+    lines[12_345] = good
+    path.write_text("\n".join(lines) + "\n")
+    out = jodl("jobs", "add", "sleep", "--from", str(path), env=env)
+    assert out.stdout.strip() == "20000 jobs added to sleep", out.stderr
+    out = jodl("jobs", "add", "sleep", "--from", str(path), env=env)
+    assert out.stdout.strip() == "0 jobs added to sleep (20000 keys existed)", out.stderr
+    assert counts(store)[1] == 20_000
+    with store.session() as s:
+        assert s.scalar(select(Job.payload).where(Job.key == "k12345")) == '{"seconds": 0}'
+
+
 def test_libraries_log_warnings_only_unless_debug():
     import logging
 

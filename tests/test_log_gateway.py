@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
-from sqlalchemy import select
+import threading
+import time
 
-from jodl.log import Store
+import pytest
+from sqlalchemy import insert, select, text
+
+from jodl.log import Store, make_engine
 from jodl.log.exec_ids import EXEC_ID_BLOCK, ExecIds
+from jodl.log.migrate import upgrade
 from jodl.log.models import Base, ExecIdSequence, ExecState, Job, JobState, utcnow
 from jodl.log.records import (
     ClaimDone,
@@ -231,6 +235,39 @@ def test_jobs_added_in_bulk_are_new_keys_only_in_the_order_given(store: Store) -
         ("c", '{"n": 3}', 5, JobState.IDLE, 0, 1),
     ]
     assert [r.key for r in rows[3:]] == [key for key, _ in many]
+
+
+def test_keys_another_transaction_adds_meanwhile_are_kept(pg_database: str) -> None:
+    """Jobs for a family with no jobs yet go in without a check per row; when another
+    transaction adds some of the same keys meanwhile, the add keeps those (theirs) and
+    adds the others, still in one transaction."""
+    engine = make_engine(pg_database)
+    upgrade(engine)
+    store = Store(engine)
+    family = store.ensure_family("noop")
+    added: list[int] = []
+    with engine.connect() as other, engine.connect() as watch:
+        other.execute(insert(Job).values(family_id=family.id, key="b", payload='{"by": 1}'))
+        adding = threading.Thread(
+            target=lambda: added.append(store.add_jobs(family, [(k, {}) for k in "abc"]))
+        )
+        adding.start()
+        deadline = time.monotonic() + 30
+        waiting = text(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        while not watch.scalar(waiting):  # the add waits for the other's key "b"
+            watch.rollback()  # the next read sees pg_stat_activity anew
+            assert time.monotonic() < deadline and adding.is_alive()
+            time.sleep(0.01)
+        other.commit()
+        adding.join(30)
+    assert added == [2]
+    with engine.connect() as conn:
+        rows = conn.execute(select(Job.key, Job.payload).where(Job.family_id == family.id))
+        assert dict(rows.all()) == {"a": "{}", "b": '{"by": 1}', "c": "{}"}
+    engine.dispose()
 
 
 def test_a_run_records_a_ratio_only_where_it_means_something(store: Store) -> None:

@@ -55,6 +55,7 @@ def jobs_add(
 
     families.load(family)  # refuse an unknown family before writing anything
     check = families.payload_checker(family)
+    rows: list[tuple[str, Any]]
     if from_file is not None:
         if count is not None or payload is not None:
             raise click.BadParameter("give --from, or --count/--payload", param_hint="--from")
@@ -92,11 +93,14 @@ def jobs_add(
 BAD_LINES_SHOWN = 5
 
 
-def _read_jobs(fh: Any, check: Callable[[dict[str, Any]], Any] | None) -> list[tuple[str, str]]:
-    """(key, payload JSON) per line of a JSON Lines file; :class:`JodlError` naming every
-    bad line's number (blank lines are skipped). ``check``: the family's payload model's
-    (a payload it refuses is a bad line)."""
-    rows: list[tuple[str, str]] = []
+def _read_jobs(
+    fh: Any, check: Callable[[dict[str, Any]], Any] | None
+) -> list[tuple[str, dict[str, Any]]]:
+    """(key, payload) per line of a JSON Lines file; :class:`JodlError` naming every bad
+    line's number (blank lines are skipped). ``check``: the family's payload model's
+    (a payload it refuses is a bad line). The payloads stay objects: the store encodes
+    each once."""
+    rows: list[tuple[str, dict[str, Any]]] = []
     seen: dict[str, int] = {}
     bad: list[str] = []
     for number, line in enumerate(fh, start=1):
@@ -125,7 +129,7 @@ def _read_jobs(fh: Any, check: Callable[[dict[str, Any]], Any] | None) -> list[t
             bad.append(f"line {number}: key {key!r} repeats line {seen[key]}")
             continue
         seen[key] = number
-        rows.append((key, json.dumps(body)))
+        rows.append((key, body))
     name = getattr(fh, "name", "the file")
     if bad:
         more = f"; and {len(bad) - BAD_LINES_SHOWN} more" if len(bad) > BAD_LINES_SHOWN else ""
