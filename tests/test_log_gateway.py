@@ -8,8 +8,10 @@ import time
 import pytest
 from sqlalchemy import insert, select, text
 
+from jodl.exceptions import UnknownFamily
 from jodl.log import Store, make_engine
 from jodl.log.exec_ids import EXEC_ID_BLOCK, ExecIds
+from jodl.log.family_admin import FamilyAdminLog
 from jodl.log.migrate import upgrade
 from jodl.log.models import Base, ExecIdSequence, ExecState, Job, JobState, utcnow
 from jodl.log.records import (
@@ -305,3 +307,13 @@ def test_the_store_has_one_door_to_each_statement(store: Store) -> None:
     assert isinstance(store.masters, MasterRegistry) and isinstance(store.reads, Reads)
     assert not public(MasterRegistry) & public(Store)
     assert not public(Reads) & public(Store)
+
+
+def test_jobs_added_to_a_family_removed_meanwhile_are_refused(store: Store) -> None:
+    """No foreign key checks each new job: the add itself finds the family gone."""
+    family = store.ensure_family("gone")
+    FamilyAdminLog(store.engine).remove("gone")
+    with pytest.raises(UnknownFamily, match="not in the database"):
+        store.add_jobs(family, [("a", {}), ("b", {})])
+    with store.engine.connect() as conn:
+        assert conn.scalar(select(Job.id).where(Job.family_id == family.id)) is None

@@ -254,6 +254,13 @@ def _add_new(
     now = utcnow()
     constants = {"family_id": family_id, "state": JobState.IDLE, "attempts": 0, "failures": 0,
                  "created_at": now, "updated_at": now, **fields}  # fmt: skip
+    # No foreign key checks each row (migration jodl_0013): the family row, share-locked
+    # until the commit, cannot be removed meanwhile, and one that is gone is refused.
+    family = select(FamilyRow.id).where(FamilyRow.id == family_id)
+    if conn.dialect.name == "postgresql":
+        family = family.with_for_update(read=True)
+    if conn.scalar(family) is None:
+        raise UnknownFamily(f"family id {family_id} is not in the database (removed?)")
     if conn.dialect.name == "postgresql":
         conn.exec_driver_sql(
             f"CREATE TEMP TABLE IF NOT EXISTS {ADD_STAGE} "
