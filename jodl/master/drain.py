@@ -10,6 +10,7 @@ collected and acknowledged until its agent exits.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from functools import partial
 
 from ..log.models import NodeState
@@ -29,16 +30,15 @@ def follow(slot: NodeSlot, state: str, labels: dict[str, str]) -> None:
         slot.link.next_try = 0.0
 
 
-def poll(nodes: NodeTable, epoch: int) -> None:
-    """Ask each agent whether it drains, relaying ``jodl node drain`` to it; all at once,
-    as a step's calls are (one by one, 500 agents took about half a second).
+def poll(nodes: NodeTable, epoch: int, asked: Iterable[NodeSlot]) -> None:
+    """Ask the agents of ``asked`` whether they drain, relaying ``jodl node drain`` to
+    them; all at once, as a step's calls are (one by one, 500 agents took about half a
+    second).
 
     A draining agent is asked too: the call that fails once it exited removes it.
     """
     asks = {
-        slot.id: partial(slot.link.draining, epoch, slot.draining)
-        for slot in list(nodes.slots.values())
-        if slot.usable
+        slot.id: partial(slot.link.draining, epoch, slot.draining) for slot in asked if slot.usable
     }
     for node_id, draining in nodes.call_each(epoch, asks).items():
         slot = nodes.slots[node_id]

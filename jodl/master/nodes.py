@@ -45,6 +45,13 @@ log = logging.getLogger("jodl.master")
 
 #: Seconds between two reloads of the node table (nodes added or removed meanwhile).
 NODE_REFRESH = 1.0
+#: Agents with jobs in flight asked at each node refresh whether they drain, reloaded
+#: their families or have progress to report: all of them up to this many, else this
+#: many in turn (idle agents are all asked: the question keeps them attached, and no
+#: other call reaches them). Each question is a call; asked of 500 busy agents every
+#: second, they were as many calls as collecting and sending made, and slowed the
+#: loop that polls every agent (bench/farm.py).
+ASK_IN_TURN = 100
 
 
 class Nodes(PartOf):
@@ -68,6 +75,8 @@ class Nodes(PartOf):
         #: The families this master leads, told to agents at init (None: every one).
         self.led: list[str] | None = None
         self._last_refresh = 0.0
+        #: Where the next refresh's questions start among the nodes (:meth:`_in_turn`).
+        self._turn = 0
         #: Agents' families reloaded (``jodl node reload``, SIGHUP): see :mod:`.reloads`.
         self.reloads = Reloads(self)
         self.progress = ProgressRelay()  # long jobs' reports: see :mod:`.progress`
@@ -110,6 +119,18 @@ class Nodes(PartOf):
 
     # -- connecting ------------------------------------------------------------------------
 
+    def _in_turn(self) -> list[NodeSlot]:
+        """The nodes asked at this refresh: the idle ones, and those with jobs in flight
+        (polled every step anyway) all or the next :data:`ASK_IN_TURN` in turn."""
+        flights = self.book.flights
+        busy = [s for s in self.slots.values() if not s.removed and flights.get(s.id)]
+        idle = [s for s in self.slots.values() if not s.removed and not flights.get(s.id)]
+        if len(busy) <= ASK_IN_TURN:
+            return idle + busy
+        start = self._turn % len(busy)
+        self._turn = start + ASK_IN_TURN
+        return idle + (busy + busy)[start : start + ASK_IN_TURN]
+
     def refresh(self, epoch: int, force: bool = False) -> None:
         """Pick up nodes added or removed in the log; reconnect unreachable ones when due
         (in the background; with ``force``, waiting for them); give up suspect ones."""
@@ -132,10 +153,11 @@ class Nodes(PartOf):
                     self.book.add_node(load)
                 self._rekeyed(slot, (node.key_oldest, node.key_generation), epoch)
                 drain.follow(slot, node.state, dict(node.labels or {}))
-            drain.poll(self, epoch)
-            self.reloads.poll(epoch)
+            asked = self._in_turn()
+            drain.poll(self, epoch, asked)
+            self.reloads.poll(epoch, asked)
             ask = lambda slot: self.call(slot, epoch, AgentLink.progress, epoch)  # noqa: E731
-            self.progress.poll(self.slots.values(), self.book.flights, ask, self.store)
+            self.progress.poll(asked, self.book.flights, ask, self.store)
         self._take_opened(epoch)
         for slot in self.slots.values():
             if not slot.removed and slot.opening is None and slot.link.retry_due():

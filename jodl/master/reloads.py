@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 
 from ..agent.replies import AgentInfo
@@ -35,18 +35,17 @@ class Reloads:
         #: that generation are known (a new init, or none was needed).
         self.relayed: dict[int, tuple[dt.datetime, AgentInfo, int]] = {}
 
-    def poll(self, epoch: int) -> None:
-        """One ``reload`` call per connected agent, all at once (from the node refresh,
-        ~1/s)."""
+    def poll(self, epoch: int, slots: Iterable[NodeSlot]) -> None:
+        """One ``reload`` call per connected agent of ``slots``, all at once (from the
+        node refresh, ~1/s)."""
         nodes = self.nodes
+        for node_id in [n for n in self.relayed if (s := nodes.slots.get(n)) is None or s.removed]:
+            del self.relayed[node_id]
         asked = nodes.store.reloads_asked()
         asks: dict[int, Callable[[], int]] = {}
         nows: dict[int, bool] = {}
-        for slot in list(nodes.slots.values()):
-            if slot.removed:
-                self.relayed.pop(slot.id, None)
-                continue
-            if not slot.usable:
+        for slot in slots:
+            if slot.removed or not slot.usable:
                 continue
             if self._cleared(slot):
                 continue
