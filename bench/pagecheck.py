@@ -141,6 +141,82 @@ async def bare_loop(urls: list[str], concurrency: int) -> float:
     return len(urls) / seconds
 
 
+# -- the fetcher against aiohttp (one process, no master, no database) --------------------
+
+
+async def fetcher_loop(urls: list[str], concurrency: int) -> float:
+    """Our fetcher as ``check_page`` uses it: guard, politeness, GET, bounded decoding, text."""
+    from crawler_app.fetching.fetcher import Fetcher, FetchSettings
+
+    settings = FetchSettings(
+        allow_networks=("127.0.0.0/8",),
+        per_host_in_flight=concurrency,
+        per_host_interval=0,
+        max_connections=concurrency,
+    )
+    sem = asyncio.Semaphore(concurrency)
+    ok = 0
+    async with Fetcher(settings) as fetcher:
+
+        async def one(url: str) -> None:
+            nonlocal ok
+            async with sem:
+                result, _body = await fetcher.fetch_with_body(url, use_allowlist=True)
+                ok += bool(result["ok"] and result["text"])
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(url) for url in urls))
+        seconds = time.perf_counter() - started
+    if ok != len(urls):
+        raise SystemExit(f"fetcher: {ok} of {len(urls)} pages fetched")
+    return len(urls) / seconds
+
+
+async def aiohttp_loop(urls: list[str], concurrency: int) -> float:
+    """The peer: one ``aiohttp.ClientSession``, bodies read, the same text extraction."""
+    import aiohttp
+
+    from crawler_app.fetching.fetch_settings import MAX_TEXT_CHARS
+    from crawler_app.fetching.fetcher import text_fields
+
+    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
+    sem = asyncio.Semaphore(concurrency)
+    ok = 0
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def one(url: str) -> None:
+            nonlocal ok
+            async with sem, session.get(url) as response:
+                body = await response.read()
+                content_type = response.headers.get("Content-Type", "")
+                fields = await text_fields(body, content_type, None, MAX_TEXT_CHARS)
+                ok += response.status == 200 and bool(fields["text"])
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(url) for url in urls))
+        seconds = time.perf_counter() - started
+    if ok != len(urls):
+        raise SystemExit(f"aiohttp: {ok} of {len(urls)} pages fetched")
+    return len(urls) / seconds
+
+
+def compare_fetchers(urls: list[str], concurrency: int, loop: str, rounds: int) -> dict[str, float]:
+    """Best pages per second of our fetcher and of aiohttp, ``rounds`` runs each, interleaved
+    (who goes first alternates), on the agent's event loop."""
+    from jodl.agent import new_event_loop
+
+    best = {"fetcher": 0.0, "aiohttp": 0.0}
+    for round_ in range(rounds):
+        order = ("fetcher", "aiohttp") if round_ % 2 == 0 else ("aiohttp", "fetcher")
+        for name in order:
+            run = fetcher_loop if name == "fetcher" else aiohttp_loop
+            with asyncio.Runner(loop_factory=partial(new_event_loop, loop)) as runner:
+                rate = runner.run(run(urls, concurrency))
+            print(f"{name}, {loop}, {concurrency} in flight: {rate:.0f} pages/s", flush=True)
+            best[name] = max(best[name], rate)
+    return best
+
+
 # -- the page checker -------------------------------------------------------------------------
 
 
@@ -344,6 +420,12 @@ def main() -> None:
         help="the agent's JODL_CONFIRM_DELAY (default: the product's); a new page's "
         "baseline takes two fetches this far apart",
     )
+    parser.add_argument(
+        "--fetcher-rounds",
+        type=int,
+        default=3,
+        help="runs each of our fetcher and aiohttp, interleaved; the best counts (3)",
+    )
     parser.add_argument("--serve-site", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_site is not None:
@@ -380,6 +462,7 @@ def main() -> None:
                         rate = runner.run(bare_loop(urls, level))
                     print(f"bare loop, {loop}, {level} in flight{when}: {rate:.0f} pages/s")
                     bare[loop, level] = max(bare.get((loop, level), 0.0), rate)
+        fetchers = compare_fetchers(urls, args.concurrency, agent_loop, args.fetcher_rounds)
     finally:
         site.terminate()
         site.wait(10)
@@ -412,6 +495,9 @@ def main() -> None:
                 "check_cpu_ms_per_page_sum_304": round(warm["check_cpu_sum"], 3),
                 "cycle_s": round(cold["cycle_s"], 2),
                 "cycle_304_s": round(warm["cycle_s"], 2),
+                "fetcher_pages_per_s": round(fetchers["fetcher"]),
+                "aiohttp_pages_per_s": round(fetchers["aiohttp"]),
+                "ratio_aiohttp": round(fetchers["fetcher"] / fetchers["aiohttp"], 2),
             }
         )
     )
