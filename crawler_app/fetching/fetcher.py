@@ -219,7 +219,7 @@ def _new_result(url: str) -> dict[str, Any]:
 
 
 class Fetcher:
-    """Fetches many pages with one client and one set of per-host limits.
+    """Fetches many pages with one connection pool and one set of per-host limits.
 
     Use as ``async with Fetcher(settings) as f: await f.fetch(url)``; many
     fetches may run at once (``asyncio.gather``). ``pool`` must come from
