@@ -7,8 +7,9 @@ one process, the same text extraction on both sides) decided it: that fetcher
 checked 0.62–0.69× the pages per second of a bare aiohttp loop and spent about
 0.50 ms of CPU per page to aiohttp's 0.25–0.37 ms, a third of it in httpx's
 client layers and URL parsing. A request built from the guard's checked target
-needs none of them; without them the fetcher spends 0.29–0.31 ms per page, as
-little as aiohttp or less, and has checked up to 1.19× its pages per second.
+needs none of them; without them the fetcher spends 0.27–0.34 ms of CPU per
+page to aiohttp's 0.30–0.33 ms in the same runs, and checked 0.59–1.19× its
+pages per second (four runs beside other work, load 4–13 on 2 cores).
 aiohttp was not taken instead: it can be given a resolver that runs the guard,
 but it pools connections by host and port, not by the address checked, and the
 guard, politeness and bounded decoding on top of it would leave it below itself.
