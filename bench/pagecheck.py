@@ -18,6 +18,15 @@ site, PostgreSQL when used) and summed: the machine's cores bound the sum, and
 one agent is one process (one core at most), so its share bounds its pages per
 second. The last line printed is one JSON object with the figures.
 
+The fetcher alone is compared with aiohttp, in this process (no master, no
+database): our :class:`~crawler_app.fetching.fetcher.Fetcher` as ``check_page``
+uses it (SSRF guard, politeness, robots.txt, GET, bounded decoding, text and
+fingerprint) against one ``aiohttp.ClientSession`` that reads each body and runs
+the same text extraction on it (:func:`~crawler_app.fetching.fetcher.text_fields`),
+same pages, same concurrency, same event loop; runs interleaved, the best of
+each counts (``ratio_aiohttp``, target at least 1.0). Their CPU milliseconds per
+page are reported too: on a busy machine the steadier figure.
+
 The default concurrency, 100, is what the product runs with by default: the
 fetcher opens at most 100 connections per agent (``JODL_FETCH_MAX_CONNECTIONS``)
 and the agent runs up to 200 fetches at once (``JODL_AGENT_ASYNC_SLOTS``); here
@@ -139,6 +148,92 @@ async def bare_loop(urls: list[str], concurrency: int) -> float:
     if ok != len(urls):
         raise SystemExit(f"bare loop: {ok} of {len(urls)} pages fetched")
     return len(urls) / seconds
+
+
+# -- the fetcher against aiohttp (one process, no master, no database) --------------------
+
+
+async def fetcher_loop(urls: list[str], concurrency: int) -> float:
+    """Our fetcher as ``check_page`` uses it: guard, politeness, GET, bounded decoding, text."""
+    from crawler_app.fetching.fetcher import Fetcher, FetchSettings
+
+    settings = FetchSettings(
+        allow_networks=("127.0.0.0/8",),
+        per_host_in_flight=concurrency,
+        per_host_interval=0,
+        max_connections=concurrency,
+    )
+    sem = asyncio.Semaphore(concurrency)
+    ok = 0
+    async with Fetcher(settings) as fetcher:
+
+        async def one(url: str) -> None:
+            nonlocal ok
+            async with sem:
+                result, _body = await fetcher.fetch_with_body(url, use_allowlist=True)
+                ok += bool(result["ok"] and result["text"])
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(url) for url in urls))
+        seconds = time.perf_counter() - started
+    if ok != len(urls):
+        raise SystemExit(f"fetcher: {ok} of {len(urls)} pages fetched")
+    return len(urls) / seconds
+
+
+async def aiohttp_loop(urls: list[str], concurrency: int) -> float:
+    """The peer: one ``aiohttp.ClientSession``, bodies read, the same text extraction."""
+    import aiohttp
+
+    from crawler_app.fetching.fetch_settings import MAX_TEXT_CHARS
+    from crawler_app.fetching.fetcher import text_fields
+
+    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
+    sem = asyncio.Semaphore(concurrency)
+    ok = 0
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def one(url: str) -> None:
+            nonlocal ok
+            async with sem, session.get(url) as response:
+                body = await response.read()
+                content_type = response.headers.get("Content-Type", "")
+                fields = await text_fields(body, content_type, None, MAX_TEXT_CHARS)
+                ok += response.status == 200 and bool(fields["text"])
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(url) for url in urls))
+        seconds = time.perf_counter() - started
+    if ok != len(urls):
+        raise SystemExit(f"aiohttp: {ok} of {len(urls)} pages fetched")
+    return len(urls) / seconds
+
+
+def compare_fetchers(
+    urls: list[str], concurrency: int, loop: str, rounds: int
+) -> dict[str, tuple[float, float]]:
+    """Our fetcher's and aiohttp's best pages per second and least CPU ms per page (this
+    process: both are one process), ``rounds`` runs each, interleaved (who goes first
+    alternates), on the agent's event loop. CPU per page is the steadier figure on a
+    busy machine: it does not count the time another process held the core."""
+    from jodl.agent import new_event_loop
+
+    best = {"fetcher": (0.0, float("inf")), "aiohttp": (0.0, float("inf"))}
+    for round_ in range(rounds):
+        order = ("fetcher", "aiohttp") if round_ % 2 == 0 else ("aiohttp", "fetcher")
+        for name in order:
+            run = fetcher_loop if name == "fetcher" else aiohttp_loop
+            with asyncio.Runner(loop_factory=partial(new_event_loop, loop)) as runner:
+                cpu_before = time.process_time()
+                rate = runner.run(run(urls, concurrency))
+                cpu_ms = (time.process_time() - cpu_before) / len(urls) * 1000
+            print(
+                f"{name}, {loop}, {concurrency} in flight: {rate:.0f} pages/s, "
+                f"{cpu_ms:.3f} ms CPU per page",
+                flush=True,
+            )
+            best[name] = (max(best[name][0], rate), min(best[name][1], cpu_ms))
+    return best
 
 
 # -- the page checker -------------------------------------------------------------------------
@@ -344,6 +439,12 @@ def main() -> None:
         help="the agent's JODL_CONFIRM_DELAY (default: the product's); a new page's "
         "baseline takes two fetches this far apart",
     )
+    parser.add_argument(
+        "--fetcher-rounds",
+        type=int,
+        default=5,
+        help="runs each of our fetcher and aiohttp, interleaved; the best counts (5)",
+    )
     parser.add_argument("--serve-site", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_site is not None:
@@ -380,6 +481,7 @@ def main() -> None:
                         rate = runner.run(bare_loop(urls, level))
                     print(f"bare loop, {loop}, {level} in flight{when}: {rate:.0f} pages/s")
                     bare[loop, level] = max(bare.get((loop, level), 0.0), rate)
+        fetchers = compare_fetchers(urls, args.concurrency, agent_loop, args.fetcher_rounds)
     finally:
         site.terminate()
         site.wait(10)
@@ -412,6 +514,11 @@ def main() -> None:
                 "check_cpu_ms_per_page_sum_304": round(warm["check_cpu_sum"], 3),
                 "cycle_s": round(cold["cycle_s"], 2),
                 "cycle_304_s": round(warm["cycle_s"], 2),
+                "fetcher_pages_per_s": round(fetchers["fetcher"][0]),
+                "aiohttp_pages_per_s": round(fetchers["aiohttp"][0]),
+                "ratio_aiohttp": round(fetchers["fetcher"][0] / fetchers["aiohttp"][0], 2),
+                "fetcher_cpu_ms_per_page": round(fetchers["fetcher"][1], 3),
+                "aiohttp_cpu_ms_per_page": round(fetchers["aiohttp"][1], 3),
             }
         )
     )

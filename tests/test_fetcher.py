@@ -23,7 +23,7 @@ from crawler_app.fetching.fetcher import (
     Fetcher,
     FetchSettings,
     fetch,
-    make_client,
+    make_pool,
 )
 from crawler_app.fetching.text import fingerprint
 
@@ -76,7 +76,7 @@ def test_fetch_returns_a_json_able_result(site: TestSite) -> None:
     seen = site.wait_requests("/page")[0]
     assert seen.headers["user-agent"] == USER_AGENT
     assert "if-none-match" not in seen.headers
-    # The headers a plain httpx client would send, each once, Host first.
+    # The headers a plain HTTP client would send, each once, Host first.
     assert seen.header_names == (
         "Host", "Accept-Encoding", "Connection", "Accept", "User-Agent",
     )  # fmt: skip
@@ -366,25 +366,13 @@ def test_json_and_long_texts(site: TestSite) -> None:
 # --- the guarded connection path ------------------------------------------------------------
 
 
-def test_the_guarded_client_never_connects_unchecked(site: TestSite) -> None:
-    site.set_page("/p", "<p>x</p>")
-
-    async def main() -> None:
-        async with make_client(FAST) as client:
-            with pytest.raises(httpx.ConnectError, match="not checked by the guard"):
-                await client.get(site.url("/p"))
-
-    asyncio.run(main())
-    assert site.requests() == []
-
-
-def test_only_guarded_clients_are_accepted() -> None:
+def test_only_guarded_pools_are_accepted() -> None:
     async def main() -> dict[str, Any]:
         async with httpx.AsyncClient() as plain:
-            return await fetch("http://127.0.0.1/", settings=FAST, client=plain)
+            return await fetch("http://127.0.0.1/", settings=FAST, pool=plain)  # type: ignore[arg-type]
 
     result = asyncio.run(main())
-    assert result["ok"] is False and "make_client" in result["error_message"]
+    assert result["ok"] is False and "make_pool" in result["error_message"]
 
 
 @pytest.fixture(scope="module")
@@ -557,11 +545,11 @@ def test_settings_are_validated() -> None:
         FetchSettings(allow_networks=("nonsense",))
 
 
-def test_the_whole_path_runs_inside_a_running_loop_with_own_client(site: TestSite) -> None:
+def test_the_whole_path_runs_inside_a_running_loop_with_own_pool(site: TestSite) -> None:
     site.set_page("/p", "<p>shared</p>")
 
     async def main() -> list[dict[str, Any]]:
-        async with make_client(FAST) as client:
-            return [await fetch(site.url("/p"), settings=FAST, client=client) for _ in range(2)]
+        async with make_pool(FAST) as pool:
+            return [await fetch(site.url("/p"), settings=FAST, pool=pool) for _ in range(2)]
 
     assert [r["text"] for r in asyncio.run(main())] == ["shared", "shared"]

@@ -315,8 +315,7 @@ def test_redirect_hops_are_checked_again(
 
 
 def test_an_international_host_name_is_fetched(site: TestSite) -> None:
-    # httpx gives such a host in Unicode (.host) but sends its IDNA form: the fetcher and
-    # the transport compare the IDNA form with the guard's, or refuse every IDN host.
+    # The guard keeps the IDNA form: the resolver, the Host header and the TLS name get it.
     site.set_page("/idn", "<p>umlaut</p>")
 
     async def resolve(host: str, port: int) -> Sequence[str]:
@@ -393,7 +392,8 @@ def test_normalisation_is_idempotent(url: str) -> None:
         return
     twice = parse_url(once.url)
     assert twice == once and twice.url == once.url
-    # httpx, which builds the request, must read the normalised URL's host and port as we do.
+    # httpx, which puts an unusual request target in the form sent, must read the
+    # normalised URL's host and port as we do.
     parsed = httpx.URL(once.url)
     default = 443 if once.scheme == "https" else 80
     assert (parsed.raw_host.decode(), parsed.port or default) == (once.host, once.port)

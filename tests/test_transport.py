@@ -12,18 +12,16 @@ import asyncio
 import dataclasses
 import shutil
 import socket
-import ssl
 import subprocess
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pytest
 
-from crawler_app.fetching.fetcher import Fetcher, FetchSettings, make_client
-from crawler_app.fetching.guard import check_url
-from crawler_app.fetching.transport import PINNED, PinnedTransport
+from crawler_app.fetching.fetcher import Fetcher, FetchSettings, make_pool
+from crawler_app.fetching.guard import check_url, parse_url
+from crawler_app.fetching.transport import Timeouts, TransportError
 
 if TYPE_CHECKING:
     from tests.site import TestSite
@@ -182,7 +180,6 @@ def test_cookies_are_neither_kept_nor_sent(raw: Callable[[Script], RawServer]) -
 
     async def main() -> list[dict[str, Any]]:
         async with Fetcher(FAST) as fetcher:
-            fetcher.client.cookies.set("planted", "1", domain="127.0.0.1")
             return [await fetcher.fetch(server.url(f"/p{i}")) for i in range(2)]
 
     assert all(r["ok"] for r in asyncio.run(main()))
@@ -351,9 +348,7 @@ def test_malformed_answers_fail_their_url_alone_and_leak_nothing(
         async with Fetcher(config) as fetcher:
             results = [await fetcher.fetch(server.url(p)) for p in ("/good", "/bad", "/good")]
             results += await asyncio.gather(*(fetcher.fetch(server.url("/good")) for _ in range(3)))
-            transport = fetcher.client._transport
-            assert isinstance(transport, PinnedTransport)
-            return results, transport.connections
+            return results, fetcher.pool.connections
 
     results, (open_now, idle) = asyncio.run(main())
     bad = results[1]
@@ -404,24 +399,27 @@ def test_a_stalled_answer_hits_the_read_timeout(raw: Callable[[Script], RawServe
 # --- pinning ---------------------------------------------------------------------------------
 
 
+TIMEOUTS = Timeouts(connect=5, read=5, pool=5)
+
+
 def test_requests_go_to_the_pinned_address_only(raw: Callable[[Script], RawServer]) -> None:
     server = raw(lambda path, conn, n: ok(b"<p>x</p>"))
     target = check_url(server.url("/x"), allow=LOOPBACK)
 
     async def main() -> None:
-        async with make_client(FAST) as client:
-            # No checked target: refused before any connection.
-            with pytest.raises(httpx.ConnectError, match="not checked by the guard"):
-                await client.get(server.url("/x"))
-            # A target checked for another host or port: refused too.
-            other = httpx.Request("GET", f"http://127.0.0.1:{server.port + 1}/x")
-            other.extensions[PINNED] = target
-            with pytest.raises(httpx.ConnectError, match="guard checked"):
-                await client.send(other)
-            # The checked one goes through.
-            good = client.build_request("GET", server.url("/x"), extensions={PINNED: target})
-            response = await client.send(good)
-            assert response.status_code == 200 and response.text == "<p>x</p>"
+        async with make_pool(FAST) as pool:
+            # A parsed URL the guard did not check: refused before any connection.
+            unchecked = parse_url(server.url("/x"))
+            with pytest.raises(TransportError, match="not checked by the guard"):
+                await pool.get(unchecked, [], TIMEOUTS)  # type: ignore[arg-type]
+            # A checked target without its address: refused too.
+            with pytest.raises(TransportError, match="not checked by the guard"):
+                await pool.get(dataclasses.replace(target, address=""), [], TIMEOUTS)
+            # The checked one goes through, to its address.
+            reply = await pool.get(target, [], TIMEOUTS)
+            assert reply.status == 200 and await reply.piece() == b"<p>x</p>"
+            assert await reply.piece() == b""
+            reply.close()
 
     asyncio.run(main())
     assert [path for _, path, _ in server.requests] == ["/x"]
@@ -444,22 +442,29 @@ def test_the_host_header_names_the_host_while_the_socket_goes_to_the_address(
     assert server.requests[0][2]["host"] == f"pages.test:{server.port}"
 
 
-def test_header_injection_and_request_bodies_are_refused() -> None:
+def test_header_injection_is_refused() -> None:
     target = check_url("http://127.0.0.1:9/x", allow=LOOPBACK)
 
     async def main() -> None:
-        transport = PinnedTransport(ssl.create_default_context())
-        bad = httpx.Request("GET", "http://127.0.0.1:9/x", headers={"X-A": "1\r\nX-B: 2"})
-        bad.extensions[PINNED] = target
-        with pytest.raises(httpx.LocalProtocolError):
-            await transport.handle_async_request(bad)
-        post = httpx.Request("POST", "http://127.0.0.1:9/x", content=b"data")
-        post.extensions[PINNED] = target
-        with pytest.raises(httpx.LocalProtocolError):
-            await transport.handle_async_request(post)
-        await transport.aclose()
+        async with make_pool(FAST) as pool:
+            for headers in ([("X-A", "1\r\nX-B: 2")], [("X-A", "1\n")], [("X-A", "a\x00")]):
+                with pytest.raises(TransportError, match="line break or NUL"):
+                    await pool.get(target, headers, TIMEOUTS)
+            assert pool.connections == (0, 0)  # refused before any connection
 
     asyncio.run(main())
+
+
+def test_the_request_target_is_the_checked_path_encoded_as_sent(
+    raw: Callable[[Script], RawServer],
+) -> None:
+    server = raw(lambda path, conn, n: ok(b"<p>x</p>"))
+    paths = ["/plain/a-b_c.~!$&'()*+,;=:@?q=1&r=%2F", "/caf\u00e9?q=\u00e9", "/a/./b/../c", '/x"y']
+    results = fetch_all([server.url(p) for p in paths])
+    assert all(r["ok"] for r in results)
+    assert [path for _, path, _ in server.requests] == [
+        "/plain/a-b_c.~!$&'()*+,;=:@?q=1&r=%2F", "/caf%C3%A9?q=%C3%A9", "/a/c", "/x%22y",
+    ]  # fmt: skip
 
 
 # --- TLS -------------------------------------------------------------------------------------
@@ -481,9 +486,7 @@ def test_https_connections_are_kept_and_checked(
             results = [
                 await fetcher.fetch(f"https://pages.test:{site.port}/s{i}") for i in range(3)
             ]
-            transport = fetcher.client._transport  # noqa: SLF001 - the pool's counts
-            assert isinstance(transport, PinnedTransport)
-            return results, transport.connections
+            return results, fetcher.pool.connections
 
     results, (open_now, idle) = asyncio.run(main())
     assert [r["text"] for r in results] == [f"secure {i}" for i in range(3)]

@@ -1,16 +1,16 @@
-"""Fetching pages with httpx: guarded, conditional, bounded and polite.
+"""Fetching pages: guarded, conditional, bounded and polite.
 
 Every request — page, redirect hop, robots.txt — goes through one path:
 
 1. the SSRF guard (:mod:`crawler_app.fetching.guard`) checks the URL and resolves the
    host once;
-2. the connection goes to the address the guard checked: each request
-   carries its checked target, and the client's transport
-   (:class:`~crawler_app.fetching.transport.PinnedTransport`) connects to exactly that
-   address and refuses any request without one, while the URL keeps the host
-   name, so the ``Host`` header, the TLS server name (SNI) and certificate
-   checks are those of the real host and kept-alive connections are never
-   shared between host names or addresses;
+2. the connection goes to the address the guard checked: each request is made
+   from its checked target, and the pool
+   (:class:`~crawler_app.fetching.transport.PinnedPool`) connects to exactly that
+   address and refuses anything else, while the request keeps the host name, so
+   the ``Host`` header, the TLS server name (SNI) and certificate checks are
+   those of the real host and kept-alive connections are never shared between
+   host names or addresses;
 3. per-host politeness (:mod:`crawler_app.fetching.politeness`) spaces and limits the
    requests and honours robots.txt and ``Retry-After``.
 
@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.cookiejar
 import re
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +47,7 @@ __all__ = [
     "FetchSettings",
     "Fetcher",
     "fetch",
-    "make_client",
+    "make_pool",
     "text_fields",
 ]
 from .guard import AsyncResolver, CheckedTarget, FetchRefused, check_url_async
@@ -60,7 +58,7 @@ from .politeness import (
     RobotsCache,
 )
 from .text import SelectorError, compile_selector, extract, fingerprint, media_type
-from .transport import PINNED, PinnedTransport
+from .transport import PinnedPool, Timeouts, TransportError
 
 #: Bodies larger than this are parsed in a worker thread so the event loop stays free.
 THREAD_PARSE_BYTES = 64 * 1024
@@ -117,66 +115,31 @@ RESULT_KEYS = (
 DEFAULT_SETTINGS = FetchSettings()
 
 
-class _EmptyJar(http.cookiejar.CookieJar):
-    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:
-        pass  # stays empty, whoever tries
-
-
-class _NoCookies(httpx.Cookies):
-    """A cookie store that takes no cookie from answers and sends none."""
-
-    def extract_cookies(self, response: httpx.Response) -> None:
-        pass  # not even parsed: httpx would build two urllib objects per answer for it
-
-    def set_cookie_header(self, request: httpx.Request) -> None:
-        pass
-
-
-class _GuardedClient(httpx.AsyncClient):
-    """An ``httpx.AsyncClient`` that keeps no cookies (see :func:`make_client`)."""
-
-    _no_cookies = _NoCookies(_EmptyJar())
-
-    @property
-    def cookies(self) -> httpx.Cookies:
-        return self._no_cookies
-
-    @cookies.setter
-    def cookies(self, value: Any) -> None:
-        pass  # cookies are never kept
-
-
-_GUARDED_CLIENTS: weakref.WeakSet[httpx.AsyncClient] = weakref.WeakSet()
-
-
-def make_client(settings: FetchSettings = DEFAULT_SETTINGS) -> httpx.AsyncClient:
-    """An ``httpx.AsyncClient`` for :func:`fetch` and :class:`Fetcher`.
+def make_pool(settings: FetchSettings = DEFAULT_SETTINGS) -> PinnedPool:
+    """The connection pool of a :class:`Fetcher`, to share between fetchers.
 
     Its connections go only to guard-checked addresses; it keeps no cookies (one
-    user's page must not change what another's fetch sees) and reads no proxy
-    settings from the environment.
+    user's page must not change what another's fetch sees: it reads no
+    ``Set-Cookie`` and sends no ``Cookie``) and uses no proxy.
     """
     context = httpx.create_ssl_context(verify=settings.verify_tls, trust_env=False)
     if settings.verify_tls and settings.ca_file:
         context.load_verify_locations(cafile=settings.ca_file)
-    # No proxies and no environment settings: a proxy would connect wherever it likes.
-    client = _GuardedClient(
-        transport=PinnedTransport(context, max_connections=settings.max_connections),
-        trust_env=False,
-        follow_redirects=False,
-        headers={"User-Agent": settings.user_agent, "Accept": ACCEPT},
-    )
-    # Only codings decoded in bounded steps (see crawler_app.fetching.decoding); set in place, so
-    # the headers keep httpx's order.
-    client.headers["Accept-Encoding"] = ACCEPT_ENCODING
-    _GUARDED_CLIENTS.add(client)
-    return client
+    return PinnedPool(context, max_connections=settings.max_connections)
+
+
+#: Sent with every request before the caller's headers (a caller's header of the same
+#: name replaces one of these): only the codings decoded in bounded steps
+#: (:mod:`crawler_app.fetching.decoding`).
+BASE_HEADERS = (
+    ("Accept-Encoding", ACCEPT_ENCODING),
+    ("Connection", "keep-alive"),
+    ("Accept", ACCEPT),
+)
+_BASE_NAMES = frozenset(name.lower() for name, _value in BASE_HEADERS)
 
 
 # --- one fetch ------------------------------------------------------------------------------
-
-
-_NO_BODY = httpx.ByteStream(b"")
 
 
 class FetchFailed(Exception):
@@ -256,11 +219,11 @@ def _new_result(url: str) -> dict[str, Any]:
 
 
 class Fetcher:
-    """Fetches many pages with one client and one set of per-host limits.
+    """Fetches many pages with one connection pool and one set of per-host limits.
 
     Use as ``async with Fetcher(settings) as f: await f.fetch(url)``; many
-    fetches may run at once (``asyncio.gather``). ``client`` must come from
-    :func:`make_client` (a client given here is not closed by the fetcher);
+    fetches may run at once (``asyncio.gather``). ``pool`` must come from
+    :func:`make_pool` (a pool given here is not closed by the fetcher);
     ``resolve`` replaces the system resolver (tests, custom DNS).
     """
 
@@ -268,15 +231,15 @@ class Fetcher:
         self,
         settings: FetchSettings = DEFAULT_SETTINGS,
         *,
-        client: httpx.AsyncClient | None = None,
+        pool: PinnedPool | None = None,
         politeness: Politeness | None = None,
         resolve: AsyncResolver | None = None,
     ) -> None:
-        if client is not None and client not in _GUARDED_CLIENTS:
-            raise ValueError("client must be made by crawler_app.fetching.fetcher.make_client()")
+        if pool is not None and not isinstance(pool, PinnedPool):
+            raise ValueError("pool must be made by crawler_app.fetching.fetcher.make_pool()")
         self.settings = settings
-        self._own_client = client is None
-        self.client = client if client is not None else make_client(settings)
+        self._own_pool = pool is None
+        self.pool = pool if pool is not None else make_pool(settings)
         self.politeness = politeness or Politeness(
             max_in_flight=settings.per_host_in_flight,
             min_interval=settings.per_host_interval,
@@ -290,17 +253,11 @@ class Fetcher:
             ),
         )
         self._resolve = resolve
-        self._timeouts = httpx.Timeout(
+        self._timeouts = Timeouts(
             connect=settings.connect_timeout,
             read=settings.read_timeout,
-            write=settings.read_timeout,
             pool=settings.total_timeout,
-        ).as_dict()
-        # The client's own headers (User-Agent, Accept, Accept-Encoding), as sent.
-        self._client_headers = [
-            (name.decode("latin-1"), value.decode("latin-1"))
-            for name, value in self.client.headers.raw
-        ]
+        )
 
     async def __aenter__(self) -> Fetcher:
         return self
@@ -309,9 +266,9 @@ class Fetcher:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the client if this fetcher made it."""
-        if self._own_client:
-            await self.client.aclose()
+        """Close the pool if this fetcher made it."""
+        if self._own_pool:
+            await self.pool.aclose()
 
     async def fetch(
         self,
@@ -522,17 +479,9 @@ class Fetcher:
             try:
                 async with budget.spend():
                     return await self._send(target, headers, body_wanted, limit)
-            except httpx.TimeoutException as exc:
-                raise FetchFailed.at(target.url, "timeout", _describe(exc)) from None
-            except httpx.ConnectError as exc:
-                detail = f"cannot connect: {_describe(exc)}"
-                raise FetchFailed.at(target.url, "connect_error", detail) from None
-            except (httpx.RemoteProtocolError, httpx.LocalProtocolError, httpx.DecodingError) as e:
-                detail = f"the server broke HTTP: {_describe(e)}"
-                raise FetchFailed.at(target.url, "protocol_error", detail) from None
-            except httpx.TransportError as exc:
-                detail = f"the connection broke: {_describe(exc)}"
-                raise FetchFailed.at(target.url, "network_error", detail) from None
+            except TransportError as exc:
+                detail = _TRANSPORT_DETAIL[exc.code].format(_describe(exc))
+                raise FetchFailed.at(target.url, exc.code, detail) from None
 
     async def _send(
         self,
@@ -541,47 +490,20 @@ class Fetcher:
         body_wanted: Callable[[int, dict[str, str]], bool],
         limit: int,
     ) -> Answer:
-        url = httpx.URL(target.url)
-        default_port = 443 if target.scheme == "https" else 80
-        # raw_host: the ASCII (IDNA) form, as the guard keeps it; .host would be Unicode.
-        host = url.raw_host.decode("ascii", errors="replace")
-        if host != target.host or (url.port or default_port) != target.port:
-            # httpx must parse our normalised URL as we did; anything else is refused.
-            raise FetchFailed("refused", f"{target.url}: URL parsers disagree", "parser_mismatch")
-        # The request is built here rather than by client.build_request(): a GET with
-        # a fixed set of headers needs none of its merging, which cost about a tenth
-        # of the agent's CPU per page. The headers are those build_request() would send.
-        names = {name.lower() for name in headers}
-        request = httpx.Request(
-            "GET",
-            url,
-            headers=[
-                ("Host", url.netloc.decode("ascii")),
-                *(item for item in self._client_headers if item[0].lower() not in names),
-                *headers.items(),
-            ],
-            stream=_NO_BODY,
-            extensions={"timeout": self._timeouts, PINNED: target},
-        )
+        sent = [*BASE_HEADERS, *headers.items()]
+        if not _BASE_NAMES.isdisjoint(name.lower() for name in headers):
+            names = {name.lower() for name in headers}
+            sent = [item for item in BASE_HEADERS if item[0].lower() not in names]
+            sent += headers.items()
+        response = await self.pool.get(target, sent, self._timeouts)
         try:
-            response = await self.client.send(request, stream=True)
-        except httpx.InvalidURL as exc:
-            # httpx builds a redirect's next request itself (even when not following it)
-            # and fails on a Location it cannot parse (e.g. "http:\\host/"): such a
-            # target is refused, as the guard refuses a backslash in any URL.
-            detail = f"the redirect's Location is not a URL we follow: {exc}"
-            raise FetchFailed("refused", f"{target.url}: {detail}", "bad_url", detail) from None
-        try:
-            status = response.status_code
-            # One plain dict: every lookup in httpx.Headers walks all the headers.
-            headers = dict(response.headers.items())
+            status, headers = response.status, response.headers
             self.politeness.note_response(target.host, status, headers.get("retry-after"))
             if not body_wanted(status, headers):
                 return Answer(status, headers, None)
-            # Raw bytes, decoded here: httpx would inflate a whole chunk before we count.
             decoder = BoundedDecoder(headers.get("content-encoding"), limit)
             try:
-                async for chunk in response.aiter_raw():
+                while chunk := await response.piece():
                     decoder.feed(chunk)
                 return Answer(status, headers, decoder.finish())
             except BodyTooLarge as cut:
@@ -589,7 +511,7 @@ class Fetcher:
             except DecodingError as exc:
                 raise FetchFailed.at(target.url, "protocol_error", str(exc)) from None
         finally:
-            await response.aclose()
+            response.close()
 
     async def _load_robots(
         self, robots_url: str, budget: _Budget, allow: tuple[str, ...]
@@ -651,6 +573,13 @@ async def text_fields(
     }
 
 
+#: A transport failure's detail in a result's message, by its code.
+_TRANSPORT_DETAIL = {
+    "timeout": "{}",
+    "connect_error": "cannot connect: {}",
+    "protocol_error": "the server broke HTTP: {}",
+}
+
 _ERRNO = re.compile(r"\[Errno -?\d+\]\s*")
 
 
@@ -667,16 +596,16 @@ async def fetch(
     last_modified: str | None = None,
     selector: str | None = None,
     settings: FetchSettings = DEFAULT_SETTINGS,
-    client: httpx.AsyncClient | None = None,
+    pool: PinnedPool | None = None,
     politeness: Politeness | None = None,
 ) -> dict[str, Any]:
     """Fetch one page; see :meth:`Fetcher.fetch`. Never raises.
 
-    ``client`` (from :func:`make_client`) and ``politeness`` are reused when
-    given; otherwise this call makes its own (and reads the host's robots.txt).
+    ``pool`` (from :func:`make_pool`) and ``politeness`` are reused when given;
+    otherwise this call makes its own (and reads the host's robots.txt).
     """
     try:
-        fetcher = Fetcher(settings, client=client, politeness=politeness)
+        fetcher = Fetcher(settings, pool=pool, politeness=politeness)
     except ValueError as exc:
         result = _new_result(url)
         result.update(error="internal_error", error_message=str(exc))

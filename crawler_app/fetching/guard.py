@@ -180,8 +180,7 @@ def parse_url(url: str) -> ParsedUrl:
         raise FetchRefused("bad_url", "URL must have the form scheme://host/path")
     if "@" in parts.netloc:
         raise FetchRefused("credentials", "URLs with credentials (user:password@) are refused")
-    host = _check_host(parts)
-    port = _check_port(parts, scheme)
+    host, port = _checked_netloc(parts.netloc, scheme)
     target = parts.path or "/"
     if not target.startswith("/"):
         raise FetchRefused("bad_url", "URL path must start with '/'")
@@ -190,13 +189,15 @@ def parse_url(url: str) -> ParsedUrl:
     return ParsedUrl(scheme=scheme, host=host, port=port, target=target)
 
 
-def _check_host(parts: SplitResult) -> str:
-    return _checked_host(parts.netloc, parts.hostname or "")
-
-
 @functools.lru_cache(maxsize=4096)
+def _checked_netloc(netloc: str, scheme: str) -> tuple[str, int]:
+    """The checked host and port of ``netloc``. Cached: a site's pages share their host
+    and port (refusals raise, and are not cached)."""
+    parts = SplitResult(scheme, netloc, "", "", "")
+    return _checked_host(netloc, parts.hostname or ""), _check_port(parts, scheme)
+
+
 def _checked_host(netloc: str, host: str) -> str:
-    # Cached: a site's pages share their host (refusals raise, and are not cached).
     if "%" in netloc:
         raise FetchRefused("encoded_host", "percent-encoded host names are refused")
     if netloc.startswith("["):

@@ -27,8 +27,7 @@ import asyncio
 import email.utils
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -227,6 +226,35 @@ class _Host:
     next_start: float = 0.0  # loop time before which no request may start
 
 
+class _Slot:
+    # A class, not @asynccontextmanager: it is entered on every request.
+    __slots__ = ("state",)
+
+    def __init__(self, state: _Host) -> None:
+        self.state = state
+
+    async def __aenter__(self) -> None:
+        state = self.state
+        await state.in_flight.acquire()
+        try:
+            async with state.start_lock:
+                loop = asyncio.get_running_loop()
+                # Re-read next_start after every sleep: a pause may have arrived.
+                waited = loop.time()
+                while (wait := state.next_start - loop.time()) > 0:
+                    await asyncio.sleep(wait)
+                if (waited := loop.time() - waited) > 0.001:
+                    POLITENESS_WAITS.inc()
+                    POLITENESS_WAIT_SECONDS.inc(waited)
+                state.next_start = loop.time() + state.interval
+        except BaseException:
+            state.in_flight.release()
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.state.in_flight.release()
+
+
 class Politeness:
     """Per-host limits shared by all fetches of one fetcher (see the module doc)."""
 
@@ -260,26 +288,13 @@ class Politeness:
             self._hosts[host] = state
         return state
 
-    @asynccontextmanager
-    async def slot(self, host: str) -> AsyncIterator[None]:
+    def slot(self, host: str) -> _Slot:
         """Hold one of ``host``'s in-flight places, started no sooner than allowed.
 
         The request is made inside the ``async with`` block; the place is free
         again when the block ends.
         """
-        state = self._host(host)
-        async with state.in_flight:
-            async with state.start_lock:
-                loop = asyncio.get_running_loop()
-                # Re-read next_start after every sleep: a pause may have arrived.
-                waited = loop.time()
-                while (wait := state.next_start - loop.time()) > 0:
-                    await asyncio.sleep(wait)
-                if (waited := loop.time() - waited) > 0.001:
-                    POLITENESS_WAITS.inc()
-                    POLITENESS_WAIT_SECONDS.inc(waited)
-                state.next_start = loop.time() + state.interval
-            yield
+        return _Slot(self._host(host))
 
     def pause(self, host: str, seconds: float) -> float:
         """Start no request to ``host`` for ``seconds`` (capped); returns the pause applied."""
