@@ -44,6 +44,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -127,27 +128,40 @@ def start_site(latency: float) -> tuple[subprocess.Popen[bytes], int]:
 # -- the bare loop ------------------------------------------------------------------------
 
 
+async def pages_per_s(
+    urls: list[str], concurrency: int, fetch: Callable[[str], Awaitable[bool]], who: str
+) -> float:
+    """Pages per second of ``fetch`` (True: the page came) over ``urls``, ``concurrency``
+    at a time; every page must come."""
+    sem = asyncio.Semaphore(concurrency)
+    ok = 0
+
+    async def one(url: str) -> None:
+        nonlocal ok
+        async with sem:
+            came = await fetch(url)  # not ``ok += await``: that reads ok before the wait
+        ok += came
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(url) for url in urls))
+    seconds = time.perf_counter() - started
+    if ok != len(urls):
+        raise SystemExit(f"{who}: {ok} of {len(urls)} pages fetched")
+    return len(urls) / seconds
+
+
 async def bare_loop(urls: list[str], concurrency: int) -> float:
     import httpx
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    sem = asyncio.Semaphore(concurrency)
-    ok = 0
     async with httpx.AsyncClient(limits=limits, trust_env=False, timeout=30) as client:
 
-        async def one(url: str) -> None:
-            nonlocal ok
-            async with sem:
-                response = await client.get(url)
-                await response.aread()
-                ok += response.status_code == 200
+        async def fetch(url: str) -> bool:
+            response = await client.get(url)
+            await response.aread()
+            return response.status_code == 200
 
-        started = time.perf_counter()
-        await asyncio.gather(*(one(url) for url in urls))
-        seconds = time.perf_counter() - started
-    if ok != len(urls):
-        raise SystemExit(f"bare loop: {ok} of {len(urls)} pages fetched")
-    return len(urls) / seconds
+        return await pages_per_s(urls, concurrency, fetch, "bare loop")
 
 
 # -- the fetcher against aiohttp (one process, no master, no database) --------------------
@@ -163,22 +177,13 @@ async def fetcher_loop(urls: list[str], concurrency: int) -> float:
         per_host_interval=0,
         max_connections=concurrency,
     )
-    sem = asyncio.Semaphore(concurrency)
-    ok = 0
     async with Fetcher(settings) as fetcher:
 
-        async def one(url: str) -> None:
-            nonlocal ok
-            async with sem:
-                result, _body = await fetcher.fetch_with_body(url, use_allowlist=True)
-                ok += bool(result["ok"] and result["text"])
+        async def fetch(url: str) -> bool:
+            result, _body = await fetcher.fetch_with_body(url, use_allowlist=True)
+            return bool(result["ok"] and result["text"])
 
-        started = time.perf_counter()
-        await asyncio.gather(*(one(url) for url in urls))
-        seconds = time.perf_counter() - started
-    if ok != len(urls):
-        raise SystemExit(f"fetcher: {ok} of {len(urls)} pages fetched")
-    return len(urls) / seconds
+        return await pages_per_s(urls, concurrency, fetch, "fetcher")
 
 
 async def aiohttp_loop(urls: list[str], concurrency: int) -> float:
@@ -189,24 +194,16 @@ async def aiohttp_loop(urls: list[str], concurrency: int) -> float:
     from crawler_app.fetching.fetcher import text_fields
 
     connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
-    sem = asyncio.Semaphore(concurrency)
-    ok = 0
     async with aiohttp.ClientSession(connector=connector) as session:
 
-        async def one(url: str) -> None:
-            nonlocal ok
-            async with sem, session.get(url) as response:
+        async def fetch(url: str) -> bool:
+            async with session.get(url) as response:
                 body = await response.read()
                 content_type = response.headers.get("Content-Type", "")
                 fields = await text_fields(body, content_type, None, MAX_TEXT_CHARS)
-                ok += response.status == 200 and bool(fields["text"])
+                return response.status == 200 and bool(fields["text"])
 
-        started = time.perf_counter()
-        await asyncio.gather(*(one(url) for url in urls))
-        seconds = time.perf_counter() - started
-    if ok != len(urls):
-        raise SystemExit(f"aiohttp: {ok} of {len(urls)} pages fetched")
-    return len(urls) / seconds
+        return await pages_per_s(urls, concurrency, fetch, "aiohttp")
 
 
 def compare_fetchers(
