@@ -187,7 +187,7 @@ def main() -> None:
         return
 
     from jodl import Store, make_engine
-    from jodl.agent.keys import node_key
+    from jodl.agent import node_key
     from jodl.log.migrate import upgrade
 
     began = time.perf_counter()

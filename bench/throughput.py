@@ -95,10 +95,15 @@ def run_jodl(url: str, jobs: int, addresses: list[str], slots: int, cycles: int)
 def run_cli_add(url: str, jobs: int) -> float:
     """Seconds ``jodl jobs add noop --from FILE`` takes to add a JSON Lines file of
     ``jobs`` jobs (each its own payload) to a fresh database: the command run in this
-    process, from reading the file to the commit (the interpreter's start aside)."""
+    process, from reading the file to the commit (the interpreter's start aside): the
+    installed ``jodl`` command's entry point, called here."""
+    from importlib.metadata import entry_points
+
     from jodl import make_engine
-    from jodl.cli import main
     from jodl.log.migrate import upgrade
+
+    (command,) = entry_points(group="console_scripts", name="jodl")
+    main = command.load()
 
     with (
         fresh_database(url) as db_url,

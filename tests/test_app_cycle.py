@@ -114,7 +114,9 @@ def test_a_changed_page_mails_exactly_its_trackers_once(store, agents, settings,
         assert {n.state for n in notes} == {NotificationState.SENT}
         # The digests' jobs never run again.
         states = s.scalars(
-            select(Job.state).join(FamilyRow).where(FamilyRow.name == "notify")
+            select(Job.state)
+            .join(FamilyRow, FamilyRow.id == Job.family_id)
+            .where(FamilyRow.name == "notify")
         ).all()
         assert states == [JobState.DONE, JobState.DONE]
 

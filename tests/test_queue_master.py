@@ -156,11 +156,11 @@ class GatedStore(Store):
         self.arrived = threading.Event()
         self.go = threading.Event()
 
-    def record_outcomes(self, batch: OutcomeBatch) -> None:
-        if batch.claims_done and not self.arrived.is_set():
+    def record_outcomes(self, *batches: OutcomeBatch) -> None:
+        if any(batch.claims_done for batch in batches) and not self.arrived.is_set():
             self.arrived.set()
             self.go.wait(60)
-        super().record_outcomes(batch)
+        super().record_outcomes(*batches)
 
 
 def test_a_late_result_of_a_superseded_attempt_changes_nothing(

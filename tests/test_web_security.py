@@ -209,7 +209,9 @@ def test_signup_mails_a_link_that_confirms_the_address(client: FlaskClient, app:
     assert users(app)["user@example.org"].email_confirmed is True  # added by an operator
     with sessionmaker(app.extensions["jodl"].engine)() as s:
         (payload,) = s.scalars(
-            select(Job.payload).join(FamilyRow).where(FamilyRow.name == "notify")
+            select(Job.payload)
+            .join(FamilyRow, FamilyRow.id == Job.family_id)
+            .where(FamilyRow.name == "notify")
         ).all()
     mail = __import__("json").loads(payload)
     assert mail["to"] == "new@example.org"

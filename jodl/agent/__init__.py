@@ -47,6 +47,7 @@ listed above are internal, import from ``jodl.agent``.
 from .client import AgentLink
 from .core import AgentCore
 from .eventloop import loop_name, new_event_loop
+from .keys import node_key
 from .local import DEFAULT_ADDRESS, InProcessAgent, LocalLink, is_local, make_link, start_agent
 from .replies import (
     AgentFamily,
@@ -81,6 +82,7 @@ __all__ = [
     "loop_name",
     "make_link",
     "make_server",
+    "node_key",
     "new_event_loop",
     "split_address",
     "start_agent",
