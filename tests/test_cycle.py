@@ -72,6 +72,23 @@ def test_cycle_of_1000_jobs_on_three_agents(store, agents, settings):
     assert open_execs == 0
 
 
+@pytest.mark.parametrize("window", [1, 7])
+def test_a_run_read_in_windows_runs_each_job_once(store, agents, settings, window):
+    """Windows of one job and of seven: the run reads on as its jobs finish, counts them
+    all and ends once nothing is left to read; the next cycle does the same."""
+    add_jobs(store, "noop", 40)
+    agents(2, slots=2)
+    master = Master(dataclasses.replace(settings, run_window=window), store=store)
+    try:
+        summaries = [master.run_cycle("noop"), master.run_cycle("noop")]
+    finally:
+        master.close()
+    for summary in summaries:
+        assert (summary.total, summary.done, summary.dead) == (40, 40, 0)
+        done = done_per_job(store, summary.run_id)
+        assert len(done) == 40 and set(done.values()) == {1}
+
+
 def test_next_cycle_runs_every_job_again_and_keeps_learning(store, agents, settings):
     add_jobs(store, "sleep", 60, payload='{"seconds": 0.001}')
     agents(2, slots=2)

@@ -117,7 +117,7 @@ class RunKeeper(PartOf):
             while (
                 active.unread_after is not None
                 and not active.cancelled  # cancelled: the rest stays due
-                and active.remaining < self.window // 2
+                and active.remaining < max(1, self.window // 2)
             ):
                 window = self.store.run_window(
                     run,
@@ -257,6 +257,8 @@ class RunKeeper(PartOf):
         run = self.store.finish_run(active.run, makespan, lower_bound, state)
         self.gauges.run_counts(active)
         self._written.pop(active.run.id, None)
+        self.read_early.pop(active.run.id, None)
+        self.trials_due.discard(active.run.id)
         del self.runs[active.run.id]
         summary = RunSummary(
             family=active.family.name,
