@@ -197,6 +197,116 @@ def test_heap_places_new_jobs_as_the_scan_does(seed: int) -> None:
     assert len({n.id for _j, n in got}) == 40
 
 
+class OneByOne(Placement):
+    """earliest_finish as its rule reads, one job and one ``expected`` at a time: the
+    reference the batch placement (shared lookups, an index of homes) must match."""
+
+    def __init__(self, stickiness: float = 0.5) -> None:
+        self.stickiness = stickiness
+        self.reserved: dict[int, float] = {}
+
+    def order(self, jobs: list[JobInfo], knowledge: Knowledge) -> list[JobInfo]:
+        return sorted(jobs, key=lambda j: (-j.priority, -knowledge.estimate_work(j), j.id))
+
+    def place(self, jobs, candidates, knowledge):  # type: ignore[no-untyped-def]
+        self.reserved = {}
+        for j in jobs:
+            home = next((n for n in candidates(j) if n.id == j.home), None)
+            if home is not None and j.home not in j.failed_on:
+                self.reserved[home.id] = self.reserved.get(home.id, 0) + knowledge.expected(j, home)
+        return super().place(jobs, candidates, knowledge)
+
+    def choose(self, job: JobInfo, candidates, knowledge):  # type: ignore[no-untyped-def]
+        home = job.home if job.home not in job.failed_on else None
+        if self.reserved and home in self.reserved:
+            at = next((n for n in candidates if n.id == home), None)
+            if at is not None:
+                left = self.reserved[home] - knowledge.expected(job, at)
+                self.reserved[home] = max(0.0, left)
+        nodes = [n for n in candidates if n.id not in job.failed_on] or list(candidates)
+        trial = job.trial_node_id
+        tried = knowledge.learned(job.id, trial) if trial is not None else None
+        if trial is not None and not (tried and tried.count):
+            for n in nodes:
+                if n.id == trial:
+                    return n
+
+        def key(n: NodeLoad) -> tuple[float, float, int]:  # noqa: E306
+            cost = n.expected_finish(knowledge.expected(job, n))
+            if self.reserved:
+                cost += self.reserved.get(n.id, 0.0) / max(1, n.slots)
+            return (cost, n.home_work / max(1e-9, n.speed * n.slots), n.id)
+
+        best = min(nodes, key=key)
+        at_home = next((n for n in nodes if n.id == job.home), None)
+        if at_home is not None and at_home is not best:
+            if key(at_home)[0] <= key(best)[0] + self.stickiness * knowledge.expected(job, best):
+                return at_home
+        return best
+
+
+def varied_knowledge(rng: random.Random, jobs: int, nodes: int) -> Knowledge:
+    """Jobs run on one node or several, some only failed, a family mean on some nodes only."""
+    k = Knowledge()
+    for j in range(jobs):
+        for _ in range(rng.choice((0, 0, 1, 1, 1, 2, 3))):
+            node = rng.randint(1, nodes)
+            took = None if rng.random() < 0.1 else rng.choice((0.5, 1.0, 2.0, 4.0))
+            k.record(j, node, "fam" if j % 2 else "other", took)
+    k.learn_speeds()
+    return k
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_expected_on_all_nodes_is_expected_on_each(seed: int) -> None:
+    rng = random.Random(seed)
+    k = varied_knowledge(rng, 200, 6)
+    view = [NodeLoad(n, f"n{n}", 1, rng.choice((0.5, 1.0, 3.0))) for n in range(1, 8)]
+    for j in range(220):  # the last ones never ran
+        info = JobInfo(j, f"job-{j}", "fam" if j % 2 else "other")
+        assert k.expected_on(info, view) == [k.expected(info, n) for n in view]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("node_count", [2, 7])
+def test_batch_placement_places_as_one_job_at_a_time(seed: int, node_count: int) -> None:
+    """Homes, trials, failed nodes, reservations, ties and learned durations mixed: the
+    batch placement puts every job where the rule applied one job at a time does."""
+    rng = random.Random(seed)
+    k = varied_knowledge(rng, 400, node_count)
+
+    def view() -> list[NodeLoad]:
+        rnd = random.Random(seed)
+        out = []
+        for n in range(1, node_count + 1):
+            node = NodeLoad(n, f"n{n}", rnd.choice((1, 2)), rnd.choice((1.0, 2.0)))
+            node.queued_work = float(rnd.choice((0, 1, 3)))
+            node.home_work = float(rnd.choice((0, 0, 2)))
+            out.append(node)
+        return out
+
+    def pick(*choices: object) -> object:
+        return rng.choice(choices)
+
+    jobs = [
+        JobInfo(
+            j,
+            f"job-{j}",
+            "fam" if j % 2 else "other",
+            priority=pick(0, 0, 0, 1),  # type: ignore[arg-type]
+            permanent_node_id=pick(None, rng.randint(1, node_count)),  # type: ignore[arg-type]
+            trial_node_id=pick(None, None, None, rng.randint(1, node_count)),  # type: ignore[arg-type]
+            failed_on=pick(frozenset(), frozenset(), frozenset({1})),  # type: ignore[arg-type]
+        )
+        for j in range(450)
+    ]
+    batch, single = view(), view()
+    got = EarliestFinish().place(jobs, lambda _j: batch, k)
+    want = OneByOne().place(jobs, lambda _j: single, k)
+    assert [(j.id, n.id) for j, n in got] == [(j.id, n.id) for j, n in want]
+    assert [n.queued_work for n in batch] == [n.queued_work for n in single]
+
+
 def test_home_is_kept_when_cheap_and_left_when_costly() -> None:
     k = knowledge_for({1: 1.0}, {1: 1.0, 2: 1.0})
     a, b = nodes(1.0, 1.0)

@@ -7,7 +7,7 @@ node; the answer falls back from what was measured to :data:`DEFAULT_DURATION`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .view import JobInfo, NodeLoad
@@ -188,17 +188,41 @@ class Knowledge:
         stat = self.learned(job.id, node.id)
         if stat is not None and stat.recent is not None:
             return stat.recent
-        speed = max(node.speed, 1e-6)
         work = self.work(job.id)
         if work is not None:
-            return work / speed
-        fam = self.family_mean(job.family, node.id)
+            return work / max(node.speed, 1e-6)
+        return self.unknown(job.family, node)
+
+    def unknown(self, family: str, node: NodeLoad) -> float:
+        """What :meth:`expected` gives on ``node`` a job of ``family`` nothing is known of
+        (fallbacks 3 to 5)."""
+        fam = self.family_mean(family, node.id)
         if fam is not None:
             return fam
-        fam = self.family_mean(job.family)
-        if fam is not None:
-            return fam / speed
-        return self.default_duration / speed
+        fam = self.family_mean(family)
+        return (fam if fam is not None else self.default_duration) / max(node.speed, 1e-6)
+
+    def expected_on(self, job: JobInfo, nodes: Sequence[NodeLoad]) -> list[float]:
+        """:meth:`expected` of ``job`` on each of ``nodes``, in one call (placement asks
+        for every candidate of every job: the per-node lookups are shared)."""
+        known = self._by_job.get(job.id)
+        if known is None:
+            return [self.unknown(job.family, node) for node in nodes]
+        work = self.work(job.id)
+        single = known if isinstance(known, Learned) else None
+        out = []
+        for node in nodes:
+            if single is not None:
+                stat = single if single.node_id == node.id else None
+            else:
+                stat = known.get(node.id)  # type: ignore[union-attr]
+            if stat is not None and stat.recent is not None:
+                out.append(stat.recent)
+            elif work is not None:
+                out.append(work / max(node.speed, 1e-6))
+            else:
+                out.append(self.unknown(job.family, node))
+        return out
 
     def learn_speeds(self, iterations: int = 30) -> dict[int, float]:
         """Re-estimate every node's speed from what was learned; returns (and keeps) them.

@@ -86,60 +86,113 @@ class EarliestFinish(Placement):
     ) -> list[tuple[JobInfo, NodeLoad]]:
         """Place a batch, each job judged against the queues the batch will make."""
         reserved: dict[int, float] = {}
-        for job in jobs:
-            home = _home_node(job, candidates(job))
-            if home is not None:
-                reserved[home.id] = reserved.get(home.id, 0.0) + knowledge.expected(job, home)
         self._reserved = reserved
         self._fronts = {}
+        out: list[tuple[JobInfo, NodeLoad]] = []
+        # A subclass's own choose() (a rule before this one, as in docs/placement.md)
+        # is asked for every job; this class's rule goes straight to _pick().
+        own = type(self).choose is EarliestFinish.choose
         try:
-            return super().place(jobs, candidates, knowledge)
+            for job in jobs:
+                nodes = candidates(job)
+                at = self._home_at(job, nodes)
+                if at is not None:
+                    home = nodes[at]
+                    reserved[home.id] = reserved.get(home.id, 0.0) + knowledge.expected(job, home)
+            for job in self.order(jobs, knowledge):
+                nodes = candidates(job)
+                if not nodes:
+                    continue
+                if own:
+                    node, took = self._pick(job, nodes, knowledge)
+                else:
+                    chosen = self.choose(job, nodes, knowledge)
+                    if chosen is None:
+                        continue
+                    node, took = chosen, knowledge.expected(job, chosen)
+                node.queued_jobs += 1
+                node.queued_work += took
+                out.append((job, node))
+            return out
         finally:
             self._reserved = {}
             self._fronts = None
+            self._index = None
 
     def choose(
         self, job: JobInfo, candidates: Sequence[NodeLoad], knowledge: Knowledge
     ) -> NodeLoad | None:
+        return self._pick(job, candidates, knowledge)[0]
+
+    def _pick(
+        self, job: JobInfo, candidates: Sequence[NodeLoad], knowledge: Knowledge
+    ) -> tuple[NodeLoad, float]:
+        """The node for ``job`` and what the job is expected to take there."""
         front = self._front(job, candidates, knowledge)
         if front is not None:
-            return front.best()
+            node = front.best()
+            return node, front.took[node.id]
+        # every candidate's expected duration at once, shared by all that follows
+        took_on = knowledge.expected_on(job, candidates)
         reserved = self._reserved
-        at_home = _home_node(job, candidates) if reserved else None
+        at = self._home_at(job, candidates) if reserved else None
+        at_home = candidates[at] if at is not None else None
         if at_home is not None and at_home.id in reserved:  # the job is being placed now
-            left = reserved[at_home.id] - knowledge.expected(job, at_home)
+            left = reserved[at_home.id] - took_on[at]  # type: ignore[index]
             reserved[at_home.id] = max(0.0, left)
             for front in (self._fronts or {}).values():
                 front.lowered(at_home)
-        nodes = usable(job, candidates)
+        failed = job.failed_on
+        if failed and all(node.id in failed for node in candidates):
+            failed = frozenset()  # failed everywhere: any node (see usable())
         trial = job.trial_node_id
-        if trial is not None:
+        if trial is not None and trial not in failed:
             learned = knowledge.learned(job.id, trial)
             if learned is None or learned.count == 0:
-                for node in nodes:
+                for i, node in enumerate(candidates):
                     if node.id == trial:
-                        return node  # the point of a trial is to measure it there
+                        return node, took_on[i]  # the point of a trial is to measure it there
         home = job.home
         best: NodeLoad | None = None
         best_key: tuple[float, float, int] = (math.inf, math.inf, 0)
-        best_took = home_cost = 0.0
+        best_took = home_cost = home_took = 0.0
         home_node: NodeLoad | None = None
-        for node in nodes:
-            took = knowledge.expected(job, node)
+        for node, took in zip(candidates, took_on, strict=True):
+            if failed and node.id in failed:
+                continue
             cost = node.expected_finish(took)
             if reserved:
                 cost += reserved.get(node.id, 0.0) / max(1, node.slots)
+            if cost > best_key[0] and node.id != home:
+                continue  # cannot be the best (the key's first part is larger)
             # ties: the node with less work per cycle at home, then the lowest id
             key = (cost, node.home_work / max(1e-9, node.speed * node.slots), node.id)
             if best is None or key < best_key:
                 best, best_key, best_took = node, key, took
             if node.id == home:
-                home_node, home_cost = node, cost
+                home_node, home_cost, home_took = node, cost, took
         assert best is not None
         if home_node is not None and home_node is not best:
             if home_cost <= best_key[0] + self.stickiness * best_took:
-                return home_node
-        return best
+                return home_node, home_took
+        return best, best_took
+
+    #: (the candidates, node id -> position) of the last job's candidates in :meth:`place`.
+    _index: tuple[Sequence[NodeLoad], dict[int, int]] | None = None
+
+    def _home_at(self, job: JobInfo, nodes: Sequence[NodeLoad]) -> int | None:
+        """Where the job's home is in ``nodes`` (None: no home, not a candidate, or it
+        failed there); through an index of the candidates within :meth:`place`, where
+        the jobs of a family share one sequence of them."""
+        home = job.home
+        if home is None or home in job.failed_on:
+            return None
+        if self._fronts is None:  # outside place(): one job, one scan
+            return next((i for i, node in enumerate(nodes) if node.id == home), None)
+        index = self._index
+        if index is None or index[0] is not nodes:
+            index = self._index = (nodes, {node.id: i for i, node in enumerate(nodes)})
+        return index[1].get(home)
 
     def _front(
         self, job: JobInfo, candidates: Sequence[NodeLoad], knowledge: Knowledge
@@ -185,7 +238,7 @@ class _Front:
         self.nodes = nodes
         self._by_id = {node.id: node for node in nodes}
         #: node -> what a job of the family nothing is known of takes there.
-        self._took = {node.id: knowledge.expected(job, node) for node in nodes}
+        self.took = dict(zip(self._by_id, knowledge.expected_on(job, nodes), strict=True))
         self._reserved = reserved
         # (cost, tie, node id): at least one entry per node at most its current key.
         self._heap = [self._key(node) for node in nodes]
@@ -193,7 +246,7 @@ class _Front:
 
     def _key(self, node: NodeLoad) -> tuple[float, float, int]:
         # exactly the scan's arithmetic in EarliestFinish.choose, so ties resolve alike
-        cost = node.expected_finish(self._took[node.id])
+        cost = node.expected_finish(self.took[node.id])
         if self._reserved:
             cost += self._reserved.get(node.id, 0.0) / max(1, node.slots)
         return (cost, node.home_work / max(1e-9, node.speed * node.slots), node.id)
@@ -212,14 +265,6 @@ class _Front:
         """``node``'s key shrank (its reservation did)."""
         if node.id in self._by_id:
             heapq.heappush(self._heap, self._key(node))
-
-
-def _home_node(job: JobInfo, nodes: Sequence[NodeLoad]) -> NodeLoad | None:
-    """The job's home among ``nodes`` (None: no home, not a candidate, or it failed there)."""
-    home = job.home
-    if home is None or home in job.failed_on:
-        return None
-    return next((node for node in nodes if node.id == home), None)
 
 
 @register
