@@ -26,6 +26,16 @@ FAULTS: dict[str, tuple[str, Any]] = {
     "done-malformed": ("done", lambda real: "1,2\n0.1\n1.0\nnull"),
     "done-not-json": ("done", lambda real: "1\n0.001\n1700000000.0\n{not json"),
     "done-nan": ("done", lambda real: "1\nnan\n1700000000.0\nnull"),
+    # A master collects with ``outcomes`` while it has jobs on the agent: the same
+    # faults in its results, and a failure of the wrong shape beside real results.
+    "outcomes-netref": ("outcomes", lambda real: (Exhibit(), real[1])),
+    "outcomes-malformed": ("outcomes", lambda real: ("1,2\n0.1\n1.0\nnull", real[1])),
+    "outcomes-not-json": ("outcomes", lambda real: ("1\n0.001\n1700000000.0\n{x", real[1])),
+    "outcomes-nan": ("outcomes", lambda real: ("1\nnan\n1700000000.0\nnull", real[1])),
+    "outcomes-failed-shape": (
+        "outcomes",
+        lambda real: (real[0], ((1, 0.1, 1700000000.0, "error", "yes"),)),
+    ),
     "init-slots-as-text": ("init", lambda real: real.replace('"slots":', '"slots":"4","x":')),
     "send-netref": ("send", lambda real: Exhibit()),
     # A reply of the wrong shape for each call (values only: no netref involved).
@@ -33,6 +43,7 @@ FAULTS: dict[str, tuple[str, Any]] = {
     "send-shape": ("send", lambda real: ((1,),)),
     "done-shape": ("done", lambda real: ((1, 0.1, 1700000000.0),)),
     "failed-shape": ("failed", lambda real: ((1, 0.1, 1700000000.0, "error", "yes"),)),
+    "outcomes-shape": ("outcomes", lambda real: (real[0],)),
     "remaining-shape": ("remaining", lambda real: (0, 0, 0)),
     "take_back-shape": ("take_back", lambda real: ("1",)),
     "ack-shape": ("ack", lambda real: -1),

@@ -247,6 +247,19 @@ def test_framed_batches_carry_the_same_calls(client):
     assert (eid, retryable) == (92, False) and "Permanent" in error
 
 
+def test_outcomes_answers_done_and_failed_in_one_call(client):
+    # Both kinds while jobs are in flight, the ack applied first, each up to the limit.
+    client.send((94, "noop", {}), (95, "noop", {}), (96, "fail", {"permanent": True}))
+    wait_for(lambda: client.remaining()[2:] == (2, 1), timeout=20, what="two results, a failure")
+    done, failed = client.root.outcomes(client.epoch, encode_ids([94]), 100)
+    assert [row[0] for row in decode_done(done)] == [95], "the acked result is gone"
+    ((eid, _d, _f, error, retryable),) = decode_failed(failed)
+    assert (eid, retryable) == (96, False) and "Permanent" in error
+    done, failed = client.root.outcomes(client.epoch, encode_ids([95, 96]), 100)
+    assert (done, failed) == ("", "")
+    assert client.remaining() == (0, 0, 0, 0)
+
+
 @pytest.mark.parametrize("frame", ["not-a-number\tnoop\t{}\n", "93\tnoop\n", "1,x"])
 def test_a_malformed_frame_is_refused_and_queues_nothing(client, frame):
     with pytest.raises(ValueError):

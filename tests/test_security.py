@@ -722,14 +722,14 @@ def test_a_tampered_frame_closes_the_session(spawn_agent):
 @pytest.mark.parametrize(
     "fault",
     [
-        "done-netref",
-        "done-malformed",
-        "done-not-json",
-        "done-nan",
+        "outcomes-netref",
+        "outcomes-malformed",
+        "outcomes-not-json",
+        "outcomes-nan",
         "init-slots-as-text",
         "send-netref",
         "cancel-shape",
-        "failed-shape",
+        "outcomes-failed-shape",
     ],
 )
 def test_a_faulty_agents_bad_replies_are_refused_and_the_cycle_completes(
@@ -769,6 +769,7 @@ TYPED_CALLS: dict[str, Callable[[AgentLink], object]] = {
     "send": lambda link: link.send(1, ((1, "noop", "{}"),)),
     "done": lambda link: link.done(1, (), 10),
     "failed": lambda link: link.failed(1, (), 10),
+    "outcomes": lambda link: link.outcomes(1, (), 10),
     "remaining": lambda link: link.remaining(1),
     "take_back": lambda link: link.take_back(1, 1),
     "ack": lambda link: link.ack(1, (7,)),

@@ -24,6 +24,7 @@ same name). "stamp" is the master's epoch, or ``(epoch, session, since)`` after
 ``send``       stamp, jobs (exec_id, family, payload_json)[, trace contexts] -> refused
 ``done``       stamp, ack ids, limit -> (exec_id, duration, finished, result_json) rows
 ``failed``     stamp, ack ids, limit -> (exec_id, duration, finished, error, retryable)
+``outcomes``   stamp, ack ids, limit -> (``done`` rows, ``failed`` rows): both in one call
 ``remaining``  stamp -> (queued, running, held_done, held_failed)
 ``progress``   stamp -> (exec_id, done, total, note, unix time) per running job that reported
 ``take_back``  stamp, count, ids -> exec ids handed back unstarted
@@ -36,7 +37,7 @@ same name). "stamp" is the master's epoch, or ``(epoch, session, since)`` after
 ``families``   -> ((name, version, is_async, idempotent), ...)
 =============  ==================================================================
 
-The batches of ``send``, ``done``, ``failed`` and the id lists travel framed as
+The batches of ``send``, ``done``, ``failed``, ``outcomes`` and the id lists travel framed as
 one str each (:mod:`~jodl.agent.codec`); the agent accepts plain tuples too.
 Stamps, sessions, detaching and fencing: docs/architecture.md#the-agent-protocol.
 

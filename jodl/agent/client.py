@@ -53,6 +53,7 @@ from .replies import (
     check_ids,
     check_info,
     check_leaders,
+    check_outcomes,
     check_ping,
     check_progress,
     check_refused,
@@ -77,6 +78,7 @@ CALLS = (
     "send",
     "done",
     "failed",
+    "outcomes",
     "remaining",
     "progress",
     "take_back",
@@ -184,6 +186,12 @@ class AgentLink:
     def failed(self, epoch: int, ack: Iterable[int], limit: int) -> list[FailedRow]:
         """As :meth:`done`, for the failures held there."""
         return self._stamped("failed", check_failed, epoch, encode_ids(ack), limit, True)
+
+    def outcomes(
+        self, epoch: int, ack: Iterable[int], limit: int
+    ) -> tuple[list[DoneRow], list[FailedRow]]:
+        """:meth:`done` and :meth:`failed` in one round trip: up to ``limit`` of each."""
+        return self._stamped("outcomes", check_outcomes, epoch, encode_ids(ack), limit)
 
     def ack(self, epoch: int, ids: Iterable[int]) -> int:
         """Let the agent forget results the master committed; how many it held."""

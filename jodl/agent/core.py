@@ -339,6 +339,14 @@ class AgentCore:
             mine = self._mine(session)
             return tuple(islice((row for row in held.values() if mine(row[0])), limit))
 
+    def take_outcomes(
+        self, ack: Iterable[int], limit: int, session: Session | None = None
+    ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """:meth:`take` of the results, then of the failures, in one go (one lock, one
+        call): up to ``limit`` of each."""
+        with self._cond:
+            return self.take("done", ack, limit, session), self.take("failed", (), limit, session)
+
     def _mine(self, session: Session | None) -> Any:
         """A test of an execution id: does ``session`` lead its family now."""
         owns, family_of = self.sessions.owns, self._family_of

@@ -215,6 +215,13 @@ def check_done(value: Any) -> list[DoneRow]:
     return list(map(DoneRow._make, value))
 
 
+def check_outcomes(value: Any) -> tuple[list[DoneRow], list[FailedRow]]:
+    """Decode and check an ``outcomes`` reply: (framed results, framed failures)."""
+    if type(value) is not tuple or len(value) != 2:
+        raise BadReply(f"outcomes: a pair of batches expected, got {_kind(value)}")
+    return check_done(value[0]), check_failed(value[1])
+
+
 def check_failed(value: Any) -> list[FailedRow]:
     """Decode and check a ``failed`` reply (framed str or tuple)."""
     if type(value) is str:

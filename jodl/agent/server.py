@@ -144,6 +144,14 @@ class AgentService(rpyc.Service):
         )
         return encode_failed(rows) if framed is True else rows
 
+    def exposed_outcomes(self, epoch: Any, ack: tuple | str, limit: int) -> tuple[str, str]:
+        """``done`` and ``failed`` in one round trip: (framed results, framed failures),
+        up to ``limit`` of each, acknowledging ``ack`` first."""
+        done, failed = self._call(
+            epoch, self._core.take_outcomes, _ids(ack), _int(limit, "limit"), scoped=True
+        )
+        return encode_done(done), encode_failed(failed)
+
     def exposed_ack(self, epoch: Any, ids: tuple) -> int:
         return self._call(epoch, self._core.ack, _ids(ids))
 

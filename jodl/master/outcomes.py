@@ -58,13 +58,14 @@ class _Batch:
 def _ask(
     link: AgentLink, epoch: int, acks: list[int], failures: bool
 ) -> tuple[list[DoneRow], list[FailedRow]]:
-    """Results, then failures if any may be there, of one agent (in a call thread).
+    """Results, and failures if any may be there, of one agent (in a call thread): one
+    round trip either way.
 
     Decoded and checked by the link (a bad reply: AgentUnavailable).
     """
-    done = link.done(epoch, acks, COLLECT_LIMIT)
-    failed = link.failed(epoch, (), COLLECT_LIMIT) if failures else []
-    return done, failed
+    if failures:
+        return link.outcomes(epoch, acks, COLLECT_LIMIT)
+    return link.done(epoch, acks, COLLECT_LIMIT), []
 
 
 class Outcomes(PartOf):
