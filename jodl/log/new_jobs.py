@@ -199,8 +199,10 @@ def add_lines(
     Python (``json.loads``, then ``json.dumps`` of its payload) took twice as long as
     the rest, about 85,000 jobs/s where :meth:`~jodl.log.store.Store.add_jobs` adds
     200,000 (``cli_add_jobs_per_s`` and ``add_jobs_per_s`` in
-    ``bench/throughput.py``). The server only says a line is bad, not which one: the
-    caller reads them itself after a refusal, the rare case.
+    ``bench/throughput.py``); parsed by the server, the lines go in at about 0.8 of
+    ``add_jobs``'s rate (its server time: the same insert, plus the JSON parses). The
+    server only says a line is bad, not which one: the caller reads them itself after
+    a refusal, the rare case.
 
     To a family with no jobs, the jobs go straight in, the table's unique key refusing
     a key given twice; to one with jobs, through :data:`LINES_JOBS` (whose primary
