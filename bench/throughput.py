@@ -450,7 +450,8 @@ def main() -> None:
         type=int,
         default=2,
         help="cycles of the same jobs: the first places jobs never seen, "
-        "later ones run them where they were learned",
+        "later ones run them where they were learned (0: only the adding is measured, "
+        "no floor and no peers)",
     )
     parser.add_argument(
         "--db-url",
@@ -490,7 +491,9 @@ def main() -> None:
         help="worker threads in each Dramatiq process (its processes: --agents, as Celery's)",
     )
     args = parser.parse_args()
+    # No cycle, no floor to compare it with: --cycles 0 measures the adding alone.
     floor_jobs = args.jobs if args.floor_jobs is None else args.floor_jobs
+    floor_jobs = floor_jobs if args.cycles else 0
     cli_jobs = args.jobs if args.cli_jobs is None else args.cli_jobs
 
     with agents(args.agents, slots=args.slots) as addresses:
@@ -513,13 +516,17 @@ def main() -> None:
         "jobs": args.jobs,
         "agents": args.agents,
         "db": "sqlite" if args.db_url.startswith("sqlite") else "postgresql",
-        "jobs_per_s": round(max(jodl["jobs_per_s"])),
-        "first_cycle_jobs_per_s": round(jodl["jobs_per_s"][0]),
-        "cycles_jobs_per_s": [round(r) for r in jodl["jobs_per_s"]],
         "add_jobs_per_s": round(args.jobs / jodl["add_seconds"]),
-        "us_per_job": round(min(jodl["us_per_job"]), 1),
         "cli_add_jobs_per_s": round(cli_jobs / cli_seconds) if cli_seconds else "skipped",
     }
+    if not args.cycles:
+        figures["jobs_per_s"] = "skipped: --cycles 0"
+        print(json.dumps(figures))
+        return
+    figures["jobs_per_s"] = round(max(jodl["jobs_per_s"]))
+    figures["first_cycle_jobs_per_s"] = round(jodl["jobs_per_s"][0])
+    figures["cycles_jobs_per_s"] = [round(r) for r in jodl["jobs_per_s"]]
+    figures["us_per_job"] = round(min(jodl["us_per_job"]), 1)
     if floor is None:
         print("floor: skipped: --floor-jobs 0")
         figures["floor"] = "skipped: --floor-jobs 0"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import sys
@@ -29,7 +30,7 @@ def jobs() -> None:
 @click.option(
     "--from",
     "from_file",
-    type=click.File("r", encoding="utf-8"),
+    type=click.File("rb"),
     default=None,
     help='JSON Lines file: one {"key": ..., "payload": {...}} per line ("-": stdin).',
 )
@@ -55,11 +56,14 @@ def jobs_add(
 
     families.load(family)  # refuse an unknown family before writing anything
     check = families.payload_checker(family)
-    rows: list[tuple[str, Any]]
+    rows: list[tuple[str, Any]] = []
+    lines: bytes | None = None
     if from_file is not None:
         if count is not None or payload is not None:
             raise click.BadParameter("give --from, or --count/--payload", param_hint="--from")
-        rows = _read_jobs(from_file, check)
+        lines = from_file.read()
+        if check is not None:  # its payloads are checked in Python: the lines read here
+            rows, lines = _read_jobs(_text(lines), check, from_file.name), None
     else:
         payload = payload or "{}"
         from ..agent.codec import loads_object
@@ -83,9 +87,25 @@ def jobs_add(
         fields["strategy"] = strategy
     if max_attempts:
         fields["max_attempts"] = max_attempts
+    if lines is not None:
+        # PostgreSQL parses the lines; they are read here where it does not, or refuses
+        # them: to name the bad ones.
+        done = store.add_job_lines(family, lines, **fields)
+        if done is not None:
+            _say_added(family, done.added, done.given)
+            return
+        rows = _read_jobs(_text(lines), None, from_file.name)
     fam = store.ensure_family(family, **fields)
-    added = store.add_jobs(fam, rows)
-    kept = len(rows) - added
+    _say_added(family, store.add_jobs(fam, rows), len(rows))
+
+
+def _text(lines: bytes) -> io.TextIOWrapper:
+    """``lines`` as the text of a file opened to read (UTF-8, universal newlines)."""
+    return io.TextIOWrapper(io.BytesIO(lines), encoding="utf-8")
+
+
+def _say_added(family: str, added: int, given: int) -> None:
+    kept = given - added
     click.echo(f"{added} jobs added to {family}" + (f" ({kept} keys existed)" if kept else ""))
 
 
@@ -94,12 +114,12 @@ BAD_LINES_SHOWN = 5
 
 
 def _read_jobs(
-    fh: Any, check: Callable[[dict[str, Any]], Any] | None
+    fh: Any, check: Callable[[dict[str, Any]], Any] | None, name: str
 ) -> list[tuple[str, dict[str, Any]]]:
-    """(key, payload) per line of a JSON Lines file; :class:`JodlError` naming every bad
-    line's number (blank lines are skipped). ``check``: the family's payload model's
-    (a payload it refuses is a bad line). The payloads stay objects: the store encodes
-    each once."""
+    """(key, payload) per line of the JSON Lines file ``name`` (``fh``: its text);
+    :class:`JodlError` naming every bad line's number (blank lines are skipped).
+    ``check``: the family's payload model's (a payload it refuses is a bad line). The
+    payloads stay objects: the store encodes each once."""
     rows: list[tuple[str, dict[str, Any]]] = []
     seen: dict[str, int] = {}
     bad: list[str] = []
@@ -130,7 +150,6 @@ def _read_jobs(
             continue
         seen[key] = number
         rows.append((key, body))
-    name = getattr(fh, "name", "the file")
     if bad:
         more = f"; and {len(bad) - BAD_LINES_SHOWN} more" if len(bad) > BAD_LINES_SHOWN else ""
         raise JodlError(

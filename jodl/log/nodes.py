@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, insert, select, text, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Connection, Engine, bindparam, select, update
 from sqlalchemy.orm import sessionmaker
 
-from ..exceptions import BadPayload, UnknownFamily
-from . import bulk
-from .models import (
-    FamilyOnNode,
-    FamilyRow,
-    Job,
-    JobState,
-    Node,
-    NodeState,
-    table_of,
-    utcnow,
-)
+from ..exceptions import UnknownFamily
+from .models import FamilyOnNode, FamilyRow, Job, Node, NodeState, table_of, utcnow
+from .new_jobs import LinesAdded, LinesRefused, add_lines, add_new, encode
 
 #: The node label that holds where the node's agent serves its ops endpoint (health,
 #: /metrics), HOST:PORT, as the agent told its master in ``init``. A label, not a column
@@ -193,112 +182,15 @@ class NodeLog:
             )
 
 
-def _payload_json(key: Any, payload: Any) -> str:
-    """A job's payload as JSON text of an object; :class:`BadPayload` naming the job."""
-    if isinstance(payload, Mapping):
-        return json.dumps(dict(payload))
-    if isinstance(payload, str):
-        try:
-            value = json.loads(payload)
-        except ValueError:
-            raise BadPayload(f"payload of job {key!r} is not JSON: {payload[:80]!r}") from None
-        if isinstance(value, dict):
-            return payload
-        payload = value
-    raise BadPayload(
-        f"payload of job {key!r} must be a JSON object (a dict), not {type(payload).__name__}"
-    )
-
-
-def _encode(jobs: Iterable[tuple[str, Any]]) -> list[tuple[str, str]]:
-    """(key, payload JSON) per job (see :func:`_payload_json`). A payload text is parsed
-    once however many jobs carry it (``jodl jobs add --count`` gives all the same one)."""
-    objects: set[str] = set()  # payload texts already found to be JSON objects
-    encoded = []
-    for key, payload in jobs:
-        if payload.__class__ is dict:
-            payload = json.dumps(payload)
-        elif payload.__class__ is not str or payload not in objects:
-            text = _payload_json(key, payload)
-            if text is payload:
-                objects.add(text)
-            payload = text
-        encoded.append((key, payload))
-    return encoded
-
-
-#: Keys read (and rows inserted) per statement where COPY is not at hand.
-ADD_BATCH = 5000
-#: The temporary table new jobs are copied into on PostgreSQL (emptied at commit).
-ADD_STAGE = "_new_jodl_job"
-
-
-def _add_new(
-    conn: Connection, family_id: int, jobs: Sequence[tuple[str, str]], fields: Mapping[str, Any]
-) -> int:
-    """Add idle jobs (key, payload JSON) of ``family_id`` whose key it does not have yet,
-    with ``fields`` (priority, every_n_cycles, min_interval); how many were added.
-
-    On PostgreSQL the pairs stream into a temporary table by binary COPY, then one
-    ``INSERT … SELECT`` adds them. To a family with no jobs yet, keys all different, a
-    plain insert: ``ON CONFLICT DO NOTHING`` checks each row before inserting it, a
-    third more of the server's time for 200,000 jobs (another transaction adding the
-    same keys meanwhile makes the plain insert fail: it is undone to its savepoint
-    and the checked one runs).
-    Otherwise ``ON CONFLICT (family_id, key) DO NOTHING`` keeps the jobs the family
-    has and adds a key given twice once. 200,000 jobs went in at about 9,000 jobs/s
-    by reading the keys present and inserting rows with parameters, many times slower
-    than this (``add_jobs_per_s`` in ``bench/throughput.py``). Elsewhere the keys
-    present are read and the others inserted in batches.
-    """
-    now = utcnow()
-    constants = {"family_id": family_id, "state": JobState.IDLE, "attempts": 0, "failures": 0,
-                 "created_at": now, "updated_at": now, **fields}  # fmt: skip
-    # No foreign key checks each row (migration jodl_0013): the family row, share-locked
-    # until the commit, cannot be removed meanwhile, and one that is gone is refused.
-    family = select(FamilyRow.id).where(FamilyRow.id == family_id)
-    if conn.dialect.name == "postgresql":
-        family = family.with_for_update(read=True)
-    if conn.scalar(family) is None:
-        raise UnknownFamily(f"family id {family_id} is not in the database (removed?)")
-    if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(
-            f"CREATE TEMP TABLE IF NOT EXISTS {ADD_STAGE} "
-            "(key varchar(2048), payload text) ON COMMIT DELETE ROWS"
-        )
-        bulk.copy_rows(conn, table_of(Job), ("key", "payload"), jobs, into=ADD_STAGE)
-        # Through SQLAlchemy: a master's fenced engine proves its epoch before it writes.
-        add = text(
-            f"INSERT INTO {Job.__tablename__} (key, payload, {', '.join(constants)}) "
-            f"SELECT key, payload, {', '.join(':' + c for c in constants)} FROM {ADD_STAGE}"
-        )
-        fresh = conn.scalar(select(Job.id).where(Job.family_id == family_id).limit(1)) is None
-        if fresh and len({key for key, _ in jobs}) == len(jobs):
-            try:
-                with conn.begin_nested():
-                    return int(conn.execute(add, constants).rowcount)
-            except IntegrityError:
-                pass
-        checked = text(f"{add.text} ON CONFLICT (family_id, key) DO NOTHING")
-        return int(conn.execute(checked, constants).rowcount)
-    have: set[str] = set()
-    keys = [k for k, _ in jobs]
-    for start in range(0, len(keys), ADD_BATCH):
-        have.update(
-            conn.scalars(
-                select(Job.key).where(
-                    Job.family_id == family_id, Job.key.in_(keys[start : start + ADD_BATCH])
-                )
-            )
-        )
-    rows = []
-    for key, payload in jobs:
-        if key not in have:
-            have.add(key)
-            rows.append({"key": key, "payload": payload, **constants})
-    for start in range(0, len(rows), ADD_BATCH):
-        conn.execute(insert(Job), rows[start : start + ADD_BATCH])
-    return len(rows)
+def _job_fields(family: FamilyRow, priority: int | None) -> dict[str, Any]:
+    """The fields of a new job of ``family``: its job defaults (``jodl family set``),
+    ``priority`` unless None."""
+    defaults = (family.settings or {}).get("job_defaults") or {}
+    return {
+        "priority": defaults.get("priority", 0) if priority is None else priority,
+        "every_n_cycles": defaults.get("every_n_cycles", 1),
+        "min_interval": defaults.get("min_interval"),
+    }
 
 
 class Families:
@@ -345,7 +237,7 @@ class Families:
         (``jodl family set``) where set.
         """
         pairs = jobs.items() if isinstance(jobs, Mapping) else jobs
-        encoded = _encode(pairs)
+        encoded = encode(pairs)
         if isinstance(family, str):
             found = self.family(family) if not create else self.ensure_family(family)
             if found is None:
@@ -354,16 +246,31 @@ class Families:
                     "add_jobs(..., create=True) or add its jobs with `jodl jobs add`"
                 )
             family = found
-        defaults = (family.settings or {}).get("job_defaults") or {}
-        fields = {
-            "priority": defaults.get("priority", 0) if priority is None else priority,
-            "every_n_cycles": defaults.get("every_n_cycles", 1),
-            "min_interval": defaults.get("min_interval"),
-        }
         if not encoded:
             return 0
         with self.engine.begin() as conn:
-            return _add_new(conn, family.id, encoded, fields)
+            return add_new(conn, family.id, encoded, _job_fields(family, priority))
+
+    def add_job_lines(self, name: str, lines: bytes, **fields: Any) -> LinesAdded | None:
+        """Add the jobs of JSON Lines text (UTF-8, one ``{"key": ..., "payload": {...}}``
+        a line; blank lines skipped) to family ``name``, created with ``fields`` if it is
+        new, in one transaction, the lines parsed by PostgreSQL (:func:`add_lines`): keys
+        the family has are kept. None where that is not done, nothing written (not even
+        the family): not on PostgreSQL, or some line is not such a job, a key is on two
+        lines, or no line holds a job; the caller then reads the lines in Python.
+        """
+        if self.engine.dialect.name != "postgresql":
+            return None
+        try:
+            with self.sessions() as s, s.begin():
+                family = s.scalar(select(FamilyRow).where(FamilyRow.name == name))
+                if family is None:
+                    family = FamilyRow(name=name, **fields)
+                    s.add(family)
+                    s.flush()
+                return add_lines(s.connection(), family.id, lines, _job_fields(family, None))
+        except LinesRefused:
+            return None
 
     def set_payloads(self, rows: Sequence[Mapping[str, Any]], conn: Connection) -> None:
         """New payloads and priorities of jobs: rows of ``id``, ``payload``, ``priority``."""

@@ -27,6 +27,7 @@ from .learning import Learning
 from .lease import LEASE_SECONDS, WHOLE, Leases, holder_gone
 from .masters import MasterRegistry
 from .models import FamilyOnNode, FamilyRow, Node, RequestKind, Run, RunRequest, RunState
+from .new_jobs import LinesAdded
 from .nodes import Families, NodeLog
 from .outcomes import OutcomeLog
 from .reads import Reads
@@ -211,6 +212,15 @@ class Store:
             found = JobLog.ids_of_keys(conn, name, [key for key, _ in rows])
         tracing.added(name, found.items())
         return added
+
+    def add_job_lines(self, family: str, lines: bytes, **fields: Any) -> LinesAdded | None:
+        """Add the jobs of JSON Lines text to ``family`` (created with ``fields`` if new),
+        the lines parsed by PostgreSQL: (added, given), or None where that is not done and
+        nothing was written (see :meth:`Families.add_job_lines`): the caller reads the
+        lines itself. Traces on: None, so that :meth:`add_jobs` traces each job."""
+        if tracing.state.on:
+            return None
+        return self._families.add_job_lines(family, lines, **fields)
 
     def record_progress(self, rows: Sequence[ProgressRow]) -> None:
         """Running executions' newest progress reports (see :meth:`Runs.record_progress`)."""

@@ -347,10 +347,13 @@ def read_values(options: Iterable[Option], env: Mapping[str, str] | None = None)
     env = os.environ if env is None else env
     options = tuple(options)
     file_values = read_file(env["JODL_CONFIG"]) if env.get("JODL_CONFIG") else {}
-    known = {opt.name for opt in options} | {opt.name for opt in all_options()}
-    for name in file_values:
-        if name not in known:
-            raise ConfigError(f"JODL_CONFIG: unknown setting {name!r}")
+    if file_values:
+        # Only here are every package's options needed (to refuse the names none
+        # declares): importing each package's settings takes a good part of a second.
+        known = {opt.name for opt in options} | {opt.name for opt in all_options()}
+        for name in file_values:
+            if name not in known:
+                raise ConfigError(f"JODL_CONFIG: unknown setting {name!r}")
     values: dict[str, Any] = {}
     for opt in options:
         if opt.name in env:
