@@ -8,7 +8,8 @@ are registered as nodes of a fresh PostgreSQL database, ``--jobs`` no-op jobs ar
 added, and a master in its own process runs one cycle of them.
 
 Each farm process notes, per agent, when the master sent it jobs and when it polled
-it (its ``done`` calls, the one call per agent per loop step that collects results).
+it (its ``outcomes`` calls, the one call per agent per loop step that collects results
+and failures, or ``done`` when the agent has nothing in flight).
 Reported:
 
 * ``jobs_per_s``: jobs of the cycle ÷ its seconds;
@@ -94,6 +95,10 @@ def serve_farm(slots: int) -> None:
         def exposed_done(self, *args: Any, **kwargs: Any) -> Any:
             self.polls.append(time.monotonic())
             return super().exposed_done(*args, **kwargs)
+
+        def exposed_outcomes(self, *args: Any, **kwargs: Any) -> Any:
+            self.polls.append(time.monotonic())
+            return super().exposed_outcomes(*args, **kwargs)
 
     counted: dict[str, CountedService] = {}
     servers = []
