@@ -26,10 +26,11 @@ Per page, the request path allocates little and waits once: the head and a small
 body arrive together, and are read without another wait; one timer bounds the
 wait, the nearer of the read timeout and the caller's deadline (the fetcher's
 total time left), rather than an ``asyncio.timeout`` as well; no parser nor
-answer object is made per request (see the connection module). Measured with
-the bench's fetcher comparison (3,000 pages, 100 in flight, load 3–6 on 2
-cores): 0.37–0.48 ms of CPU per page against 0.45–0.48 ms before, with aiohttp
-at 0.43–0.67 ms in the same runs.
+answer object is made per request (see the connection module), and pools share
+one TLS context. Measured with the bench's fetcher comparison (``--fetchers-only``:
+5,000 pages, 100 in flight, the least CPU of five rounds, three runs of each
+interleaved, load 3–4 on 2 cores): 0.31–0.35 ms of CPU per page against
+0.40–0.51 ms before, with aiohttp at 0.39–0.55 ms in the same runs.
 
 **Pinning.** A request is made from the
 :class:`~crawler_app.fetching.guard.CheckedTarget` the SSRF guard returned for its
