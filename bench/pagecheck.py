@@ -213,6 +213,9 @@ def compare_fetchers(
     process: both are one process), ``rounds`` runs each, interleaved (who goes first
     alternates), on the agent's event loop. CPU per page is the steadier figure on a
     busy machine: it does not count the time another process held the core."""
+    import aiohttp  # noqa: F401  (imported before the clock runs, as the fetcher is)
+
+    import crawler_app.fetching.fetcher  # noqa: F401
     from jodl.agent import new_event_loop
 
     best = {"fetcher": (0.0, float("inf")), "aiohttp": (0.0, float("inf"))}
@@ -418,6 +421,17 @@ def report(cold: dict[str, float], warm: dict[str, float]) -> None:
         )
 
 
+def fetcher_figures(fetchers: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """The JSON figures of :func:`compare_fetchers`."""
+    return {
+        "fetcher_pages_per_s": round(fetchers["fetcher"][0]),
+        "aiohttp_pages_per_s": round(fetchers["aiohttp"][0]),
+        "ratio_aiohttp": round(fetchers["fetcher"][0] / fetchers["aiohttp"][0], 2),
+        "fetcher_cpu_ms_per_page": round(fetchers["fetcher"][1], 3),
+        "aiohttp_cpu_ms_per_page": round(fetchers["aiohttp"][1], 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=5000, help="pages checked (default 5000)")
@@ -442,6 +456,11 @@ def main() -> None:
         default=5,
         help="runs each of our fetcher and aiohttp, interleaved; the best counts (5)",
     )
+    parser.add_argument(
+        "--fetchers-only",
+        action="store_true",
+        help="only compare our fetcher with aiohttp (no page checker, no bare httpx loop)",
+    )
     parser.add_argument("--serve-site", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_site is not None:
@@ -452,6 +471,24 @@ def main() -> None:
 
     agent_loop = loop_name(new_event_loop(args.agent_loop))
     site, port = start_site(args.latency)
+    if args.fetchers_only:
+        try:
+            urls = [f"http://127.0.0.1:{port}/p/{i}" for i in range(args.pages)]
+            fetchers = compare_fetchers(urls, args.concurrency, agent_loop, args.fetcher_rounds)
+        finally:
+            site.terminate()
+            site.wait(10)
+        print(
+            json.dumps(
+                {
+                    "pages": args.pages,
+                    "concurrency": args.concurrency,
+                    "agent_loop": agent_loop,
+                    **fetcher_figures(fetchers),
+                }
+            )
+        )
+        return
     # The bare loop is run at the same concurrency and at 20, 50 and 100 (httpx's pool
     # slows down as it grows), on asyncio's loop and on uvloop's when installed, before
     # and after the page checker; its best run is the peer.
@@ -511,11 +548,7 @@ def main() -> None:
                 "check_cpu_ms_per_page_sum_304": round(warm["check_cpu_sum"], 3),
                 "cycle_s": round(cold["cycle_s"], 2),
                 "cycle_304_s": round(warm["cycle_s"], 2),
-                "fetcher_pages_per_s": round(fetchers["fetcher"][0]),
-                "aiohttp_pages_per_s": round(fetchers["aiohttp"][0]),
-                "ratio_aiohttp": round(fetchers["fetcher"][0] / fetchers["aiohttp"][0], 2),
-                "fetcher_cpu_ms_per_page": round(fetchers["fetcher"][1], 3),
-                "aiohttp_cpu_ms_per_page": round(fetchers["aiohttp"][1], 3),
+                **fetcher_figures(fetchers),
             }
         )
     )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
+import inspect
 import shutil
 import socket
 import subprocess
@@ -210,6 +212,123 @@ def test_the_pool_never_opens_more_than_its_limit(raw: Callable[[Script], RawSer
     results = fetch_all([server.url(f"/p{i}") for i in range(8)], config, together=True)
     assert all(r["ok"] for r in results)
     assert server.most_open <= 2 and server.connections == 2
+
+
+def test_a_kept_connection_reads_answers_of_every_framing_in_turn(
+    raw: Callable[[Script], RawServer],
+) -> None:
+    # One parser reads every answer of a connection: each must start from a clean state.
+    answers = [
+        ok(b"<p>length</p>"),
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"e\r\n<p>chunked</p>\r\n0\r\nX-Trailer: yes\r\n\r\n",
+        b'HTTP/1.1 304 Not Modified\r\nETag: "v1"\r\n\r\n',
+        b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>\r\n\r\n" + ok(b"<p>hinted</p>"),
+        b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n",
+        ok(b"<p>last</p>", "X-Last: yes"),
+    ]
+    server = raw(lambda path, conn, n: answers[n])
+
+    async def main() -> list[dict[str, Any]]:
+        async with Fetcher(FAST) as fetcher:
+            return [await fetcher.fetch(server.url(f"/p{i}"), etag='"v1"') for i in range(6)]
+
+    results = asyncio.run(main())
+    assert [r["status"] for r in results] == [200, 200, 304, 200, 404, 200]
+    assert [r["text"] for r in results] == ["length", "chunked", None, "hinted", None, "last"]
+    assert results[2]["not_modified"] and results[4]["error"] == "http_error"
+    assert server.connections == 1
+
+
+def test_fetches_leave_nothing_for_the_cycle_collector(
+    raw: Callable[[Script], RawServer],
+) -> None:
+    # Objects in reference cycles wait for the collector, which then runs more often;
+    # a fetch (the pool's connection and parser included) is freed by reference counts.
+    server = raw(lambda path, conn, n: ok(f"<p>page {n}</p>".encode()))
+
+    async def main() -> list[dict[str, Any]]:
+        async with Fetcher(FAST) as fetcher:
+            await fetcher.fetch(server.url("/warm"))
+            gc.collect()
+            gc.disable()
+            try:
+                gc.set_debug(gc.DEBUG_SAVEALL)
+                return [await fetcher.fetch(server.url(f"/p{i}")) for i in range(20)]
+            finally:
+                gc.collect()
+                gc.set_debug(0)
+                gc.enable()
+
+    try:
+        results = asyncio.run(main())
+        ours = [
+            type(o).__qualname__
+            for o in gc.garbage
+            if type(o).__module__.startswith(("crawler_app.fetching", "httptools"))
+            or (
+                inspect.ismethod(o)
+                and type(o.__self__).__module__.startswith("crawler_app.fetching")
+            )
+        ]
+    finally:
+        gc.garbage.clear()
+    assert all(r["ok"] for r in results)
+    assert ours == []
+
+
+def test_a_deadline_bounds_the_wait_for_the_head_and_for_the_body(
+    raw: Callable[[Script], RawServer],
+) -> None:
+    stop = threading.Event()
+
+    def script(path: str, conn: int, n: int) -> bytes:
+        if path == "/stalled-head":
+            stop.wait(5)
+            return ok(b"<p>late</p>")
+        # The head and part of the body, then nothing more for a while.
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 100\r\n\r\n"
+        stop.wait(0.05)
+        return head + b"<p>part"
+
+    server = raw(script)
+    timeouts = Timeouts(connect=5, read=5, pool=5)
+
+    async def main() -> list[tuple[str, bool]]:
+        loop = asyncio.get_running_loop()
+        seen = []
+        async with make_pool(FAST) as pool:
+            target = check_url(server.url("/stalled-head"), allow=LOOPBACK)
+            with pytest.raises(TransportError) as head_error:
+                await pool.get(target, [], timeouts, deadline=loop.time() + 0.2)
+            seen.append((head_error.value.code, head_error.value.deadline))
+            target = check_url(server.url("/stalled-body"), allow=LOOPBACK)
+            reply = await pool.get(target, [], timeouts, deadline=loop.time() + 0.5)
+            try:
+                with pytest.raises(TransportError) as body_error:
+                    while await reply.piece():
+                        pass
+            finally:
+                reply.close()
+            seen.append((body_error.value.code, body_error.value.deadline))
+            # The read timeout, nearer than the deadline, is told apart from it.
+            reply = await pool.get(
+                target, [], timeouts._replace(read=0.2), deadline=loop.time() + 30
+            )
+            try:
+                with pytest.raises(TransportError) as read_error:
+                    while await reply.piece():
+                        pass
+            finally:
+                reply.close()
+            seen.append((read_error.value.code, read_error.value.deadline))
+        return seen
+
+    try:
+        seen = asyncio.run(main())
+    finally:
+        stop.set()
+    assert seen == [("timeout", True), ("timeout", True), ("timeout", False)]
 
 
 # --- framing ---------------------------------------------------------------------------------
@@ -492,6 +611,27 @@ def test_https_connections_are_kept_and_checked(
     assert [r["text"] for r in results] == [f"secure {i}" for i in range(3)]
     assert (open_now, idle) == (1, 1)  # one TLS connection served all three
     assert {r.sni for r in site.wait_requests(count=3)} == {"pages.test"}
+
+
+def test_a_ca_file_is_trusted_by_the_pools_given_it_alone(
+    make_site: Callable[..., TestSite], certificates: dict[str, tuple[str, str]]
+) -> None:
+    # Pools share TLS contexts made once per process: one per set of trusted CAs.
+    site = make_site(tls=certificates["pages.test"])
+    site.set_page("/s", "<p>secure</p>")
+
+    async def resolve(host: str, port: int) -> Sequence[str]:
+        return ["127.0.0.1"]
+
+    async def fetch(config: FetchSettings) -> dict[str, Any]:
+        async with Fetcher(config, resolve=resolve) as fetcher:
+            return await fetcher.fetch(f"https://pages.test:{site.port}/s")
+
+    trusting = dataclasses.replace(FAST, ca_file=certificates["pages.test"][0])
+    results = [asyncio.run(fetch(config)) for config in (FAST, trusting, FAST, trusting)]
+    assert [r["ok"] for r in results] == [False, True, False, True]
+    assert results[0]["error"] == results[2]["error"] == "connect_error"
+    assert "TLS failed" in results[2]["error_message"]
 
 
 @pytest.fixture(scope="module")

@@ -83,11 +83,13 @@ class BoundedDecoder:
 
     def __init__(self, content_encoding: str | None, limit: int) -> None:
         self.limit = limit
-        codings = [c.strip().lower() for c in (content_encoding or "").split(",")]
-        # Codings are listed in the order they were applied: undo them last first.
-        self._stages = [
-            _Inflate(c) for c in reversed(codings) if c in ("gzip", "x-gzip", "deflate")
-        ]
+        self._stages: list[_Inflate] = []
+        if content_encoding:  # most answers have none
+            codings = [c.strip().lower() for c in content_encoding.split(",")]
+            # Codings are listed in the order they were applied: undo them last first.
+            self._stages = [
+                _Inflate(c) for c in reversed(codings) if c in ("gzip", "x-gzip", "deflate")
+            ]
         self._out: list[bytes] = []
         self._size = 0
         self._raw = 0

@@ -325,7 +325,9 @@ class Politeness:
         """
         if not self.obey_robots:
             return None
-        rules = await self._rules(target, load)
+        rules = self.robots.get(target.origin)
+        if rules is None:
+            rules = await self._rules(target, load)
         if rules.allows(target.url, self.agent):
             return None
         if rules.failure is not None:
