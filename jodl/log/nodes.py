@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, select, update
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from ..exceptions import UnknownFamily
 from .models import FamilyOnNode, FamilyRow, Job, Node, NodeState, table_of, utcnow
@@ -193,6 +193,16 @@ def _job_fields(family: FamilyRow, priority: int | None) -> dict[str, Any]:
     }
 
 
+def _ensure_family(s: Session, name: str, fields: Mapping[str, Any]) -> FamilyRow:
+    """Family ``name`` in session ``s``, created with ``fields`` if it is new."""
+    fam = s.scalar(select(FamilyRow).where(FamilyRow.name == name))
+    if fam is None:
+        fam = FamilyRow(name=name, **fields)
+        s.add(fam)
+        s.flush()
+    return fam
+
+
 class Families:
     """Reads and writes of families and of their jobs' definitions."""
 
@@ -202,12 +212,7 @@ class Families:
 
     def ensure_family(self, name: str, **fields: Any) -> FamilyRow:
         with self.sessions() as s, s.begin():
-            fam = s.scalar(select(FamilyRow).where(FamilyRow.name == name))
-            if fam is None:
-                fam = FamilyRow(name=name, **fields)
-                s.add(fam)
-                s.flush()
-            return fam
+            return _ensure_family(s, name, fields)
 
     def family(self, name: str) -> FamilyRow | None:
         with self.sessions() as s:
@@ -263,11 +268,7 @@ class Families:
             return None
         try:
             with self.sessions() as s, s.begin():
-                family = s.scalar(select(FamilyRow).where(FamilyRow.name == name))
-                if family is None:
-                    family = FamilyRow(name=name, **fields)
-                    s.add(family)
-                    s.flush()
+                family = _ensure_family(s, name, fields)
                 return add_lines(s.connection(), family.id, lines, _job_fields(family, None))
         except LinesRefused:
             return None
