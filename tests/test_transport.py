@@ -304,25 +304,23 @@ def test_a_deadline_bounds_the_wait_for_the_head_and_for_the_body(
             seen.append((head_error.value.code, head_error.value.deadline))
             target = check_url(server.url("/stalled-body"), allow=LOOPBACK)
             reply = await pool.get(target, [], timeouts, deadline=loop.time() + 0.5)
-            try:
-                with pytest.raises(TransportError) as body_error:
-                    while await reply.piece():
-                        pass
-            finally:
-                reply.close()
-            seen.append((body_error.value.code, body_error.value.deadline))
+            seen.append(await body_error(reply))
             # The read timeout, nearer than the deadline, is told apart from it.
             reply = await pool.get(
                 target, [], timeouts._replace(read=0.2), deadline=loop.time() + 30
             )
-            try:
-                with pytest.raises(TransportError) as read_error:
-                    while await reply.piece():
-                        pass
-            finally:
-                reply.close()
-            seen.append((read_error.value.code, read_error.value.deadline))
+            seen.append(await body_error(reply))
         return seen
+
+    async def body_error(reply: Any) -> tuple[str, bool]:
+        """(code, deadline) of the error that ends reading ``reply``'s body."""
+        try:
+            with pytest.raises(TransportError) as error:
+                while await reply.piece():
+                    pass
+        finally:
+            reply.close()
+        return error.value.code, error.value.deadline
 
     try:
         seen = asyncio.run(main())
