@@ -168,6 +168,23 @@ def test_a_family_at_another_version_is_not_sent_to_the_agent(store, agents, set
         assert conn.scalar(select(func.count()).select_from(Execution)) == 0  # nothing sent
 
 
+def test_families_without_jobs_here_are_not_checked(store, agents, settings, tmp_path):
+    """A family the agents run but this master has no job of is never version-checked,
+    so its module is never imported by the master (the balancer asks only of its own)."""
+    agents(2, slots=1)
+    add_marks(store, tmp_path / "marks", 5, 0.2)
+    master = Master(settings, store=store)
+    try:
+        summary = master.run_cycle("mark")
+        slots = list(master.nodes.values())
+        assert summary.done == 5 and len(slots) == 2
+        for slot in slots:
+            assert "mark" not in slot.unchecked  # checked when its first job was placed
+            assert "sleep" in slot.unchecked  # served by the agent, never asked about
+    finally:
+        master.close()
+
+
 def test_a_family_class_not_idempotent_gets_no_backup_copies(store, agents, settings, tmp_path):
     agents(2, slots=1)
     path = tmp_path / "marks"

@@ -183,8 +183,12 @@ class Balancer(PartOf):
             placed = book.placed.get(job_id)
             if job is not None and placed is not None:
                 waiting.append(Stealable(job_info(job), placed[1] * drift))
+        # Only families this master has jobs of: asking whether another one is allowed
+        # would check (and import) it, which waits for its first job (jodl.master.versions).
         families = frozenset(
-            f for f in slot.families if self.nodes.allowed(f, slot) and not self.families.kept(f)
+            f
+            for f in slot.families
+            if self.families.known(f) and not self.families.kept(f) and self.nodes.allowed(f, slot)
         )
         return NodeQueue(slot.load, finish, waiting, slot.link.rtt, idle, families)
 
