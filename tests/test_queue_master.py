@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 
 from jodl.agent.wire import connect
 from jodl.log import Store
-from jodl.log.models import Dispatch, ExecState, Execution, JobState, utcnow
+from jodl.log.models import Dispatch, ExecState, Execution, Job, JobState, utcnow
 from jodl.log.records import OutcomeBatch
 from jodl.master import Master
 from jodl.queue import Queue, QueueFeeder
@@ -101,6 +101,18 @@ def test_enqueued_jobs_run_on_agents(store: Store, agents, settings: Settings) -
     assert queue.result("sleep", "s7") == {"slept": 0.0}
     counts = queue.counts()
     assert counts["sleep"] == {"queued": 0, "running": 0, "overdue": 0, "dead": 0, "done": 301}
+    with store.engine.connect() as conn:  # each job's home: the node that ran it
+        homes = dict(
+            conn.execute(select(Job.id, Job.permanent_node_id).where(Job.id.in_(ids))).all()
+        )
+        ran_on = dict(
+            conn.execute(
+                select(Execution.job_id, Execution.node_id).where(
+                    Execution.job_id.in_(ids), Execution.state == ExecState.DONE
+                )
+            ).all()
+        )
+    assert homes == ran_on and None not in homes.values()
     always = queue.get("fail", "always")
     assert always is not None and always.failures == 2 and always.id == bad
     assert "broken on purpose" in (always.last_error or "")

@@ -16,6 +16,7 @@ from sqlalchemy import (
     DateTime,
     Engine,
     Integer,
+    and_,
     bindparam,
     case,
     func,
@@ -50,8 +51,9 @@ def close_claims(
 ) -> int:
     """Attempt-guarded ends of claimed on-demand jobs; returns how many rows changed.
 
-    ``done``: (job_id, attempt). The job is done, or queued again when it was
-    enqueued again while it ran (``due_at`` set meanwhile). ``failed``: (job_id,
+    ``done``: (job_id, attempt[, node_id]). The job is done, or queued again when it
+    was enqueued again while it ran (``due_at`` set meanwhile); a job with no home gets
+    ``node_id``, the node of its result, in the same statement. ``failed``: (job_id,
     attempt, error, due_at): back in the queue at ``due_at`` (an enqueue made
     while it ran wins), or dead when ``due_at`` is None. Only a job still claimed
     by that very attempt changes, so a late outcome of a superseded attempt (its
@@ -67,21 +69,28 @@ def close_claims(
         Job.attempts == bindparam("att"),
     )
     if done:
-        finish = {
-            "state": case((Job.due_at.is_(None), JobState.DONE), else_=JobState.QUEUED),
-            "failures": 0,
-            "lease_until": None,
-            "last_done_at": now,
-            "updated_at": now,
-        }
+        ends = [ClaimDone(*c) for c in done]
+
+        def finish(node: Any) -> dict[str, Any]:
+            homeless = and_(Job.permanent_node_id.is_(None), Job.trial_node_id.is_(None))
+            return {
+                "state": case((Job.due_at.is_(None), JobState.DONE), else_=JobState.QUEUED),
+                "failures": 0,
+                "lease_until": None,
+                "last_done_at": now,
+                "updated_at": now,
+                "permanent_node_id": case((homeless, node), else_=Job.permanent_node_id),
+            }
+
         if conn.dialect.name == "postgresql":
-            # The batch as two arrays: one statement and one plan for thousands of jobs.
+            # The batch as arrays: one statement and one plan for thousands of jobs.
             claims = (
                 func.unnest(
-                    bindparam("jids", [j for j, _ in done], type_=ARRAY(BigInteger)),
-                    bindparam("atts", [a for _, a in done], type_=ARRAY(Integer)),
+                    bindparam("jids", [c.job_id for c in ends], type_=ARRAY(BigInteger)),
+                    bindparam("atts", [c.attempt for c in ends], type_=ARRAY(Integer)),
+                    bindparam("nodes", [c.node_id for c in ends], type_=ARRAY(Integer)),
                 )
-                .table_valued("jid", "att")
+                .table_valued("jid", "att", "node")
                 .render_derived()
             )
             changed += conn.execute(
@@ -91,12 +100,12 @@ def close_claims(
                     Job.state == JobState.CLAIMED,
                     Job.attempts == claims.c.att,
                 )
-                .values(**finish)
+                .values(**finish(claims.c.node))
             ).rowcount
         else:
             changed += conn.execute(
-                update(Job).where(*guard).values(**finish),
-                [{"jid": j, "att": a} for j, a in done],
+                update(Job).where(*guard).values(**finish(bindparam("node", type_=Integer()))),
+                [{"jid": c.job_id, "att": c.attempt, "node": c.node_id} for c in ends],
             ).rowcount
     if failed:
         changed += conn.execute(

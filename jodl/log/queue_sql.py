@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -80,6 +80,13 @@ class QueueSQL:
                 pass  # created meanwhile by another process
             self._load_families()
         return self._family_ids.get(name)
+
+    def family_ids(self, names: Iterable[str]) -> list[int]:
+        """The ids of the families ``names`` that exist, read again at most once."""
+        names = list(names)
+        if any(name not in self._family_ids for name in names):
+            self._load_families()
+        return [self._family_ids[name] for name in names if name in self._family_ids]
 
     def family_name(self, fid: int) -> str:
         """The name of family ``fid``."""

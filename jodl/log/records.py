@@ -41,10 +41,12 @@ EXEC_COLUMNS: tuple[str, ...] = ExecutionRow._fields
 
 
 class ClaimDone(NamedTuple):
-    """A claimed on-demand job whose attempt ``attempt`` completed."""
+    """A claimed on-demand job whose attempt ``attempt`` completed (on ``node_id``, which
+    becomes its home if it has none)."""
 
     job_id: int
     attempt: int
+    node_id: int | None = None
 
 
 class ClaimFailed(NamedTuple):

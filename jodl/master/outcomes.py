@@ -166,7 +166,7 @@ class Outcomes(PartOf):
         if job.permanent_node_id is None and job.trial_node_id is None:
             batch.settle = True
         if job.claim is not None:
-            batch.claims.append(ClaimDone(job.id, job.claim))
+            batch.claims.append(ClaimDone(job.id, job.claim, slot.id))
         self.knowledge.record(job.id, slot.id, job.family, duration)
         if self.parts.watcher is not None:
             self.parts.watcher.result(slot, job, duration, placed)

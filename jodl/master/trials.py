@@ -120,7 +120,9 @@ class TrialMoves(PartOf):
         for job, node_id, duration in reviews:
             tuning = self.families.tuned(job.family)
             if duration < tuning.slow_floor and job.trial_node_id is None:
-                if job.permanent_node_id is None and job.run_id is not None:
+                if job.permanent_node_id is None and (
+                    job.run_id is not None or job.claim is not None
+                ):
                     job.permanent_node_id = node_id  # the log wrote it with the result
                     continue
                 if job.permanent_node_id == node_id:

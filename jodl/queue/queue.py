@@ -124,9 +124,6 @@ class Queue:
         """The id of family ``name`` (created when ``create``), None if there is none."""
         return self.sql.family_id(name, create)
 
-    def _family_ids(self, families: Iterable[str]) -> list[int]:
-        return [f for f in (self.sql.family_id(n) for n in families) if f is not None]
-
     # -- enqueue -----------------------------------------------------------------------------
 
     def _due(
@@ -197,7 +194,7 @@ class Queue:
             return []
         fids = None
         if families is not None:
-            fids = self._family_ids(families)
+            fids = self.sql.family_ids(families)
             if not fids:
                 return []
         now = self.clock()
@@ -333,7 +330,7 @@ class Queue:
         """The earliest due time among queued jobs (of ``families``), or None."""
         fids = None
         if families is not None:
-            fids = self._family_ids(families)
+            fids = self.sql.family_ids(families)
             if not fids:
                 return None
         return self.sql.next_due(fids)
