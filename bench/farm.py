@@ -8,8 +8,9 @@ are registered as nodes of a fresh PostgreSQL database, ``--jobs`` no-op jobs ar
 added, and a master in its own process runs one cycle of them.
 
 Each farm process notes, per agent, when the master sent it jobs and when it polled
-it (its ``outcomes`` calls, the one call per agent per loop step that collects results
-and failures, or ``done`` when the agent has nothing in flight).
+it (the one call per agent per loop step that collects results and failures:
+``exchange`` when it also sends jobs, ``outcomes`` when it does not, or ``done`` when
+the agent has nothing in flight).
 Reported:
 
 * ``jobs_per_s``: jobs of the cycle ÷ its seconds;
@@ -99,6 +100,12 @@ def serve_farm(slots: int) -> None:
         def exposed_outcomes(self, *args: Any, **kwargs: Any) -> Any:
             self.polls.append(time.monotonic())
             return super().exposed_outcomes(*args, **kwargs)
+
+        def exposed_exchange(self, *args: Any, **kwargs: Any) -> Any:
+            now = time.monotonic()  # a send, and a poll: it answers the outcomes too
+            self.sends.append(now)
+            self.polls.append(now)
+            return super().exposed_exchange(*args, **kwargs)
 
     counted: dict[str, CountedService] = {}
     servers = []

@@ -36,6 +36,15 @@ FAULTS: dict[str, tuple[str, Any]] = {
         "outcomes",
         lambda real: (real[0], ((1, 0.1, 1700000000.0, "error", "yes"),)),
     ),
+    # A master sends with ``exchange`` to an agent it also collects from: faults in the
+    # refusals, in the results and in the failures it answers with.
+    "exchange-netref": ("exchange", lambda real: (real[0], Exhibit(), real[2])),
+    "exchange-refused-netref": ("exchange", lambda real: (Exhibit(), real[1], real[2])),
+    "exchange-not-json": ("exchange", lambda real: (real[0], "1\n0.001\n1700000000.0\n{", real[2])),
+    "exchange-failed-shape": (
+        "exchange",
+        lambda real: (real[0], real[1], ((1, 0.1, 1700000000.0, "error", "yes"),)),
+    ),
     "init-slots-as-text": ("init", lambda real: real.replace('"slots":', '"slots":"4","x":')),
     "send-netref": ("send", lambda real: Exhibit()),
     # A reply of the wrong shape for each call (values only: no netref involved).
@@ -44,6 +53,7 @@ FAULTS: dict[str, tuple[str, Any]] = {
     "done-shape": ("done", lambda real: ((1, 0.1, 1700000000.0),)),
     "failed-shape": ("failed", lambda real: ((1, 0.1, 1700000000.0, "error", "yes"),)),
     "outcomes-shape": ("outcomes", lambda real: (real[0],)),
+    "exchange-shape": ("exchange", lambda real: (real[1], real[2])),
     "remaining-shape": ("remaining", lambda real: (0, 0, 0)),
     "take_back-shape": ("take_back", lambda real: ("1",)),
     "ack-shape": ("ack", lambda real: -1),

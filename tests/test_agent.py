@@ -260,6 +260,21 @@ def test_outcomes_answers_done_and_failed_in_one_call(client):
     assert client.remaining() == (0, 0, 0, 0)
 
 
+def test_exchange_sends_then_answers_outcomes_in_one_call(client):
+    # The jobs queue first; the outcomes held then come back, the ack applied first.
+    client.send((97, "noop", {}), (98, "fail", {"permanent": True}))
+    wait_for(lambda: client.remaining()[2:] == (1, 1), timeout=20, what="a result, a failure")
+    jobs = encode_jobs([(99, "noop", "{}"), (97, "noop", "{}")])
+    refused, done, failed = client.root.exchange(client.epoch, jobs, encode_ids([]), 100)
+    assert [eid for eid, _reason in refused] == [] and "" not in (done, failed)
+    assert [row[0] for row in decode_done(done)] == [97]
+    assert [row[0] for row in decode_failed(failed)] == [98]
+    # 97 is held until acknowledged, beside the exchanged job's result.
+    wait_for(lambda: client.remaining()[2] == 2, timeout=20, what="the exchanged job's result")
+    refused, done, failed = client.root.exchange(client.epoch, "", encode_ids([97, 98]), 100)
+    assert (refused, [row[0] for row in decode_done(done)], failed) == ((), [99], "")
+
+
 @pytest.mark.parametrize("frame", ["not-a-number\tnoop\t{}\n", "93\tnoop\n", "1,x"])
 def test_a_malformed_frame_is_refused_and_queues_nothing(client, frame):
     with pytest.raises(ValueError):

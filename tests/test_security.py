@@ -730,6 +730,10 @@ def test_a_tampered_frame_closes_the_session(spawn_agent):
         "send-netref",
         "cancel-shape",
         "outcomes-failed-shape",
+        "exchange-netref",
+        "exchange-refused-netref",
+        "exchange-not-json",
+        "exchange-failed-shape",
     ],
 )
 def test_a_faulty_agents_bad_replies_are_refused_and_the_cycle_completes(
@@ -770,6 +774,7 @@ TYPED_CALLS: dict[str, Callable[[AgentLink], object]] = {
     "done": lambda link: link.done(1, (), 10),
     "failed": lambda link: link.failed(1, (), 10),
     "outcomes": lambda link: link.outcomes(1, (), 10),
+    "exchange": lambda link: link.exchange(1, ((1, "noop", "{}"),), (), 10),
     "remaining": lambda link: link.remaining(1),
     "take_back": lambda link: link.take_back(1, 1),
     "ack": lambda link: link.ack(1, (7,)),

@@ -25,6 +25,8 @@ same name). "stamp" is the master's epoch, or ``(epoch, session, since)`` after
 ``done``       stamp, ack ids, limit -> (exec_id, duration, finished, result_json) rows
 ``failed``     stamp, ack ids, limit -> (exec_id, duration, finished, error, retryable)
 ``outcomes``   stamp, ack ids, limit -> (``done`` rows, ``failed`` rows): both in one call
+``exchange``   stamp, jobs, ack ids, limit[, trace contexts] -> (refused, ``done`` rows,
+               ``failed`` rows): ``send`` then ``outcomes`` in one call
 ``remaining``  stamp -> (queued, running, held_done, held_failed)
 ``progress``   stamp -> (exec_id, done, total, note, unix time) per running job that reported
 ``take_back``  stamp, count, ids -> exec ids handed back unstarted
@@ -37,8 +39,8 @@ same name). "stamp" is the master's epoch, or ``(epoch, session, since)`` after
 ``families``   -> ((name, version, is_async, idempotent), ...)
 =============  ==================================================================
 
-The batches of ``send``, ``done``, ``failed``, ``outcomes`` and the id lists travel framed as
-one str each (:mod:`~jodl.agent.codec`); the agent accepts plain tuples too.
+The batches of ``send``, ``done``, ``failed``, ``outcomes``, ``exchange`` and the id lists
+travel framed as one str each (:mod:`~jodl.agent.codec`); the agent accepts plain tuples too.
 Stamps, sessions, detaching and fencing: docs/architecture.md#the-agent-protocol.
 
 Public: the names in ``__all__`` below (docs/architecture.md#parts-and-layering); the modules

@@ -52,7 +52,7 @@ from .tls import (
 )
 
 #: Bumped on any incompatible change of the handshake or the calls (see :mod:`jodl.agent`).
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 _MAGIC = b"JODL%d" % PROTOCOL_VERSION
 _NONCE_BYTES = 32
 _PROOF_BYTES = 32

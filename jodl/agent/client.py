@@ -47,6 +47,7 @@ from .replies import (
     Remaining,
     check_count,
     check_done,
+    check_exchange,
     check_failed,
     check_families,
     check_flag,
@@ -79,6 +80,7 @@ CALLS = (
     "done",
     "failed",
     "outcomes",
+    "exchange",
     "remaining",
     "progress",
     "take_back",
@@ -192,6 +194,15 @@ class AgentLink:
     ) -> tuple[list[DoneRow], list[FailedRow]]:
         """:meth:`done` and :meth:`failed` in one round trip: up to ``limit`` of each."""
         return self._stamped("outcomes", check_outcomes, epoch, encode_ids(ack), limit)
+
+    def exchange(
+        self, epoch: int, jobs: Iterable[WireJob], ack: Iterable[int], limit: int, traces: str = ""
+    ) -> tuple[tuple[Refused, ...], list[DoneRow], list[FailedRow]]:
+        """:meth:`send`, then :meth:`outcomes`, in one round trip: (refused, results,
+        failures)."""
+        return self._stamped(
+            "exchange", check_exchange, epoch, encode_jobs(jobs), encode_ids(ack), limit, traces
+        )
 
     def ack(self, epoch: int, ids: Iterable[int]) -> int:
         """Let the agent forget results the master committed; how many it held."""

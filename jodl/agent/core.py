@@ -339,6 +339,18 @@ class AgentCore:
             mine = self._mine(session)
             return tuple(islice((row for row in held.values() if mine(row[0])), limit))
 
+    def exchange(
+        self,
+        jobs: Iterable[tuple[int, str, str]],
+        ack: Iterable[int],
+        limit: int,
+        session: Session | None = None,
+        traces: dict[int, JobTrace] | None = None,
+    ) -> tuple[tuple[tuple[int, str], ...], tuple[Any, ...], tuple[Any, ...]]:
+        """:meth:`send`, then :meth:`take_outcomes`: (refused, results, failures)."""
+        refused = self.send(jobs, session, traces)
+        return (refused, *self.take_outcomes(ack, limit, session))
+
     def take_outcomes(
         self, ack: Iterable[int], limit: int, session: Session | None = None
     ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:

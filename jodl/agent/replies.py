@@ -222,6 +222,15 @@ def check_outcomes(value: Any) -> tuple[list[DoneRow], list[FailedRow]]:
     return check_done(value[0]), check_failed(value[1])
 
 
+def check_exchange(value: Any) -> tuple[tuple[Refused, ...], list[DoneRow], list[FailedRow]]:
+    """Decode and check an ``exchange`` reply: (refused, framed results, framed failures)."""
+    if type(value) is not tuple or len(value) != 3:
+        raise BadReply(
+            f"exchange: a triple (refused, results, failures) expected, got {_kind(value)}"
+        )
+    return check_refused(value[0]), check_done(value[1]), check_failed(value[2])
+
+
 def check_failed(value: Any) -> list[FailedRow]:
     """Decode and check a ``failed`` reply (framed str or tuple)."""
     if type(value) is str:

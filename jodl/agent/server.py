@@ -152,6 +152,23 @@ class AgentService(rpyc.Service):
         )
         return encode_done(done), encode_failed(failed)
 
+    def exposed_exchange(
+        self, epoch: Any, jobs: tuple, ack: tuple | str, limit: int, traces: str = ""
+    ) -> tuple[tuple[tuple[int, str], ...], str, str]:
+        """``send``, then ``outcomes``, in one round trip: (refused, framed results,
+        framed failures)."""
+        text = _str(traces, "traces")  # checked first: a netref is never even tested
+        carried = decode_traces(text) if text else None
+        refused, done, failed = self._call(
+            epoch,
+            partial(self._core.exchange, traces=carried),
+            _jobs(jobs),
+            _ids(ack),
+            _int(limit, "limit"),
+            scoped=True,
+        )
+        return refused, encode_done(done), encode_failed(failed)
+
     def exposed_ack(self, epoch: Any, ids: tuple) -> int:
         return self._call(epoch, self._core.ack, _ids(ids))
 

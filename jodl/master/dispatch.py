@@ -12,22 +12,59 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from .. import failpoint
+from ..agent.client import AgentLink, WireJob
 from ..agent.codec import encode_traces
+from ..agent.replies import DoneRow, FailedRow, Refused
 from ..exceptions import AgentUnavailable, Fenced
 from ..log.models import utcnow
 from ..log.records import PendingJob, Sent
 from ..obs import tracing
 from ..obs.metrics import count_sent
 from ..placement import JobInfo, NodeLoad
+from .calls import Outcome
 from .nodes import Nodes, NodeSlot
-from .outcomes import Outcomes
+from .outcomes import COLLECT_LIMIT, Outcomes
 from .parts import PartOf, Parts
 from .records import job_info
 from .rules import QUEUE_AHEAD, STEP_SEND
+
+
+@dataclass
+class Sending:
+    """Batches logged by :meth:`Dispatcher.prepare`, to be sent (one per agent)."""
+
+    epoch: int
+    total: int
+    #: node -> its batch as sent.
+    wires: dict[int, list[WireJob]]
+    sents: dict[int, list[Sent]]
+    #: node -> the trace contexts of its batch (agents that read them, traces on).
+    carriers: dict[int, str]
+    traced: dict[int, list[tracing.SentJob]] | None
+    #: The batches replace executions given up on (failpoints in tests).
+    replacing: bool
+    links: dict[int, AgentLink] = field(default_factory=dict)
+    #: When the calls went out (ns, for the traces' dispatch spans).
+    started: int = field(default_factory=time.time_ns)
+
+    def call(self, node_id: int) -> Callable[[], tuple[Refused, ...]]:
+        """The ``send`` call of ``node_id``'s batch."""
+        link, wire = self.links[node_id], self.wires[node_id]
+        return partial(link.send, self.epoch, wire, self.carriers.get(node_id, ""))
+
+    def with_outcomes(
+        self, node_id: int, acks: list[int]
+    ) -> Callable[[], tuple[tuple[Refused, ...], list[DoneRow], list[FailedRow]]]:
+        """The ``exchange`` call of ``node_id``: its batch sent, then its outcomes taken."""
+        link, wire = self.links[node_id], self.wires[node_id]
+        carriers = self.carriers.get(node_id, "")
+        return partial(link.exchange, self.epoch, wire, acks, COLLECT_LIMIT, carriers)
 
 
 class Dispatcher(PartOf):
@@ -129,7 +166,18 @@ class Dispatcher(PartOf):
 
     def send(self) -> int:
         """Send queued jobs, up to what keeps each agent busy and a share of
-        :data:`STEP_SEND` each; log the batches first."""
+        :data:`STEP_SEND` each; log the batches first. One ``send`` call per agent."""
+        sending = self.prepare()
+        if sending is None:
+            return 0
+        calls = {node_id: sending.call(node_id) for node_id in sending.wires}
+        self.deliver(sending, self.nodes.calls.each(calls))
+        return sending.total
+
+    def prepare(self) -> Sending | None:
+        """Pick the jobs to send and log them (write-ahead); None when there are none.
+        The calls that send them are the caller's: :meth:`send`, or the loop's
+        ``exchange`` with agents it also collects from; then :meth:`deliver`."""
         book = self.book
         batches: dict[int, list[int]] = {}
         total = 0
@@ -145,7 +193,7 @@ class Dispatcher(PartOf):
                 batches[slot.id] = batch
                 total += len(batch)
         if not total:
-            return 0
+            return None
         ids = iter(self.store.next_exec_ids(total))
         sent_at = utcnow()
         dispatches: list[dict[str, Any]] = []
@@ -185,18 +233,22 @@ class Dispatcher(PartOf):
         failpoint.hit("after_log")
         if replacing:
             failpoint.hit("replacements_logged")
-        now = time.perf_counter()
         traced = self._traced(sents) if tracing.state.on else None  # node -> its jobs
-        started = time.time_ns() if traced is not None else 0
-        calls = {}
-        for node_id, wire in wires.items():
+        carriers: dict[int, str] = {}
+        for node_id in wires:
             book.send(node_id, sents[node_id])
-            calls[node_id] = partial(self.nodes[node_id].link.send, self.epoch, wire)
             if traced is not None and self.nodes[node_id].traces:
-                carriers = encode_traces(tracing.carriers(traced[node_id]))
-                calls[node_id] = partial(calls[node_id], carriers)
-        # One send per agent, all at once: a frozen agent delays the others by nothing.
-        replies = self.nodes.calls.each(calls)
+                carriers[node_id] = encode_traces(tracing.carriers(traced[node_id]))
+        sending = Sending(self.epoch, total, wires, sents, carriers, traced, replacing)
+        sending.links = {node_id: self.nodes[node_id].link for node_id in wires}
+        return sending
+
+    def deliver(self, sending: Sending, replies: Mapping[int, Outcome[Any]]) -> None:
+        """Apply the agents' replies to :meth:`prepare`'s batches (one per agent, sent
+        all at once: a frozen agent delays the others by nothing): refused jobs fail,
+        an agent that did not answer is suspect."""
+        now = time.perf_counter()
+        traced = sending.traced
         for node_id, reply in replies.items():
             slot = self.nodes[node_id]
             try:
@@ -205,21 +257,22 @@ class Dispatcher(PartOf):
                 raise  # a newer master took over: stop
             except AgentUnavailable as exc:
                 if traced is not None:
-                    tracing.dispatched(slot.link.address, traced[node_id], started, str(exc))
+                    tracing.dispatched(
+                        slot.link.address, traced[node_id], sending.started, str(exc)
+                    )
                 self.nodes.down(slot, self.epoch)  # suspect: its jobs stay for now
                 continue
             if traced is not None:
-                tracing.dispatched(slot.link.address, traced[node_id], started)
-            for sent in sents[node_id]:
+                tracing.dispatched(slot.link.address, traced[node_id], sending.started)
+            for sent in sending.sents[node_id]:
                 active = self.runs.get(sent.run_id) if sent.run_id is not None else None
                 if active is not None and active.first_send is None:
                     active.first_send = now
             if refused:
                 self.outcomes.refused(slot, refused)
         failpoint.hit("after_send")
-        if replacing:
+        if sending.replacing:
             failpoint.hit("replacements_sent")
-        return total
 
     def _traced(self, sents: dict[int, list[Sent]]) -> dict[int, list[tracing.SentJob]]:
         """While traces are on: per node, its jobs as their dispatch spans describe them."""

@@ -52,6 +52,7 @@ from . import sharing
 from .asking import ask_leader
 from .balancer import Balancer
 from .book import JobBook
+from .calls import Outcome
 from .controls import Controls
 from .coverage import Coverage
 from .dispatch import Dispatcher
@@ -445,12 +446,13 @@ class Master:
         self.coverage.review()
         # A resumed run's first send waits for what the agents finished meanwhile: until
         # collected, those jobs fill the agents' room, so a send before it is empty.
-        collect_first = self.dispatcher.resuming()
-        got = self.outcomes.collect() if collect_first else 0
-        self.dispatcher.assign()
-        sent = self.dispatcher.send()
-        if not collect_first:
+        if self.dispatcher.resuming():
             got = self.outcomes.collect()
+            self.dispatcher.assign()
+            sent = self.dispatcher.send()
+        else:
+            self.dispatcher.assign()
+            sent, got = self._send_and_collect()
         self.keeper.read_more()  # the next windows of large runs, after the sends
         self.balancer.balance()
         self.balancer.check_timeouts()
@@ -469,6 +471,39 @@ class Master:
                 # next results are still seen within POLL_SHARE of a running job.
                 time.sleep(min(self.settings.idle_sleep, self.balancer.poll_cap()))
         return bool(sent or got)
+
+    def _send_and_collect(self) -> tuple[int, int]:
+        """Send the queued jobs, then collect the agents' outcomes: one round trip per
+        agent, an ``exchange`` with each that gets jobs and may have some to give back."""
+        asks = self.outcomes.asks()  # before the send: a first batch is sent, not exchanged
+        sending = self.dispatcher.prepare()
+        wires = sending.wires if sending is not None else {}
+        calls: dict[int, Callable[[], Any]] = {}
+        for node_id in wires.keys() | asks.keys():
+            if node_id not in wires:
+                calls[node_id] = self.outcomes.ask(node_id, *asks[node_id])
+                continue
+            assert sending is not None
+            calls[node_id] = (
+                sending.with_outcomes(node_id, asks[node_id][0])
+                if node_id in asks
+                else sending.call(node_id)
+            )
+        # An exchange's reply splits: what was refused goes with the send, the outcomes
+        # are collected; a failed call counts once, with the send.
+        delivered: dict[int, Outcome[Any]] = {}
+        taken: dict[int, Outcome[Any]] = {}
+        for node_id, reply in self.fleet.calls.each(calls).items():
+            if node_id in wires and (node_id not in asks or reply.error is not None):
+                delivered[node_id] = reply
+            elif node_id not in wires:
+                taken[node_id] = reply
+            else:
+                refused, done, failed = reply.get()
+                delivered[node_id], taken[node_id] = Outcome(refused), Outcome((done, failed))
+        if sending is not None:
+            self.dispatcher.deliver(sending, delivered)
+        return (sending.total if sending is not None else 0), self.outcomes.take(taken)
 
     def _report(self) -> None:
         """Gauges and the open runs' progress in the log, at most once a second; the

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -26,6 +27,7 @@ from ..log.records import ClaimDone, ClaimFailed, DeadJob, ExecutionRow, Pending
 from ..obs.metrics import count_outcomes
 from .book import Closed, Failed, Failure, Finished
 from .bytes_budget import RunBytes, record_deferred
+from .calls import Outcome
 from .nodes import Nodes, NodeSlot
 from .parts import PartOf, Parts
 from .records import execution_row
@@ -87,17 +89,29 @@ class Outcomes(PartOf):
 
     def collect(self) -> int:
         """Collect done and failed jobs from every agent (c, d); commit; ack next time."""
-        calls = {}
-        for slot in self.nodes:
-            if not slot.usable or not (self.book.flights[slot.id] or slot.acks):
-                continue
-            acks = slot.take_acks()
-            calls[slot.id] = partial(
-                _ask, slot.link, self.epoch, acks, bool(self.book.flights[slot.id])
-            )
-        # Every agent asked at once (in the pool's threads); the book changes here only.
+        calls = {node_id: self.ask(node_id, *ask) for node_id, ask in self.asks().items()}
+        return self.take(self.nodes.calls.each(calls))
+
+    def ask(
+        self, node_id: int, acks: list[int], failures: bool
+    ) -> Callable[[], tuple[list[DoneRow], list[FailedRow]]]:
+        """The call that collects from ``node_id`` (see :meth:`asks`)."""
+        return partial(_ask, self.nodes[node_id].link, self.epoch, acks, failures)
+
+    def asks(self) -> dict[int, tuple[list[int], bool]]:
+        """The agents to collect from: node -> (the acknowledgements it is owed, taken
+        now; whether failures may be there, i.e. it has jobs in flight)."""
+        return {
+            slot.id: (slot.take_acks(), bool(self.book.flights[slot.id]))
+            for slot in self.nodes
+            if slot.usable and (self.book.flights[slot.id] or slot.acks)
+        }
+
+    def take(self, replies: Mapping[int, Outcome[tuple[Any, Any]]]) -> int:
+        """Report the agents' replies to :meth:`asks` (every agent asked at once, in the
+        pool's threads); the book changes here only."""
         got = 0
-        for node_id, reply in self.nodes.calls.each(calls).items():
+        for node_id, reply in replies.items():
             slot = self.nodes[node_id]
             try:
                 done, failed = reply.get()
