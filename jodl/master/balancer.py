@@ -150,6 +150,16 @@ class Balancer(PartOf):
             return 0
         now = time.time()
         queues = {s.id: self._queue(s, now, s in idle) for s in usable}
+        # A thief may take the families of the jobs waiting, and only those are checked:
+        # checking every family its agent serves would load each one's class (a version
+        # check), tens of milliseconds in the step where a node first runs dry.
+        waiting = {w.job.family for q in queues.values() for w in q.waiting}
+        for slot in idle:
+            queues[slot.id].families = frozenset(
+                f
+                for f in waiting
+                if f in slot.families and self.nodes.allowed(f, slot) and not self.families.kept(f)
+            )
         steals = rules.plan_steals(
             list(queues.values()),
             self._expected,
@@ -183,10 +193,7 @@ class Balancer(PartOf):
             placed = book.placed.get(job_id)
             if job is not None and placed is not None:
                 waiting.append(Stealable(job_info(job), placed[1] * drift))
-        families = frozenset(
-            f for f in slot.families if self.nodes.allowed(f, slot) and not self.families.kept(f)
-        )
-        return NodeQueue(slot.load, finish, waiting, slot.link.rtt, idle, families)
+        return NodeQueue(slot.load, finish, waiting, slot.link.rtt, idle)
 
     def _carry_out(self, steals: list[Steal]) -> int:
         moved = 0
