@@ -164,15 +164,19 @@ class Balancer(PartOf):
         if len(usable) < 2:
             return 0
         lead = self.lead()
-        finish = {s.id: self._finish(s, now) for s in usable}
-        idle = [
-            s
-            for s in usable
-            if not book.queues[s.id] and not s.late
-            and (len(book.flights[s.id]) < max(1, s.load.slots) or finish[s.id][2] <= lead)
-        ]  # fmt: skip
+        finish: dict[int, tuple[float, float, float]] = {}
+        idle = []
+        for s in usable:
+            if book.queues[s.id] or s.late:
+                continue
+            finish[s.id] = ends = self._finish(s, now)
+            if len(book.flights[s.id]) < max(1, s.load.slots) or ends[2] <= lead:
+                idle.append(s)
         if not idle:
             return 0
+        for s in usable:
+            if s.id not in finish:
+                finish[s.id] = self._finish(s, now)
         queues = {s.id: self._queue(s, *finish[s.id][:2], s in idle) for s in usable}
         # A thief may take the families of the jobs waiting, and only those are checked:
         # checking every family its agent serves would load each one's class (a version
