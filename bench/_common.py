@@ -89,10 +89,18 @@ def wait_port(port: int, timeout: float = 20.0) -> None:
 
 @contextlib.contextmanager
 def agents(
-    count: int, slots: int = 2, speeds: list[float] | None = None, env: dict[str, str] | None = None
+    count: int,
+    slots: int = 2,
+    speeds: list[float] | None = None,
+    env: dict[str, str] | None = None,
+    procs: list[subprocess.Popen[bytes]] | None = None,
 ) -> Iterator[list[str]]:
-    """``count`` agent subprocesses on loopback; yields their addresses."""
-    procs: list[subprocess.Popen[bytes]] = []
+    """``count`` agent subprocesses on loopback; yields their addresses.
+
+    ``procs``: a list the processes are put in, in the order of the addresses (for a
+    benchmark that kills one of them).
+    """
+    procs = [] if procs is None else procs
     addresses: list[str] = []
     try:
         for i in range(count):
@@ -120,8 +128,9 @@ def agents(
                 )
             )
             addresses.append(f"127.0.0.1:{port}")
+        # They start together: dozens of them importing at once take a while on few cores.
         for address in addresses:
-            wait_port(int(address.rsplit(":", 1)[1]))
+            wait_port(int(address.rsplit(":", 1)[1]), timeout=20.0 + 2.0 * count)
         yield addresses
     finally:
         stop_all(procs, wait=5, twice=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
@@ -314,10 +315,14 @@ class Quick(Family):
 
     name = "quick"
     started: ClassVar[list[int]] = []
+    #: Set to let the jobs with ``payload["hold"]`` end.
+    release: ClassVar[threading.Event] = threading.Event()
 
     def run(self, payload: dict[str, Any]) -> Any:
         Quick.started.append(payload["n"])
         time.sleep(payload.get("sleep", 0.0))
+        if payload.get("hold"):
+            Quick.release.wait(10)
         return None
 
 
@@ -360,6 +365,25 @@ def test_a_slot_starts_nothing_more_of_its_chunk_once_its_master_went_silent() -
         assert Quick.started[100:] == [101]
         assert core.remaining()[:2] == (39, 0)  # the rest back in the queue, unstarted
     finally:
+        core.close()
+
+
+def test_a_chunk_holds_its_results_for_the_master_as_it_goes() -> None:
+    """A chunk taken while jobs were quick may meet slower ones: what it ran so far is
+    held for the master each time the slot looks again, not once the whole chunk ended
+    (the master would see the node run dry late, and refill it late)."""
+    core, session = quick_core(detach=30)
+    Quick.release.clear()
+    try:
+        core.hear(1, session.number, 0.0)
+        slow = (101, "quick", json.dumps({"n": 101, "sleep": 0.05}))
+        held = (102, "quick", json.dumps({"n": 102, "hold": True}))
+        core.send([slow, held], session)  # one chunk of both
+        wait_for(lambda: 102 in Quick.started, 10, "the chunk's second job")
+        done = {row[0] for row in core.take("done", (), 1000, session)}
+        assert 101 in done and 102 not in done
+    finally:
+        Quick.release.set()
         core.close()
 
 

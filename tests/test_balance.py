@@ -134,6 +134,47 @@ def test_idle_agent_takes_unstarted_jobs_from_the_busy_one(db: Any, spawn_agent:
     assert per_node[1] > 2 * per_node[0]
 
 
+def test_a_node_about_to_run_dry_steals_before_it_idles(db: Any, spawn_agent: Spawn) -> None:
+    store, url = db
+    a, b = start(spawn_agent, store, 1.0, 1.0)
+    # round robin: a gets the three long jobs, b the two short ones
+    add_sleep_jobs(
+        store, [1.0, 0.2, 1.0, 0.2, 1.0], strategy="round_robin", strategy_params={"explore": 0}
+    )
+    cycle(db)  # durations learned
+    ids, a_id, b_id = job_ids(store), node_id(store, a), node_id(store, b)
+    last = ids["job-4"]
+    settings = Settings.from_env(env={}, database_url=url, call_timeout=5.0, secret=TEST_SECRET)
+    master = Master(settings, store=store)
+    try:
+        master.start()
+        family = store.family("sleep")
+        assert family is not None
+        run, _ = store.open_run(family, master.epoch)
+        active = master.keeper.open(run, family, resumed=False)
+        master.dispatcher.assign()
+        master.dispatcher.send()  # two jobs each on the agents, job-4 still queued for a
+        book, balancer = master.book, master.balancer
+        assert book.placed[last][0] == a_id and last in book.queues[a_id]
+        assert book.flights[b_id] and not book.queues[b_id]
+        balancer.step_time = 0.0  # a steal reaches b at once: b steals once it is idle
+        assert balancer.balance() == 0
+        assert book.placed[last][0] == a_id
+        # steps of 0.3 s: b, with 0.4 s of work left, is about to run dry
+        balancer.step_time = 0.3
+        assert balancer.balance() >= 1
+        assert book.placed[last][0] == b_id and book.flights[b_id], "taken while b was busy"
+        # only the families of the jobs waiting were looked at on the thief
+        assert "noop" in master.nodes[b_id].unchecked
+        while not active.ended:
+            master.step()
+        summary = master.keeper.finish(active)
+    finally:
+        master.close()
+    assert summary.done == 5
+    assert done_on(store, summary.run_id)[last] == b_id
+
+
 @pytest.mark.parametrize("strict", [True, False])
 def test_strict_affinity_keeps_a_hosts_jobs_on_one_node(
     db: Any, spawn_agent: Spawn, strict: bool

@@ -29,7 +29,8 @@ SMOKE: dict[str, str] = {
     "detection.py": "--smoke",
     "failover.py": "--jobs 300 --kills 1 --ttl 1 --agents 1 --slots 2 --restart-jobs 300",
     "farm.py": "--agents 4 --processes 2 --jobs 300",
-    "makespan.py": "--jobs 10 --cycles 2 --seeds 1 --lb 0.1 --speeds 1,2",
+    "makespan.py": "--case both --jobs 10 --cycles 2 --seeds 1 --lb 0.1 --speeds 1,2"
+    " --hard-agents 4 --hard-jobs 100 --hard-cycles 2 --hard-lb 0.5",
     "ondemand.py": "--jobs 200 --rounds 1 --batch 50 --celery-jobs 20",
     "pagecheck.py": "--pages 20 --latency 0.001 --concurrency 20 --confirm-delay 0.05",
     "scale.py": "--jobs 300 --base-jobs 100 --cycles 2 --agents 1 --slots 2",

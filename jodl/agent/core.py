@@ -513,7 +513,7 @@ class AgentCore:
             looked, index = time.monotonic(), 0
             while index < len(jobs):
                 if index and time.monotonic() - looked > CHUNK_LOOK:
-                    if not self._chunk_goes_on(slot, jobs, index):
+                    if not self._chunk_goes_on(slot, jobs, index, outcomes):
                         break
                     looked = time.monotonic()
                 exec_id, fam, payload = jobs[index]
@@ -538,9 +538,14 @@ class AgentCore:
                     outcomes.append((exec_id, time.perf_counter() - started, result, None))
             with cond:
                 self._chunks.pop(slot, None)
-                for exec_id, duration, result, error in outcomes:
-                    self._store(exec_id, duration, result, error)
-                    self._recent = 0.8 * self._recent + 0.2 * duration
+                self._keep_locked(outcomes)
+
+    def _keep_locked(self, outcomes: list[tuple[int, float, Any, Exception | None]]) -> None:
+        """Hold a slot's outcomes for the master (under the lock) and forget them there."""
+        for exec_id, duration, result, error in outcomes:
+            self._store(exec_id, duration, result, error)
+            self._recent = 0.8 * self._recent + 0.2 * duration
+        outcomes.clear()
 
     def _run_sync(self, fam: str, payload: str) -> Any:
         family_ = self.installed.instance(fam)
@@ -563,13 +568,25 @@ class AgentCore:
             "jodl.attempt": carried.attempt,
         }
 
-    def _chunk_goes_on(self, slot: int, jobs: list[tuple[int, str, str]], index: int) -> bool:
+    def _chunk_goes_on(
+        self,
+        slot: int,
+        jobs: list[tuple[int, str, str]],
+        index: int,
+        outcomes: list[tuple[int, float, Any, Exception | None]],
+    ) -> bool:
         """Whether ``slot`` may go on with the chunk it took, from ``jobs[index]``: the
         check every take from the queue makes, made again for the rest of a chunk. If
         their session halted meanwhile (detached, or paused by a new master's init), the
         rest goes back to the head of the queue, where the new master's first call
-        cancels what it gave up on; ones cancelled meanwhile are dropped either way."""
+        cancels what it gave up on; ones cancelled meanwhile are dropped either way.
+
+        The ``outcomes`` of the chunk so far are held for the master now: a chunk taken
+        while jobs were quick may meet slower ones, whose results would otherwise wait
+        for its end (the master sees a node run dry late, and refills it late).
+        """
         with self._cond:
+            self._keep_locked(outcomes)
             rest = []
             for job in jobs[index:]:
                 if self._cancels.finished(job[0]):  # cancelled while it waited in the chunk

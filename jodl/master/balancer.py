@@ -36,7 +36,18 @@ from .nodes import Nodes, NodeSlot
 from .outcomes import Outcomes
 from .parts import PartOf, Parts
 from .records import execution_row, job_info
-from .rules import POLL_FLOOR, POLL_SHARE, STEAL_WINDOW, NodeQueue, Running, Steal, Stealable
+from .rules import (
+    LEAD_CAP,
+    LEAD_STEPS,
+    POLL_FLOOR,
+    POLL_SHARE,
+    STEAL_WINDOW,
+    STEP_WEIGHT,
+    NodeQueue,
+    Running,
+    Steal,
+    Stealable,
+)
 from .trials import TrialMoves
 
 log = logging.getLogger("jodl.master")
@@ -64,6 +75,9 @@ class Balancer(PartOf):
         self.last_finish: dict[int, float] = {}
         #: node -> [actual seconds, expected seconds] of its results in this run.
         self.drift: dict[int, list[float]] = {}
+        #: Moving mean of the loop's step time (seconds) and when the last step balanced.
+        self.step_time = 0.0
+        self._last_step = 0.0
         self.trials = TrialMoves(parts, nodes, self.rng)
         # Told of each result, and of nodes given up on (their homes are freed).
         parts.watcher = self
@@ -131,25 +145,49 @@ class Balancer(PartOf):
     # -- balance -------------------------------------------------------------------------------
 
     def balance(self) -> int:
-        """An idle agent takes unstarted jobs from the agent expected to finish last.
+        """An agent about to run dry takes unstarted jobs from the agent expected to
+        finish last.
 
-        Jobs not sent yet move at once; jobs on the agent are asked back (protocol
-        f) and move only if the agent confirms they had not started. A move is made
-        only if the job ends earlier on the idle node by more than the round trip
-        plus a margin (the steal inequality of :mod:`jodl.master.rules`).
+        About to run dry: nothing waits for it here and what its agent holds is expected
+        to end within the time a steal takes to reach it (:meth:`lead`), so a node
+        with one short job left steals before it idles rather than after (the steal's
+        round trips and a loop step ahead of its end, not behind it). Jobs not sent
+        yet move at once; jobs on the agent are asked back (protocol f) and move only
+        if the agent confirms they had not started. A move is made only if the job ends
+        earlier on the thief by more than the round trip plus a margin (the steal
+        inequality of :mod:`jodl.master.rules`).
         """
         book = self.book
-        usable = self.nodes.usable()
-        idle = [
-            s
-            for s in usable
-            if not book.queues[s.id] and len(book.flights[s.id]) < max(1, s.load.slots)
-            and not s.late
-        ]  # fmt: skip
-        if not idle or len(usable) < 2:
-            return 0
         now = time.time()
-        queues = {s.id: self._queue(s, now, s in idle) for s in usable}
+        self._clock(now)
+        usable = self.nodes.usable()
+        if len(usable) < 2:
+            return 0
+        lead = self.lead()
+        finish: dict[int, tuple[float, float, float]] = {}
+        idle = []
+        for s in usable:
+            if book.queues[s.id] or s.late:
+                continue
+            finish[s.id] = ends = self._finish(s, now)
+            if len(book.flights[s.id]) < max(1, s.load.slots) or ends[2] <= lead:
+                idle.append(s)
+        if not idle:
+            return 0
+        for s in usable:
+            if s.id not in finish:
+                finish[s.id] = self._finish(s, now)
+        queues = {s.id: self._queue(s, *finish[s.id][:2], s in idle) for s in usable}
+        # A thief may take the families of the jobs waiting, and only those are checked:
+        # checking every family its agent serves would load each one's class (a version
+        # check), tens of milliseconds in the step where a node first runs dry.
+        waiting = {w.job.family for q in queues.values() for w in q.waiting}
+        for slot in idle:
+            queues[slot.id].families = frozenset(
+                f
+                for f in waiting
+                if f in slot.families and self.nodes.allowed(f, slot) and not self.families.kept(f)
+            )
         steals = rules.plan_steals(
             list(queues.values()),
             self._expected,
@@ -159,16 +197,37 @@ class Balancer(PartOf):
         moved += self._strategy_moves(queues, idle)
         return moved
 
-    def _queue(self, slot: NodeSlot, now: float, idle: bool) -> NodeQueue:
-        book = self.book
+    def _clock(self, now: float) -> None:
+        """Time the loop's steps (this step is called once in each)."""
+        if self._last_step:
+            took = min(now - self._last_step, LEAD_CAP)
+            self.step_time = (1 - STEP_WEIGHT) * self.step_time + STEP_WEIGHT * took
+        self._last_step = now
+
+    def lead(self) -> float:
+        """Seconds a steal takes to reach a thief: :data:`LEAD_STEPS` loop steps (it is
+        planned in one step and sent in the next); the round trips are counted in the
+        steal inequality."""
+        return LEAD_STEPS * self.step_time
+
+    def _finish(self, slot: NodeSlot, now: float) -> tuple[float, float, float]:
+        """(seconds until the node is expected to have ended all it holds, its drift,
+        the same but infinite while a job runs past its expected end there: how soon
+        it runs dry is unknown then)."""
         drift = self._drift(slot.id)
-        slots = max(1, slot.load.slots)
         done_part = 0.0
+        overdue = False
         for _exec_id, sent, started in self._running(slot, now):
-            placed = book.placed.get(sent.job_id)
+            placed = self.book.placed.get(sent.job_id)
             if placed is not None and placed[0] == slot.id:
                 done_part += min(now - started, placed[1] * drift)
-        finish = max(0.0, slot.load.queued_work * drift - done_part) / slots
+                overdue = overdue or now - started > placed[1] * drift
+        finish = max(0.0, slot.load.queued_work * drift - done_part) / max(1, slot.load.slots)
+        return finish, drift, float("inf") if overdue else finish
+
+    def _queue(self, slot: NodeSlot, finish: float, drift: float, idle: bool) -> NodeQueue:
+        book = self.book
+        slots = max(1, slot.load.slots)
         waiting: list[Stealable] = []
         queue = book.queues[slot.id]
         if len(queue) < STEAL_WINDOW:
@@ -183,14 +242,7 @@ class Balancer(PartOf):
             placed = book.placed.get(job_id)
             if job is not None and placed is not None:
                 waiting.append(Stealable(job_info(job), placed[1] * drift))
-        # Only families this master has jobs of: asking whether another one is allowed
-        # would check (and import) it, which waits for its first job (jodl.master.versions).
-        families = frozenset(
-            f
-            for f in slot.families
-            if self.families.known(f) and not self.families.kept(f) and self.nodes.allowed(f, slot)
-        )
-        return NodeQueue(slot.load, finish, waiting, slot.link.rtt, idle, families)
+        return NodeQueue(slot.load, finish, waiting, slot.link.rtt, idle)
 
     def _carry_out(self, steals: list[Steal]) -> int:
         moved = 0

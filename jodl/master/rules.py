@@ -65,6 +65,16 @@ STEAL_WINDOW = 256
 #: Share of a job's expected duration a steal must gain beyond the round trips and
 #: ``steal_margin``: expectations err by about a tenth, a smaller gain is noise.
 STEAL_SHARE = 0.1
+#: A node steals once what its agent holds is expected to end within this many loop
+#: steps: a steal is planned in one step and its job sent in the next, so a node that
+#: waited until it was idle would idle for that long (on a loaded machine, steps of a
+#: few milliseconds each: most of what a cycle of short jobs lost above its bound).
+LEAD_STEPS = 2.0
+#: Weight of the newest step in the moving mean of the loop's step time.
+STEP_WEIGHT = 0.1
+#: A pause between two steps longer than this (seconds: the loop waited for work)
+#: counts as this much in that mean.
+LEAD_CAP = 0.05
 #: While jobs run, the master polls again within this share of the shortest one's
 #: expected duration: a result is seen soon after it is ready (the makespan ends
 #: only when the master sees the last result) without a tight loop for long jobs.
