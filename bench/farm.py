@@ -8,9 +8,11 @@ are registered as nodes of a fresh PostgreSQL database, ``--jobs`` no-op jobs ar
 added, and a master in its own process runs one cycle of them.
 
 Each farm process notes, per agent, when the master sent it jobs and when it polled
-it (the one call per agent per loop step that collects results and failures:
-``exchange`` when it also sends jobs, ``outcomes`` when it does not, or ``done`` when
-the agent has nothing in flight).
+it: asked for its state, which is the one call per agent per loop step that collects
+results and failures (``exchange`` when it also sends jobs, ``outcomes`` when it does
+not, ``done`` for acknowledgements only) and, to an agent with nothing in flight (its
+share done, or waiting for the run's next jobs), the question whether it drains that
+the master asks each such agent once a second (``draining``).
 Reported:
 
 * ``jobs_per_s``: jobs of the cycle ÷ its seconds;
@@ -100,6 +102,10 @@ def serve_farm(slots: int) -> None:
         def exposed_outcomes(self, *args: Any, **kwargs: Any) -> Any:
             self.polls.append(time.monotonic())
             return super().exposed_outcomes(*args, **kwargs)
+
+        def exposed_draining(self, *args: Any, **kwargs: Any) -> Any:
+            self.polls.append(time.monotonic())
+            return super().exposed_draining(*args, **kwargs)
 
         def exposed_exchange(self, *args: Any, **kwargs: Any) -> Any:
             now = time.monotonic()  # a send, and a poll: it answers the outcomes too

@@ -20,7 +20,7 @@ from sqlalchemy import select, update
 from jodl.log import Store, make_engine
 from jodl.log.migrate import upgrade
 from jodl.log.models import ExecState, Execution, Job, JobState, Node, Run
-from jodl.master import Master, RunSummary
+from jodl.master import Master, RunSummary, dispatch
 from jodl.placement import BalanceView, JobInfo, Move, NodeLoad, register
 from jodl.placement.strategies import EarliestFinish
 from jodl.settings.config import Settings
@@ -173,6 +173,39 @@ def test_a_node_about_to_run_dry_steals_before_it_idles(db: Any, spawn_agent: Sp
         master.close()
     assert summary.done == 5
     assert done_on(store, summary.run_id)[last] == b_id
+
+
+def test_a_step_places_at_most_a_share_of_the_waiting_jobs(
+    db: Any, spawn_agent: Spawn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The oldest waiting jobs are placed, at most PLACE_STEP in one step, the others in
+    the next steps (a run's new window placed at once made one long step)."""
+    monkeypatch.setattr(dispatch, "PLACE_STEP", 3)
+    store, url = db
+    start(spawn_agent, store, 1.0)
+    add_sleep_jobs(store, [0.0] * 12)
+    settings = Settings.from_env(env={}, database_url=url, call_timeout=5.0, secret=TEST_SECRET)
+    master = Master(settings, store=store)
+    try:
+        master.start()
+        family = store.family("sleep")
+        assert family is not None
+        run, _ = store.open_run(family, master.epoch)
+        active = master.keeper.open(run, family, resumed=False)
+        book = master.book
+        master.dispatcher.assign()
+        assert book.n_waiting == 12 - 3
+        master.dispatcher.send()
+        master.dispatcher.assign()
+        assert book.n_waiting == 12 - 6, "three more, the oldest first"
+        waiting = [job.key for job in book.waiting_jobs()]
+        assert waiting == [f"job-{i}" for i in range(6, 12)]
+        while not active.ended:
+            master.step()
+        summary = master.keeper.finish(active)
+    finally:
+        master.close()
+    assert summary.done == 12
 
 
 @pytest.mark.parametrize("strict", [True, False])

@@ -32,7 +32,7 @@ from .nodes import Nodes, NodeSlot
 from .outcomes import COLLECT_LIMIT, Outcomes
 from .parts import PartOf, Parts
 from .records import job_info
-from .rules import QUEUE_AHEAD, STEP_SEND
+from .rules import PLACE_STEP, QUEUE_AHEAD, STEP_SEND
 
 
 @dataclass
@@ -85,7 +85,8 @@ class Dispatcher(PartOf):
     # -- assign ------------------------------------------------------------------------------
 
     def assign(self) -> int:
-        """Place every job waiting for a node with its family's strategy.
+        """Place the jobs waiting for a node with their family's strategy: the oldest
+        :data:`~jodl.master.rules.PLACE_STEP` in one step, the others in the next ones.
 
         While a run has sent nothing yet (it just opened, or a new master resumed it),
         its family's jobs are placed only until a first batch (:meth:`first_batch`)
@@ -98,7 +99,7 @@ class Dispatcher(PartOf):
         if not self.book.has_waiting():
             return 0
         by_family: dict[str, list[PendingJob]] = {}
-        for job in self.book.waiting_jobs():
+        for job in self.book.waiting_jobs()[:PLACE_STEP]:
             by_family.setdefault(job.family, []).append(job)
         room = self._first_room(set(by_family))
         placed = 0
