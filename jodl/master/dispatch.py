@@ -49,7 +49,7 @@ class Sending:
     traced: dict[int, list[tracing.SentJob]] | None
     #: The batches replace executions given up on (failpoints in tests).
     replacing: bool
-    links: dict[int, AgentLink] = field(default_factory=dict)
+    links: dict[int, AgentLink]
     #: When the calls went out (ns, for the traces' dispatch spans).
     started: int = field(default_factory=time.time_ns)
 
@@ -240,9 +240,8 @@ class Dispatcher(PartOf):
             book.send(node_id, sents[node_id])
             if traced is not None and self.nodes[node_id].traces:
                 carriers[node_id] = encode_traces(tracing.carriers(traced[node_id]))
-        sending = Sending(self.epoch, total, wires, sents, carriers, traced, replacing)
-        sending.links = {node_id: self.nodes[node_id].link for node_id in wires}
-        return sending
+        links = {node_id: self.nodes[node_id].link for node_id in wires}
+        return Sending(self.epoch, total, wires, sents, carriers, traced, replacing, links)
 
     def deliver(self, sending: Sending, replies: Mapping[int, Outcome[Any]]) -> None:
         """Apply the agents' replies to :meth:`prepare`'s batches (one per agent, sent
