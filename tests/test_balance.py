@@ -175,6 +175,45 @@ def test_a_node_about_to_run_dry_steals_before_it_idles(db: Any, spawn_agent: Sp
     assert done_on(store, summary.run_id)[last] == b_id
 
 
+def test_idle_nodes_ask_jobs_back_from_several_agents_in_one_step(
+    db: Any, spawn_agent: Spawn
+) -> None:
+    store, url = db
+    a, b, c, d = start(spawn_agent, store, 0.25, 0.25, 1.0, 1.0)
+    add_sleep_jobs(store, [0.4] * 4, strategy="round_robin", strategy_params={"explore": 0})
+    a_id, b_id, c_id, d_id = (node_id(store, p) for p in (a, b, c, d))
+    settings = Settings.from_env(env={}, database_url=url, call_timeout=5.0, secret=TEST_SECRET)
+    master = Master(settings, store=store)
+    try:
+        master.start()
+        family = store.family("sleep")
+        assert family is not None
+        run, _ = store.open_run(family, master.epoch)
+        active = master.keeper.open(run, family, resumed=False)
+        master.dispatcher.assign()
+        book = master.book
+        # two jobs on each slow agent, none on the fast ones
+        for source, target in ((c_id, a_id), (d_id, b_id)):
+            for job_id in list(book.queues[source]):
+                book.move(job_id, target, 0.5)
+        master.dispatcher.send()
+        assert len(book.flights[a_id]) == len(book.flights[b_id]) == 2
+        # each fast node takes the unstarted job of one slow agent: both asked back at once
+        assert master.balancer.balance() == 2
+        moved = {j: book.placed[j][0] for j in book.queues[c_id] + book.queues[d_id]}
+        assert sorted(moved.values()) == sorted([c_id, d_id])
+        while not active.ended:
+            master.step()
+        summary = master.keeper.finish(active)
+    finally:
+        master.close()
+    rows = executions(store, summary.run_id)
+    taken = {e.node_id for e in rows if e.state == ExecState.TAKEN_BACK}
+    assert taken == {a_id, b_id}
+    finished = done_on(store, summary.run_id)
+    assert all(finished[j] in (c_id, d_id) for j in moved)
+
+
 def test_a_step_places_at_most_a_share_of_the_waiting_jobs(
     db: Any, spawn_agent: Spawn, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,6 +21,7 @@ import json
 import logging
 import random
 import time
+from functools import partial
 from itertools import islice
 
 from ..agent.client import AgentLink
@@ -245,10 +246,16 @@ class Balancer(PartOf):
         return NodeQueue(slot.load, finish, waiting, slot.link.rtt, idle)
 
     def _carry_out(self, steals: list[Steal]) -> int:
+        """Move the planned steals: jobs still here at once; jobs on agents are asked
+        back from every victim at once (one round trip for the step, not one per
+        victim: at a cycle's end many nodes steal in the same step, and asked one
+        after the other the step took a round trip per victim while every agent
+        waited for its next send)."""
         moved = 0
         by_source: dict[int, list[Steal]] = {}
         for st in steals:
             by_source.setdefault(st.source, []).append(st)
+        asks: dict[int, dict[int, int]] = {}
         for source_id, group in by_source.items():
             targets = {}
             for st in group:
@@ -259,8 +266,12 @@ class Balancer(PartOf):
             moved += len(self.book.move_tail(source_id, targets))
             asked = {st.exec_id: st.target for st in group if st.exec_id is not None}
             if asked:
-                for job_id, exec_id in self.take_back(self.nodes[source_id], list(asked)):
-                    target = self.nodes[asked[exec_id]].load
+                asks[source_id] = asked
+        if asks:
+            back = self.take_back_each({n: list(a) for n, a in asks.items()})
+            for source_id, given in back.items():
+                for job_id, exec_id in given:
+                    target = self.nodes[asks[source_id][exec_id]].load
                     expected = self._expected(job_info(self.book.jobs[job_id]), target)
                     self.book.place(job_id, target.id, expected, front=True)
                     moved += 1
@@ -272,25 +283,40 @@ class Balancer(PartOf):
         Returns (job, execution) of the jobs now waiting (a job whose other copy
         still runs stays in flight).
         """
-        started = time.perf_counter()
-        given = self.nodes.call(slot, self.epoch, AgentLink.take_back, self.epoch, 0, exec_ids)
-        if given is None:
-            return []
-        slot.link.rtt = 0.8 * slot.link.rtt + 0.2 * (time.perf_counter() - started)
-        rows, back = [], []
-        for exec_id in given:
-            closed = self.book.take_back(slot.id, exec_id)
-            if closed is None:
+        return self.take_back_each({slot.id: exec_ids}).get(slot.id, [])
+
+    def take_back_each(self, asks: dict[int, list[int]]) -> dict[int, list[tuple[int, int]]]:
+        """:meth:`take_back` from several agents, the calls made at once; by node."""
+        epoch = self.epoch
+        calls = {
+            node_id: partial(self._timed_take_back, self.nodes[node_id], exec_ids)
+            for node_id, exec_ids in asks.items()
+        }
+        rows, out = [], {}
+        for node_id, given in self.nodes.call_each(epoch, calls).items():
+            if given is None:
                 continue
-            rows.append(
-                execution_row(
-                    exec_id, closed.sent, ExecState.TAKEN_BACK, self.epoch, backup=closed.backup
+            back = out[node_id] = []
+            for exec_id in given:
+                closed = self.book.take_back(node_id, exec_id)
+                if closed is None:
+                    continue
+                rows.append(
+                    execution_row(
+                        exec_id, closed.sent, ExecState.TAKEN_BACK, epoch, backup=closed.backup
+                    )
                 )
-            )
-            if self.book.stage.get(closed.sent.job_id) is Stage.WAITING:
-                back.append((closed.sent.job_id, exec_id))
+                if self.book.stage.get(closed.sent.job_id) is Stage.WAITING:
+                    back.append((closed.sent.job_id, exec_id))
         self.ledger.commit(rows)
-        return back
+        return out
+
+    def _timed_take_back(self, slot: NodeSlot, exec_ids: list[int]) -> tuple[int, ...]:
+        """The agent's take_back call (on a call thread); its round trip measured."""
+        started = time.perf_counter()
+        given = slot.link.take_back(self.epoch, 0, exec_ids)
+        slot.link.rtt = 0.8 * slot.link.rtt + 0.2 * (time.perf_counter() - started)
+        return given
 
     def _strategy_moves(self, queues: dict[int, NodeQueue], idle: list[NodeSlot]) -> int:
         """Moves the families' strategies propose (their :meth:`Placement.moves` hook)."""
