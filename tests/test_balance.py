@@ -7,9 +7,11 @@ everything a cycle decides must come back from the reconstruction log.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from jodl.log import Store, make_engine
 from jodl.log.migrate import upgrade
 from jodl.log.models import ExecState, Execution, Job, JobState, Node, Run
 from jodl.master import Master, RunSummary, dispatch
+from jodl.master.records import ActiveRun
 from jodl.placement import BalanceView, JobInfo, Move, NodeLoad, register
 from jodl.placement.strategies import EarliestFinish
 from jodl.settings.config import Settings
@@ -68,6 +71,37 @@ def node_id(store: Store, proc: AgentProcess) -> int:
 def add_sleep_jobs(store: Store, seconds: list[float], **family: Any) -> None:
     fam = store.ensure_family("sleep", **family)
     store.add_jobs(fam, ((f"job-{i}", json.dumps({"seconds": s})) for i, s in enumerate(seconds)))
+
+
+@dataclass
+class ByHand:
+    """A master whose run of the ``sleep`` family the test steps itself (see :func:`by_hand`)."""
+
+    master: Master
+    active: ActiveRun
+    summary: RunSummary | None = None
+
+
+@contextlib.contextmanager
+def by_hand(db: tuple[Store, str]) -> Iterator[ByHand]:
+    """A started master with a run of ``sleep`` opened, for a test to assign, send and
+    balance step by step; when the block ends, the run is stepped to its end and its
+    summary kept (``summary``)."""
+    store, url = db
+    settings = Settings.from_env(env={}, database_url=url, call_timeout=5.0, secret=TEST_SECRET)
+    master = Master(settings, store=store)
+    try:
+        master.start()
+        family = store.family("sleep")
+        assert family is not None
+        run, _ = store.open_run(family, master.epoch)
+        hand = ByHand(master, master.keeper.open(run, family, resumed=False))
+        yield hand
+        while not hand.active.ended:
+            master.step()
+        hand.summary = master.keeper.finish(hand.active)
+    finally:
+        master.close()
 
 
 def cycle(db: tuple[Store, str], family: str = "sleep") -> RunSummary:
@@ -135,7 +169,7 @@ def test_idle_agent_takes_unstarted_jobs_from_the_busy_one(db: Any, spawn_agent:
 
 
 def test_a_node_about_to_run_dry_steals_before_it_idles(db: Any, spawn_agent: Spawn) -> None:
-    store, url = db
+    store, _ = db
     a, b = start(spawn_agent, store, 1.0, 1.0)
     # round robin: a gets the three long jobs, b the two short ones
     add_sleep_jobs(
@@ -144,14 +178,8 @@ def test_a_node_about_to_run_dry_steals_before_it_idles(db: Any, spawn_agent: Sp
     cycle(db)  # durations learned
     ids, a_id, b_id = job_ids(store), node_id(store, a), node_id(store, b)
     last = ids["job-4"]
-    settings = Settings.from_env(env={}, database_url=url, call_timeout=5.0, secret=TEST_SECRET)
-    master = Master(settings, store=store)
-    try:
-        master.start()
-        family = store.family("sleep")
-        assert family is not None
-        run, _ = store.open_run(family, master.epoch)
-        active = master.keeper.open(run, family, resumed=False)
+    with by_hand(db) as hand:
+        master = hand.master
         master.dispatcher.assign()
         master.dispatcher.send()  # two jobs each on the agents, job-4 still queued for a
         book, balancer = master.book, master.balancer
@@ -166,11 +194,8 @@ def test_a_node_about_to_run_dry_steals_before_it_idles(db: Any, spawn_agent: Sp
         assert book.placed[last][0] == b_id and book.flights[b_id], "taken while b was busy"
         # only the families of the jobs waiting were looked at on the thief
         assert "noop" in master.nodes[b_id].unchecked
-        while not active.ended:
-            master.step()
-        summary = master.keeper.finish(active)
-    finally:
-        master.close()
+    summary = hand.summary
+    assert summary is not None
     assert summary.done == 5
     assert done_on(store, summary.run_id)[last] == b_id
 
@@ -178,18 +203,12 @@ def test_a_node_about_to_run_dry_steals_before_it_idles(db: Any, spawn_agent: Sp
 def test_idle_nodes_ask_jobs_back_from_several_agents_in_one_step(
     db: Any, spawn_agent: Spawn
 ) -> None:
-    store, url = db
+    store, _ = db
     a, b, c, d = start(spawn_agent, store, 0.25, 0.25, 1.0, 1.0)
     add_sleep_jobs(store, [0.4] * 4, strategy="round_robin", strategy_params={"explore": 0})
     a_id, b_id, c_id, d_id = (node_id(store, p) for p in (a, b, c, d))
-    settings = Settings.from_env(env={}, database_url=url, call_timeout=5.0, secret=TEST_SECRET)
-    master = Master(settings, store=store)
-    try:
-        master.start()
-        family = store.family("sleep")
-        assert family is not None
-        run, _ = store.open_run(family, master.epoch)
-        active = master.keeper.open(run, family, resumed=False)
+    with by_hand(db) as hand:
+        master = hand.master
         master.dispatcher.assign()
         book = master.book
         # two jobs on each slow agent, none on the fast ones
@@ -202,11 +221,8 @@ def test_idle_nodes_ask_jobs_back_from_several_agents_in_one_step(
         assert master.balancer.balance() == 2
         moved = {j: book.placed[j][0] for j in book.queues[c_id] + book.queues[d_id]}
         assert sorted(moved.values()) == sorted([c_id, d_id])
-        while not active.ended:
-            master.step()
-        summary = master.keeper.finish(active)
-    finally:
-        master.close()
+    summary = hand.summary
+    assert summary is not None
     rows = executions(store, summary.run_id)
     taken = {e.node_id for e in rows if e.state == ExecState.TAKEN_BACK}
     assert taken == {a_id, b_id}
@@ -220,17 +236,11 @@ def test_a_step_places_at_most_a_share_of_the_waiting_jobs(
     """The oldest waiting jobs are placed, at most PLACE_STEP in one step, the others in
     the next steps (a run's new window placed at once made one long step)."""
     monkeypatch.setattr(dispatch, "PLACE_STEP", 3)
-    store, url = db
+    store, _ = db
     start(spawn_agent, store, 1.0)
     add_sleep_jobs(store, [0.0] * 12)
-    settings = Settings.from_env(env={}, database_url=url, call_timeout=5.0, secret=TEST_SECRET)
-    master = Master(settings, store=store)
-    try:
-        master.start()
-        family = store.family("sleep")
-        assert family is not None
-        run, _ = store.open_run(family, master.epoch)
-        active = master.keeper.open(run, family, resumed=False)
+    with by_hand(db) as hand:
+        master = hand.master
         book = master.book
         master.dispatcher.assign()
         assert book.n_waiting == 12 - 3
@@ -239,11 +249,8 @@ def test_a_step_places_at_most_a_share_of_the_waiting_jobs(
         assert book.n_waiting == 12 - 6, "three more, the oldest first"
         waiting = [job.key for job in book.waiting_jobs()]
         assert waiting == [f"job-{i}" for i in range(6, 12)]
-        while not active.ended:
-            master.step()
-        summary = master.keeper.finish(active)
-    finally:
-        master.close()
+    summary = hand.summary
+    assert summary is not None
     assert summary.done == 12
 
 
