@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import insert, select, text
+from sqlalchemy import event, insert, select, text
 
 from jodl.exceptions import UnknownFamily
 from jodl.log import Store, make_engine
@@ -215,6 +215,42 @@ def test_the_lease_takes_an_epoch_and_fences_the_older_holder(store: Store) -> N
     store.release_lease(second)
     assert store.lease_holder() is None
     assert isinstance(store.cluster_id(), str) and store.cluster_id() == store.cluster_id()
+
+
+def test_a_lease_given_up_while_its_holder_takes_it_again_stays_with_the_taker(
+    store: Store, db_url: str
+) -> None:
+    """One process, two masters of one name: the closing one gives its lease up (its
+    epoch) while the new one takes it (a new epoch). Whichever order the database puts
+    them in, the new epoch holds the lease and renews it; the give-up does not vacate it.
+    Before, a SQLite take read the rows outside its transaction, so the give-up landed
+    between its read and its write and left the new epoch on a vacant lease."""
+    first = store.acquire_lease("host:1:a")
+    other = Store(make_engine(db_url))
+    done = threading.Event()
+    fired: list[threading.Thread] = []
+
+    def give_up_now(conn, cursor, statement, parameters, context, executemany) -> None:
+        if fired or "jodl_master_lease" not in statement or "!=" not in statement:
+            return
+        giver = threading.Thread(target=lambda: (other.release_lease(first), done.set()))
+        fired.append(giver)
+        giver.start()
+        # Let the give-up land now if the database lets it (it must wait for the take).
+        done.wait(1.0)
+
+    event.listen(store.engine, "after_cursor_execute", give_up_now)
+    try:
+        second = store.acquire_lease("host:1:a")
+    finally:
+        event.remove(store.engine, "after_cursor_execute", give_up_now)
+    assert fired, "the take read no lease rows"
+    fired[0].join(30)
+    assert done.is_set()
+    assert second == first + 1
+    assert store.renew_lease("host:1:a", second)
+    assert store.lease_holder() == "host:1:a"
+    other.engine.dispose()
 
 
 def test_jobs_added_in_bulk_are_new_keys_only_in_the_order_given(store: Store) -> None:

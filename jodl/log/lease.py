@@ -199,6 +199,15 @@ class Leases:
         with self.sessions() as s, s.begin():
             if self.engine.dialect.name == "postgresql":
                 s.execute(text(f"SET LOCAL lock_timeout = {TAKE_LOCK_MS}"))
+            else:
+                # SQLite has no FOR UPDATE, and its driver begins a transaction only at
+                # the first write: write first (a no-op on the counter), so no other
+                # write lands between the reads below and this transaction's writes.
+                s.execute(
+                    update(MasterLease)
+                    .where(MasterLease.name == COUNTER)
+                    .values(epoch=MasterLease.epoch)
+                )
             counter = s.get(MasterLease, COUNTER, with_for_update=True)
             now = utcnow()
             if counter is None:
