@@ -124,34 +124,3 @@ class Steps(Family):
             if wait_cancelled(float(payload.get("seconds", 1.0))):
                 return None
         return {"steps": steps}
-
-
-try:  # pydantic is not a dependency of the library; this example uses it when present
-    from pydantic import BaseModel, PositiveInt
-except ImportError:  # pragma: no cover - the test extra installs it
-    BaseModel = None  # type: ignore[assignment,misc]
-
-
-if BaseModel is not None:
-
-    class Size(BaseModel):
-        """The payload of :class:`Area`: a rectangle's sides."""
-
-        model_config = {"extra": "forbid"}
-        w: PositiveInt
-        h: PositiveInt
-
-else:  # pragma: no cover
-    Size = None  # type: ignore[assignment,misc]
-
-
-class Area(Family):
-    """A family with a typed payload (:attr:`Family.payload_model`): its jobs are checked
-    where they are added, and ``run`` gets a :class:`Size`."""
-
-    name = "area"
-    idempotent = True
-    payload_model = Size
-
-    def run(self, payload: Any) -> Any:
-        return {"pixels": payload.w * payload.h}
