@@ -83,35 +83,54 @@ def serve_farm(slots: int) -> None:
     from jodl.agent import AgentService, make_server
 
     class CountedService(AgentService):
-        """The agent's own service, noting when the master sends to it and polls it."""
+        """The agent's own service, noting when the master sends to it and polls it, and
+        which of those calls left it holding nothing (no job queued or running, no
+        result the master has not acknowledged)."""
 
         def __init__(self, core: Any) -> None:
             super().__init__(core)
             self.sends: list[float] = []
             self.polls: list[float] = []
+            self.empty: list[float] = []
 
         # One thread per connection, and one connection from the master: no lock.
+        def _noted(self, call: Any, *lists: list[float]) -> Any:
+            now = time.monotonic()
+            for noted in lists:
+                noted.append(now)
+            try:
+                return call()
+            finally:
+                if not any(self._core.remaining()):
+                    self.empty.append(now)
+
         def exposed_send(self, *args: Any, **kwargs: Any) -> Any:
-            self.sends.append(time.monotonic())
-            return super().exposed_send(*args, **kwargs)
+            return self._noted(
+                lambda: super(CountedService, self).exposed_send(*args, **kwargs), self.sends
+            )
 
         def exposed_done(self, *args: Any, **kwargs: Any) -> Any:
-            self.polls.append(time.monotonic())
-            return super().exposed_done(*args, **kwargs)
+            return self._noted(
+                lambda: super(CountedService, self).exposed_done(*args, **kwargs), self.polls
+            )
 
         def exposed_outcomes(self, *args: Any, **kwargs: Any) -> Any:
-            self.polls.append(time.monotonic())
-            return super().exposed_outcomes(*args, **kwargs)
+            return self._noted(
+                lambda: super(CountedService, self).exposed_outcomes(*args, **kwargs), self.polls
+            )
 
         def exposed_draining(self, *args: Any, **kwargs: Any) -> Any:
-            self.polls.append(time.monotonic())
-            return super().exposed_draining(*args, **kwargs)
+            return self._noted(
+                lambda: super(CountedService, self).exposed_draining(*args, **kwargs), self.polls
+            )
 
         def exposed_exchange(self, *args: Any, **kwargs: Any) -> Any:
-            now = time.monotonic()  # a send, and a poll: it answers the outcomes too
-            self.sends.append(now)
-            self.polls.append(now)
-            return super().exposed_exchange(*args, **kwargs)
+            # a send, and a poll: it answers the outcomes too
+            return self._noted(
+                lambda: super(CountedService, self).exposed_exchange(*args, **kwargs),
+                self.sends,
+                self.polls,
+            )
 
     counted: dict[str, CountedService] = {}
     servers = []
@@ -126,7 +145,7 @@ def serve_farm(slots: int) -> None:
         time.sleep(0.01)
     print("ready", flush=True)
     sys.stdin.readline()
-    calls = {address: [s.sends, s.polls] for address, s in counted.items()}
+    calls = {address: [s.sends, s.polls, s.empty] for address, s in counted.items()}
     print(json.dumps(calls))
     sys.stdout.flush()
     for server in servers:
@@ -168,19 +187,28 @@ def poll_figures(
 
     Each agent's polls in that window per second of it (the slowest agent's, the
     median); and the longest any agent waited for a call of the master (send or poll)
-    while it held jobs, from its first send to its last poll.
+    while it held jobs: from a call that left it holding some (queued, running, or
+    results not acknowledged) to the next call. An agent holding nothing (its share
+    done, waiting for the run's next jobs) is asked once a second whether it drains,
+    and those waits do not count.
     """
-    sends = [t for s, _p in calls.values() for t in s if started <= t <= ended]
-    polls = [t for _s, p in calls.values() for t in p if started <= t <= ended]
+    sends = [t for s, _p, _e in calls.values() for t in s if started <= t <= ended]
+    polls = [t for _s, p, _e in calls.values() for t in p if started <= t <= ended]
     first, last = min(sends), max(polls)
     rates, gaps = [], []
-    for agent_sends, agent_polls in calls.values():
+    for agent_sends, agent_polls, agent_empty in calls.values():
         within = [t for t in agent_polls if first <= t <= last]
         rates.append(len(within) / (last - first))
         sent = [t for t in agent_sends if first <= t <= last]
         if sent and within:
-            held = sorted(t for t in sent + within if sent[0] <= t <= within[-1])
-            gaps.append(max((b - a for a, b in zip(held, held[1:], strict=False)), default=0.0))
+            empty = set(agent_empty)
+            held = sorted(set(sent + within))
+            gaps.append(
+                max(
+                    (b - a for a, b in zip(held, held[1:], strict=False) if a not in empty),
+                    default=0.0,
+                )
+            )
     rates.sort()
     return {
         "flow_s": round(last - first, 2),

@@ -64,6 +64,10 @@ STEP_SEND = 10_000
 #: agents, in which no agent was polled (bench/farm.py). Twice a step's sends, so
 #: placement never holds the sends back.
 PLACE_STEP = 2 * STEP_SEND
+#: Jobs of a run's next window read in one step at most (one piece a step): what a
+#: step sends. Pieces of 20,000 made steps of 0.7–0.8 s on 500 agents, the longest an
+#: agent holding jobs then waited for its next call was 0.95–1.03 s (bench/farm.py).
+READ_STEP = STEP_SEND
 #: Most waiting jobs of one node looked at per balance step (from the end of its
 #: queue, where steals come from): bounds a step's work on a backlog of 100,000 jobs.
 STEAL_WINDOW = 256

@@ -17,7 +17,7 @@ from .nodes import Nodes
 from .outcomes import Outcomes
 from .parts import PartOf, Parts
 from .records import ActiveRun, RunSummary, execution_row, job_info
-from .rules import PLACE_STEP
+from .rules import READ_STEP
 
 log = logging.getLogger("jodl.master")
 
@@ -113,8 +113,8 @@ class RunKeeper(PartOf):
         """Read the next windows of open runs with fewer than half a window of their jobs
         in the book, and make a resumed run's trial moves: at the end of every step,
         before any run's end is looked at. A window is read in pieces of what one step
-        places (:data:`~jodl.master.rules.PLACE_STEP`): 50,000 jobs read at once made
-        one step of most of a second on 500 agents (bench/farm.py)."""
+        sends (:data:`~jodl.master.rules.READ_STEP`): 50,000 jobs read at once made one
+        step of most of a second on 500 agents (bench/farm.py)."""
         for active in list(self.runs.values()):
             run = active.run
             if (  # one piece a step
@@ -125,7 +125,7 @@ class RunKeeper(PartOf):
                 window = self.store.run_window(
                     run,
                     active.family.name,
-                    min(self.window, PLACE_STEP),
+                    min(self.window, READ_STEP),
                     after=active.unread_after,
                     leave=self.read_early.get(run.id, ()),
                     logged=active.resumed,
