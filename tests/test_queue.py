@@ -182,6 +182,21 @@ def test_extend_renews_only_claims_still_held(queue: Queue, clock: Clock) -> Non
     assert queue.still_claimed([(a.id, a.attempt), (a.id, a.attempt + 1)]) == {a.id}
 
 
+def test_claims_given_back_are_queued_again_with_no_failure(queue: Queue) -> None:
+    """More claims than one statement's list held (a master's close gives back all it
+    holds): only the attempts that still hold their job go back, none counts a failure."""
+    queue.enqueue_many("noop", [f"k{i}" for i in range(1500)])
+    claims = queue.claim(1500, LEASE)
+    assert len(claims) == 1500
+    assert queue.release([(c.id, c.attempt + 1) for c in claims[:10]]) == 0  # stale attempts
+    assert queue.still_claimed((c.id, c.attempt) for c in claims) == {c.id for c in claims}
+    assert queue.release([(c.id, c.attempt) for c in claims]) == 1500
+    assert queue.still_claimed((c.id, c.attempt) for c in claims) == set()
+    again = {c.id: c for c in queue.claim(2000, LEASE)}
+    assert again.keys() == {c.id for c in claims}
+    assert all(again[c.id].attempt == c.attempt + 1 and again[c.id].failures == 0 for c in claims)
+
+
 def test_enqueue_while_running_runs_it_once_more(queue: Queue, clock: Clock) -> None:
     queue.enqueue("noop", "a", {"v": 1})
     (c,) = queue.claim(1, LEASE)
