@@ -7,6 +7,7 @@ everything is checked from the database and from the agents themselves.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import signal
@@ -46,6 +47,7 @@ def serving(master: Master, lease: float = 30.0) -> Iterator[Master]:
         yield master
     finally:
         stop.set()
+        master.wake()  # out of its pause, to see the stop
         thread.join(timeout=30)
         master.close()
     if errors:
@@ -118,6 +120,19 @@ def test_enqueued_jobs_run_on_agents(store: Store, agents, settings: Settings) -
     assert "broken on purpose" in (always.last_error or "")
     assert [s for _, s, _ in executions_of(store, bad)] == [ExecState.FAILED] * 2
     assert [s for _, s, _ in executions_of(store, hopeless)] == [ExecState.FAILED]  # no retry
+
+
+def test_a_job_enqueued_while_the_master_idles_does_not_wait_for_the_pause_to_end(
+    store: Store, agents, settings: Settings
+) -> None:
+    """The queue's claiming thread wakes the serving master: with a pause between idle
+    loop steps of a minute, a job enqueued while it idles is still done well before."""
+    agents(1)
+    queue = Queue(store)
+    with serving(Master(dataclasses.replace(settings, idle_sleep=60.0), store=store)) as master:
+        wait_for(lambda: any(s.usable for s in master.nodes.values()), 30, "the agent")
+        queue.enqueue("sleep", "now", {"seconds": 0})
+        wait_for(lambda: queue.get("sleep", "now").state == JobState.DONE, 30, "the job done")
 
 
 def test_jobs_of_a_killed_master_come_back_when_the_lease_ends(

@@ -31,6 +31,9 @@ class FeedHost(Protocol):
 
     def cancel(self, job_ids: list[int], reason: str = ...) -> int: ...
 
+    def wake(self) -> None:
+        """End the master's pause between loop steps (any thread): jobs are waiting."""
+
 
 class Feeder:
     """A source of on-demand jobs for :meth:`Master.serve` (e.g. the on-demand queue).

@@ -117,6 +117,8 @@ class Master:
         self.next_lead = 0.0
         #: Called after the serve loop's first step (:meth:`after_first_dispatch`).
         self._deferred: list[Callable[[], None]] = []
+        #: Set by a feeder with new jobs (:meth:`wake`): ends the loop's pause at once.
+        self._woken = threading.Event()
         self.build()
 
     def build(self) -> None:
@@ -361,7 +363,7 @@ class Master:
                 self.controls.poll()
                 self.fleet.refresh(self.epoch)
                 self._report()
-                time.sleep(self.settings.idle_sleep)
+                self._pause(self.settings.idle_sleep)
             self._start_deferred()
             for active in [a for a in self.runs.values() if a.ended]:
                 summary = self.keeper.finish(active)
@@ -462,14 +464,14 @@ class Master:
         LOOP_STEP.observe(time.perf_counter() - started)
         self._report()  # metrics and runs' progress, once a second at most
         if not (sent or got):
-            time.sleep(self._idle_pause())
+            self._pause(self._idle_pause())
         else:
             self._idle = 0
             if not sent:
                 # Results came in but nothing new went out: the agents' queues are full.
                 # Polling again at once would make an agent answer a call per result; the
                 # next results are still seen within POLL_SHARE of a running job.
-                time.sleep(min(self.settings.idle_sleep, self.balancer.poll_cap()))
+                self._pause(min(self.settings.idle_sleep, self.balancer.poll_cap()))
         return bool(sent or got)
 
     def _send_and_collect(self) -> tuple[int, int]:
@@ -514,6 +516,16 @@ class Master:
                 self.fleet, self.book.flights, self.writer.depth(), self.runs.values()
             )
             self.keeper.record_progress()
+
+    def wake(self) -> None:
+        """End the loop's pause now (any thread): a feeder has claimed jobs for it."""
+        self._woken.set()
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or until :meth:`wake`: an on-demand job claimed meanwhile
+        is placed at once, not after the rest of a pause of up to ``idle_sleep``."""
+        if self._woken.wait(seconds):
+            self._woken.clear()
 
     def _idle_pause(self) -> float:
         self._idle = min(self._idle + 1, 12)

@@ -58,6 +58,8 @@ class QueueFeeder(Feeder):
         self._want = 0
         self._families: tuple[str, ...] = ()
         self._thread: threading.Thread | None = None
+        #: The master this feeder claims for (woken when claims wait in the buffer).
+        self._host: FeedHost | None = None
         self._closing = False
         # The results of the jobs it claims commit in this process: watches here hear of
         # them without polling, SQLite included (jodl.log.notices).
@@ -84,6 +86,7 @@ class QueueFeeder(Feeder):
                 self._want = min(limit - len(got), CLAIM_BATCH)
                 self._cond.notify()
             if self._thread is None:
+                self._host = master
                 self._thread = threading.Thread(target=self._run, name="queue-claims", daemon=True)
                 self._thread.start()
         foreign = [(job.id, job.attempt) for job in got if not master.leads(job.family)]
@@ -184,6 +187,8 @@ class QueueFeeder(Feeder):
                     self._buffer.extend(got)  # given back by close()
                     return
                 self._buffer.extend(got)
+            if got and self._host is not None:
+                self._host.wake()  # placed at once, not after the master's pause
             if len(got) < want:
                 # Nothing more is due: sleep until an enqueue, the next due time or a poll.
                 self.queue.wait(WAKE_MAX, families)
