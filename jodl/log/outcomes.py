@@ -163,9 +163,9 @@ class OutcomeLog:
             for epoch in sorted({batch.epoch for batch in batches if batch.epoch}):
                 check_fence(conn, epoch)
             for batch in batches:
-                self._record(conn, batch)
+                self._record(conn, batch, last=batch is batches[-1])
 
-    def _record(self, conn: Connection, batch: OutcomeBatch) -> None:
+    def _record(self, conn: Connection, batch: OutcomeBatch, last: bool = False) -> None:
         """Write a batch of outcomes, and what they teach.
 
         Executions are appended to the log and folded into JobOnNode
@@ -177,7 +177,7 @@ class OutcomeLog:
         run (unique index): the database refuses a second.
         """
         if batch.executions:
-            self._append(conn, batch.executions, batch.settle)
+            self._append(conn, batch.executions, batch.settle, last)
         if batch.homes:
             write_homes(conn, batch.homes)
         if batch.dead:
@@ -200,9 +200,11 @@ class OutcomeLog:
             )
 
     @staticmethod
-    def _append(conn: Connection, executions: Sequence[Any], settle: bool) -> None:
-        # One COPY into a staging table feeds the log, the learning and the homes.
-        with bulk.staged(conn, table_of(Execution), EXEC_COLUMNS, executions) as staged:
+    def _append(conn: Connection, executions: Sequence[Any], settle: bool, last: bool) -> None:
+        # One COPY into a staging table feeds the log, the learning and the homes;
+        # ``last``: the transaction's last batch (its commit empties the table).
+        table = table_of(Execution)
+        with bulk.staged(conn, table, EXEC_COLUMNS, executions, last=last) as staged:
             conn.execute(
                 bulk.prepared(
                     conn,

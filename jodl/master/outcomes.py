@@ -177,10 +177,10 @@ class Outcomes(PartOf):
         )
         batch.durations.append(duration)
         batch.finished.append(job)
-        if job.permanent_node_id is None and job.trial_node_id is None:
-            batch.settle = True
-        if job.claim is not None:
+        if job.claim is not None:  # its claim's close gives it its home, if it has none
             batch.claims.append(ClaimDone(job.id, job.claim, slot.id))
+        elif job.permanent_node_id is None and job.trial_node_id is None:
+            batch.settle = True
         self.knowledge.record(job.id, slot.id, job.family, duration)
         if self.parts.watcher is not None:
             self.parts.watcher.result(slot, job, duration, placed)
