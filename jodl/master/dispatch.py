@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -165,24 +165,32 @@ class Dispatcher(PartOf):
 
     # -- send --------------------------------------------------------------------------------
 
-    def send(self) -> int:
+    def send(self, only: Collection[int] | None = None) -> int:
         """Send queued jobs, up to what keeps each agent busy and a share of
-        :data:`STEP_SEND` each; log the batches first. One ``send`` call per agent."""
-        sending = self.prepare()
+        :data:`STEP_SEND` each; log the batches first. One ``send`` call per agent.
+
+        ``only``: to these nodes alone (the thieves of a balance step, sent what they
+        stole in the step that stole it)."""
+        sending = self.prepare(only)
         if sending is None:
             return 0
         calls = {node_id: sending.call(node_id) for node_id in sending.wires}
         self.deliver(sending, self.nodes.calls.each(calls))
         return sending.total
 
-    def prepare(self) -> Sending | None:
+    def prepare(self, only: Collection[int] | None = None) -> Sending | None:
         """Pick the jobs to send and log them (write-ahead); None when there are none.
         The calls that send them are the caller's: :meth:`send`, or the loop's
-        ``exchange`` with agents it also collects from; then :meth:`deliver`."""
+        ``exchange`` with agents it also collects from; then :meth:`deliver`.
+        ``only``: to these nodes alone."""
         book = self.book
         batches: dict[int, list[int]] = {}
         total = 0
-        ready = [slot for slot in self.nodes if slot.usable and book.queues[slot.id]]
+        ready = [
+            slot
+            for slot in self.nodes
+            if slot.usable and book.queues[slot.id] and (only is None or slot.id in only)
+        ]
         share = max(1, STEP_SEND // max(1, len(ready)))
         for slot in ready:
             queue = book.queues[slot.id]

@@ -71,9 +71,11 @@ STEAL_WINDOW = 256
 #: ``steal_margin``: expectations err by about a tenth, a smaller gain is noise.
 STEAL_SHARE = 0.1
 #: A node steals once what its agent holds is expected to end within this many loop
-#: steps: a steal is planned in one step and its job sent in the next, so a node that
-#: waited until it was idle would idle for that long (on a loaded machine, steps of a
-#: few milliseconds each: most of what a cycle of short jobs lost above its bound).
+#: steps: a node's end is seen only at a step's collect, and a steal reaches its
+#: agent at the end of the step that planned it, so a node that waited until it was
+#: idle would idle for up to a step and the steal's round trips (on a loaded machine,
+#: steps of a few milliseconds each: most of what a cycle of short jobs lost above
+#: its bound).
 LEAD_STEPS = 2.0
 #: Weight of the newest step in the moving mean of the loop's step time.
 STEP_WEIGHT = 0.1
