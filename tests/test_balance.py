@@ -228,6 +228,26 @@ def test_what_a_node_steals_is_sent_to_it_in_the_step_that_stole_it(
     assert done_on(store, summary.run_id)[last] == b_id
 
 
+def test_an_agent_gets_enough_short_jobs_after_long_ones(db: Any, spawn_agent: Spawn) -> None:
+    """Jobs sent ahead are counted by the node's recent durations; when those were long
+    and the next jobs are short, the agent still gets QUEUE_AHEAD of their work."""
+    store, _ = db
+    (a,) = start(spawn_agent, store, 1.0)
+    add_sleep_jobs(store, [0.01] * 60, strategy_params={"explore": 0})
+    cycle(db)  # their durations learned
+    a_id = node_id(store, a)
+    with by_hand(db) as hand:
+        master = hand.master
+        master.dispatcher.assign()
+        master.nodes[a_id].recent_duration = 0.5  # as if a long job had just ended
+        master.dispatcher.send()
+        # two jobs by count (0.5 s ahead at 0.5 s a job); about 0.5 s of them by work
+        assert len(master.book.flights[a_id]) >= 20
+    summary = hand.summary
+    assert summary is not None
+    assert summary.done == 60
+
+
 def test_idle_nodes_ask_jobs_back_from_several_agents_in_one_step(
     db: Any, spawn_agent: Spawn
 ) -> None:

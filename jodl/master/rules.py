@@ -52,6 +52,9 @@ from ..placement import JobInfo, Knowledge, NodeLoad
 #: that a slot never waits for the next loop step (a step takes about a millisecond
 #: with hundreds of results), little enough that long jobs stay stealable here.
 QUEUE_AHEAD = 0.5
+#: An agent sent at most this many jobs ahead (its recent jobs were long) is sent
+#: enough of its next ones to hold QUEUE_AHEAD of their expected work.
+FEW_AHEAD = 16
 #: Most jobs one loop step sends, all agents together, shared evenly among those with
 #: jobs queued. A step's time grows with the jobs it sends (write-ahead rows, the
 #: wire) and then collects: on 500 agents, each with room for a batch, one step sent a
