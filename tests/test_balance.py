@@ -24,6 +24,7 @@ from jodl.log import Store, make_engine
 from jodl.log.migrate import upgrade
 from jodl.log.models import ExecState, Execution, Job, JobState, Node, Run
 from jodl.master import Master, RunSummary, dispatch
+from jodl.master.book import Stage
 from jodl.master.records import ActiveRun
 from jodl.placement import BalanceView, JobInfo, Move, NodeLoad, register
 from jodl.placement.strategies import EarliestFinish
@@ -199,6 +200,53 @@ def test_a_node_about_to_run_dry_steals_before_it_idles(db: Any, spawn_agent: Sp
     assert summary is not None
     assert summary.done == 5
     assert done_on(store, summary.run_id)[last] == b_id
+
+
+def test_what_a_node_steals_is_sent_to_it_in_the_step_that_stole_it(
+    db: Any, spawn_agent: Spawn
+) -> None:
+    store, _ = db
+    a, b = start(spawn_agent, store, 1.0, 1.0)
+    add_sleep_jobs(
+        store, [1.0, 0.3, 1.0, 1.0, 1.0], strategy="round_robin", strategy_params={"explore": 0}
+    )
+    ids, a_id, b_id = job_ids(store), node_id(store, a), node_id(store, b)
+    with by_hand(db) as hand:
+        master = hand.master
+        book = master.book
+        master.dispatcher.assign()
+        book.move(ids["job-3"], a_id, 0.5)  # a: four long jobs, b: one short one
+        master.dispatcher.send()  # two on a's agent, two queued for it; b runs its one
+        last = ids["job-4"]
+        assert last in book.queues[a_id] and len(book.flights[b_id]) == 1
+        master.balancer.step_time = 0.3  # b's job ends within two steps: b steals
+        master.step()
+        assert book.placed[last][0] == b_id
+        assert book.stage[last] is Stage.IN_FLIGHT, "sent in the step that stole it"
+    summary = hand.summary
+    assert summary is not None
+    assert summary.done == 5
+    assert done_on(store, summary.run_id)[last] == b_id
+
+
+def test_an_agent_gets_enough_short_jobs_after_long_ones(db: Any, spawn_agent: Spawn) -> None:
+    """Jobs sent ahead are counted by the node's recent durations; when those were long
+    and the next jobs are short, the agent still gets QUEUE_AHEAD of their work."""
+    store, _ = db
+    (a,) = start(spawn_agent, store, 1.0)
+    add_sleep_jobs(store, [0.01] * 60, strategy_params={"explore": 0})
+    cycle(db)  # their durations learned
+    a_id = node_id(store, a)
+    with by_hand(db) as hand:
+        master = hand.master
+        master.dispatcher.assign()
+        master.nodes[a_id].recent_duration = 0.5  # as if a long job had just ended
+        master.dispatcher.send()
+        # two jobs by count (0.5 s ahead at 0.5 s a job); about 0.5 s of them by work
+        assert len(master.book.flights[a_id]) >= 20
+    summary = hand.summary
+    assert summary is not None
+    assert summary.done == 60
 
 
 def test_idle_nodes_ask_jobs_back_from_several_agents_in_one_step(

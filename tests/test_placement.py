@@ -119,6 +119,19 @@ def test_known_long_jobs_are_placed_first() -> None:
     assert prio[0].id == 1  # priority first, then length
 
 
+def test_short_jobs_are_spread_over_a_nodes_queue_not_all_last() -> None:
+    """Longest first, except jobs shorter than ``spread_below``: those go evenly over
+    the time of the longer ones, so a cycle's end does not flood the master with them."""
+    works = {j: 1.0 - 0.1 * j for j in range(4)} | {j: 0.001 for j in range(4, 12)}
+    k = knowledge_for(works, {1: 1.0})
+    (node,) = nodes(1.0)
+    pairs = EarliestFinish().place([job(j) for j in works], lambda _j: [node], k)
+    assert [j.id for j, _n in pairs] == [0, 4, 5, 1, 6, 7, 2, 8, 9, 3, 10, 11]
+    (node,) = nodes(1.0)
+    lpt = EarliestFinish(spread_below=0).place([job(j) for j in works], lambda _j: [node], k)
+    assert [j.id for j, _n in lpt] == list(range(12))
+
+
 def test_earliest_finish_weighs_queue_against_speed() -> None:
     k = knowledge_for({1: 4.0}, {1: 1.0, 2: 4.0})
     slow, fast = nodes(1.0, 4.0)

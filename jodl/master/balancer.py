@@ -79,6 +79,8 @@ class Balancer(PartOf):
         #: Moving mean of the loop's step time (seconds) and when the last step balanced.
         self.step_time = 0.0
         self._last_step = 0.0
+        #: Nodes the last balance step gave jobs to (the loop sends them at once).
+        self.fed: set[int] = set()
         self.trials = TrialMoves(parts, nodes, self.rng)
         # Told of each result, and of nodes given up on (their homes are freed).
         parts.watcher = self
@@ -156,11 +158,13 @@ class Balancer(PartOf):
         yet move at once; jobs on the agent are asked back (protocol f) and move only
         if the agent confirms they had not started. A move is made only if the job ends
         earlier on the thief by more than the round trip plus a margin (the steal
-        inequality of :mod:`jodl.master.rules`).
+        inequality of :mod:`jodl.master.rules`). The nodes given jobs are :attr:`fed`:
+        the loop sends them what they took in the same step, not the next one.
         """
         book = self.book
         now = time.time()
         self._clock(now)
+        self.fed = set()
         usable = self.nodes.usable()
         if len(usable) < 2:
             return 0
@@ -196,6 +200,7 @@ class Balancer(PartOf):
         )
         moved = self._carry_out(steals)
         moved += self._strategy_moves(queues, idle)
+        self.fed = {s.id for s in idle if book.queues[s.id]}
         return moved
 
     def _clock(self, now: float) -> None:
@@ -206,9 +211,9 @@ class Balancer(PartOf):
         self._last_step = now
 
     def lead(self) -> float:
-        """Seconds a steal takes to reach a thief: :data:`LEAD_STEPS` loop steps (it is
-        planned in one step and sent in the next); the round trips are counted in the
-        steal inequality."""
+        """Seconds before it runs dry a node steals: :data:`LEAD_STEPS` loop steps (its
+        end is seen at a step's collect; what it steals is sent at the end of the step
+        that stole it); the round trips are counted in the steal inequality."""
         return LEAD_STEPS * self.step_time
 
     def _finish(self, slot: NodeSlot, now: float) -> tuple[float, float, float]:

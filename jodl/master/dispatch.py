@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import islice
 from typing import Any
 
 from .. import failpoint
@@ -32,7 +33,7 @@ from .nodes import Nodes, NodeSlot
 from .outcomes import COLLECT_LIMIT, Outcomes
 from .parts import PartOf, Parts
 from .records import job_info
-from .rules import PLACE_STEP, QUEUE_AHEAD, STEP_SEND
+from .rules import FEW_AHEAD, PLACE_STEP, QUEUE_AHEAD, STEP_SEND
 
 
 @dataclass
@@ -165,24 +166,32 @@ class Dispatcher(PartOf):
 
     # -- send --------------------------------------------------------------------------------
 
-    def send(self) -> int:
+    def send(self, only: Collection[int] | None = None) -> int:
         """Send queued jobs, up to what keeps each agent busy and a share of
-        :data:`STEP_SEND` each; log the batches first. One ``send`` call per agent."""
-        sending = self.prepare()
+        :data:`STEP_SEND` each; log the batches first. One ``send`` call per agent.
+
+        ``only``: to these nodes alone (the thieves of a balance step, sent what they
+        stole in the step that stole it)."""
+        sending = self.prepare(only)
         if sending is None:
             return 0
         calls = {node_id: sending.call(node_id) for node_id in sending.wires}
         self.deliver(sending, self.nodes.calls.each(calls))
         return sending.total
 
-    def prepare(self) -> Sending | None:
+    def prepare(self, only: Collection[int] | None = None) -> Sending | None:
         """Pick the jobs to send and log them (write-ahead); None when there are none.
         The calls that send them are the caller's: :meth:`send`, or the loop's
-        ``exchange`` with agents it also collects from; then :meth:`deliver`."""
+        ``exchange`` with agents it also collects from; then :meth:`deliver`.
+        ``only``: to these nodes alone."""
         book = self.book
         batches: dict[int, list[int]] = {}
         total = 0
-        ready = [slot for slot in self.nodes if slot.usable and book.queues[slot.id]]
+        ready = [
+            slot
+            for slot in self.nodes
+            if slot.usable and book.queues[slot.id] and (only is None or slot.id in only)
+        ]
         share = max(1, STEP_SEND // max(1, len(ready)))
         for slot in ready:
             queue = book.queues[slot.id]
@@ -293,7 +302,11 @@ class Dispatcher(PartOf):
 
         Sized by the durations this node actually reported (not by placement's
         guesses), so no-op jobs go in large batches and long jobs stay stealable;
-        and by the agent's async slots for families that run on its event loop.
+        and by the agent's async slots for families that run on its event loop. When
+        that makes only a few (:data:`FEW_AHEAD`: the node's recent jobs were long)
+        and the next ones are short, by their expected work instead: a node whose
+        queue mixes long and short jobs waited a step for its next send after each
+        long one (hard case of bench/makespan.py: 0.016-0.02 s of capacity a cycle).
         """
         slots = max(1, slot.load.slots)
         queue = self.book.queues[slot.id]
@@ -305,4 +318,21 @@ class Dispatcher(PartOf):
             want = 2 * slots
         else:
             want = max(2 * slots, int(slots * QUEUE_AHEAD / max(1e-6, slot.recent_duration)))
-        return min(want, self.batch_size) - len(self.book.flights[slot.id])
+        flights = self.book.flights[slot.id]
+        room = min(want, self.batch_size) - len(flights)
+        if want <= FEW_AHEAD and queue:
+            # A few jobs ahead, sized by long ones just reported: if the next ones are
+            # short, that is far less than QUEUE_AHEAD of work, and the agent waits for
+            # the next step. Enough of them go to hold that much, by their expected work.
+            placed = self.book.placed
+            need = slots * QUEUE_AHEAD - sum(
+                placed[s.job_id][1] for s in flights.values() if s.job_id in placed
+            )
+            count = 0
+            for job_id in islice(queue, self.batch_size):
+                if need <= 0:
+                    break
+                need -= placed[job_id][1]
+                count += 1
+            room = max(room, min(count, self.batch_size - len(flights)))
+        return room

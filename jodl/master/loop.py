@@ -10,7 +10,8 @@
     collect          one call per agent; commit results and failures; ack them next time
                      (before assign and send while a resumed run has sent nothing yet)
     read_more        the next window of a large run's jobs, and a resumed run's trial moves
-    balance          an idle agent takes unstarted jobs from the one expected to end last
+    balance          an idle agent takes unstarted jobs from the one expected to end last,
+                     sent to it at once
     check_timeouts   take jobs back from an agent past its family's timeout
     review_durations trial moves decided; slow jobs get a trial move for their next run
     run_backups      near a cycle's end, backup copies of stragglers (idempotent families)
@@ -456,7 +457,9 @@ class Master:
             self.dispatcher.assign()
             sent, got = self._send_and_collect()
         self.keeper.read_more()  # the next windows of large runs, after the sends
-        self.balancer.balance()
+        if self.balancer.balance() and self.balancer.fed:
+            # what the thieves took goes out now, not a step later: they are about to idle
+            sent += self.dispatcher.send(self.balancer.fed)
         self.balancer.check_timeouts()
         self.balancer.trials.review_durations()
         self.outcomes.flush_cancels()

@@ -52,6 +52,9 @@ from ..placement import JobInfo, Knowledge, NodeLoad
 #: that a slot never waits for the next loop step (a step takes about a millisecond
 #: with hundreds of results), little enough that long jobs stay stealable here.
 QUEUE_AHEAD = 0.5
+#: An agent sent at most this many jobs ahead (its recent jobs were long) is sent
+#: enough of its next ones to hold QUEUE_AHEAD of their expected work.
+FEW_AHEAD = 16
 #: Most jobs one loop step sends, all agents together, shared evenly among those with
 #: jobs queued. A step's time grows with the jobs it sends (write-ahead rows, the
 #: wire) and then collects: on 500 agents, each with room for a batch, one step sent a
@@ -75,9 +78,11 @@ STEAL_WINDOW = 256
 #: ``steal_margin``: expectations err by about a tenth, a smaller gain is noise.
 STEAL_SHARE = 0.1
 #: A node steals once what its agent holds is expected to end within this many loop
-#: steps: a steal is planned in one step and its job sent in the next, so a node that
-#: waited until it was idle would idle for that long (on a loaded machine, steps of a
-#: few milliseconds each: most of what a cycle of short jobs lost above its bound).
+#: steps: a node's end is seen only at a step's collect, and a steal reaches its
+#: agent at the end of the step that planned it, so a node that waited until it was
+#: idle would idle for up to a step and the steal's round trips (on a loaded machine,
+#: steps of a few milliseconds each: most of what a cycle of short jobs lost above
+#: its bound).
 LEAD_STEPS = 2.0
 #: Weight of the newest step in the moving mean of the loop's step time.
 STEP_WEIGHT = 0.1
