@@ -115,8 +115,7 @@ def test_a_frozen_agent_costs_one_call_timeout_and_is_gone_after_the_grace(
     twice = {key for key, n in runs.items() if n > 1}
     given_up = {key for port, key, state in logged(store) if state == ExecState.LOST}
     assert twice <= given_up
-    # Thawed: a master speaks to it again and cancels what it gave up on; nothing
-    # committed runs again there.
+    # Thawed: a master speaks to it again and cancels what it gave up on.
     again = Master(settings(db_url, grace), store=store)
     try:
         again.start()
@@ -131,7 +130,11 @@ def test_a_frozen_agent_costs_one_call_timeout_and_is_gone_after_the_grace(
         )
     finally:
         again.close()
-    assert marks(path)[before:] == [], "jobs whose result was committed ran again after SIGCONT"
+    # At most a job per slot frozen in the instants between the agent's last look at its
+    # session and the job's start, and only one the master had given up on (the agent
+    # looks again before a job it took 10 ms or more ago: docs/architecture.md).
+    thawed = marks(path)[before:]
+    assert len(thawed) <= SLOTS and {key for _, key in thawed} <= given_up, thawed
 
 
 def test_a_suspect_node_that_answers_again_keeps_what_it_learned(

@@ -52,11 +52,12 @@ REMEMBER_ACKED = 200_000
 QUICK_JOB = 0.001
 #: ... at most this many (and never more than its share of the queue).
 QUICK_CHUNK = 32
-#: A slot running a chunk looks again whether the chunk's session may start jobs before
-#: its next one once this long passed since it last looked (seconds, monotonic: time
-#: the agent was frozen counts). A freeze or a slow job in the chunk may have detached
-#: the session meanwhile, and its master may have placed the rest elsewhere. Far
-#: below any detach time; a lock every 10 ms at most costs quick jobs nothing.
+#: A slot looks again whether a session may start the jobs it took before the next one
+#: (the first of its take included) once this long passed since it last looked
+#: (seconds, monotonic: time the agent was frozen counts). A freeze, or a slow job of
+#: a chunk, may have detached the session meanwhile, and its master may have placed
+#: them elsewhere. Far below any detach time; a lock every 10 ms at most costs quick
+#: jobs nothing.
 CHUNK_LOOK = 0.01
 
 
@@ -509,10 +510,13 @@ class AgentCore:
                     if len(jobs) > 1:
                         self._chunks[slot] = jobs[1:]
                 running.update(job[0] for job in jobs)
+                looked, index = time.monotonic(), 0  # the take's check, under the lock
             outcomes: list[tuple[int, float, Any, Exception | None]] = []
-            looked, index = time.monotonic(), 0
             while index < len(jobs):
-                if index and time.monotonic() - looked > CHUNK_LOOK:
+                # Checked again before any job, the first included, once CHUNK_LOOK
+                # passed since the last check: an agent frozen between its take and
+                # the job's start does not start it on thawing if its session halted.
+                if time.monotonic() - looked > CHUNK_LOOK:
                     if not self._chunk_goes_on(slot, jobs, index, outcomes):
                         break
                     looked = time.monotonic()
