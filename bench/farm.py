@@ -94,43 +94,31 @@ def serve_farm(slots: int) -> None:
             self.empty: list[float] = []
 
         # One thread per connection, and one connection from the master: no lock.
-        def _noted(self, call: Any, *lists: list[float]) -> Any:
+        def _noted(self, name: str, args: Any, kwargs: Any, *lists: list[float]) -> Any:
             now = time.monotonic()
             for noted in lists:
                 noted.append(now)
             try:
-                return call()
+                return getattr(AgentService, f"exposed_{name}")(self, *args, **kwargs)
             finally:
                 if not any(self._core.remaining()):
                     self.empty.append(now)
 
         def exposed_send(self, *args: Any, **kwargs: Any) -> Any:
-            return self._noted(
-                lambda: super(CountedService, self).exposed_send(*args, **kwargs), self.sends
-            )
+            return self._noted("send", args, kwargs, self.sends)
 
         def exposed_done(self, *args: Any, **kwargs: Any) -> Any:
-            return self._noted(
-                lambda: super(CountedService, self).exposed_done(*args, **kwargs), self.polls
-            )
+            return self._noted("done", args, kwargs, self.polls)
 
         def exposed_outcomes(self, *args: Any, **kwargs: Any) -> Any:
-            return self._noted(
-                lambda: super(CountedService, self).exposed_outcomes(*args, **kwargs), self.polls
-            )
+            return self._noted("outcomes", args, kwargs, self.polls)
 
         def exposed_draining(self, *args: Any, **kwargs: Any) -> Any:
-            return self._noted(
-                lambda: super(CountedService, self).exposed_draining(*args, **kwargs), self.polls
-            )
+            return self._noted("draining", args, kwargs, self.polls)
 
         def exposed_exchange(self, *args: Any, **kwargs: Any) -> Any:
             # a send, and a poll: it answers the outcomes too
-            return self._noted(
-                lambda: super(CountedService, self).exposed_exchange(*args, **kwargs),
-                self.sends,
-                self.polls,
-            )
+            return self._noted("exchange", args, kwargs, self.sends, self.polls)
 
     counted: dict[str, CountedService] = {}
     servers = []

@@ -246,7 +246,8 @@ def spread_short(
     several times as long as before. Spread, the end is still made of the shortest of
     the longer jobs, and of a share of the short ones.
     """
-    if all(took >= below for _job, _node, took in placed):
+    shorter = [took < below for _job, _node, took in placed]
+    if all(shorter) or not any(shorter):  # nothing to spread (every cycle of no-op jobs)
         return [(job, node) for job, node, _took in placed]
     by_node: dict[int, list[tuple[JobInfo, NodeLoad, float]]] = {}
     for item in placed:
