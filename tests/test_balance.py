@@ -23,6 +23,7 @@ from sqlalchemy import event, select, update
 from jodl.log import Store, make_engine
 from jodl.log.migrate import upgrade
 from jodl.log.models import ExecState, Execution, Job, JobState, Node, Run
+from jodl.log.runs import MIN_LOWER_BOUND
 from jodl.master import Master, RunSummary, dispatch
 from jodl.master.book import Stage
 from jodl.master.records import ActiveRun
@@ -624,11 +625,18 @@ def test_runs_record_makespan_lower_bound_and_learned_speeds(db: Any, spawn_agen
     assert run is not None
     with store.engine.connect() as conn:
         speeds = dict(conn.execute(select(Node.address, Node.speed)).all())  # type: ignore[arg-type]
-    assert run.makespan and run.lower_bound and run.ratio
-    assert run.ratio == pytest.approx(run.makespan / run.lower_bound)
+    assert run.makespan and run.lower_bound and run.lower_bound >= MIN_LOWER_BOUND
     assert speeds[fast.address] > 2 * speeds[slow.address]
     out = run_jodl("status", env={"JODL_DATABASE_URL": url})
-    assert f"LB={run.lower_bound:.2f}s" in out.stdout and f"ratio={run.ratio:.2f}" in out.stdout
+    # The bound comes from learned estimates: a cycle that ran faster than the one it
+    # learned from can finish under it (0.3065 s against 0.3095 s on a loaded machine),
+    # and then no ratio is shown. Otherwise the ratio is makespan ÷ bound, shown.
+    (line,) = [x for x in out.stdout.splitlines() if f"#{run.number} " in x]
+    if run.makespan >= run.lower_bound:
+        assert run.ratio == pytest.approx(run.makespan / run.lower_bound)
+        assert f"LB={run.lower_bound:.2f}s" in line and f"ratio={run.ratio:.2f}" in line
+    else:
+        assert run.ratio is None and "ratio=" not in line
 
 
 def test_returning_node_keeps_its_id_and_learning(db: Any, spawn_agent: Spawn) -> None:
