@@ -62,6 +62,11 @@ class Learned:
         self.last = duration
 
 
+def _observed(stat: Learned) -> bool:
+    """Whether ``stat`` holds a positive mean duration (what speed fitting uses)."""
+    return bool(stat.count and stat.mean and stat.mean > 0)
+
+
 class Knowledge:
     """Learned durations per (job, node) and node speeds, with the fallbacks of :meth:`expected`.
 
@@ -252,21 +257,27 @@ class Knowledge:
                 num[node_id] = num.get(node_id, 0.0) + count * math.log(mean_all / (total / count))
                 den[node_id] = den.get(node_id, 0.0) + count
         log_s = {n: num[n] / den[n] if den.get(n) else 0.0 for n in nodes}
-        shared: dict[int, dict[int, tuple[float, float]]] = {}
-        for job_id, seen_on in self._by_job.items():
-            if isinstance(seen_on, Learned):
-                continue  # most jobs ran on one node: they say nothing about ratios
-            obs = {
-                n: (math.log(st.mean), float(st.count))
-                for n, st in seen_on.items()
-                if st.count and st.mean and st.mean > 0
-            }
-            if len(obs) > 1:
-                shared[job_id] = obs
-        if len(shared) > SPEED_SAMPLE:  # a spread sample keeps this cheap on huge families
-            keys = sorted(shared)
+        # Jobs seen on several nodes (most jobs ran on one: they say nothing about
+        # ratios); of many, a spread sample keeps this cheap on huge families. Only the
+        # sample's observations are built: all of a million-job family's took 50 MB at
+        # the end of its run, the master's peak.
+        keys = sorted(
+            job_id
+            for job_id, seen_on in self._by_job.items()
+            if not isinstance(seen_on, Learned)
+            and sum(1 for st in seen_on.values() if _observed(st)) > 1
+        )
+        if len(keys) > SPEED_SAMPLE:
             step = len(keys) / SPEED_SAMPLE
-            shared = {keys[int(i * step)]: shared[keys[int(i * step)]] for i in range(SPEED_SAMPLE)}
+            keys = [keys[int(i * step)] for i in range(SPEED_SAMPLE)]
+        shared: dict[int, dict[int, tuple[float, float]]] = {
+            job_id: {
+                n: (math.log(st.mean), float(st.count))  # type: ignore[arg-type]
+                for n, st in self._by_job[job_id].items()  # type: ignore[union-attr]
+                if _observed(st)
+            }
+            for job_id in keys
+        }
         linked = {n for obs in shared.values() for n in obs}
         if linked:
             anchor = sum(log_s[n] for n in linked) / len(linked)
