@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import event, insert, select, text
+from sqlalchemy import event, insert, select, text, update
 
 from jodl.exceptions import UnknownFamily
 from jodl.log import Store, make_engine
@@ -198,6 +198,37 @@ def test_a_resumed_run_read_in_windows_is_the_run_read_at_once(store: Store) -> 
     # (which such a window cannot hold) are not left out then.
     unasked = store.run_window(run, "gw", 6, logged=False)
     assert [j.key for j in unasked.jobs] == ["k00", "k01", "k02", "k03", "k04", "k05"]
+
+
+def test_windows_give_members_oldest_due_first_however_they_lie_among_the_ids(
+    store: Store,
+) -> None:
+    """Members of three last runs (none among them), between runs of another family's
+    jobs and far apart in ids: small windows give each member once, in the run's order
+    (last run, then id), ids read in ranges that double over gaps."""
+    gw, other = store.ensure_family("gw"), store.ensure_family("other")
+    for block in range(4):
+        store.add_jobs(gw, {f"g{block}-{i}": {} for i in range(5)})
+        store.add_jobs(other, {f"o{block}-{i}": {} for i in range(40)})
+    for _ in range(3):  # runs 1-3 of gw; its jobs then say which they last ran in
+        run, _resumed = store.open_run(gw, epoch=1)
+        store.finish_run(run, None, None)
+    with store.engine.begin() as conn:
+        ids = list(conn.scalars(select(Job.id).where(Job.family_id == gw.id).order_by(Job.id)))
+        for n, job_id in enumerate(ids):
+            last = (None, 3, 1)[n % 3]
+            conn.execute(update(Job).where(Job.id == job_id).values(last_run_number=last))
+    last_of = {job_id: (None, 3, 1)[n % 3] or 0 for n, job_id in enumerate(ids)}
+    run, _resumed = store.open_run(gw, epoch=1)
+    read: list[int] = []
+    after = None
+    while True:
+        window = store.run_window(run, "gw", 3, after=after, logged=False)
+        read += [j.id for j in window.jobs]
+        if window.next_after is None:
+            break
+        after = window.next_after
+    assert read == sorted(ids, key=lambda job_id: (last_of[job_id], job_id))
 
 
 def test_a_batch_is_empty_only_when_it_holds_nothing(store: Store) -> None:

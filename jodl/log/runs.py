@@ -10,15 +10,14 @@ from typing import Any
 
 from sqlalchemy import (
     Engine,
+    Select,
     delete,
     exists,
     func,
     insert,
-    literal,
     literal_column,
     or_,
     select,
-    tuple_,
     update,
 )
 from sqlalchemy.orm import Session, sessionmaker
@@ -164,10 +163,7 @@ class Runs:
                 Job.trial_node_id,
                 *budgets.oldest_due(),
             ).where(*_member_filter(run))
-            window = members
-            if after is not None:
-                window = window.where(tuple_(*budgets.oldest_due()) > tuple_(*map(literal, after)))
-            rows = conn.execute(window.order_by(*budgets.oldest_due()).limit(size)).all()
+            rows = _members_after(conn, members, run, after, size)
             next_after = (int(rows[-1][-2]), int(rows[-1][-1])) if len(rows) == size else None
             wanted = sorted(set(also) - {row[0] for row in rows})
             for start in range(0, len(wanted), CHUNK):
@@ -444,6 +440,65 @@ class Runs:
                 .order_by(Run.number.desc())
                 .limit(1)
             )
+
+
+def _members_after(
+    conn: Any, members: Select[Any], run: Run, after: tuple[int, int] | None, size: int
+) -> list[Any]:
+    """The next ``size`` rows of ``members`` (whose last two columns are the order key,
+    :func:`budgets.oldest_due`) after ``after``, in that order.
+
+    Read one last run at a time, each in id ranges: one ``ORDER BY`` of the key with a
+    ``LIMIT`` was a scan and sort of every member per window, 250 ms a window of a
+    million-job run (25 s of its 116 s cycle), and no index serves that order without
+    making the per-cycle update of ``last_run_number`` rewrite every index of a job
+    (:func:`budgets.ran_in` keeps those updates HOT). A range of ids is bounded work
+    whatever plan PostgreSQL picks (it picks blind right after a bulk add, before
+    statistics); a range with no member doubles the next one, so sparse members cost
+    a few more statements, not one each. The next last run is found by one scan of
+    the members per distinct value: two per run, usually (never run, or all last).
+    """
+    number_of = budgets.oldest_due()[0]
+    filters = _member_filter(run)
+    top = run.max_job_id or 0
+    if after is None:
+        number, last = _next_number(conn, filters, None)
+    else:
+        number, last = after
+    rows: list[Any] = []
+    span = size
+    while number is not None and len(rows) < size:
+        if last >= top:
+            number, last = _next_number(conn, filters, number)
+            span = size
+            continue
+        end = min(top, last + span)
+        part = conn.execute(
+            members.where(number_of == number, Job.id > last, Job.id <= end)
+            .order_by(Job.id)
+            .limit(size - len(rows))
+        ).all()
+        rows += part
+        last = int(part[-1][0]) if len(rows) == size else end
+        span = span * 2 if not part else size
+    return rows
+
+
+def _next_number(conn: Any, filters: tuple[Any, ...], after: int | None) -> tuple[int | None, int]:
+    """The members' next last run after ``after`` (None: the first), and the id a read
+    of its members starts after; (None, 0) when no member has a later one."""
+    number_of = budgets.oldest_due()[0]
+    where = filters if after is None else (*filters, number_of > after)
+    found = conn.execute(
+        select(number_of, func.min(Job.id))
+        .where(*where)
+        .group_by(number_of)
+        .order_by(number_of)
+        .limit(1)
+    ).first()
+    if found is None:
+        return None, 0
+    return int(found[0]), int(found[1]) - 1
 
 
 def _member_filter(run: Run) -> tuple[Any, ...]:
