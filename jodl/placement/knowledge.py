@@ -259,8 +259,8 @@ class Knowledge:
         log_s = {n: num[n] / den[n] if den.get(n) else 0.0 for n in nodes}
         # Jobs seen on several nodes (most jobs ran on one: they say nothing about
         # ratios); of many, a spread sample keeps this cheap on huge families. Only the
-        # sample's observations are built: all of a million-job family's took 50 MB at
-        # the end of its run, the master's peak.
+        # sample's observations are built: all of a 300,000-job family's took 15 MB at
+        # the end of its second run, where the master's memory peaks.
         keys = sorted(
             job_id
             for job_id, seen_on in self._by_job.items()
