@@ -687,6 +687,34 @@ def test_a_strategy_can_propose_moves_while_balancing(db: Any, spawn_agent: Spaw
     assert node_id(store, second) in ran.values() and node_id(store, first) in ran.values()
 
 
+def test_a_run_reads_the_work_at_home_of_its_nodes_beside_its_first_steps(
+    db: Any, spawn_agent: Spawn
+) -> None:
+    """A run's open asks for each node's expected work per cycle at home without waiting
+    for the answer (a query over every job of the family); once read, the nodes that
+    placement sees carry it."""
+    store, url = db
+    start(spawn_agent, store, 1.0, 1.0)
+    add_sleep_jobs(store, [0.01] * 6, strategy_params={"explore": 0})
+    cycle(db)  # the jobs settle at homes, with durations learned there
+    family = store.family("sleep")
+    expected = store.home_work(family.id, 1.0, None)
+    assert len(expected) == 2 and all(work > 0 for work in expected.values())
+    settings = Settings.from_env(env={}, database_url=url, call_timeout=5.0, secret=TEST_SECRET)
+    master = Master(settings, store=store)
+    try:
+        master.run_cycle("sleep")
+        trials = master.balancer.trials
+        asked = [future for _nodes, future in trials._home_work]
+        for future in asked:
+            future.result(timeout=30)
+        trials.settle_home_work()
+        seen = {s.id: s.load.home_work for s in master.nodes.values()}
+    finally:
+        master.close()
+    assert seen == pytest.approx(expected)
+
+
 def test_homes_in_the_log_when_a_node_goes_for_good(db_both: Any) -> None:
     store, _ = db_both
     a, b = (store.add_node(f"127.0.0.1:{port}").id for port in (1, 2))

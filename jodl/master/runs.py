@@ -115,6 +115,7 @@ class RunKeeper(PartOf):
         before any run's end is looked at. A window is read in pieces of what one step
         sends (:data:`~jodl.master.rules.READ_STEP`): 50,000 jobs read at once made one
         step of most of a second on 500 agents (bench/farm.py)."""
+        self.balancer.trials.settle_home_work()
         for active in list(self.runs.values()):
             run = active.run
             if (  # one piece a step

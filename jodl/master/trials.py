@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
 
 from ..log.records import PendingJob
+from ..placement import NodeLoad
 from . import rules
 from .nodes import Nodes
 from .parts import PartOf, Parts
@@ -42,6 +46,8 @@ class TrialMoves(PartOf):
         #: run -> node -> [seconds, longest seconds] of the results committed there, for
         #: the lower bound (sums per node: nothing kept per job of a million-job run).
         self.run_works: dict[int, dict[int, list[float]]] = {}
+        #: Nodes and their expected work per cycle at home, being read for a run's open.
+        self._home_work: list[tuple[Sequence[NodeLoad], Future[dict[int, float]]]] = []
 
     def note(self, job: PendingJob, node_id: int, duration: float) -> None:
         """A result of ``job`` is about to be committed: review it next."""
@@ -56,9 +62,10 @@ class TrialMoves(PartOf):
     ) -> None:
         """When a cycle opens: decide open trials, give new nodes a share, explore at random.
 
-        ``home_work``: also set each node's expected work per cycle of the jobs whose
-        home it is (weighted by how often each job is due), which placement sees; the
-        later windows of a large run leave it as its first window set it.
+        ``home_work``: also ask for each node's expected work per cycle of the jobs whose
+        home it is (weighted by how often each job is due), which placement sees once
+        read (:meth:`settle_home_work`); the later windows of a large run leave it as
+        its first window asked for it.
         """
         fam = active.family.name
         tuning = self.families.tuned(fam)
@@ -101,11 +108,34 @@ class TrialMoves(PartOf):
         if not home_work:
             return
         self.ledger.writer.flush()  # the homes just decided count in the query below
-        period = self.store.cycle_period(active.family.id)
         default = self.knowledge.family_mean(fam) or self.knowledge.default_duration
-        work = self.store.home_work(active.family.id, default, period)
-        for node in nodes:
-            node.home_work = work.get(node.id, 0.0)
+        family_id = active.family.id
+
+        def read() -> dict[int, float]:
+            period = self.store.cycle_period(family_id)
+            return self.store.home_work(family_id, default, period)
+
+        # Read beside the run's first steps, not before its first send: the query reads
+        # every job of the family (1.2 s for a million), and placement only breaks ties
+        # with it; nodes keep the last value until this one is read (settle_home_work).
+        self._home_work.append((nodes, _in_background(read)))
+
+    def settle_home_work(self) -> None:
+        """Give nodes the expected work per cycle at home that the runs' opens asked for,
+        once read (at the end of every step, from :meth:`RunKeeper.read_more`)."""
+        waiting = []
+        for nodes, asked in self._home_work:
+            if not asked.done():
+                waiting.append((nodes, asked))
+                continue
+            try:
+                work = asked.result()
+            except Exception as exc:  # noqa: BLE001 - a tie-breaker: the old values serve
+                log.warning("reading the work at home of nodes failed: %s", exc)
+                continue
+            for node in nodes:
+                node.home_work = work.get(node.id, 0.0)
+        self._home_work = waiting
 
     def review_durations(self) -> int:
         """After results: decide trial moves, and give slow jobs a trial move elsewhere.
@@ -183,3 +213,17 @@ class TrialMoves(PartOf):
             max(longest * speed_of(n) for n, (_, longest) in works.items()),
             nodes,
         )
+
+
+def _in_background(read: Callable[[], Any]) -> Future[Any]:
+    """``read()`` in a thread of its own; its result (or error) in the future returned."""
+    future: Future[Any] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(read())
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader of the future
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="home-work", daemon=True).start()
+    return future
