@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 
@@ -22,7 +23,7 @@ from jodl.log.records import (
     OutcomeBatch,
     split_claims,
 )
-from jodl.log.writer import LogWriter
+from jodl.log.writer import LogWriter, _merged
 
 
 def execution(
@@ -126,6 +127,51 @@ def test_an_outcome_batch_commits_results_learning_and_dead_jobs(store: Store) -
     assert [(e.job_id, e.state) for e in store.reads.given_up(jobs.values())] == [
         (jobs["b"], JobState.DEAD)
     ]
+
+
+def test_the_writer_closes_the_claims_of_consecutive_batches_in_one_statement_set(
+    store: Store,
+) -> None:
+    """Batches of results and closed claims are written as one (one statement each per
+    commit, not per batch); dead jobs and homes keep their place between them. Every
+    claim still closes by its own attempt's guard: a stale attempt changes nothing."""
+    from jodl.queue import Queue
+
+    queue = Queue(store)
+    queue.enqueue_many("od", ["a", "b", "c", "d"])
+    claimed = {c.key: c for c in queue.claim(4, 60.0)}
+    done = [ClaimDone(claimed[k].id, claimed[k].attempt) for k in ("a", "b")]
+    stale = ClaimDone(claimed["d"].id, claimed["d"].attempt - 1)
+    later = utcnow().replace(microsecond=0) + dt.timedelta(seconds=60)
+    failed = ClaimFailed(claimed["c"].id, claimed["c"].attempt, "boom", later)
+    batches = [
+        OutcomeBatch(claims_done=done[:1]),
+        OutcomeBatch(claims_done=[*done[1:], stale], closed=[7]),
+        OutcomeBatch(claims_failed=[failed]),
+        OutcomeBatch(homes=[(claimed["a"].id, None, None)]),
+        OutcomeBatch(claims_done=[]),
+    ]
+    merged = _merged(batches)
+    assert [len(b.claims_done) + len(b.claims_failed) for b in merged] == [4, 0, 0]
+    assert merged[0].closed == [7] and merged[1].homes
+
+    statements: list[str] = []
+
+    def seen(conn, cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", seen)
+    try:  # the writer's commit of the three queued together (after a step on many agents)
+        store.record_outcomes(*_merged(batches[:3]))
+    finally:
+        event.remove(store.engine, "before_cursor_execute", seen)
+    closing = [s for s in statements if s.lstrip().upper().startswith("UPDATE JODL_JOB")]
+    assert len(closing) == 2, closing  # one for the done claims, one for the failed
+    got = {k: queue.get("od", k) for k in "abcd"}
+    assert {k: j.state for k, j in got.items()} == {
+        "a": JobState.DONE, "b": JobState.DONE, "c": JobState.QUEUED, "d": JobState.CLAIMED
+    }  # fmt: skip
+    assert got["c"] is not None and got["c"].last_error == "boom" and got["c"].due_at == later
 
 
 def test_a_runs_executions_are_read_a_page_at_a_time(store: Store) -> None:

@@ -29,16 +29,22 @@ _STOP = object()
 #: Most batches committed in one transaction: those queued while the last commit ran.
 #: The master queues a batch per agent per loop step; on 500 agents one commit each
 #: left the writer a minute behind a cycle of 100,000 no-op jobs (bench/farm.py).
-#: Consecutive batches of executions alone are written as one (:func:`_merged`): a
-#: statement set per batch made the transaction long, and the lease renewal waits for
-#: it (the fence holds the lease row).
+#: Consecutive batches of results are written as one (:func:`_merged`): a statement set
+#: per batch made the transaction long, and the lease renewal waits for it (the fence
+#: holds the lease row).
 GROUP_COMMIT = 1000
 
 
 def _merged(batches: list[OutcomeBatch]) -> list[OutcomeBatch]:
-    """``batches`` with each run of consecutive ones that hold executions and closed
-    dispatches only (the master's results), of one epoch and ``settle``, made one:
-    the log folds executions per (job, node) whatever batch they came in."""
+    """``batches`` with each run of consecutive ones that hold the master's results
+    (executions, closed dispatches, closed claims) of one epoch and ``settle``, made
+    one: the log folds executions per (job, node) whatever batch they came in, and a
+    claim is closed by its own attempt's guard. Not merged: dead jobs and homes, which
+    are written in their order among the results.
+
+    On-demand results were not merged at first: a commit then ran the statements of
+    every batch it held, each waiting for the interpreter after its round trip, and
+    the writer set the pace of on-demand jobs (``bench/ondemand.py``)."""
     out: list[OutcomeBatch] = []
     for batch in batches:
         last = out[-1] if out else None
@@ -51,6 +57,8 @@ def _merged(batches: list[OutcomeBatch]) -> list[OutcomeBatch]:
             out[-1] = replace(
                 last,
                 executions=[*last.executions, *batch.executions],
+                claims_done=[*last.claims_done, *batch.claims_done],
+                claims_failed=[*last.claims_failed, *batch.claims_failed],
                 closed=[*last.closed, *batch.closed],
             )
         else:
@@ -59,7 +67,7 @@ def _merged(batches: list[OutcomeBatch]) -> list[OutcomeBatch]:
 
 
 def _plain(batch: OutcomeBatch) -> bool:
-    return not (batch.dead or batch.claims_done or batch.claims_failed or batch.homes)
+    return not (batch.dead or batch.homes)
 
 
 class LogWriter:
