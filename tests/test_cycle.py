@@ -241,3 +241,25 @@ def test_a_large_run_sends_a_first_batch_before_placing_the_rest(store, agents, 
     done = done_per_job(store, summary.run_id)
     assert set(done) == job_ids(store, family.id)
     assert set(done.values()) == {1}, "no job has two committed results"
+
+
+def test_a_master_tunes_the_interpreter_while_it_runs_and_restores_it(store, agents, settings):
+    """The collector's threshold and the switch interval are the master's while it runs
+    (its loop, log writer and calls share the interpreter), the process's again after."""
+    import gc
+    import sys
+
+    from jodl.master.loop import GC_THRESHOLD, SWITCH_INTERVAL
+
+    before = (gc.get_threshold(), sys.getswitchinterval())
+    add_jobs(store, "noop", 20)
+    agents(1)
+    master = Master(settings, store=store)
+    try:
+        master.start()
+        assert sys.getswitchinterval() == pytest.approx(min(SWITCH_INTERVAL, before[1]))
+        assert gc.get_threshold()[0] >= GC_THRESHOLD
+        assert master.run_cycle("noop").done == 20
+    finally:
+        master.close()
+    assert (gc.get_threshold(), sys.getswitchinterval()) == before

@@ -31,6 +31,7 @@ import logging
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -80,6 +81,15 @@ FAMILY_REFRESH = 5.0
 #: a collection every 700 of them, each walking the master's large state, took
 #: about a third of its time. Restored by :meth:`Master.close`.
 GC_THRESHOLD = 50_000
+#: The interpreter's switch interval while a master runs (Python's default: 5 ms). The
+#: loop, the log writer and the calls to agents are threads of one process, and each
+#: round trip to the database or an agent ends with its thread waiting for the one that
+#: holds the interpreter, up to the interval. The log writer's commit is about ten round
+#: trips: with 5 ms, a one-row statement of it took 2–6 ms while the loop placed and
+#: collected, a commit of 1,500 results 74 ms, and on-demand jobs went only as fast as
+#: the writer (bench/ondemand.py); with 0.5 ms, 1–2 ms and 34 ms. Restored by
+#: :meth:`Master.close`.
+SWITCH_INTERVAL = 0.0005
 
 
 class Master:
@@ -159,7 +169,8 @@ class Master:
         self.controls = Controls(parts, self.outcomes)
         self._families_read = time.monotonic()
         self._started = False
-        self._gc: tuple[int, ...] | None = None
+        #: The collector's thresholds and the switch interval to restore (:meth:`start`).
+        self._interpreter: tuple[tuple[int, ...], float] | None = None
         self._idle = 0
         #: Serving starts with resuming the runs the last leader left unfinished.
         self._resume = True
@@ -213,8 +224,9 @@ class Master:
         self.leadership.keep()  # starts renewing the lease in its own thread
         self.fleet.master_id = self.name
         self.fleet.cluster = self.store.cluster_id()
-        self._gc = gc.get_threshold()
-        gc.set_threshold(max(GC_THRESHOLD, self._gc[0]), *self._gc[1:])
+        thresholds, interval = self._interpreter = (gc.get_threshold(), sys.getswitchinterval())
+        gc.set_threshold(max(GC_THRESHOLD, thresholds[0]), *thresholds[1:])
+        sys.setswitchinterval(min(SWITCH_INTERVAL, interval))
         self.store.load_knowledge(self.knowledge)
         self.listen_for_hellos()
         self._started = True
@@ -246,9 +258,11 @@ class Master:
             # collects them again.
             log.warning("stopped: the database does not answer (%s)", reason(exc))
         finally:
-            if self._gc is not None:
-                gc.set_threshold(*self._gc)
-                self._gc = None
+            if self._interpreter is not None:
+                thresholds, interval = self._interpreter
+                gc.set_threshold(*thresholds)
+                sys.setswitchinterval(interval)
+                self._interpreter = None
             self.writer.close()
             for feeder in self.feeders if final else ():  # after the commits
                 feeder.close()
