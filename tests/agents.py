@@ -59,11 +59,22 @@ def child_env(overrides: Mapping[str, str | None] | None = None) -> dict[str, st
     return env
 
 
+#: Ports :func:`free_port` handed out in this process.
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, and that this process
+    never handed out before: agents started together (``wait=False``) bind theirs only
+    later, and the kernel may offer a free port twice meanwhile. Two agents were then
+    given one address, and a test that started two saw one node."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def port_answers(port: int, host: str = "127.0.0.1") -> bool:
