@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from typing import Any
 
 from ..log.records import PendingJob
 from ..placement import NodeLoad
 from . import rules
-from .calls import Outcome
 from .nodes import Nodes
 from .parts import PartOf, Parts
 from .records import ActiveRun, job_info
@@ -46,7 +47,7 @@ class TrialMoves(PartOf):
         #: the lower bound (sums per node: nothing kept per job of a million-job run).
         self.run_works: dict[int, dict[int, list[float]]] = {}
         #: Nodes and their expected work per cycle at home, being read for a run's open.
-        self._home_work: list[tuple[Sequence[NodeLoad], Future[Outcome[dict[int, float]]]]] = []
+        self._home_work: list[tuple[Sequence[NodeLoad], Future[dict[int, float]]]] = []
 
     def note(self, job: PendingJob, node_id: int, duration: float) -> None:
         """A result of ``job`` is about to be committed: review it next."""
@@ -117,7 +118,7 @@ class TrialMoves(PartOf):
         # Read beside the run's first steps, not before its first send: the query reads
         # every job of the family (1.2 s for a million), and placement only breaks ties
         # with it; nodes keep the last value until this one is read (settle_home_work).
-        self._home_work.append((nodes, self.nodes.calls.start(read)))
+        self._home_work.append((nodes, _in_background(read)))
 
     def settle_home_work(self) -> None:
         """Give nodes the expected work per cycle at home that the runs' opens asked for,
@@ -128,7 +129,7 @@ class TrialMoves(PartOf):
                 waiting.append((nodes, asked))
                 continue
             try:
-                work = asked.result().get()
+                work = asked.result()
             except Exception as exc:  # noqa: BLE001 - a tie-breaker: the old values serve
                 log.warning("reading the work at home of nodes failed: %s", exc)
                 continue
@@ -212,3 +213,17 @@ class TrialMoves(PartOf):
             max(longest * speed_of(n) for n, (_, longest) in works.items()),
             nodes,
         )
+
+
+def _in_background(read: Callable[[], Any]) -> Future[Any]:
+    """``read()`` in a thread of its own; its result (or error) in the future returned."""
+    future: Future[Any] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(read())
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader of the future
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="home-work", daemon=True).start()
+    return future
