@@ -564,7 +564,17 @@ def test_the_backups_of_a_step_are_logged_in_one_write(db: Any, spawn_agent: Spa
         backups = balancer.run_backups
         balancer.run_backups = lambda: 0  # held back: the test asks for them once, below
         try:
-            wait_for(lambda: hand.master.step() is not None and hand.active.done >= 2, 30, "2 jobs")
+            # Every node connected (one slow to answer its connect on a loaded machine
+            # is tried again by the steps) and the fast two done with their jobs.
+            wait_for(
+                lambda: (
+                    hand.master.step() is not None
+                    and sum(n.usable for n in hand.master.nodes.values()) == 4
+                    and hand.active.done >= 2
+                ),
+                60,
+                "4 nodes connected and 2 jobs done",
+            )
             stepped_until = time.monotonic() + 0.5  # both stragglers well past their estimate
             while time.monotonic() < stepped_until:
                 hand.master.step()

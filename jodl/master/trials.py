@@ -216,7 +216,11 @@ class TrialMoves(PartOf):
 
 
 def _in_background(read: Callable[[], Any]) -> Future[Any]:
-    """``read()`` in a thread of its own; its result (or error) in the future returned."""
+    """``read()`` in a thread of its own; its result (or error) in the future returned.
+
+    Not on the pool of calls to agents (:meth:`~jodl.master.calls.Calls.start`): a
+    read of a million jobs' homes holds its thread for a second or more, and that
+    pool's threads are the ones a step's calls to agents wait for."""
     future: Future[Any] = Future()
 
     def run() -> None:
