@@ -25,13 +25,14 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from sqlalchemy import func, select, text
+from sqlalchemy import event, func, select, text
 
 from jodl.exceptions import BadPayload
 from jodl.log.engine import make_engine
 from jodl.log.migrate import upgrade
 from jodl.log.models import Job, JobState
 from jodl.log.outcomes import retry_delay
+from jodl.log.queue_sql import SORTLESS
 from jodl.log.store import Store
 from jodl.queue import Queue
 from tests.clock import Clock
@@ -501,6 +502,51 @@ class QueueMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.postgres
+def test_a_claim_walks_the_queue_index_in_order_on_a_table_without_statistics(
+    pg_database: str,
+) -> None:
+    """A burst of enqueues into a table never analysed: past the first, a claim is the
+    two statements of its transaction (no read of the families of its own, though one
+    named has no row) and its plan reads the queue index in order, with no sort of
+    every queued job."""
+    engine = make_engine(pg_database)
+    upgrade(engine)
+    q = Queue(engine)
+    for start in range(0, 20_000, 5_000):
+        q.enqueue_many("noop", [f"k{i}" for i in range(start, start + 5_000)])
+    with engine.connect() as conn:
+        never = conn.scalar(text("SELECT reltuples < 0 FROM pg_class WHERE relname = 'jodl_job'"))
+    q.claim(1, LEASE, families=["noop"])  # the budgets and the names, read once and kept
+    statements: list[tuple[str, object]] = []
+
+    def seen(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+        statements.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        claimed = q.claim(500, LEASE, families=["noop", "no-such-family"])
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert [c.key for c in claimed] == [f"k{i}" for i in range(1, 501)]
+    assert never  # the plan below is the one a table with no statistics gets
+    assert [s for s, _ in statements if "jodl_family" in s and "UPDATE" not in s] == []
+    (setting, _), (claim, params) = [(s, p) for s, p in statements if "SELECT 1" not in s]
+    assert setting == SORTLESS
+    with engine.begin() as conn:
+        conn.exec_driver_sql(setting)
+        plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + claim, params).scalar()
+        conn.rollback()
+    nodes = []
+    todo = [plan[0]["Plan"]]
+    while todo:
+        node = todo.pop()
+        nodes.append(node)
+        todo.extend(node.get("Plans", []))
+    assert not any("Sort" in n["Node Type"] for n in nodes)
+    assert any(n.get("Index Name") == "ix_jodl_job_queue" for n in nodes)
+    engine.dispose()
+
+
 def test_queue_matches_its_model_on_postgresql(pg_database: str) -> None:
     engine = make_engine(pg_database)
     upgrade(engine)

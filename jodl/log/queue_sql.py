@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -49,6 +49,15 @@ CHUNK = 1000
 #: second, from its loop (``bench/ondemand.py``).
 CLAIMS = "unnest(CAST(:ids AS BIGINT[]), CAST(:attempts AS INTEGER[])) AS c(id, attempt)"
 HELD = f"j.id = c.id AND j.attempts = c.attempt AND j.state = '{JobState.CLAIMED}'"
+
+
+#: For a claim's transaction: no plan with a sort, so the due jobs are read in the queue
+#: index's order (``ix_jodl_job_queue``) and the scan stops at the claim's limit. Left to
+#: the statistics, a table with none yet (a burst of enqueues into a new or emptied
+#: queue, whose last statistics counted no queued job) got a bitmap scan of every
+#: queued job and a sort spilled to disk: 45 ms to claim 1,800 jobs of 80,000, against
+#: 17 ms in index order (``EXPLAIN ANALYZE``).
+SORTLESS = "SET LOCAL enable_sort = off"
 
 
 def _claim_arrays(pairs: Sequence[tuple[int, int]]) -> dict[str, list[int]]:
@@ -90,13 +99,6 @@ class QueueSQL:
                 pass  # created meanwhile by another process
             self._load_families()
         return self._family_ids.get(name)
-
-    def family_ids(self, names: Iterable[str]) -> list[int]:
-        """The ids of the families ``names`` that exist, read again at most once."""
-        names = list(names)
-        if any(name not in self._family_ids for name in names):
-            self._load_families()
-        return [self._family_ids[name] for name in names if name in self._family_ids]
 
     def family_name(self, fid: int) -> str:
         """The name of family ``fid``."""
@@ -165,9 +167,9 @@ class QueueSQL:
     # -- claims --------------------------------------------------------------------------------
 
     def claim(
-        self, limit: int, now: dt.datetime, until: dt.datetime, fids: Sequence[int] | None
+        self, limit: int, now: dt.datetime, until: dt.datetime, families: Sequence[str] | None
     ) -> list[Claimed]:
-        """Claim up to ``limit`` due jobs (of families ``fids``) until ``until``.
+        """Claim up to ``limit`` due jobs (of the families named) until ``until``.
 
         Highest priority first, then earliest due; within the families' hourly
         budgets. The claims come back in that order (ties by id).
@@ -176,8 +178,8 @@ class QueueSQL:
         # still use the partial index of queued jobs (ix_jodl_job_queue).
         queued = Job.state == literal_column(f"'{JobState.QUEUED}'")
         due = select(Job.id).where(queued, Job.due_at <= now)
-        if fids is not None:
-            due = due.where(Job.family_id.in_(fids))
+        if families is not None:
+            due = due.where(_of_families(families))
         due = due.order_by(Job.priority.desc(), Job.due_at)
 
         def statement(extra: tuple[Any, ...], most: int) -> Any:
@@ -216,6 +218,8 @@ class QueueSQL:
         per_hour = self.hourly.per_hour()  # families with an on-demand budget (cached)
         rows: Sequence[Any]
         with self.engine.begin() as conn:
+            if self.postgres:
+                conn.exec_driver_sql(SORTLESS)
             if per_hour:
                 rows = self.hourly.claim(
                     conn, per_hour, now, limit, lambda x, n: conn.execute(statement(x, n)).all()
@@ -457,11 +461,11 @@ class QueueSQL:
                 .limit(1)
             )
 
-    def next_due(self, fids: Sequence[int] | None) -> dt.datetime | None:
-        """The earliest due time among queued jobs (of families ``fids``), or None."""
+    def next_due(self, families: Sequence[str] | None) -> dt.datetime | None:
+        """The earliest due time among queued jobs (of the families named), or None."""
         stmt = select(func.min(Job.due_at)).where(Job.state == JobState.QUEUED)
-        if fids is not None:
-            stmt = stmt.where(Job.family_id.in_(fids))
+        if families is not None:
+            stmt = stmt.where(_of_families(families))
         with self.engine.connect() as conn:
             value = conn.scalar(stmt)
         if isinstance(value, str):  # SQLite's min() of a DateTime column is plain text
@@ -476,6 +480,13 @@ class QueueSQL:
             if self._ids is None:
                 self._ids = ExecIds(self.engine)
             return self._ids.take(1)[0]
+
+
+def _of_families(names: Sequence[str]) -> Any:
+    """Jobs of the families named, looked up in the same statement: agents name families
+    that have no row (nothing of theirs was ever added), and a lookup of its own made
+    every claim read the family table again (a tenth of the claiming thread's time)."""
+    return Job.family_id.in_(select(FamilyRow.id).where(FamilyRow.name.in_(names)))
 
 
 def _listing() -> Any:

@@ -190,15 +190,11 @@ class Queue:
         A family with an on-demand budget (:mod:`jodl.admin.budget`) gives at most its
         budget's jobs per clock hour; its other jobs stay queued.
         """
-        if limit <= 0:
+        names = None if families is None else list(families)
+        if limit <= 0 or names == []:
             return []
-        fids = None
-        if families is not None:
-            fids = self.sql.family_ids(families)
-            if not fids:
-                return []
         now = self.clock()
-        return self.sql.claim(limit, now, now + dt.timedelta(seconds=lease), fids)
+        return self.sql.claim(limit, now, now + dt.timedelta(seconds=lease), names)
 
     def extend(self, claims: Iterable[tuple[int, int]], lease: float = DEFAULT_LEASE) -> set[int]:
         """Renew the leases of (job_id, attempt) claims; the ids still claimed by them."""
@@ -328,12 +324,8 @@ class Queue:
 
     def next_due(self, families: Iterable[str] | None = None) -> dt.datetime | None:
         """The earliest due time among queued jobs (of ``families``), or None."""
-        fids = None
-        if families is not None:
-            fids = self.sql.family_ids(families)
-            if not fids:
-                return None
-        return self.sql.next_due(fids)
+        names = None if families is None else list(families)
+        return self.sql.next_due(names) if names != [] else None
 
     # -- waiting ---------------------------------------------------------------------------------
 
