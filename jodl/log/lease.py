@@ -70,6 +70,16 @@ def writer_name(epoch: int) -> str:
     return f"{WRITER}{epoch}"
 
 
+#: The fence check on PostgreSQL: the transaction named, then a lease row of the epoch
+#: share-locked (its epoch in the third column; NULL when there is none).
+_NAMED_AND_HELD = text(
+    f"WITH held AS (SELECT epoch FROM {MasterLease.__tablename__}"
+    " WHERE epoch = :epoch AND name <> :counter LIMIT 1 FOR SHARE)"
+    " SELECT set_config('idle_in_transaction_session_timeout', :idle, true),"
+    " set_config('application_name', :name, true), (SELECT epoch FROM held)"
+)
+
+
 def check_fence(conn: Connection, epoch: int) -> None:
     """In a writing transaction: :class:`Fenced` unless a lease row still has ``epoch``.
 
@@ -84,21 +94,22 @@ def check_fence(conn: Connection, epoch: int) -> None:
     is ended by the takeover itself. Either way it cannot hold the takeover back.
     """
     if conn.dialect.name == "postgresql":
-        # The transaction is named after its epoch: a takeover that finds it holding
-        # the lease row past the lease's expiry ends it (:meth:`Leases.end_writers`).
-        conn.execute(
-            text(
-                "SELECT set_config('idle_in_transaction_session_timeout', :idle, true),"
-                " set_config('application_name', :name, true)"
-            ),
-            {"idle": str(FENCE_IDLE_MS), "name": writer_name(epoch)},
+        # The transaction is named after its epoch, then locks the row: a takeover that
+        # finds it holding the row past the lease's expiry ends it
+        # (:meth:`Leases.end_writers`). One statement, one round trip: every commit of
+        # a master's writer and every dispatch it logs begins so.
+        found = conn.execute(
+            _NAMED_AND_HELD,
+            {"idle": str(FENCE_IDLE_MS), "name": writer_name(epoch), "epoch": epoch,
+             "counter": COUNTER},
+        ).one()[2]  # fmt: skip
+    else:
+        found = conn.scalar(
+            select(MasterLease.epoch)
+            .where(MasterLease.epoch == epoch, MasterLease.name != COUNTER)
+            .limit(1)
+            .with_for_update(read=True)
         )
-    found = conn.scalar(
-        select(MasterLease.epoch)
-        .where(MasterLease.epoch == epoch, MasterLease.name != COUNTER)
-        .limit(1)
-        .with_for_update(read=True)
-    )
     if found is None:
         newest = conn.scalar(select(func.max(MasterLease.epoch)))
         raise Fenced(f"another master took over (epoch {newest}): epoch {epoch} writes nothing")
