@@ -141,22 +141,12 @@ def execution_row(
     """The execution row closing ``sent``."""
     ended = _ts(finished) if finished is not None else utcnow()
     started = _ts(finished - duration) if finished is not None and duration is not None else None
+    # Positional, in the fields' order: by keyword the record took twice as long (0.8 µs
+    # against 0.35), once per result in the master's loop.
     return ExecutionRow(
-        id=exec_id,
-        run_id=sent.run_id,
-        job_id=sent.job_id,
-        node_id=sent.node_id,
-        attempt=sent.attempt,
-        state=state,
-        backup=backup,
-        epoch=epoch,
-        sent_at=sent.sent_at,
-        started_at=started,
-        finished_at=ended,
-        duration=duration,
-        result=result,
-        error=error,
-    )
+        exec_id, sent.run_id, sent.job_id, sent.node_id, sent.attempt, state, backup, epoch,
+        sent.sent_at, started, ended, duration, result, error,
+    )  # fmt: skip
 
 
 #: Outcomes after which the execution may still run on its agent: given up on without
@@ -220,7 +210,8 @@ class Ledger:
 
 def _ts(unix: float) -> dt.datetime:
     """A naive UTC datetime from a unix time (the log stores naive UTC)."""
-    return _EPOCH + dt.timedelta(seconds=unix)
+    return _EPOCH + _DELTA(0, unix)  # (days, seconds): a third faster than seconds=unix
 
 
 _EPOCH = dt.datetime(1970, 1, 1)
+_DELTA = dt.timedelta
