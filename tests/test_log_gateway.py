@@ -277,6 +277,55 @@ def test_windows_give_members_oldest_due_first_however_they_lie_among_the_ids(
     assert read == sorted(ids, key=lambda job_id: (last_of[job_id], job_id))
 
 
+def test_a_window_reads_its_id_range_by_the_primary_key_on_a_table_without_statistics(
+    pg_database: str,
+) -> None:
+    """Right after a bulk add (no statistics), a window's range read walks the primary
+    key through its range alone, never a bitmap of the family's every job; the setting
+    that makes it so is the range read's only: put back after it."""
+    engine = make_engine(pg_database)
+    upgrade(engine)
+    store = Store(engine)
+    gw, other = store.ensure_family("gw"), store.ensure_family("other")
+    store.add_jobs(gw, {f"g{i}": {} for i in range(20_000)})
+    store.add_jobs(other, {f"o{i}": {} for i in range(5_000)})
+    with engine.connect() as conn:
+        never = conn.scalar(text("SELECT reltuples < 0 FROM pg_class WHERE relname = 'jodl_job'"))
+    run, _resumed = store.open_run(gw, epoch=1)
+    statements: list[tuple[str, object]] = []
+
+    def seen(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+        statements.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        first = store.run_window(run, "gw", 1_000, logged=False)
+        second = store.run_window(run, "gw", 1_000, after=first.next_after, logged=False)
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert [j.key for j in first.jobs + second.jobs] == [f"g{i}" for i in range(2_000)]
+    assert never
+    ranges = [i for i, (s, _) in enumerate(statements) if "jodl_job.id > " in s]
+    assert len(ranges) == 2
+    for i in ranges:
+        off, on = statements[i - 1], statements[i + 1]
+        assert "set_config(%(name)s, 'off', true)" in off[0] and "set_config" in on[0]
+        assert off[1] == {"name": "enable_bitmapscan"}
+        assert on[1] == {"name": "enable_bitmapscan", "value": "on"}
+        with engine.begin() as conn:
+            conn.execute(text(off[0].replace("%(name)s", ":name")), off[1])
+            query, params = statements[i]
+            plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + query, params).scalar()
+            conn.rollback()
+        nodes, todo = [], [plan[0]["Plan"]]
+        while todo:
+            nodes.append(todo.pop())
+            todo.extend(nodes[-1].get("Plans", []))
+        assert not any("Bitmap" in n["Node Type"] for n in nodes)
+        assert any(n.get("Index Name") == "pk_jodl_job" for n in nodes)
+    engine.dispose()
+
+
 def test_a_batch_is_empty_only_when_it_holds_nothing(store: Store) -> None:
     assert not OutcomeBatch(settle=True)
     assert OutcomeBatch(closed=[1])
