@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import event, insert, select, text, update
+from sqlalchemy import Engine, event, insert, select, text, update
 
 from jodl.exceptions import UnknownFamily
 from jodl.log import Store, make_engine
@@ -312,17 +312,64 @@ def test_a_window_reads_its_id_range_by_the_primary_key_on_a_table_without_stati
         assert "set_config(%(name)s, 'off', true)" in off[0] and "set_config" in on[0]
         assert off[1] == {"name": "enable_bitmapscan"}
         assert on[1] == {"name": "enable_bitmapscan", "value": "on"}
-        with engine.begin() as conn:
-            conn.execute(text(off[0].replace("%(name)s", ":name")), off[1])
-            query, params = statements[i]
-            plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + query, params).scalar()
-            conn.rollback()
-        nodes, todo = [], [plan[0]["Plan"]]
-        while todo:
-            nodes.append(todo.pop())
-            todo.extend(nodes[-1].get("Plans", []))
+        nodes = plan_nodes(engine, off, statements[i])
         assert not any("Bitmap" in n["Node Type"] for n in nodes)
         assert any(n.get("Index Name") == "pk_jodl_job" for n in nodes)
+    engine.dispose()
+
+
+def plan_nodes(
+    engine: Engine, setting: tuple[str, object], statement: tuple[str, object]
+) -> list[dict[str, object]]:
+    """The nodes of ``statement``'s plan (SQL text, parameters, as the driver got them)
+    in a transaction that ran ``setting`` first."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(*setting)
+        plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement[0], statement[1])
+        todo = [plan.scalar()[0]["Plan"]]
+        conn.rollback()
+    nodes = []
+    while todo:
+        nodes.append(todo.pop())
+        todo.extend(nodes[-1].get("Plans", []))
+    return nodes
+
+
+def test_the_work_at_home_is_one_hash_join_in_one_process_on_a_table_without_statistics(
+    pg_database: str,
+) -> None:
+    """Nodes' work at home reads every job of a family with what was learned of it: as
+    one hash join, never a probe per job nor parallel workers (it runs beside a cycle)."""
+    engine = make_engine(pg_database)
+    upgrade(engine)
+    store = Store(engine)
+    family = store.ensure_family("gw")
+    store.add_jobs(family, {f"g{i}": {} for i in range(5_000)})
+    with engine.begin() as conn:
+        conn.execute(update(Job).values(permanent_node_id=Job.id % 3 + 1))
+        conn.execute(
+            text(
+                "INSERT INTO jodl_job_on_node (job_id, node_id, executions, failures,"
+                " recent_duration, m2, updated_at) SELECT id, id % 3 + 1, 1, 0, 0.5, 0, now()"
+                " FROM jodl_job"
+            )
+        )
+    statements: list[tuple[str, object]] = []
+
+    def seen(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+        statements.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        work = store.home_work(family.id, 1.0, None)
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert work == pytest.approx({1: 1666 * 0.5, 2: 1667 * 0.5, 3: 1667 * 0.5}, abs=1)
+    setting, query = [(s, p) for s, p in statements if "SELECT 1" not in s]
+    assert "enable_nestloop" in setting[0] and "max_parallel_workers_per_gather" in setting[0]
+    nodes = plan_nodes(engine, setting, query)
+    assert any(n["Node Type"] == "Hash Join" for n in nodes)
+    assert not any(n["Node Type"] in ("Nested Loop", "Gather", "Gather Merge") for n in nodes)
     engine.dispose()
 
 
