@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import Engine, event, insert, select, text, update
+from sqlalchemy import event, insert, select, text, update
 
 from jodl.exceptions import UnknownFamily
 from jodl.log import Store, make_engine
@@ -24,6 +24,7 @@ from jodl.log.records import (
     split_claims,
 )
 from jodl.log.writer import LogWriter, _merged
+from tests.plans import plan_nodes
 
 
 def execution(
@@ -309,30 +310,12 @@ def test_a_window_reads_its_id_range_by_the_primary_key_on_a_table_without_stati
     assert len(ranges) == 2
     for i in ranges:
         off, on = statements[i - 1], statements[i + 1]
-        assert "set_config(%(name)s, 'off', true)" in off[0] and "set_config" in on[0]
-        assert off[1] == {"name": "enable_bitmapscan"}
-        assert on[1] == {"name": "enable_bitmapscan", "value": "on"}
+        assert off[1] == {"n0": "enable_bitmapscan", "v0": "off"}
+        assert on[1] == {"n0": "enable_bitmapscan", "v0": "on"}  # put back
         nodes = plan_nodes(engine, off, statements[i])
         assert not any("Bitmap" in n["Node Type"] for n in nodes)
         assert any(n.get("Index Name") == "pk_jodl_job" for n in nodes)
     engine.dispose()
-
-
-def plan_nodes(
-    engine: Engine, setting: tuple[str, object], statement: tuple[str, object]
-) -> list[dict[str, object]]:
-    """The nodes of ``statement``'s plan (SQL text, parameters, as the driver got them)
-    in a transaction that ran ``setting`` first."""
-    with engine.begin() as conn:
-        conn.exec_driver_sql(*setting)
-        plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement[0], statement[1])
-        todo = [plan.scalar()[0]["Plan"]]
-        conn.rollback()
-    nodes = []
-    while todo:
-        nodes.append(todo.pop())
-        todo.extend(nodes[-1].get("Plans", []))
-    return nodes
 
 
 def test_the_work_at_home_is_one_hash_join_in_one_process_on_a_table_without_statistics(
@@ -366,7 +349,9 @@ def test_the_work_at_home_is_one_hash_join_in_one_process_on_a_table_without_sta
         event.remove(engine, "before_cursor_execute", seen)
     assert work == pytest.approx({1: 1666 * 0.5, 2: 1667 * 0.5, 3: 1667 * 0.5}, abs=1)
     setting, query = [(s, p) for s, p in statements if "SELECT 1" not in s]
-    assert "enable_nestloop" in setting[0] and "max_parallel_workers_per_gather" in setting[0]
+    assert setting[1] == {
+        "n0": "enable_nestloop", "v0": "off", "n1": "max_parallel_workers_per_gather", "v1": "0"
+    }  # fmt: skip
     nodes = plan_nodes(engine, setting, query)
     assert any(n["Node Type"] == "Hash Join" for n in nodes)
     assert not any(n["Node Type"] in ("Nested Loop", "Gather", "Gather Merge") for n in nodes)

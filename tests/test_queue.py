@@ -32,10 +32,10 @@ from jodl.log.engine import make_engine
 from jodl.log.migrate import upgrade
 from jodl.log.models import Job, JobState
 from jodl.log.outcomes import retry_delay
-from jodl.log.queue_sql import SORTLESS
 from jodl.log.store import Store
 from jodl.queue import Queue
 from tests.clock import Clock
+from tests.plans import plan_nodes
 
 START = dt.datetime(2030, 1, 1, 12, 0, 0)
 LEASE = 60.0
@@ -530,18 +530,9 @@ def test_a_claim_walks_the_queue_index_in_order_on_a_table_without_statistics(
     assert [c.key for c in claimed] == [f"k{i}" for i in range(1, 501)]
     assert never  # the plan below is the one a table with no statistics gets
     assert [s for s, _ in statements if "jodl_family" in s and "UPDATE" not in s] == []
-    (setting, _), (claim, params) = [(s, p) for s, p in statements if "SELECT 1" not in s]
-    assert setting == SORTLESS
-    with engine.begin() as conn:
-        conn.exec_driver_sql(setting)
-        plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + claim, params).scalar()
-        conn.rollback()
-    nodes = []
-    todo = [plan[0]["Plan"]]
-    while todo:
-        node = todo.pop()
-        nodes.append(node)
-        todo.extend(node.get("Plans", []))
+    setting, (claim, params) = [(s, p) for s, p in statements if "SELECT 1" not in s]
+    assert setting[1] == {"n0": "enable_sort", "v0": "off"}
+    nodes = plan_nodes(engine, setting, (claim, params))
     assert not any("Sort" in n["Node Type"] for n in nodes)
     assert any(n.get("Index Name") == "ix_jodl_job_queue" for n in nodes)
     engine.dispose()

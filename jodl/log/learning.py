@@ -22,14 +22,13 @@ from sqlalchemy import (
     literal,
     literal_column,
     select,
-    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ..placement import RECENT_WEIGHT, Knowledge, Learned
-from . import bulk
+from . import bulk, plans
 from .models import ExecState, FamilyRow, Job, JobOnNode, JobState, Node, Run, table_of
 from .records import Home
 
@@ -111,8 +110,11 @@ class Learning:
             .group_by(home)
         )
         with self.engine.connect() as conn:
-            if conn.dialect.name == "postgresql":
-                conn.execute(_WHOLE_JOIN)
+            # One hash join in one process. Right after a cycle, with no statistics, a
+            # nested loop probed the learned rows once per job: 2.4 s for a million
+            # jobs, 1.4 s as one hash join; with statistics, a parallel plan took three
+            # processes of a two-core machine, whose cycle this read runs beside.
+            plans.set_local(conn, enable_nestloop="off", max_parallel_workers_per_gather="0")
             return {node: float(total or 0.0) for node, total in conn.execute(query)}
 
     def cycle_period(self, family_id: int, runs: int = 6) -> float | None:
@@ -129,17 +131,6 @@ class Learning:
         if len(starts) < 2:
             return None
         return (starts[0] - starts[-1]).total_seconds() / (len(starts) - 1)
-
-
-#: For :meth:`Learning.home_work`'s join of all a family's jobs (PostgreSQL): no
-#: nested loop and one process. Right after a cycle, with no statistics, a nested loop
-#: probed the learned rows once per job: 2.4 s for a million jobs, against 1.4 s as one
-#: hash join (``EXPLAIN ANALYZE``); and with statistics, a parallel plan took three
-#: processes of a two-core machine, whose cycle this read runs beside.
-_WHOLE_JOIN = text(
-    "SELECT set_config('enable_nestloop', 'off', true),"
-    " set_config('max_parallel_workers_per_gather', '0', true)"
-)
 
 
 def write_homes(conn: Any, rows: Sequence[Home | tuple[int, int | None, int | None]]) -> None:

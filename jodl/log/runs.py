@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,13 +18,12 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
-    text,
     update,
 )
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..exceptions import JodlError
-from . import budgets, limits
+from . import budgets, limits, plans
 from .models import (
     Dispatch,
     ExecState,
@@ -455,7 +453,7 @@ def _members_after(
     million-job run (25 s of its 116 s cycle), and no index serves that order without
     making the per-cycle update of ``last_run_number`` rewrite every index of a job
     (:func:`budgets.ran_in` keeps those updates HOT). A range of ids is bounded work,
-    read by the primary key whatever the statistics say (:func:`_in_id_order`); a range
+    read by the primary key whatever the statistics say (:mod:`.plans`); a range
     with no member doubles the next one, so sparse members cost a few more statements,
     not one each. The next last run is found by one scan of
     the members per distinct value: two per run, usually (never run, or all last).
@@ -475,7 +473,12 @@ def _members_after(
             span = size
             continue
         end = min(top, last + span)
-        with _in_id_order(conn):
+        # No bitmap scan: the read walks the primary key through its range alone.
+        # Without statistics (right after a bulk add) the planner ANDed the range with a
+        # bitmap of the family's every job from its key index: 45-55 ms a read of
+        # 10,000 on a million-job family, 5-11 ms by the key (4 s of such a cycle, in
+        # the master's loop). Put back after it: the window's other reads keep theirs.
+        with plans.scoped(conn, enable_bitmapscan="off"):
             part = conn.execute(
                 members.where(number_of == number, Job.id > last, Job.id <= end)
                 .order_by(Job.id)
@@ -485,30 +488,6 @@ def _members_after(
         last = int(part[-1][0]) if len(rows) == size else end
         span = span * 2 if not part else size
     return rows
-
-
-#: Reads the value a planner setting had and turns it off for the transaction.
-_OFF = text("SELECT current_setting(:name), set_config(:name, 'off', true)")
-_SET = text("SELECT set_config(:name, :value, true)")
-
-
-@contextlib.contextmanager
-def _in_id_order(conn: Any) -> Iterator[None]:
-    """A range read of a window with no bitmap scan (PostgreSQL), so it walks the primary
-    key through its range alone. Without statistics (right after a bulk add) the planner
-    ANDed the range with a bitmap of every job of the family from its key index: 45-55
-    ms a window of 10,000 on a million-job family, against 5-11 ms by the key alone
-    (``EXPLAIN ANALYZE``), 4 s of a million-job cycle in the master's loop. The setting
-    is put back after the statement: the window's other reads keep theirs."""
-    if conn.dialect.name != "postgresql":
-        yield
-        return
-    name = {"name": "enable_bitmapscan"}
-    was = conn.execute(_OFF, name).scalar()
-    try:
-        yield
-    finally:
-        conn.execute(_SET, {**name, "value": was})
 
 
 def _next_number(conn: Any, filters: tuple[Any, ...], after: int | None) -> tuple[int | None, int]:
