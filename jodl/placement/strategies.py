@@ -248,7 +248,8 @@ class EarliestFinish(Placement):
             return None
         front = fronts.get(job.family)
         if front is None or front.nodes is not candidates:
-            front = fronts[job.family] = _Front(job, candidates, knowledge, self._reserved)
+            took = self._took_on(job, candidates, knowledge)
+            front = fronts[job.family] = _Front(candidates, took, self._reserved)
         return front
 
 
@@ -312,16 +313,13 @@ class _Front:
     """
 
     def __init__(
-        self,
-        job: JobInfo,
-        nodes: Sequence[NodeLoad],
-        knowledge: Knowledge,
-        reserved: dict[int, float],
+        self, nodes: Sequence[NodeLoad], took: Sequence[float], reserved: dict[int, float]
     ) -> None:
         self.nodes = nodes
         self._by_id = {node.id: node for node in nodes}
-        #: node -> what a job of the family nothing is known of takes there.
-        self.took = dict(zip(self._by_id, knowledge.expected_on(job, nodes), strict=True))
+        #: node -> what a job of the family nothing is known of takes there (``took``,
+        #: in the order of ``nodes``).
+        self.took = dict(zip(self._by_id, took, strict=True))
         self._reserved = reserved
         # (cost, tie, node id): at least one entry per node at most its current key.
         self._heap = [self._key(node) for node in nodes]
