@@ -45,7 +45,7 @@ from jodl.agent.auth import _MAGIC as MAGIC
 from jodl.agent.auth import client_handshake
 from jodl.agent.client import AgentLink
 from jodl.agent.registry import hello
-from jodl.agent.replies import AgentFamily
+from jodl.agent.replies import AgentFamily, BadReply, check_done
 from jodl.agent.wire import STRICT_CONFIG, FramedChannel, connect
 from jodl.exceptions import AgentUnavailable, AuthError
 from jodl.log import Store, make_engine
@@ -765,6 +765,17 @@ def test_a_faulty_agents_bad_replies_are_refused_and_the_cycle_completes(
         ).all()
     assert len(results) == 200 and all(r == "null" for r in results), "no bad result logged"
     engine.dispose()
+
+
+def test_every_result_of_a_done_batch_is_checked_as_json_on_its_own():
+    """Results are checked one by one, not as a whole: two halves of a JSON value (which
+    joined with a comma would read as one) are refused, naming the first bad execution;
+    a value with blanks around it is JSON."""
+    batch = "\n".join(("1,2,3", "0.1,0.1,0.1", "1.0,1.0,1.0", ' {"a": 1} ', "[1", "2],3"))
+    with pytest.raises(BadReply, match="result of execution 2 is not JSON"):
+        check_done(batch)
+    rows = check_done("\n".join(("1,2", "0.1,0.1", "1.0,1.0", ' {"a": 1} ', "null")))
+    assert [(r[0], r[3]) for r in rows] == [(1, ' {"a": 1} '), (2, "null")]
 
 
 #: A call of the typed client per call of the protocol but init (a faulty agent answers

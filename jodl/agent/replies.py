@@ -18,6 +18,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import repeat
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from ..exceptions import BadPayload
@@ -159,16 +160,26 @@ def check_ids(value: Any) -> tuple[int, ...]:
     return value
 
 
-_json_decode = json.JSONDecoder().decode
+_json_decoder = json.JSONDecoder()
+_json_decode = _json_decoder.decode
+#: The decoder's scanner (C): ``(value, end)`` of the JSON value at an index.
+_json_scan = _json_decoder.scan_once
+_end = itemgetter(1)
 
 
-def _check_json(results: Any, ids: Any) -> None:
+def _check_json(results: list[str], ids: Any) -> None:
+    # A compact JSON value (as agents send them) scans to its own length: all of them
+    # checked in C, 0.55 µs a result against 1.4 through ``decode``, once per result in
+    # the master's loop. Anything else (surrounding whitespace, or an error, which may
+    # also end the ``map`` early as a StopIteration) is judged one by one by ``decode``.
     try:
-        for _ in map(_json_decode, results):
-            pass
+        if list(map(_end, map(_json_scan, results, repeat(0)))) == list(map(len, results)):
+            return
     except ValueError:
-        bad = next(i for i, r in enumerate(results) if not _is_json(r))
-        raise BadReply(f"done: the result of execution {ids[bad]} is not JSON") from None
+        pass
+    for exec_id, result in zip(ids, results, strict=True):
+        if not _is_json(result):
+            raise BadReply(f"done: the result of execution {exec_id} is not JSON")
 
 
 def _is_json(text: str) -> bool:

@@ -190,24 +190,25 @@ class Runs:
                             done.add(job_id)
                         else:
                             failed_on.setdefault(job_id, []).append(node_id)
-            skip = _too_recent(conn, run)
-            out = set(leave)
+            out = _too_recent(conn, run) | done | set(leave)
+            # Positional, in the fields' order (claim last): by keyword a job took 1.1 µs
+            # against 0.4, for every member of every window.
             jobs = [
                 PendingJob(
-                    id=job_id,
-                    key=key,
-                    family=family_name,
-                    payload=payload,
-                    priority=priority,
-                    run_id=run.id,
-                    permanent_node_id=home,
-                    trial_node_id=trial,
-                    attempts=len(failed_on.get(job_id, ())),
-                    failed_on=frozenset(failed_on[job_id]) if job_id in failed_on else NO_NODES,
-                    claim=None,
+                    job_id,
+                    key,
+                    family_name,
+                    payload,
+                    priority,
+                    run.id,
+                    home,
+                    trial,
+                    len(failed_on[job_id]) if job_id in failed_on else 0,
+                    frozenset(failed_on[job_id]) if job_id in failed_on else NO_NODES,
+                    None,
                 )
                 for job_id, key, payload, priority, home, trial, _n, _id in rows
-                if job_id not in skip and job_id not in done and job_id not in out
+                if job_id not in out
             ]
             return RunWindow(jobs, next_after)
 

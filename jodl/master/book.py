@@ -66,6 +66,12 @@ class Stage(enum.Enum):
     IN_FLIGHT = "in flight"
 
 
+#: The stages as module names: the book compares stages a dozen times per job, and on
+#: Python 3.11 an enum member read through its class (``Stage.WAITING``) costs 0.14 µs
+#: against 0.02 µs for a global, about 2 µs per job in the master's loop.
+WAITING, QUEUED, IN_FLIGHT = Stage.WAITING, Stage.QUEUED, Stage.IN_FLIGHT
+
+
 class Closed(NamedTuple):
     """An execution taken out of flight: its id, what was sent, whether it was a backup."""
 
@@ -145,7 +151,7 @@ class JobBook:
     def hold(self, job: PendingJob) -> None:
         """A new job (of a run, or claimed on demand) starts waiting for a node."""
         self.jobs[job.id] = job
-        self._set_stage(job.id, Stage.WAITING)
+        self._set_stage(job.id, WAITING)
         self.waiting_line.append(job.id)
 
     def waiting_jobs(self) -> list[PendingJob]:
@@ -153,7 +159,7 @@ class JobBook:
         seen: set[int] = set()
         out: list[PendingJob] = []
         for job_id in self.waiting_line:
-            if self.stage.get(job_id) is Stage.WAITING and job_id not in seen:
+            if self.stage.get(job_id) is WAITING and job_id not in seen:
                 seen.add(job_id)
                 out.append(self.jobs[job_id])
         self.waiting_line = deque(job.id for job in out)
@@ -164,7 +170,7 @@ class JobBook:
 
     def _wait(self, job_id: int) -> None:
         self._unplace(job_id)
-        self._set_stage(job_id, Stage.WAITING)
+        self._set_stage(job_id, WAITING)
         self.waiting_line.append(job_id)
 
     def _set_stage(self, job_id: int, stage: Stage | None) -> None:
@@ -172,7 +178,7 @@ class JobBook:
         old = self.stage.pop(job_id, None) if stage is None else self.stage.get(job_id)
         if stage is not None:
             self.stage[job_id] = stage
-        self.n_waiting += (stage is Stage.WAITING) - (old is Stage.WAITING)
+        self.n_waiting += (stage is WAITING) - (old is WAITING)
 
     # -- placing -------------------------------------------------------------------------
 
@@ -190,10 +196,10 @@ class JobBook:
         ``counted``: placement already added the job to the node's ``queued_*``.
         ``front``: it goes first (a steal keeps the thief's longest job first).
         """
-        assert self.stage[job_id] is Stage.WAITING, (job_id, self.stage[job_id])
+        assert self.stage[job_id] is WAITING, (job_id, self.stage[job_id])
         self.retry_on.pop(job_id, None)  # wherever it goes now, the hint is spent
         self._to_node(job_id, node_id, expected, counted)
-        self._set_stage(job_id, Stage.QUEUED)
+        self._set_stage(job_id, QUEUED)
         if front:
             self.queues[node_id].appendleft(job_id)
         else:
@@ -238,7 +244,7 @@ class JobBook:
     def move(self, job_id: int, node_id: int, expected: float) -> bool:
         """QUEUED -> QUEUED on another node (to the front); False if it is not queued."""
         placed = self.placed.get(job_id)
-        if self.stage.get(job_id) is not Stage.QUEUED or placed is None or placed[0] == node_id:
+        if self.stage.get(job_id) is not QUEUED or placed is None or placed[0] == node_id:
             return False
         self.queues[placed[0]].remove(job_id)
         self._requeue(job_id, node_id, expected)
@@ -298,18 +304,18 @@ class JobBook:
         left = self.dispatch_left
         for sent in sents:
             flights[sent.exec_id] = sent
-            self._set_stage(sent.job_id, Stage.IN_FLIGHT)
+            self._set_stage(sent.job_id, IN_FLIGHT)
             left[sent.dispatch_id] = left.get(sent.dispatch_id, 0) + 1
 
     def attach(self, sent: Sent, expected: float) -> None:
         """WAITING -> IN_FLIGHT: after a restart, an execution its agent still holds."""
-        assert self.stage[sent.job_id] is Stage.WAITING
+        assert self.stage[sent.job_id] is WAITING
         self._to_node(sent.job_id, sent.node_id, expected, counted=False)
         self.send(sent.node_id, [sent])
 
     def add_backup(self, sent: Sent, straggler: int, straggler_node: int) -> None:
         """IN_FLIGHT: a backup copy ``sent`` of the job of execution ``straggler``."""
-        assert self.stage[sent.job_id] is Stage.IN_FLIGHT
+        assert self.stage[sent.job_id] is IN_FLIGHT
         self.copies[sent.job_id] = {straggler: straggler_node, sent.exec_id: sent.node_id}
         self.backups.add(sent.exec_id)
         self.send(sent.node_id, [sent])
@@ -430,7 +436,7 @@ class JobBook:
         job = self.jobs.pop(job_id, None)
         stage = self.stage.get(job_id)
         self._set_stage(job_id, None)
-        if stage is Stage.QUEUED:
+        if stage is QUEUED:
             placed = self.placed.get(job_id)
             if placed is not None:
                 self.queues[placed[0]].remove(job_id)
@@ -454,7 +460,7 @@ class JobBook:
     def hold_back(self, run_id: int) -> list[int]:
         """A run's jobs not in flight leave the book (its bytes budget is spent)."""
         ids = {j for j, job in self.jobs.items() if job.run_id == run_id}
-        ids = {j for j in ids if self.stage[j] is not Stage.IN_FLIGHT}
+        ids = {j for j in ids if self.stage[j] is not IN_FLIGHT}
         self._drop_all(ids)
         return sorted(ids)
 
@@ -464,7 +470,7 @@ class JobBook:
             if any(j in ids for j in queue):
                 self.queues[node_id] = deque(j for j in queue if j not in ids)
         for job_id in ids:
-            self._set_stage(job_id, Stage.WAITING)  # out of every queue already
+            self._set_stage(job_id, WAITING)  # out of every queue already
             self.drop(job_id)
 
     # -- homes and dispatches ---------------------------------------------------------------
