@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import pytest
 from agents import TEST_SECRET, AgentProcess, port_answers, spawn_jodl, wait_for
 
+from jodl.agent.client import AgentLink
 from jodl.agent.codec import decode_done, decode_failed, encode_ids, encode_jobs
 from jodl.agent.core import QUICK_JOB, AgentCore
 from jodl.agent.replies import check_families
@@ -129,6 +130,32 @@ def test_results_are_held_until_acknowledged(client):
     assert client.root.ack(client.epoch, (11,)) == 1
     assert client.done() == {}
     assert client.remaining() == (0, 0, 0, 0)
+
+
+def test_a_session_is_handed_each_outcome_once_until_it_reconnects(agent):
+    """A master's session (its calls name it) gets each held outcome once, by every way
+    of collecting; the outcomes stay held until acknowledged, and the next session of
+    the master (after a failed call it connects again) gets those not acknowledged."""
+    link = AgentLink(1, agent.address, Settings(call_timeout=10.0, secret=TEST_SECRET))
+    link.open("test-master", EPOCH)
+    link.send(EPOCH, ((30, "noop", "{}"), (31, "fail", '{"permanent": true}')))
+    wait_for(lambda: link.remaining(EPOCH)[2:] == (1, 1), timeout=20, what="two outcomes")
+    done, failed = link.outcomes(EPOCH, (), 10)
+    assert [r.exec_id for r in done] == [30] and [r.exec_id for r in failed] == [31]
+    assert link.outcomes(EPOCH, (), 10) == ([], [])
+    assert link.done(EPOCH, (), 10) == [] and link.failed(EPOCH, (), 10) == []
+    link.send(EPOCH, ((32, "noop", "{}"),))
+    wait_for(lambda: link.remaining(EPOCH)[2] == 2, timeout=20, what="a third outcome")
+    refused, done, failed = link.exchange(EPOCH, (), (30,), 10)
+    assert [r.exec_id for r in done] == [32] and failed == []
+    assert link.remaining(EPOCH)[2:] == (1, 1), "held until acknowledged"
+    link.close()
+    link.open("test-master", EPOCH)
+    done, failed = link.outcomes(EPOCH, (), 10)
+    assert [r.exec_id for r in done] == [32] and [r.exec_id for r in failed] == [31]
+    assert link.outcomes(EPOCH, (32, 31), 10) == ([], [])
+    assert link.remaining(EPOCH) == (0, 0, 0, 0)
+    link.close()
 
 
 def test_failures_are_reported_with_retryability(client):

@@ -2,7 +2,8 @@
 
 The master calls it through :mod:`jodl.agent.server` (or :mod:`jodl.agent.local`).
 Results stay until the master acknowledges them after its own commit, so a master
-killed at any moment finds them again. Every call is idempotent, keyed by
+killed at any moment finds them again; each is handed once to a master's session
+(:attr:`~jodl.agent.sessions.Session.handed`). Every call is idempotent, keyed by
 execution ids: a call that timed out on the master may still arrive.
 
 What the agent remembers is bound to the cluster (the database): ``init`` names it,
@@ -23,7 +24,8 @@ import time
 import traceback
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from itertools import chain, islice
+from itertools import chain, filterfalse, islice
+from operator import itemgetter
 from typing import Any
 
 from .. import family as family_registry
@@ -59,6 +61,10 @@ QUICK_CHUNK = 32
 #: them elsewhere. Far below any detach time; a lock every 10 ms at most costs quick
 #: jobs nothing.
 CHUNK_LOOK = 0.01
+
+
+#: A held outcome's execution id.
+_first = itemgetter(0)
 
 
 class AgentCore:
@@ -328,17 +334,27 @@ class AgentCore:
             return sessions.opened > 0, time.monotonic() - sessions.last_heard, self.detach_after
 
     def take(
-        self, which: str, ack: Iterable[int], limit: int, session: Session | None = None
+        self,
+        which: str,
+        ack: Iterable[int],
+        limit: int,
+        session: Session | None = None,
+        handed: set[int] | None = None,
     ) -> tuple[Any, ...]:
         """Forget acknowledged ids, then return up to ``limit`` held results of ``which``
-        (of the families ``session`` leads)."""
+        (of the families ``session`` leads). ``handed``: ids not to return (the session's
+        :attr:`~.sessions.Session.handed`), to which those returned are added."""
         with self._cond:
             self._ack_locked(ack)
             held = self._done if which == "done" else self._failed
-            if self.sessions.sole(session):
-                return tuple(islice(held.values(), limit))
-            mine = self._mine(session)
-            return tuple(islice((row for row in held.values() if mine(row[0])), limit))
+            # In C over the held ids in order (oldest first): not those handed already.
+            ids: Iterable[int] = held if handed is None else filterfalse(handed.__contains__, held)
+            if not self.sessions.sole(session):
+                ids = filter(self._mine(session), ids)
+            rows = tuple(islice(map(held.__getitem__, ids), limit))
+            if handed is not None:
+                handed.update(map(_first, rows))
+            return rows
 
     def exchange(
         self,
@@ -347,18 +363,26 @@ class AgentCore:
         limit: int,
         session: Session | None = None,
         traces: dict[int, JobTrace] | None = None,
+        handed: set[int] | None = None,
     ) -> tuple[tuple[tuple[int, str], ...], tuple[Any, ...], tuple[Any, ...]]:
         """:meth:`send`, then :meth:`take_outcomes`: (refused, results, failures)."""
         refused = self.send(jobs, session, traces)
-        return (refused, *self.take_outcomes(ack, limit, session))
+        return (refused, *self.take_outcomes(ack, limit, session, handed))
 
     def take_outcomes(
-        self, ack: Iterable[int], limit: int, session: Session | None = None
+        self,
+        ack: Iterable[int],
+        limit: int,
+        session: Session | None = None,
+        handed: set[int] | None = None,
     ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """:meth:`take` of the results, then of the failures, in one go (one lock, one
         call): up to ``limit`` of each."""
         with self._cond:
-            return self.take("done", ack, limit, session), self.take("failed", (), limit, session)
+            return (
+                self.take("done", ack, limit, session, handed),
+                self.take("failed", (), limit, session, handed),
+            )
 
     def _mine(self, session: Session | None) -> Any:
         """A test of an execution id: does ``session`` lead its family now."""
@@ -370,6 +394,10 @@ class AgentCore:
             return self._ack_locked(ids)
 
     def _ack_locked(self, ids: Iterable[int]) -> int:
+        ids = tuple(ids)
+        if ids:
+            for session in self.sessions.by_number.values():
+                session.handed.difference_update(ids)
         count = 0
         for exec_id in ids:
             if self._done.pop(exec_id, None) or self._failed.pop(exec_id, None) is not None:

@@ -163,7 +163,7 @@ def check_ids(value: Any) -> tuple[int, ...]:
 _json_decoder = json.JSONDecoder()
 _json_decode = _json_decoder.decode
 #: The decoder's scanner (C): ``(value, end)`` of the JSON value at an index.
-_json_scan = _json_decoder.scan_once
+_json_scan = _json_decoder.scan_once  # type: ignore[attr-defined]  # set by its __init__
 _end = itemgetter(1)
 
 

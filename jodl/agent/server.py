@@ -94,10 +94,17 @@ class AgentService(rpyc.Service):
             raise TypeError("the stamp is an epoch or a plain tuple (epoch, session, since)")
         return self._core.hear(stamp[0], stamp[1], max(0.0, float(stamp[2])))
 
-    def _call(self, stamp: Any, fn: Any, *args: Any, scoped: bool = False) -> Any:
-        """``fn(*args)`` for the stamp's session (``scoped``: passed as ``session``)."""
+    def _call(
+        self, stamp: Any, fn: Any, *args: Any, scoped: bool = False, once: bool = False
+    ) -> Any:
+        """``fn(*args)`` for the stamp's session (``scoped``: passed as ``session``;
+        ``once``: outcomes, each handed once to a session the stamp names, see
+        :attr:`Session.handed`, and to an unnamed caller every time)."""
         session, resume = self._heard(stamp)
         try:
+            if once:
+                handed = session.handed if session is not None and type(stamp) is tuple else None
+                return fn(*args, session=session, handed=handed)
             return fn(*args, session=session) if scoped else fn(*args)
         finally:
             if resume:  # after the call: what it cancels must not start in between
@@ -132,7 +139,7 @@ class AgentService(rpyc.Service):
     ) -> tuple[Done, ...] | str:
         """Held results (acknowledging ``ack`` first); one framed str when ``framed``."""
         rows = self._call(
-            epoch, self._core.take, "done", _ids(ack), _int(limit, "limit"), scoped=True
+            epoch, self._core.take, "done", _ids(ack), _int(limit, "limit"), once=True
         )
         return encode_done(rows) if framed is True else rows
 
@@ -140,7 +147,7 @@ class AgentService(rpyc.Service):
         self, epoch: Any, ack: tuple | str, limit: int, framed: bool = False
     ) -> tuple[Failed, ...] | str:
         rows = self._call(
-            epoch, self._core.take, "failed", _ids(ack), _int(limit, "limit"), scoped=True
+            epoch, self._core.take, "failed", _ids(ack), _int(limit, "limit"), once=True
         )
         return encode_failed(rows) if framed is True else rows
 
@@ -148,7 +155,7 @@ class AgentService(rpyc.Service):
         """``done`` and ``failed`` in one round trip: (framed results, framed failures),
         up to ``limit`` of each, acknowledging ``ack`` first."""
         done, failed = self._call(
-            epoch, self._core.take_outcomes, _ids(ack), _int(limit, "limit"), scoped=True
+            epoch, self._core.take_outcomes, _ids(ack), _int(limit, "limit"), once=True
         )
         return encode_done(done), encode_failed(failed)
 
@@ -165,7 +172,7 @@ class AgentService(rpyc.Service):
             _jobs(jobs),
             _ids(ack),
             _int(limit, "limit"),
-            scoped=True,
+            once=True,
         )
         return refused, encode_done(done), encode_failed(failed)
 

@@ -32,8 +32,9 @@ class NodeSlot:
     #: The log writer adds to it from its thread, hence the lock.
     acks: list[int] = field(default_factory=list)
     ack_lock: threading.Lock = field(default_factory=threading.Lock)
-    #: Execution ids whose outcome was collected and is not acknowledged yet: the agent
-    #: reports them again on every call until then, and the repeats are skipped.
+    #: Execution ids whose outcome was collected and is not acknowledged yet. The agent
+    #: hands each to a session once, so they come again only on a new connection (after
+    #: a failed call), and then these repeats are skipped.
     reported: set[int] = field(default_factory=set)
     removed: bool = False
     #: Past a family's timeout: no new jobs until it reports a result or runs nothing.
