@@ -56,9 +56,8 @@ def _run(work: Callable[[], _R]) -> Outcome[_R]:
 
 
 class Calls:
-    """A pool for calls to agents: :meth:`each` for a step's calls, :meth:`submit` for
-    those the loop works beside, :meth:`start` for a call whose reply the loop picks up
-    later."""
+    """A pool for calls to agents: :meth:`each` for a step's calls, :meth:`start` for
+    a call whose reply the loop picks up later."""
 
     def __init__(self, threads: int = CALL_THREADS) -> None:
         self._threads = threads
@@ -84,13 +83,6 @@ class Calls:
         for key, future in futures:
             out[key] = future.result()
         return out
-
-    def submit(self, work: Mapping[_K, Callable[[], _R]]) -> Callable[[], dict[_K, Outcome[_R]]]:
-        """Start every piece of ``work`` (one per link) at once, none in the calling
-        thread; the function returned waits for their outcomes, by key. The loop works
-        meanwhile (:meth:`Master._send_and_collect <jodl.master.loop.Master._send_and_collect>`)."""
-        futures = [(key, self._executor().submit(_run, fn)) for key, fn in work.items()]
-        return lambda: {key: future.result() for key, future in futures}
 
     def start(self, work: Callable[[], _R]) -> Future[Outcome[_R]]:
         """Run ``work`` in the background; the loop takes its outcome when done."""

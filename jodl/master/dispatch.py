@@ -81,9 +81,6 @@ class Dispatcher(PartOf):
         self.outcomes = outcomes
         self.runs = parts.runs
         self.batch_size = parts.settings.batch_size
-        #: node -> outcomes its agent gave back that the book takes during the next
-        #: calls (the loop's): their jobs are still in flight there, not on the agent.
-        self.unread: Mapping[int, int] = {}
         parts.first_batch = self.first_batch
 
     # -- assign ------------------------------------------------------------------------------
@@ -322,7 +319,7 @@ class Dispatcher(PartOf):
         else:
             want = max(2 * slots, int(slots * QUEUE_AHEAD / max(1e-6, slot.recent_duration)))
         flights = self.book.flights[slot.id]
-        room = min(want, self.batch_size) - (len(flights) - self.unread.get(slot.id, 0))
+        room = min(want, self.batch_size) - len(flights)
         if want <= FEW_AHEAD and queue:
             # A few jobs ahead, sized by long ones just reported: if the next ones are
             # short, that is far less than QUEUE_AHEAD of work, and the agent waits for

@@ -64,7 +64,7 @@ from .gauges import MasterGauges
 from .leadership import Leadership
 from .nodes import Nodes, NodeSlot
 from .outage import LeaseLapsed, is_outage, lease_lapsed, reason
-from .outcomes import Outcomes, Received
+from .outcomes import Outcomes
 from .parts import Parts
 from .records import Ledger, RunSummary
 from .runs import RunKeeper
@@ -172,9 +172,6 @@ class Master:
         #: The collector's thresholds and the switch interval to restore (:meth:`start`).
         self._interpreter: tuple[tuple[int, ...], float] | None = None
         self._idle = 0
-        #: The outcomes of the last step's calls, taken into the book during the next
-        #: step's (:meth:`_send_and_collect`).
-        self._received: list[Received] = []
         #: Serving starts with resuming the runs the last leader left unfinished.
         self._resume = True
 
@@ -467,8 +464,7 @@ class Master:
         # A resumed run's first send waits for what the agents finished meanwhile: until
         # collected, those jobs fill the agents' room, so a send before it is empty.
         if self.dispatcher.resuming():
-            received, self._received = self._received, []
-            got = self.outcomes.report_all(received) + self.outcomes.collect()
+            got = self.outcomes.collect()
             self.dispatcher.assign()
             sent = self.dispatcher.send()
         else:
@@ -497,18 +493,9 @@ class Master:
 
     def _send_and_collect(self) -> tuple[int, int]:
         """Send the queued jobs, then collect the agents' outcomes: one round trip per
-        agent, an ``exchange`` with each that gets jobs and may have some to give back.
-
-        The outcomes go into the book during the next step's calls, not after these:
-        taking them is most of the loop's work, and the calls' round trip most of its
-        wait, so the one hides the other. They are not acknowledged before (their commit
-        comes after), and the room of the agents that gave them counts them out.
-        """
-        received, self._received = self._received, []
-        self.dispatcher.unread = {r.slot.id: len(r.done) + len(r.failed) for r in received}
+        agent, an ``exchange`` with each that gets jobs and may have some to give back."""
         asks = self.outcomes.asks()  # before the send: a first batch is sent, not exchanged
         sending = self.dispatcher.prepare()
-        self.dispatcher.unread = {}
         wires = sending.wires if sending is not None else {}
         calls: dict[int, Callable[[], Any]] = {}
         for node_id in wires.keys() | asks.keys():
@@ -525,9 +512,7 @@ class Master:
         # are collected; a failed call counts once, with the send.
         delivered: dict[int, Outcome[Any]] = {}
         taken: dict[int, Outcome[Any]] = {}
-        replies = self.fleet.calls.submit(calls)
-        got = self.outcomes.report_all(received)  # while the calls are under way
-        for node_id, reply in replies().items():
+        for node_id, reply in self.fleet.calls.each(calls).items():
             if node_id in wires and (node_id not in asks or reply.error is not None):
                 delivered[node_id] = reply
             elif node_id not in wires:
@@ -537,9 +522,7 @@ class Master:
                 delivered[node_id], taken[node_id] = Outcome(refused), Outcome((done, failed))
         if sending is not None:
             self.dispatcher.deliver(sending, delivered)
-        self._received = self.outcomes.receive(taken)
-        got += sum(len(r.done) + len(r.failed) for r in self._received)
-        return (sending.total if sending is not None else 0), got
+        return (sending.total if sending is not None else 0), self.outcomes.take(taken)
 
     def _report(self) -> None:
         """Gauges and the open runs' progress in the log, at most once a second; the

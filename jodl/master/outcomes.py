@@ -13,10 +13,10 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..agent.client import AgentLink
 from ..agent.replies import DoneRow, FailedRow, Refused
@@ -70,14 +70,6 @@ def _ask(
     return link.done(epoch, acks, COLLECT_LIMIT), []
 
 
-class Received(NamedTuple):
-    """One agent's reply to a collect: its node, its results and failures."""
-
-    slot: NodeSlot
-    done: Any
-    failed: Any
-
-
 class Outcomes(PartOf):
     """Collects, commits and acknowledges outcomes; keeps runs' counts."""
 
@@ -118,12 +110,7 @@ class Outcomes(PartOf):
     def take(self, replies: Mapping[int, Outcome[tuple[Any, Any]]]) -> int:
         """Report the agents' replies to :meth:`asks` (every agent asked at once, in the
         pool's threads); the book changes here only."""
-        return self.report_all(self.receive(replies))
-
-    def receive(self, replies: Mapping[int, Outcome[tuple[Any, Any]]]) -> list[Received]:
-        """The outcomes in the agents' replies, to :meth:`report_all`; a failed call
-        marks its node suspect now (its jobs stay with it for now)."""
-        out = []
+        got = 0
         for node_id, reply in replies.items():
             slot = self.nodes[node_id]
             try:
@@ -131,20 +118,10 @@ class Outcomes(PartOf):
             except Fenced:
                 raise  # a newer master took over: stop
             except AgentUnavailable:
-                self.nodes.down(slot, self.epoch)
+                self.nodes.down(slot, self.epoch)  # suspect: its jobs stay for now
                 continue
-            if done or failed:
-                out.append(Received(slot, done, failed))
-        return out
-
-    def report_all(self, received: Iterable[Received]) -> int:
-        """:meth:`report` each; the outcomes of a node replaced meanwhile are left to its
-        agent, which hands them to the next session (none is acknowledged)."""
-        return sum(
-            self.report(slot, done, failed)
-            for slot, done, failed in received
-            if self.nodes.get(slot.id) is slot
-        )
+            got += self.report(slot, done, failed)
+        return got
 
     def refused(self, slot: NodeSlot, refused: tuple[Refused, ...]) -> None:
         """Jobs the agent would not take (e.g. unknown family there): permanent failures."""
