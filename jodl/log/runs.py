@@ -203,7 +203,7 @@ class Runs:
                     run.id,
                     home,
                     trial,
-                    len(failed_on[job_id]) if job_id in failed_on else 0,
+                    len(failed_on.get(job_id, ())),
                     frozenset(failed_on[job_id]) if job_id in failed_on else NO_NODES,
                     None,
                 )
