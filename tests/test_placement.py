@@ -132,6 +132,27 @@ def test_short_jobs_are_spread_over_a_nodes_queue_not_all_last() -> None:
     assert [j.id for j, _n in lpt] == list(range(12))
 
 
+def test_placements_go_through_a_subclass_own_place() -> None:
+    """The master places through ``placements()``: a strategy that overrides ``place()``
+    is still the one that decides, each job given what it is expected to take there."""
+
+    class FirstNodeOnly(EarliestFinish):
+        def place(self, jobs, candidates, knowledge):  # type: ignore[no-untyped-def]
+            out = []
+            for j in jobs:
+                node = candidates(j)[0]
+                node.queued_work += knowledge.expected(j, node)
+                out.append((j, node))
+            return out
+
+    k = knowledge_for({1: 1.0, 2: 3.0}, {1: 1.0, 2: 2.0})
+    ns = nodes(1.0, 2.0)
+    placed = FirstNodeOnly().placements([job(1), job(2), job(3)], lambda _j: ns, k)
+    assert [(j.id, n.id) for j, n, _t in placed] == [(1, 1), (2, 1), (3, 1)]
+    assert [t for _j, _n, t in placed] == [k.expected(job(i), ns[0]) for i in (1, 2, 3)]
+    assert ns[0].queued_work == pytest.approx(sum(t for _j, _n, t in placed))
+
+
 def test_earliest_finish_weighs_queue_against_speed() -> None:
     k = knowledge_for({1: 4.0}, {1: 1.0, 2: 4.0})
     slow, fast = nodes(1.0, 4.0)
@@ -313,11 +334,15 @@ def test_batch_placement_places_as_one_job_at_a_time(seed: int, node_count: int)
         )
         for j in range(450)
     ]
-    batch, single = view(), view()
+    batch, single, again = view(), view(), view()
     got = EarliestFinish().place(jobs, lambda _j: batch, k)
     want = OneByOne().place(jobs, lambda _j: single, k)
     assert [(j.id, n.id) for j, n in got] == [(j.id, n.id) for j, n in want]
     assert [n.queued_work for n in batch] == [n.queued_work for n in single]
+    # what the master places through: the same, each with what it was counted at
+    placed = EarliestFinish().placements(jobs, lambda _j: again, k)
+    assert [(j.id, n.id) for j, n, _took in placed] == [(j.id, n.id) for j, n in want]
+    assert [took for _j, _n, took in placed] == [k.expected(j, n) for j, n in want]
 
 
 def test_home_is_kept_when_cheap_and_left_when_costly() -> None:

@@ -119,14 +119,13 @@ class Dispatcher(PartOf):
 
     def _place(self, fam: str, jobs: list[PendingJob], loads: list[NodeLoad]) -> int:
         infos = self._retry_in_place([job_info(job) for job in jobs])  # failed there < K times
-        pairs = self.families.strategies[fam].place(
+        placed = self.families.strategies[fam].placements(
             infos, lambda _job, ls=loads: ls, self.knowledge
         )
-        for info, load in pairs:
-            # place() already counted the job into load.queued_*; remember by how much
-            expected = self.knowledge.expected(info, load)
+        for info, load, expected in placed:
+            # placement already counted the job into load.queued_*, by ``expected``
             self.book.place(info.id, load.id, expected, counted=True)
-        return len(pairs) + len(jobs) - len(infos)  # with those put back where they failed
+        return len(placed) + len(jobs) - len(infos)  # with those put back where they failed
 
     def resuming(self) -> bool:
         """A run resumed from the log has sent nothing yet (its first step collects first)."""

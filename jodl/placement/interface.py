@@ -97,6 +97,21 @@ class Placement:
             out.append((job, node))
         return out
 
+    def placements(
+        self,
+        jobs: list[JobInfo],
+        candidates: Callable[[JobInfo], Sequence[NodeLoad]],
+        knowledge: Knowledge,
+    ) -> list[tuple[JobInfo, NodeLoad, float]]:
+        """:meth:`place`, each job with what it is expected to take on its node (the
+        seconds :meth:`place` counted into the node's ``queued_work``). The master
+        places through this; a strategy that knows those figures while placing
+        returns them instead of having each asked again."""
+        return [
+            (job, node, knowledge.expected(job, node))
+            for job, node in self.place(jobs, candidates, knowledge)
+        ]
+
     def moves(self, view: BalanceView) -> list[Move]:
         """Moves of waiting jobs this strategy wants while balancing (default: none).
 

@@ -213,8 +213,21 @@ class Knowledge:
         known = self._by_job.get(job.id)
         if known is None:
             return [self.unknown(job.family, node) for node in nodes]
-        work = self.work(job.id)
-        single = known if isinstance(known, Learned) else None
+        if type(known) is Learned:  # one node (most jobs): work() and learned() inline
+            if known.mean is not None and known.count:
+                work = known.mean * self.node_speed.get(known.node_id, 1.0)
+                there, recent = known.node_id, known.recent
+                if recent is None:
+                    there = -1
+                return [
+                    recent if node.id == there else work / max(node.speed, 1e-6)  # type: ignore[misc]
+                    for node in nodes
+                ]
+            single: Learned | None = known
+            work = None
+        else:
+            single = None
+            work = self.work(job.id)
         out = []
         for node in nodes:
             if single is not None:

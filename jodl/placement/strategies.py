@@ -99,10 +99,22 @@ class EarliestFinish(Placement):
         knowledge: Knowledge,
     ) -> list[tuple[JobInfo, NodeLoad]]:
         """Place a batch, each job judged against the queues the batch will make."""
+        return [(job, node) for job, node, _took in self.placements(jobs, candidates, knowledge)]
+
+    def placements(
+        self,
+        jobs: list[JobInfo],
+        candidates: Callable[[JobInfo], Sequence[NodeLoad]],
+        knowledge: Knowledge,
+    ) -> list[tuple[JobInfo, NodeLoad, float]]:
+        """:meth:`place`, with what each job is expected to take on its node."""
+        if type(self).place is not EarliestFinish.place:  # a subclass's own place()
+            return super().placements(jobs, candidates, knowledge)
         reserved: dict[int, float] = {}
         self._reserved = reserved
         self._fronts = {}
         self._unknown = {}
+        took_of = self._took_of = {}
         out: list[tuple[JobInfo, NodeLoad, float]] = []
         # A subclass's own choose() (a rule before this one, as in docs/placement.md)
         # is asked for every job; this class's rule goes straight to _pick().
@@ -112,8 +124,12 @@ class EarliestFinish(Placement):
                 nodes = candidates(job)
                 at = self._home_at(job, nodes)
                 if at is not None:
+                    # what the job takes on each candidate, for its reservation now and
+                    # its choice below: asked once
+                    took = self._took_on(job, nodes, knowledge)
+                    took_of[job.id] = (nodes, took, at)
                     home = nodes[at]
-                    reserved[home.id] = reserved.get(home.id, 0.0) + knowledge.expected(job, home)
+                    reserved[home.id] = reserved.get(home.id, 0.0) + took[at]
             for job in self.order(jobs, knowledge):
                 nodes = candidates(job)
                 if not nodes:
@@ -130,12 +146,13 @@ class EarliestFinish(Placement):
                 out.append((job, node, took))
             if self.lpt and self.spread_below > 0:
                 return spread_short(out, self.spread_below)
-            return [(job, node) for job, node, _took in out]
+            return out
         finally:
             self._reserved = {}
             self._fronts = None
             self._index = None
             self._unknown = {}
+            self._took_of = {}
 
     def choose(
         self, job: JobInfo, candidates: Sequence[NodeLoad], knowledge: Knowledge
@@ -146,20 +163,28 @@ class EarliestFinish(Placement):
         self, job: JobInfo, candidates: Sequence[NodeLoad], knowledge: Knowledge
     ) -> tuple[NodeLoad, float]:
         """The node for ``job`` and what the job is expected to take there."""
-        front = self._front(job, candidates, knowledge)
-        if front is not None:
-            node = front.best()
-            return node, front.took[node.id]
-        # every candidate's expected duration at once, shared by all that follows
-        took_on = self._took_on(job, candidates, knowledge)
+        home = job.home
         reserved = self._reserved
-        at = self._home_at(job, candidates) if reserved else None
-        at_home = candidates[at] if at is not None else None
-        if at_home is not None and at_home.id in reserved:  # the job is being placed now
-            left = reserved[at_home.id] - took_on[at]  # type: ignore[index]
-            reserved[at_home.id] = max(0.0, left)
-            for front in (self._fronts or {}).values():
-                front.lowered(at_home)
+        asked = self._took_of.get(job.id)
+        if asked is not None and asked[0] is candidates:  # by place()'s reservations
+            took_on, at = asked[1], asked[2]
+        else:
+            if home is None:  # only such a job may be placed through a heap
+                front = self._front(job, candidates, knowledge)
+                if front is not None:
+                    node = front.best()
+                    return node, front.took[node.id]
+            # every candidate's expected duration at once, shared by all that follows
+            took_on = self._took_on(job, candidates, knowledge)
+            at = self._home_at(job, candidates) if reserved and home is not None else None
+        if at is not None:
+            at_home = candidates[at]
+            if at_home.id in reserved:  # the job is being placed now
+                left = reserved[at_home.id] - took_on[at]
+                reserved[at_home.id] = left if left > 0.0 else 0.0
+                if self._fronts:
+                    for front in self._fronts.values():
+                        front.lowered(at_home)
         failed = job.failed_on
         if failed and all(node.id in failed for node in candidates):
             failed = frozenset()  # failed everywhere: any node (see usable())
@@ -170,28 +195,24 @@ class EarliestFinish(Placement):
                 for i, node in enumerate(candidates):
                     if node.id == trial:
                         return node, took_on[i]  # the point of a trial is to measure it there
-        home = job.home
         best: NodeLoad | None = None
-        best_key: tuple[float, float, int] = (math.inf, math.inf, 0)
+        best_cost = math.inf
         best_took = home_cost = home_took = 0.0
         home_node: NodeLoad | None = None
         for node, took in zip(candidates, took_on, strict=True):
             if failed and node.id in failed:
                 continue
-            cost = node.expected_finish(took)
+            slots = max(1, node.slots)  # NodeLoad.expected_finish(), inline: once per node
+            cost = node.queued_work / slots + took
             if reserved:
-                cost += reserved.get(node.id, 0.0) / max(1, node.slots)
-            if cost > best_key[0] and node.id != home:
-                continue  # cannot be the best (the key's first part is larger)
-            # ties: the node with less work per cycle at home, then the lowest id
-            key = (cost, node.home_work / max(1e-9, node.speed * node.slots), node.id)
-            if best is None or key < best_key:
-                best, best_key, best_took = node, key, took
+                cost += reserved.get(node.id, 0.0) / slots
             if node.id == home:
                 home_node, home_cost, home_took = node, cost, took
+            if best is None or cost < best_cost or (cost == best_cost and _tie(node) < _tie(best)):
+                best, best_cost, best_took = node, cost, took
         assert best is not None
         if home_node is not None and home_node is not best:
-            if home_cost <= best_key[0] + self.stickiness * best_took:
+            if home_cost <= best_cost + self.stickiness * best_took:
                 return home_node, home_took
         return best, best_took
 
@@ -200,6 +221,9 @@ class EarliestFinish(Placement):
     #: family -> (its candidates, what a job of it nothing is known of takes on each),
     #: within :meth:`place`.
     _unknown: dict[str, tuple[Sequence[NodeLoad], list[float]]] = {}
+    #: job -> (its candidates, what it takes on each, where its home is among them), for
+    #: the jobs at home on one of them, within :meth:`place`.
+    _took_of: dict[int, tuple[Sequence[NodeLoad], list[float], int]] = {}
 
     def _took_on(
         self, job: JobInfo, candidates: Sequence[NodeLoad], knowledge: Knowledge
@@ -253,9 +277,15 @@ class EarliestFinish(Placement):
         return front
 
 
+def _tie(node: NodeLoad) -> tuple[float, int]:
+    """Between nodes where a job would end at the same time: the one with less work per
+    cycle at home (for its speed and slots), then the lowest id."""
+    return (node.home_work / max(1e-9, node.speed * node.slots), node.id)
+
+
 def spread_short(
     placed: list[tuple[JobInfo, NodeLoad, float]], below: float
-) -> list[tuple[JobInfo, NodeLoad]]:
+) -> list[tuple[JobInfo, NodeLoad, float]]:
     """``placed`` (job, node, expected seconds there; longest first within a priority)
     with each node's jobs shorter than ``below`` spread evenly over the time of its
     longer ones, each node's longer jobs keeping their order.
@@ -269,11 +299,11 @@ def spread_short(
     """
     shorter = [took < below for _job, _node, took in placed]
     if all(shorter) or not any(shorter):  # nothing to spread (every cycle of no-op jobs)
-        return [(job, node) for job, node, _took in placed]
+        return placed
     by_node: dict[int, list[tuple[JobInfo, NodeLoad, float]]] = {}
     for item in placed:
         by_node.setdefault(item[1].id, []).append(item)
-    out: list[tuple[JobInfo, NodeLoad]] = []
+    out: list[tuple[JobInfo, NodeLoad, float]] = []
     for items in by_node.values():
         start = 0
         while start < len(items):  # each priority on its own, highest first
@@ -285,18 +315,18 @@ def spread_short(
             longer = [item for item in group if item[2] >= below]
             short = [item for item in group if item[2] < below]
             if not longer or not short:
-                out.extend((job, node) for job, node, _took in group)
+                out.extend(group)
                 continue
             total = sum(item[2] for item in longer)
             # the k-th short job goes where (k + 1/2) / n of the longer jobs' time is
             elapsed, k = 0.0, 0
-            for job, node, took in longer:
+            for item in longer:
                 while k < len(short) and (k + 0.5) / len(short) * total <= elapsed:
-                    out.append((short[k][0], short[k][1]))
+                    out.append(short[k])
                     k += 1
-                out.append((job, node))
-                elapsed += took
-            out.extend((job, node) for job, node, _took in short[k:])
+                out.append(item)
+                elapsed += item[2]
+            out.extend(short[k:])
     return out
 
 
@@ -330,7 +360,7 @@ class _Front:
         cost = node.expected_finish(self.took[node.id])
         if self._reserved:
             cost += self._reserved.get(node.id, 0.0) / max(1, node.slots)
-        return (cost, node.home_work / max(1e-9, node.speed * node.slots), node.id)
+        return (cost, *_tie(node))
 
     def best(self) -> NodeLoad:
         """The node of the smallest key now."""
