@@ -89,6 +89,35 @@ def test_a_run_read_in_windows_runs_each_job_once(store, agents, settings, windo
         assert len(done) == 40 and set(done.values()) == {1}
 
 
+def test_a_runs_later_pieces_are_read_ahead_beside_its_steps(store, agents, settings):
+    """Past the first window (read at the open, before the first send), each piece of a
+    run is read in a thread of its own while the loop goes on, from where the last one
+    ended, and taken once: no piece read twice or for nothing, every job run once."""
+    add_jobs(store, "noop", 40)
+    agents(2, slots=2)
+    reads: list[tuple[str, object]] = []
+    real = store.run_window
+
+    def spy(run, family, size, after=None, **kw):  # type: ignore[no-untyped-def]
+        reads.append((threading.current_thread().name, after))
+        return real(run, family, size, after=after, **kw)
+
+    store.run_window = spy  # type: ignore[method-assign]
+    master = Master(dataclasses.replace(settings, run_window=7), store=store)
+    try:
+        summary = master.run_cycle("noop")
+    finally:
+        master.close()
+    assert (summary.total, summary.done, summary.dead) == (40, 40, 0)
+    done = done_per_job(store, summary.run_id)
+    assert len(done) == 40 and set(done.values()) == {1}
+    assert reads[0] == (threading.current_thread().name, None)
+    later = reads[1:]
+    assert len(later) == 5  # 7 jobs each after the first window's 7, the last one 5
+    assert {name for name, _after in later} == {"run-window"}
+    assert len({after for _name, after in later}) == len(later)
+
+
 def test_next_cycle_runs_every_job_again_and_keeps_learning(store, agents, settings):
     add_jobs(store, "sleep", 60, payload='{"seconds": 0.001}')
     agents(2, slots=2)

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any
 
 from ..log.records import PendingJob
 from ..placement import NodeLoad
 from . import rules
+from .background import in_background
 from .nodes import Nodes
 from .parts import PartOf, Parts
 from .records import ActiveRun, job_info
@@ -118,7 +117,7 @@ class TrialMoves(PartOf):
         # Read beside the run's first steps, not before its first send: the query reads
         # every job of the family (1.2 s for a million), and placement only breaks ties
         # with it; nodes keep the last value until this one is read (settle_home_work).
-        self._home_work.append((nodes, _in_background(read)))
+        self._home_work.append((nodes, in_background(read, "home-work")))
 
     def settle_home_work(self) -> None:
         """Give nodes the expected work per cycle at home that the runs' opens asked for,
@@ -213,21 +212,3 @@ class TrialMoves(PartOf):
             max(longest * speed_of(n) for n, (_, longest) in works.items()),
             nodes,
         )
-
-
-def _in_background(read: Callable[[], Any]) -> Future[Any]:
-    """``read()`` in a thread of its own; its result (or error) in the future returned.
-
-    Not on the pool of calls to agents (:meth:`~jodl.master.calls.Calls.start`): a
-    read of a million jobs' homes holds its thread for a second or more, and that
-    pool's threads are the ones a step's calls to agents wait for."""
-    future: Future[Any] = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(read())
-        except BaseException as exc:  # noqa: BLE001 - handed to the reader of the future
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name="home-work", daemon=True).start()
-    return future
