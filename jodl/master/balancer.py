@@ -88,18 +88,24 @@ class Balancer(PartOf):
 
     # -- told by the loop --------------------------------------------------------------------
 
-    def result(
-        self, slot: NodeSlot, job: PendingJob, duration: float, placed: tuple[int, float] | None
+    def results(
+        self, slot: NodeSlot, done: list[tuple[PendingJob, float, tuple[int, float] | None]]
     ) -> None:
-        """A result of ``job`` is about to be committed: learn the node's drift from it."""
+        """Results of ``slot`` are about to be committed: learn the node's drift from
+        them (what the jobs placed there took against what they were expected to)."""
         node_id = slot.id
         slot.late = False
         self.last_finish[node_id] = time.time()
-        if placed is not None and placed[0] == node_id:
+        actual = expected = 0.0
+        for _job, duration, placed in done:
+            if placed is not None and placed[0] == node_id:
+                actual += duration
+                expected += placed[1]
+        if expected or actual:
             acc = self.drift.setdefault(node_id, [0.0, 0.0])
-            acc[0] += duration
-            acc[1] += placed[1]
-        self.trials.note(job, node_id, duration)
+            acc[0] += actual
+            acc[1] += expected
+        self.trials.note(node_id, done)
 
     def end_of_run(self) -> None:
         self.drift.clear()

@@ -360,7 +360,8 @@ class JobBook:
         if job is None:
             return closed
         superseded = []
-        for other_exec, other_node in self.copies.pop(job.id, {}).items():
+        copies = self.copies.pop(job.id, None)
+        for other_exec, other_node in copies.items() if copies else ():
             if other_exec != exec_id:
                 other = self._close(other_node, other_exec)
                 if other is not None:

@@ -140,8 +140,8 @@ class Outcomes(PartOf):
         if not done and not failed:
             return 0
         batch = _Batch()
-        for exec_id, duration, finished_at, result in done:
-            self._done(slot, batch, exec_id, duration, finished_at, result)
+        if done:
+            self._done(slot, batch, done)
         batch.n_done = len(batch.finished)
         for exec_id, duration, finished_at, error, retryable in failed:
             self._failed(slot, batch, exec_id, duration, finished_at, error, retryable)
@@ -161,44 +161,61 @@ class Outcomes(PartOf):
 
     # -- one outcome ---------------------------------------------------------------------
 
-    def _done(
-        self, slot: NodeSlot, batch: _Batch, exec_id: int, duration: float, at: float, result: Any
-    ) -> None:
-        batch.acks.append(exec_id)
-        got = self.book.finish(slot.id, exec_id)
-        if not isinstance(got, Finished):
-            # Committed before a restart, superseded, or given up on (lost): only
-            # acknowledged, and said, since the job may have run twice.
-            log.info("node %s: result of execution %s not awaited", slot.link.address, exec_id)
-            return
-        closed, job, placed, superseded = got
-        batch.rows.append(
-            self._row(closed, ExecState.DONE, result=result, duration=duration, finished=at)
-        )
-        batch.durations.append(duration)
-        batch.finished.append(job)
-        if job.claim is not None:  # its claim's close gives it its home, if it has none
-            batch.claims.append(ClaimDone(job.id, job.claim, slot.id))
-        elif job.permanent_node_id is None and job.trial_node_id is None:
-            batch.settle = True
-        self.knowledge.record(job.id, slot.id, job.family, duration)
-        if self.parts.watcher is not None:
-            self.parts.watcher.result(slot, job, duration, placed)
+    def _done(self, slot: NodeSlot, batch: _Batch, done: Any) -> None:
+        """``slot``'s results into ``batch`` and the book; knowledge and the watcher told.
+
+        One pass over the rows with what they share looked up once (the node, the
+        epoch, the parts called): a result is about 10 µs of the loop's CPU, this is
+        most of it."""
+        node_id, epoch, book = slot.id, self.epoch, self.book
+        finish, record = book.finish, self.knowledge.record
+        acks, rows, finished, claims = batch.acks, batch.rows, batch.finished, batch.claims
+        spent = self.run_bytes
+        watched: list[tuple[PendingJob, float, tuple[int, float] | None]] = []
+        for exec_id, duration, at, result in done:
+            acks.append(exec_id)
+            got = finish(node_id, exec_id)
+            if type(got) is not Finished:
+                # Committed before a restart, superseded, or given up on (lost): only
+                # acknowledged, and said, since the job may have run twice.
+                log.info("node %s: result of execution %s not awaited", slot.link.address, exec_id)
+                continue
+            closed, job, placed, superseded = got
+            rows.append(
+                execution_row(
+                    exec_id, closed.sent, ExecState.DONE, epoch, backup=closed.backup,
+                    result=result, duration=duration, finished=at,
+                )
+            )  # fmt: skip
+            finished.append(job)
+            if job.claim is not None:  # its claim's close gives it its home, if it has none
+                claims.append(ClaimDone(job.id, job.claim, node_id))
+            elif job.permanent_node_id is None and job.trial_node_id is None:
+                batch.settle = True
+            record(job.id, node_id, job.family, duration)
+            watched.append((job, duration, placed))
+            if superseded:
+                self._superseded(batch, node_id, superseded)
+            if spent and job.run_id in spent and spent[job.run_id].add(result):
+                batch.over.append(job.run_id)
+        batch.durations.extend(duration for _job, duration, _placed in watched)
+        if self.parts.watcher is not None and watched:
+            self.parts.watcher.results(slot, watched)
+
+    def _superseded(self, batch: _Batch, node_id: int, superseded: list[Closed]) -> None:
+        """Other copies of a job done on ``node_id``: cancelled rows, and cancels to send."""
         for other in superseded:
             batch.rows.append(
                 self._row(
                     other,
                     ExecState.CANCELLED,
                     error=(
-                        f"superseded: the copy on node {slot.id} finished first; this copy "
+                        f"superseded: the copy on node {node_id} finished first; this copy "
                         "may have started (its result, if any, is discarded)"
                     ),
                 )
             )
             self.to_cancel.setdefault(other.sent.node_id, []).append(other.exec_id)
-        spent = self.run_bytes
-        if spent and job.run_id in spent and spent[job.run_id].add(result):
-            batch.over.append(job.run_id)
 
     def _failed(
         self,

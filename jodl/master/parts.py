@@ -31,10 +31,12 @@ from .versions import Versions
 
 
 class ResultWatcher(Protocol):
-    """Told of every result before it is committed (the balancing part learns)."""
+    """Told of every result before it is committed (the balancing part learns): those of
+    one report of an agent at once, each as (job, seconds it took, where and for how
+    long it was placed)."""
 
-    def result(
-        self, slot: NodeSlot, job: PendingJob, duration: float, placed: tuple[int, float] | None
+    def results(
+        self, slot: NodeSlot, done: list[tuple[PendingJob, float, tuple[int, float] | None]]
     ) -> None: ...
 
 

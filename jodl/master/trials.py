@@ -48,13 +48,27 @@ class TrialMoves(PartOf):
         #: Nodes and their expected work per cycle at home, being read for a run's open.
         self._home_work: list[tuple[Sequence[NodeLoad], Future[dict[int, float]]]] = []
 
-    def note(self, job: PendingJob, node_id: int, duration: float) -> None:
-        """A result of ``job`` is about to be committed: review it next."""
-        if job.run_id is not None:
-            acc = self.run_works.setdefault(job.run_id, {}).setdefault(node_id, [0.0, 0.0])
+    def note(
+        self, node_id: int, done: Sequence[tuple[PendingJob, float, tuple[int, float] | None]]
+    ) -> None:
+        """Results of jobs (job, seconds) on ``node_id`` are about to be committed: review
+        them next, and count them into their runs' work on the node."""
+        works = self.run_works
+        run_id: int | None = None
+        acc: list[float] = []
+        for job, duration, _placed in done:
+            if job.run_id is None:
+                continue
+            if job.run_id != run_id:  # a report's results are mostly of one run
+                run_id = job.run_id
+                per = works.get(run_id)
+                if per is None:
+                    per = works[run_id] = {}
+                acc = per.get(node_id) or per.setdefault(node_id, [0.0, 0.0])
             acc[0] += duration
-            acc[1] = max(acc[1], duration)
-        self.reviews.append((job, node_id, duration))
+            if duration > acc[1]:
+                acc[1] = duration
+        self.reviews.extend((job, node_id, duration) for job, duration, _placed in done)
 
     def make_trial_moves(
         self, active: ActiveRun, jobs: Sequence[PendingJob], home_work: bool = True

@@ -139,11 +139,16 @@ class Knowledge:
         return stat
 
     def _add_family(self, family: str, node_id: int, total: float, count: int) -> None:
-        per = self._family.setdefault(family, {})
+        per = self._family.get(family)
+        if per is None:
+            per = self._family[family] = {}
         for key in (node_id, None):
-            acc = per.setdefault(key, [0.0, 0])
-            acc[0] += total
-            acc[1] += count
+            acc = per.get(key)
+            if acc is None:
+                per[key] = [0.0 + total, count]
+            else:
+                acc[0] += total
+                acc[1] += count
 
     def family_mean(self, family: str, node_id: int | None = None) -> float | None:
         """Mean duration of the family's executions on ``node_id`` (None: on all nodes)."""
@@ -215,16 +220,16 @@ class Knowledge:
             return [self.unknown(job.family, node) for node in nodes]
         if type(known) is Learned:  # one node (most jobs): work() and learned() inline
             if known.mean is not None and known.count:
-                work = known.mean * self.node_speed.get(known.node_id, 1.0)
+                per = known.mean * self.node_speed.get(known.node_id, 1.0)
                 there, recent = known.node_id, known.recent
                 if recent is None:
                     there = -1
                 return [
-                    recent if node.id == there else work / max(node.speed, 1e-6)  # type: ignore[misc]
+                    recent if node.id == there else per / max(node.speed, 1e-6)  # type: ignore[misc]
                     for node in nodes
                 ]
             single: Learned | None = known
-            work = None
+            work: float | None = None
         else:
             single = None
             work = self.work(job.id)

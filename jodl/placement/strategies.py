@@ -126,10 +126,10 @@ class EarliestFinish(Placement):
                 if at is not None:
                     # what the job takes on each candidate, for its reservation now and
                     # its choice below: asked once
-                    took = self._took_on(job, nodes, knowledge)
-                    took_of[job.id] = (nodes, took, at)
+                    took_on = self._took_on(job, nodes, knowledge)
+                    took_of[job.id] = (nodes, took_on, at)
                     home = nodes[at]
-                    reserved[home.id] = reserved.get(home.id, 0.0) + took[at]
+                    reserved[home.id] = reserved.get(home.id, 0.0) + took_on[at]
             for job in self.order(jobs, knowledge):
                 nodes = candidates(job)
                 if not nodes:
@@ -176,7 +176,9 @@ class EarliestFinish(Placement):
                     return node, front.took[node.id]
             # every candidate's expected duration at once, shared by all that follows
             took_on = self._took_on(job, candidates, knowledge)
-            at = self._home_at(job, candidates) if reserved and home is not None else None
+            at = None
+            if reserved and home is not None:
+                at = self._home_at(job, candidates)
         if at is not None:
             at_home = candidates[at]
             if at_home.id in reserved:  # the job is being placed now
