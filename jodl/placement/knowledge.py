@@ -162,6 +162,8 @@ class Knowledge:
     def work(self, job_id: int) -> float | None:
         """The job's learned work: its durations scaled to a node of speed 1.0 (None: unknown)."""
         known = self._by_job.get(job_id)
+        if known is None:  # nothing learned: nothing to cache (a cycle's first jobs)
+            return None
         if isinstance(known, Learned):  # one node (most jobs): not worth a cache entry
             if known.mean is None or not known.count:
                 return None
