@@ -79,8 +79,12 @@ FAMILY_REFRESH = 5.0
 #: The cyclic garbage collector's first threshold while a master runs (Python's
 #: default: 700). The loop makes and drops several small acyclic objects per job;
 #: a collection every 700 of them, each walking the master's large state, took
-#: about a third of its time. Restored by :meth:`Master.close`.
-GC_THRESHOLD = 50_000
+#: about a third of its time. A step holds tens of thousands of them at once (its
+#: rows, jobs and placements): at 50,000, a million-job cycle ran 43 collections in its
+#: first cycle and 61 in its second, 1.8 s and 3.1 s of collecting (41 ms each); at
+#: 200,000, 6 and 1, 0.6 s and 0.2 s (gc.callbacks, bench/scale.py's cycle). Restored
+#: by :meth:`Master.close`.
+GC_THRESHOLD = 200_000
 #: The interpreter's switch interval while a master runs (Python's default: 5 ms). The
 #: loop, the log writer and the calls to agents are threads of one process, and each
 #: round trip to the database or an agent ends with its thread waiting for the one that
