@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Collection
 from concurrent.futures import Future
 from functools import partial
 
@@ -151,13 +152,17 @@ class RunKeeper(PartOf):
                 self.balancer.trials.make_trial_moves(active, held)
 
     def _read_piece(self, active: ActiveRun, after: tuple[int, int]) -> RunWindow:
-        """The piece of ``active``'s run that starts after ``after`` (any thread)."""
+        """The piece of ``active``'s run that starts after ``after``."""
+        return self._read(active, after, self.read_early.get(active.run.id, ()))
+
+    def _read(self, active: ActiveRun, after: tuple[int, int], leave: Collection[int]) -> RunWindow:
+        """:meth:`_read_piece` with what it leaves out given (any thread)."""
         return self.store.run_window(
             active.run,
             active.family.name,
             min(self.window, READ_STEP),
             after=after,
-            leave=self.read_early.get(active.run.id, ()),
+            leave=leave,
             logged=active.resumed,
         )
 
@@ -174,7 +179,9 @@ class RunKeeper(PartOf):
         after = active.unread_after
         if after is None or active.cancelled:
             return
-        read = partial(self._read_piece, active, after)
+        # what it leaves out taken now, not in the reading thread
+        leave = frozenset(self.read_early.get(active.run.id, ()))
+        read = partial(self._read, active, after, leave)
         self._ahead[active.run.id] = (after, active.resumed, in_background(read, "run-window"))
 
     def _next_piece(self, active: ActiveRun) -> RunWindow:

@@ -64,7 +64,7 @@ class TrialMoves(PartOf):
                 per = works.get(run_id)
                 if per is None:
                     per = works[run_id] = {}
-                acc = per.get(node_id) or per.setdefault(node_id, [0.0, 0.0])
+                acc = per.setdefault(node_id, [0.0, 0.0])
             acc[0] += duration
             if duration > acc[1]:
                 acc[1] = duration
