@@ -153,6 +153,21 @@ def test_placements_go_through_a_subclass_own_place() -> None:
     assert ns[0].queued_work == pytest.approx(sum(t for _j, _n, t in placed))
 
 
+def test_placements_through_a_subclass_place_that_calls_the_parent() -> None:
+    """A subclass's ``place`` that filters the batch and hands the rest to
+    ``super().place`` is placed through once, with no call going round in a circle."""
+
+    class WithoutOdd(EarliestFinish):
+        def place(self, jobs, candidates, knowledge):  # type: ignore[no-untyped-def]
+            return super().place([j for j in jobs if j.id % 2 == 0], candidates, knowledge)
+
+    k = knowledge_for({1: 1.0, 2: 3.0, 4: 2.0}, {1: 1.0, 2: 1.0})
+    ns = nodes(1.0, 1.0)
+    placed = WithoutOdd().placements([job(i) for i in (1, 2, 3, 4)], lambda _j: ns, k)
+    assert sorted(j.id for j, _n, _t in placed) == [2, 4]
+    assert [t for j, n, t in placed] == [k.expected(j, n) for j, n, _t in placed]
+
+
 def test_earliest_finish_weighs_queue_against_speed() -> None:
     k = knowledge_for({1: 4.0}, {1: 1.0, 2: 4.0})
     slow, fast = nodes(1.0, 4.0)

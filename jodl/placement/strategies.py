@@ -99,7 +99,7 @@ class EarliestFinish(Placement):
         knowledge: Knowledge,
     ) -> list[tuple[JobInfo, NodeLoad]]:
         """Place a batch, each job judged against the queues the batch will make."""
-        return [(job, node) for job, node, _took in self.placements(jobs, candidates, knowledge)]
+        return [(job, node) for job, node, _took in self._placed(jobs, candidates, knowledge)]
 
     def placements(
         self,
@@ -110,6 +110,16 @@ class EarliestFinish(Placement):
         """:meth:`place`, with what each job is expected to take on its node."""
         if type(self).place is not EarliestFinish.place:  # a subclass's own place()
             return super().placements(jobs, candidates, knowledge)
+        return self._placed(jobs, candidates, knowledge)
+
+    def _placed(
+        self,
+        jobs: list[JobInfo],
+        candidates: Callable[[JobInfo], Sequence[NodeLoad]],
+        knowledge: Knowledge,
+    ) -> list[tuple[JobInfo, NodeLoad, float]]:
+        """This class's placement of a batch (the one :meth:`place` and
+        :meth:`placements` share; a subclass's ``place`` may call ``super().place``)."""
         reserved: dict[int, float] = {}
         self._reserved = reserved
         self._fronts = {}
