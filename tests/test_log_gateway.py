@@ -9,7 +9,7 @@ import time
 import pytest
 from sqlalchemy import event, insert, select, text, update
 
-from jodl.exceptions import UnknownFamily
+from jodl.exceptions import BadPayload, Fenced, UnknownFamily
 from jodl.log import Store, make_engine
 from jodl.log.exec_ids import EXEC_ID_BLOCK, ExecIds
 from jodl.log.family_admin import FamilyAdminLog
@@ -431,6 +431,48 @@ def test_jobs_added_in_bulk_are_new_keys_only_in_the_order_given(store: Store) -
         ("c", '{"n": 3}', 5, JobState.IDLE, 0, 1),
     ]
     assert [r.key for r in rows[3:]] == [key for key, _ in many]
+
+
+def test_jobs_copied_into_an_empty_family_keep_order_and_refuse_nothing_twice(
+    store: Store,
+) -> None:
+    """To a family with no jobs the jobs are copied straight in (PostgreSQL); a key
+    given twice, late in a long input, sends them the checked way: each key once, the
+    first payload kept, in the order given."""
+    family = store.ensure_family("noop")
+    many = [(f"k{i}", {"i": i}) for i in range(3000)] + [("k7", {"i": -1}), ("last", {})]
+    assert store.add_jobs(family, iter(many)) == 3001
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            select(Job.key, Job.payload).where(Job.family_id == family.id).order_by(Job.id)
+        ).all()
+    assert [r.key for r in rows] == [f"k{i}" for i in range(3000)] + ["last"]
+    assert rows[7].payload == '{"i": 7}'
+
+
+def test_a_bad_payload_late_in_the_copy_adds_nothing_nor_the_family(store: Store) -> None:
+    """The jobs are encoded while they are sent: a bad one late in the input ends the
+    copy and the transaction, and the family ``create`` was to make is not made."""
+    jobs = [(f"k{i}", {}) for i in range(5000)] + [("bad", [1, 2])]
+    with pytest.raises(BadPayload, match="payload of job 'bad' "):
+        store.add_jobs("fresh", iter(jobs), create=True)
+    assert store.family("fresh") is None
+    family = store.ensure_family("held")
+    with pytest.raises(BadPayload, match="payload of job 'bad' "):
+        store.add_jobs(family, iter(jobs))
+    with store.engine.connect() as conn:
+        assert conn.scalar(select(Job.id).limit(1)) is None
+
+
+def test_jobs_added_by_a_master_fenced_out_are_refused(store: Store) -> None:
+    """A store fenced with an epoch no lease carries (a master taken over) adds no job:
+    the copy into an empty family proves the epoch as a statement through SQLAlchemy
+    does."""
+    family = store.ensure_family("noop")
+    with pytest.raises(Fenced):
+        store.fenced(lambda: 999).add_jobs(family, [("a", {}), ("b", {})])
+    with store.engine.connect() as conn:
+        assert conn.scalar(select(Job.id).limit(1)) is None
 
 
 def test_keys_another_transaction_adds_meanwhile_are_kept(pg_database: str) -> None:

@@ -9,7 +9,7 @@ round trips) plain executemany is already the fast path.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Column, Connection, MetaData, Table, TextClause, bindparam, text
@@ -87,14 +87,16 @@ def copy_rows(
     conn: Connection,
     table: Table,
     cols: Sequence[str],
-    rows: Sequence[Sequence[Any]],
+    rows: Iterable[Sequence[Any]],
     into: str | None = None,
 ) -> None:
     """Append ``rows`` (tuples in ``cols`` order): COPY on PostgreSQL, executemany elsewhere.
 
-    ``into`` names another table of the same columns (e.g. a temporary one).
+    ``into`` names another table of the same columns (e.g. a temporary one). ``rows``
+    may be an iterator: on PostgreSQL each row is sent as it is drawn, so the server
+    stores the first rows while the caller still makes the last.
     """
-    if not rows:
+    if isinstance(rows, Sequence) and not rows:
         return
     if conn.dialect.name != "postgresql":
         target_table = _stage_table(table) if into else table

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..exceptions import UnknownFamily
 from .models import FamilyOnNode, FamilyRow, Job, Node, NodeState, table_of, utcnow
-from .new_jobs import LinesAdded, LinesRefused, add_lines, add_new, encode
+from .new_jobs import LinesAdded, LinesRefused, add_lines, add_new
 
 #: The node label that holds where the node's agent serves its ops endpoint (health,
 #: /metrics), HOST:PORT, as the agent told its master in ``init``. A label, not a column
@@ -236,25 +236,26 @@ class Families:
         :class:`UnknownFamily` unless ``create`` (then it is created).
         ``jobs`` maps each job's key to its payload, as a mapping or (key, payload)
         pairs; a payload is a dict (encoded to JSON here) or the JSON text of an
-        object: anything else is refused (:class:`BadPayload` naming the key) before
-        anything is written. One transaction: all are added or none; keys the
-        family already has are kept. New jobs take the family's job defaults
-        (``jodl family set``) where set.
+        object: anything else is refused (:class:`BadPayload` naming the key) and
+        nothing is written, not even a family ``create`` would have made. One
+        transaction: all are added or none; keys the family already has are kept.
+        New jobs take the family's job defaults (``jodl family set``) where set.
         """
         pairs = jobs.items() if isinstance(jobs, Mapping) else jobs
-        encoded = encode(pairs)
-        if isinstance(family, str):
-            found = self.family(family) if not create else self.ensure_family(family)
-            if found is None:
-                raise UnknownFamily(
-                    f"no family {family!r} in the database: create it with "
-                    "add_jobs(..., create=True) or add its jobs with `jodl jobs add`"
+        with self.sessions() as s, s.begin():
+            if isinstance(family, str):
+                found = (
+                    _ensure_family(s, family, {})
+                    if create
+                    else s.scalar(select(FamilyRow).where(FamilyRow.name == family))
                 )
-            family = found
-        if not encoded:
-            return 0
-        with self.engine.begin() as conn:
-            return add_new(conn, family.id, encoded, _job_fields(family, priority))
+                if found is None:
+                    raise UnknownFamily(
+                        f"no family {family!r} in the database: create it with "
+                        "add_jobs(..., create=True) or add its jobs with `jodl jobs add`"
+                    )
+                family = found
+            return add_new(s.connection(), family.id, pairs, _job_fields(family, priority))
 
     def add_job_lines(self, name: str, lines: bytes, **fields: Any) -> LinesAdded | None:
         """Add the jobs of JSON Lines text (UTF-8, one ``{"key": ..., "payload": {...}}``
