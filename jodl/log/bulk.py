@@ -137,6 +137,64 @@ def copy_lines(conn: Connection, into: str, column: str, lines: bytes) -> None:
             copy.write(chunk.replace(b"\\", b"\\\\").replace(b"\t", b"\\t").replace(b"\r", b"\\r"))
 
 
+def pipe_rows(
+    source: Connection,
+    query: str,
+    conn: Connection,
+    table: Table,
+    cols: Sequence[str],
+    constants: Mapping[str, Any],
+) -> int:
+    """Append the rows ``query`` selects on ``source`` (its columns ``cols``, then
+    ``constants`` added to each row) to ``table`` through ``conn``; how many (PostgreSQL).
+
+    Server to server: the rows leave ``source`` by one binary COPY and enter ``table``
+    by another, the bytes passed on as they come, unread. The query runs in one
+    server process while another stores the rows, each on a core of its own, and
+    COPY stores rows a page at a time where ``INSERT … SELECT`` stores them one by
+    one. The constants are cast to their columns' types, so the binary rows are
+    exactly the ones ``table`` reads.
+    """
+    from psycopg import sql
+
+    raw_out = source.connection.driver_connection
+    raw_in = conn.connection.driver_connection
+    assert raw_out is not None and raw_in is not None
+    types = _column_types(raw_in, table.name, tuple(constants))
+    values = sql.SQL(", ").join(
+        sql.SQL("CAST({} AS {})").format(sql.Literal(value), sql.SQL(type_))
+        for value, type_ in zip(constants.values(), types, strict=True)
+    )
+    select = sql.SQL("COPY (SELECT given.*, {} FROM ({}) AS given) TO STDOUT (FORMAT BINARY)")
+    names = ", ".join(f'"{c}"' for c in (*cols, *constants))
+    with raw_out.cursor() as out_cur, raw_in.cursor() as in_cur:
+        with (
+            out_cur.copy(select.format(values, sql.SQL(query))) as rows_out,  # type: ignore[arg-type]
+            in_cur.copy(f'COPY "{table.name}" ({names}) FROM STDIN (FORMAT BINARY)') as rows_in,
+        ):
+            for data in rows_out:
+                rows_in.write(data)
+        return int(in_cur.rowcount)  # a closed cursor forgets it
+
+
+_TYPES: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+
+
+def _column_types(raw: Any, table: str, cols: tuple[str, ...]) -> list[str]:
+    """The SQL types of ``cols`` of ``table`` (``varchar(16)``, ``integer``, …), cached."""
+    key = (table, cols)
+    if key not in _TYPES:
+        rows = dict(
+            raw.execute(
+                "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
+                (f'"{table}"',),
+            ).fetchall()
+        )
+        _TYPES[key] = [rows[c] for c in cols]
+    return _TYPES[key]
+
+
 _OIDS: dict[tuple[str, tuple[str, ...]], list[int]] = {}
 
 
