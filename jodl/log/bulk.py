@@ -169,7 +169,7 @@ def pipe_rows(
     names = ", ".join(f'"{c}"' for c in (*cols, *constants))
     with raw_out.cursor() as out_cur, raw_in.cursor() as in_cur:
         with (
-            out_cur.copy(select.format(values, sql.SQL(query))) as rows_out,  # type: ignore[arg-type]
+            out_cur.copy(select.format(values, sql.SQL(query))) as rows_out,
             in_cur.copy(f'COPY "{table.name}" ({names}) FROM STDIN (FORMAT BINARY)') as rows_in,
         ):
             for data in rows_out:
