@@ -132,6 +132,21 @@ def test_short_jobs_are_spread_over_a_nodes_queue_not_all_last() -> None:
     assert [j.id for j, _n in lpt] == list(range(12))
 
 
+def test_a_batch_of_jobs_all_too_short_to_sort_is_placed_by_id() -> None:
+    """A batch whose jobs are all shorter than ``spread_below`` (no-op jobs) is not
+    sorted by their durations: by priority, then id, the order they lie in memory.
+    One longer job among them, or ``spread_below=0``: all longest first, as ever."""
+    works = {1: 0.004, 2: 0.002, 4: 0.009, 6: 0.001}
+    k = knowledge_for(works | {3: 2.0}, {1: 1.0})
+    short = [job(j) for j in (6, 2, 1, 4)]
+    assert [j.id for j in EarliestFinish().order(short, k)] == [1, 2, 4, 6]
+    urgent = EarliestFinish().order([*short, job(5, priority=2)], knowledge_for(works, {1: 1.0}))
+    assert [j.id for j in urgent] == [5, 1, 2, 4, 6]
+    assert [j.id for j in EarliestFinish(spread_below=0).order(short, k)] == [4, 1, 2, 6]
+    mixed = EarliestFinish().order([*short, job(3)], k)
+    assert [j.id for j in mixed] == [3, 4, 1, 2, 6]
+
+
 def test_placements_go_through_a_subclass_own_place() -> None:
     """The master places through ``placements()``: a strategy that overrides ``place()``
     is still the one that decides, each job given what it is expected to take there."""

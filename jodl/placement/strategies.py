@@ -80,10 +80,23 @@ class EarliestFinish(Placement):
         self.spread_below = float(spread_below)
 
     def order(self, jobs: list[JobInfo], knowledge: Knowledge) -> list[JobInfo]:
-        """Highest priority first; within a priority, the longest expected work first."""
+        """Highest priority first; within a priority, the longest expected work first.
+
+        A batch whose jobs are all shorter than ``spread_below`` (no-op jobs, say)
+        is not sorted by their durations: highest priority first, then by id, as
+        the log reads them. What order such jobs run in changes the cycle's end by
+        less than one of them takes, and sorted by durations that differ by noise, a
+        repeat cycle of 100,000 no-op jobs visited them in an order unrelated to
+        their place in memory: the loop spent a fifth more CPU a job (taking
+        results, placing, preparing sends) than in the same cycle kept in order.
+        """
         if not self.lpt:
             return super().order(jobs, knowledge)
-        return sorted(jobs, key=lambda j: (-j.priority, -knowledge.estimate_work(j), j.id))
+        work = knowledge.estimate_work
+        below = self.spread_below
+        if below > 0 and all(work(job) < below for job in jobs):
+            return sorted(jobs, key=lambda j: (-j.priority, j.id))
+        return sorted(jobs, key=lambda j: (-j.priority, -work(j), j.id))
 
     #: node -> expected seconds the batch being placed will still put there (its jobs at
     #: home on the node, not placed yet); empty outside :meth:`place`.
