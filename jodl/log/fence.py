@@ -45,7 +45,7 @@ def _begin(conn: Connection) -> None:
 def _before_execute(
     conn: Connection, cursor: Any, statement: str, parameters: Any, context: Any, many: bool
 ) -> None:
-    if _WRITE.match(statement):
+    if conn.get_execution_options().get(OPTION) is not None and _WRITE.match(statement):
         prove(conn)
 
 
