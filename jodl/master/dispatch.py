@@ -119,9 +119,11 @@ class Dispatcher(PartOf):
 
     def _place(self, fam: str, jobs: list[PendingJob], loads: list[NodeLoad]) -> int:
         infos = self._retry_in_place([job_info(job) for job in jobs])  # failed there < K times
-        placed = self.families.strategies[fam].placements(
-            infos, lambda _job, ls=loads: ls, self.knowledge
-        )
+
+        def candidates(_job: JobInfo) -> list[NodeLoad]:
+            return loads  # the same list for each job: placement indexes it once
+
+        placed = self.families.strategies[fam].placements(infos, candidates, self.knowledge)
         for info, load, expected in placed:
             # placement already counted the job into load.queued_*, by ``expected``
             self.book.place(info.id, load.id, expected, counted=True)
