@@ -160,7 +160,7 @@ def pipe_rows(
     raw_out = source.connection.driver_connection
     raw_in = conn.connection.driver_connection
     assert raw_out is not None and raw_in is not None
-    types = _column_types(raw_in, table.name, tuple(constants))
+    types = _column_types(raw_in, table.name, list(constants))
     values = sql.SQL(", ").join(
         sql.SQL("CAST({} AS {})").format(sql.Literal(value), sql.SQL(type_))
         for value, type_ in zip(constants.values(), types, strict=True)
@@ -177,40 +177,32 @@ def pipe_rows(
         return int(in_cur.rowcount)  # a closed cursor forgets it
 
 
-_TYPES: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+_COLUMNS: dict[str, dict[str, tuple[int, str]]] = {}
 
 
-def _column_types(raw: Any, table: str, cols: tuple[str, ...]) -> list[str]:
-    """The SQL types of ``cols`` of ``table`` (``varchar(16)``, ``integer``, …), cached."""
-    key = (table, cols)
-    if key not in _TYPES:
-        rows = dict(
-            raw.execute(
-                "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
-                "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
-                (f'"{table}"',),
-            ).fetchall()
-        )
-        _TYPES[key] = [rows[c] for c in cols]
-    return _TYPES[key]
-
-
-_OIDS: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+def _columns(raw: Any, table: str) -> dict[str, tuple[int, str]]:
+    """Per column of ``table``: its type's oid (for binary COPY) and its SQL type
+    (``varchar(16)``, ``integer``, …), read once per table."""
+    if table not in _COLUMNS:
+        rows = raw.execute(
+            "SELECT attname, atttypid::int, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
+            (f'"{table}"',),
+        ).fetchall()
+        _COLUMNS[table] = {name: (oid, type_) for name, oid, type_ in rows}
+    return _COLUMNS[table]
 
 
 def _column_oids(raw: Any, table: str, cols: Sequence[str]) -> list[int]:
-    """The PostgreSQL type oids of ``cols`` of ``table`` (for binary COPY), cached."""
-    key = (table, tuple(cols))
-    if key not in _OIDS:
-        rows = dict(
-            raw.execute(
-                "SELECT attname, atttypid::int FROM pg_attribute "
-                "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
-                (f'"{table}"',),
-            ).fetchall()
-        )
-        _OIDS[key] = [rows[c] for c in cols]
-    return _OIDS[key]
+    """The PostgreSQL type oids of ``cols`` of ``table`` (for binary COPY)."""
+    columns = _columns(raw, table)
+    return [columns[c][0] for c in cols]
+
+
+def _column_types(raw: Any, table: str, cols: Sequence[str]) -> list[str]:
+    """The SQL types of ``cols`` of ``table``."""
+    columns = _columns(raw, table)
+    return [columns[c][1] for c in cols]
 
 
 _STAGES: dict[str, Table] = {}
