@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import threading
 import time
 
 import pytest
-from sqlalchemy import event, insert, select, text, update
+from sqlalchemy import Connection, event, func, insert, select, text, update
 
 from jodl.exceptions import BadPayload, Fenced, UnknownFamily
 from jodl.log import Store, make_engine
@@ -553,3 +554,53 @@ def test_jobs_added_to_a_family_removed_meanwhile_are_refused(store: Store) -> N
         store.add_jobs(family, [("a", {}), ("b", {})])
     with store.engine.connect() as conn:
         assert conn.scalar(select(Job.id).where(Job.family_id == family.id)) is None
+
+
+def test_a_staging_table_is_made_once_per_connection_and_again_after_a_rollback(
+    db_url: str,
+) -> None:
+    """The log writer stages each commit's outcomes in a temporary table: made on the
+    first use of a connection, not again on the next commits; made in a transaction
+    that rolls back, it is gone, and the next use makes it again."""
+    from jodl.log import bulk
+    from jodl.log.models import Execution
+    from jodl.log.records import EXEC_COLUMNS
+
+    engine = make_engine(db_url, pool_size=1, max_overflow=0)
+    upgrade(engine)
+    made: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _seen(_conn, _cur, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        if statement.startswith("CREATE TEMP TABLE"):
+            made.append(statement)
+
+    class Undone(Exception):
+        pass
+
+    def stage(conn: Connection, rows: int, fail: bool = False) -> int:
+        with contextlib.suppress(Undone), conn.begin():
+            executions = [execution(i, i, 1, ExecState.DONE, "{}") for i in range(1, rows + 1)]
+            with bulk.staged(conn, Execution.__table__, EXEC_COLUMNS, executions) as table:
+                count = conn.scalar(select(func.count()).select_from(table))
+            if fail:
+                raise Undone
+        return int(count)
+
+    try:
+        for rows in (3, 2):
+            with engine.connect() as conn:
+                assert stage(conn, rows) == rows
+        assert len(made) == 1, "one pooled connection: the table is made once"
+        engine.dispose()  # a new connection: the table is made on it, then rolled back
+        with engine.connect() as conn:  # in the same connection's next transaction...
+            assert stage(conn, 1, fail=True) == 1
+            assert stage(conn, 4) == 4, "...it is made again"
+        assert len(made) == 3
+        with engine.connect() as conn:
+            assert stage(conn, 1, fail=True) == 1  # made before: stays
+        with engine.connect() as conn:
+            assert stage(conn, 5) == 5
+        assert len(made) == 3
+    finally:
+        engine.dispose()
