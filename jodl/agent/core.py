@@ -47,6 +47,15 @@ log = logging.getLogger("jodl.agent")
 _FINISHED_DONE = AGENT_JOBS_FINISHED.labels("done")
 _FINISHED_FAILED = AGENT_JOBS_FINISHED.labels("failed")
 
+
+def _count(done: int, failed: int) -> None:
+    """Jobs finished, into the agent's metric."""
+    if done:
+        _FINISHED_DONE.inc(done)
+    if failed:
+        _FINISHED_FAILED.inc(failed)
+
+
 #: Acknowledged execution ids remembered, so a late duplicate send is not run again.
 REMEMBER_ACKED = 200_000
 #: A slot takes several queued jobs at once while jobs take less than this (seconds):
@@ -493,25 +502,29 @@ class AgentCore:
         self, exec_id: int, started: float, outcome: Any, error: BaseException | None
     ) -> None:
         with self._cond:
-            self._store(exec_id, time.perf_counter() - started, outcome, error)
+            kept = self._store(exec_id, time.perf_counter() - started, outcome, error)
+        if kept is not None:
+            _count(int(kept), int(not kept))
 
     def _store(
         self, exec_id: int, duration: float, outcome: Any, error: BaseException | None
-    ) -> None:
-        """Hold one outcome (under the lock) for the master to collect."""
+    ) -> bool | None:
+        """Hold one outcome (under the lock) for the master to collect: True for a
+        result, False for a failure, None when discarded (cancelled while it ran).
+        The caller counts it (:func:`_count`)."""
         self._running.discard(exec_id)
         self._cancels.board.forget(exec_id)
         if self._cancels.finished(exec_id):
             self._family_of.pop(exec_id, None)
             self._traces.pop(exec_id, None)
-            return  # cancelled while it ran: discarded
+            return None  # cancelled while it ran: discarded
         held = held_row(exec_id, duration, outcome, error)
         if held.done is not None:
             self._done[exec_id] = held.done
-            _FINISHED_DONE.inc()
-        elif held.failed is not None:
-            self._failed[exec_id] = held.failed
-            _FINISHED_FAILED.inc()
+            return True
+        assert held.failed is not None
+        self._failed[exec_id] = held.failed
+        return False
 
     def _worker(self, slot: int) -> None:
         cond, queue, running = self._cond, self._queue, self._running
@@ -574,10 +587,15 @@ class AgentCore:
 
     def _keep_locked(self, outcomes: list[tuple[int, float, Any, Exception | None]]) -> None:
         """Hold a slot's outcomes for the master (under the lock) and forget them there."""
+        done = failed = 0
         for exec_id, duration, result, error in outcomes:
-            self._store(exec_id, duration, result, error)
+            kept = self._store(exec_id, duration, result, error)
+            if kept is not None:
+                done += kept
+                failed += not kept
             self._recent = 0.8 * self._recent + 0.2 * duration
         outcomes.clear()
+        _count(done, failed)  # once per chunk: an increment took 1.3 µs, once a no-op job
 
     def _run_sync(self, fam: str, payload: str) -> Any:
         family_ = self.installed.instance(fam)
