@@ -147,6 +147,24 @@ def test_a_batch_of_jobs_all_too_short_to_sort_is_placed_by_id() -> None:
     assert [j.id for j in mixed] == [3, 4, 1, 2, 6]
 
 
+def test_a_few_long_jobs_in_a_batch_of_short_ones_go_first_and_the_rest_by_id() -> None:
+    """At most one job in FEW_LONG at or over ``spread_below`` (a no-op job that once
+    waited for the interpreter): those first, longest first, then the short ones by
+    id; one more and the batch is all longest first."""
+    from jodl.placement.strategies import FEW_LONG
+
+    short = {i: 0.001 + (i * 7 % 13) / 1000 for i in range(1, 2 * FEW_LONG + 1)}
+    few = short | {1000: 0.02, 1001: 0.5}
+    k = knowledge_for(few, {1: 1.0})
+    batch = [job(j) for j in reversed(few)]
+    assert [j.id for j in EarliestFinish().order(batch, k)] == [1001, 1000, *sorted(short)]
+    many = few | {1002: 0.03}
+    k = knowledge_for(many, {1: 1.0})
+    batch = [job(j) for j in many]
+    ordered = [j.id for j in EarliestFinish().order(batch, k)]
+    assert ordered == sorted(many, key=lambda j: (-many[j], j)), "longest first"
+
+
 def test_placements_go_through_a_subclass_own_place() -> None:
     """The master places through ``placements()``: a strategy that overrides ``place()``
     is still the one that decides, each job given what it is expected to take there."""

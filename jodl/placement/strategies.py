@@ -46,6 +46,9 @@ DEFAULT_STICKINESS = 0.5
 #: cycles: jobs started in the last second 3,900 (median 5 ms) with all short jobs
 #: last, 2,100-2,300 (median 15 ms) spread; loop steps there 40-55 against 70-100.
 SPREAD_BELOW = 0.015
+#: A batch of short jobs (see :meth:`EarliestFinish.order`) may hold one long one in
+#: this many.
+FEW_LONG = 100
 #: Candidates from which a job nothing is known of is placed through a heap of them
 #: (:class:`_Front`) instead of a scan: where a scan per job costs most of a first
 #: placement (500 nodes: 110-140 s for 100,000 jobs). On two nodes the cycle with the
@@ -82,21 +85,34 @@ class EarliestFinish(Placement):
     def order(self, jobs: list[JobInfo], knowledge: Knowledge) -> list[JobInfo]:
         """Highest priority first; within a priority, the longest expected work first.
 
-        A batch whose jobs are all shorter than ``spread_below`` (no-op jobs, say)
-        is not sorted by their durations: highest priority first, then by id, as
-        the log reads them. What order such jobs run in changes the cycle's end by
-        less than one of them takes, and sorted by durations that differ by noise, a
-        repeat cycle of 100,000 no-op jobs visited them in an order unrelated to
-        their place in memory: the loop spent a fifth more CPU a job (taking
-        results, placing, preparing sends) than in the same cycle kept in order.
+        A batch of jobs shorter than ``spread_below`` (no-op jobs, say), but for at
+        most one in :data:`FEW_LONG`, is not sorted by the short ones' durations: the
+        long ones first, longest first, then the short ones by id, as the log reads
+        them. What order such jobs run in changes the cycle's end by less than one of
+        them takes, and sorted by durations that differ by noise, a repeat cycle of
+        100,000 no-op jobs visited them in an order unrelated to their place in
+        memory: the loop spent a fifth more CPU a job (taking results, placing,
+        preparing sends) than in the same cycle kept in order. A few long ones are
+        noise too: no-op jobs on agents of 8 slots measured 15 ms now and then (a
+        thread that waited for the interpreter), and the repeat cycle of a million
+        of them placed every batch by duration, its loop 45 µs of CPU a job
+        against 31 in the first cycle (bench/scale.py).
         """
         if not self.lpt:
             return super().order(jobs, knowledge)
         work = knowledge.estimate_work
         below = self.spread_below
-        if below > 0 and all(work(job) < below for job in jobs):
-            return sorted(jobs, key=lambda j: (-j.priority, j.id))
-        return sorted(jobs, key=lambda j: (-j.priority, -work(j), j.id))
+        works = {job.id: work(job) for job in jobs}
+        if below > 0 and sum(w >= below for w in works.values()) * FEW_LONG <= len(jobs):
+            return sorted(
+                jobs,
+                key=lambda j: (
+                    (-j.priority, 0, -works[j.id], j.id)
+                    if works[j.id] >= below
+                    else (-j.priority, 1, 0.0, j.id)
+                ),
+            )
+        return sorted(jobs, key=lambda j: (-j.priority, -works[j.id], j.id))
 
     #: node -> expected seconds the batch being placed will still put there (its jobs at
     #: home on the node, not placed yet); empty outside :meth:`place`.
