@@ -280,20 +280,12 @@ def staged(
     stage = _stage_table(table)
     info = conn.connection.info
     if stage.name not in info.get(_MADE, ()) and stage.name not in info.get(_MAKING, ()):
-        if conn.dialect.name == "postgresql":
-            conn.execute(
-                text(
-                    f'CREATE TEMP TABLE IF NOT EXISTS "{stage.name}" '
-                    f'(LIKE "{table.name}") ON COMMIT DELETE ROWS'
-                )
-            )
-        else:
-            conn.execute(
-                text(
-                    f'CREATE TEMP TABLE IF NOT EXISTS "{stage.name}" '
-                    f'AS SELECT * FROM "{table.name}" WHERE 0'
-                )
-            )
+        shape = (
+            f'(LIKE "{table.name}") ON COMMIT DELETE ROWS'
+            if conn.dialect.name == "postgresql"
+            else f'AS SELECT * FROM "{table.name}" WHERE 0'
+        )
+        conn.execute(text(f'CREATE TEMP TABLE IF NOT EXISTS "{stage.name}" {shape}'))
         info.setdefault(_MAKING, set()).add(stage.name)
     copy_rows(conn, table, cols, rows, into=stage.name)
     try:
