@@ -35,11 +35,17 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import DEFAULT_PG, SECRET, agents, fresh_database, stop_all  # noqa: E402
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from jodl import Store
+    from jodl.queue import Queue
 
 #: Jobs per enqueue call.
 ENQUEUE_BATCH = 5000
@@ -48,7 +54,8 @@ ENQUEUE_BATCH = 5000
 #: The serving master of :func:`run_jodl`, in a process of its own as it is deployed
 #: (pgqueuer's workers run in theirs): the master and its queue feeder, until SIGTERM.
 #: In the benchmark's process it shared one interpreter lock with the enqueuing and the
-#: watching: 0.96 x pgqueuer, 1.01 x in a process of its own (one run, 20,000 jobs).
+#: watching: 0.85-0.94 x pgqueuer, 1.07-1.08 x in a process of its own (the same code,
+#: alternating runs of 20,000 jobs).
 MASTER = """
 import signal, threading
 from jodl import Master, Settings
@@ -95,7 +102,12 @@ def run_jodl(url: str, jobs: int, agent_count: int, slots: int) -> dict[str, flo
 
 
 def _enqueue_and_wait(
-    engine: Any, store: Any, queue: Any, jobs: int, agent_count: int, master: Any
+    engine: Engine,
+    store: Store,
+    queue: Queue,
+    jobs: int,
+    agent_count: int,
+    master: subprocess.Popen[bytes],
 ) -> dict[str, float]:
     """The measured part of :func:`run_jodl`, once the master serves with every agent."""
     from sqlalchemy import text
@@ -124,38 +136,40 @@ def _enqueue_and_wait(
     postgres = engine.dialect.name == "postgresql"
     watch = ResultWatch(engine)
     heard = watch.subscribe(())
-    left = text("SELECT count(*) FROM jodl_job WHERE state IN ('queued', 'claimed')")
+    try:
+        left = text("SELECT count(*) FROM jodl_job WHERE state IN ('queued', 'claimed')")
 
-    def not_done() -> int:
-        with engine.connect() as conn:
-            return int(conn.scalar(left) or 0)
+        def not_done() -> int:
+            with engine.connect() as conn:
+                return int(conn.scalar(left) or 0)
 
-    waiting: set[int] = set()
-    started = time.perf_counter()
-    for start in range(0, jobs, ENQUEUE_BATCH):
-        ids = queue.enqueue_many(
-            "noop", (f"j{i}" for i in range(start, min(jobs, start + ENQUEUE_BATCH)))
-        )
-        waiting.update(ids)
-        heard.add(ids)  # at once: the first of them ends milliseconds later at best
-    enqueued = time.perf_counter() - started
-    while waiting:
-        if postgres and heard.wait(1.0):
-            noticed = heard.take()
-            waiting -= noticed.job_ids
-            if not noticed.everything:
-                continue
-        elif not postgres:
-            time.sleep(0.02)
-        if not not_done():  # a notice missed, or SQLite
-            break
-        if master.poll() is not None:
-            raise SystemExit("the master stopped")
-    seconds = time.perf_counter() - started
-    if (done := queue.counts("noop")["noop"]["done"]) != jobs + len(warm):
-        raise SystemExit(f"jodl: {done - len(warm)} of {jobs} jobs done")
-    heard.close()
-    watch.close()
+        waiting: set[int] = set()
+        started = time.perf_counter()
+        for start in range(0, jobs, ENQUEUE_BATCH):
+            ids = queue.enqueue_many(
+                "noop", (f"j{i}" for i in range(start, min(jobs, start + ENQUEUE_BATCH)))
+            )
+            waiting.update(ids)
+            heard.add(ids)  # at once: the first of them ends milliseconds later at best
+        enqueued = time.perf_counter() - started
+        while waiting:
+            if postgres and heard.wait(1.0):
+                noticed = heard.take()
+                waiting -= noticed.job_ids
+                if not noticed.everything:
+                    continue
+            elif not postgres:
+                time.sleep(0.02)
+            if not not_done():  # a notice missed, or SQLite
+                break
+            if master.poll() is not None:
+                raise SystemExit("the master stopped")
+        seconds = time.perf_counter() - started
+        if (done := queue.counts("noop")["noop"]["done"]) != jobs + len(warm):
+            raise SystemExit(f"jodl: {done - len(warm)} of {jobs} jobs done")
+    finally:
+        heard.close()
+        watch.close()
     return {"seconds": seconds, "enqueue_seconds": enqueued, "jobs_per_s": jobs / seconds}
 
 
