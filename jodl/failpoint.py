@@ -13,6 +13,10 @@ jobs again logged, nothing sent), ``replacements_sent`` (and sent).
 ``run_ended``: a serving master's run committed as ended, the request that asked
 for it not yet settled.
 
+``JODL_FAILPOINT_FREEZE=NAME:N`` makes the process SIGSTOP itself instead (it goes
+on when sent SIGCONT), as a process the machine stops scheduling: ``lease_renewed``
+(a lease renewal's UPDATE sent, the call not returned).
+
 ``JODL_FAILPOINT_SLOW=commit_lost:SECONDS`` makes the log writer take that long to
 commit a batch that closes executions as lost (as under load), so a kill lands
 while those rows are still on their way.
@@ -24,9 +28,10 @@ import os
 import signal
 import time
 
-_spec = os.environ.get("JODL_FAILPOINT", "")
+_spec = os.environ.get("JODL_FAILPOINT", "") or os.environ.get("JODL_FAILPOINT_FREEZE", "")
 _name, _, _count = _spec.partition(":")
 _left = int(_count or 1) if _name else 0
+_signal = signal.SIGKILL if os.environ.get("JODL_FAILPOINT") else signal.SIGSTOP
 
 
 _slow_spec = os.environ.get("JODL_FAILPOINT_SLOW", "")
@@ -46,13 +51,14 @@ def wait(name: str) -> None:
 
 
 def hit(name: str) -> None:
-    """Die at once (SIGKILL, no cleanup) if ``name`` is the armed point and its turn came."""
+    """Die at once (SIGKILL, no cleanup), or freeze (SIGSTOP), if ``name`` is the armed
+    point and its turn came."""
     global _left
     if name != _name or _left <= 0:
         return
     _left -= 1
     if _left == 0:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), _signal)
 
 
 __all__ = ["hit"]

@@ -14,6 +14,7 @@ from sqlalchemy import Connection, Engine, func, select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import sessionmaker
 
+from .. import failpoint
 from ..exceptions import Fenced, LeaseHeld
 from .models import Cluster, MasterLease, utcnow
 
@@ -80,6 +81,14 @@ _NAMED_AND_HELD = text(
 )
 
 
+#: A take's limits on PostgreSQL: how long it waits for a lease row's lock, and how long
+#: it may sit idle (its process stopped) before the server ends it.
+_TAKE_LIMITS = text(
+    "SELECT set_config('lock_timeout', :lock, true),"
+    " set_config('idle_in_transaction_session_timeout', :idle, true)"
+)
+
+
 def check_fence(conn: Connection, epoch: int) -> None:
     """In a writing transaction: :class:`Fenced` unless a lease row still has ``epoch``.
 
@@ -122,6 +131,7 @@ class Leases:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.sessions = sessionmaker(engine, expire_on_commit=False)
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
 
     def take(
         self,
@@ -209,7 +219,9 @@ class Leases:
     ) -> tuple[int, list[str], dict[str, tuple[str, float]]]:
         with self.sessions() as s, s.begin():
             if self.engine.dialect.name == "postgresql":
-                s.execute(text(f"SET LOCAL lock_timeout = {TAKE_LOCK_MS}"))
+                # A master stopped in the middle of its take holds every lease row: the
+                # server ends the transaction once it sits idle, as a fenced write's.
+                s.execute(_TAKE_LIMITS, {"lock": str(TAKE_LOCK_MS), "idle": str(FENCE_IDLE_MS)})
             else:
                 # SQLite has no FOR UPDATE, and its driver begins a transaction only at
                 # the first write: write first (a no-op on the counter), so no other
@@ -320,7 +332,10 @@ class Leases:
         """Extend the leases of ``epoch`` on ``names``; False when another master has
         taken one of them (we are fenced)."""
         scopes = [names] if isinstance(names, str) else list(names)
-        with self.engine.begin() as conn:
+        # Committed as it runs: a leader stopped right after it (the renewer thread
+        # waiting for the interpreter, the process frozen) leaves no transaction open
+        # on its lease rows, which a standby's take would wait for until it is thawed.
+        with self._autocommit.connect() as conn:
             res = conn.execute(
                 update(MasterLease)
                 .where(
@@ -330,6 +345,7 @@ class Leases:
                 )
                 .values(expires_at=utcnow() + dt.timedelta(seconds=ttl))
             )
+            failpoint.hit("lease_renewed")
             return res.rowcount == len(scopes)
 
     def leases(self) -> list[tuple[str, str, int, dt.datetime]]:
@@ -348,7 +364,7 @@ class Leases:
         """Give up the leases of ``epoch`` on ``names`` now (a clean stop, or a family
         handed to another master): the next master need not wait for them to expire."""
         scopes = [names] if isinstance(names, str) else list(names)
-        with self.engine.begin() as conn:
+        with self._autocommit.connect() as conn:  # as a renewal: no transaction left open
             conn.execute(
                 update(MasterLease)
                 .where(MasterLease.name.in_(scopes), MasterLease.epoch == epoch)
