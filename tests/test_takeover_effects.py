@@ -27,6 +27,7 @@ from agents import spawn_jodl, wait_for
 from sqlalchemy import func, select
 from test_crash import add_mark_jobs, check_complete, check_marks, executions
 from test_standby import (
+    SCOPE,
     committed_keys,
     exit_code,
     lease,
@@ -35,10 +36,12 @@ from test_standby import (
     settled,
     start_masters,
     stop_all,
+    wait_logged,
 )
 
 from jodl.log.models import Dispatch, Execution, Node, Run
 from jodl.log.store import Store
+from jodl.master.leadership import rendezvous
 from jodl.ops.status import masters as status_masters
 
 postgres = pytest.mark.parametrize(
@@ -241,6 +244,70 @@ def test_a_leader_thawed_after_its_standby_finished_writes_nothing_and_stands_by
         assert (lease(store) or ("", epoch + 1))[1] > epoch
     finally:
         stop_all(masters)
+
+
+def is_stopped(process: subprocess.Popen[bytes]) -> bool:
+    """Whether ``process`` is stopped (SIGSTOP: state T)."""
+    stat = Path(f"/proc/{process.pid}/stat").read_text()
+    return stat.rpartition(")")[2].split()[0] == "T"
+
+
+@postgres
+def test_a_master_that_handed_everything_over_stands_by_and_takes_over_a_frozen_leader(
+    store: Store, agents: Any, db_url: str, tmp_path: Path
+) -> None:
+    """The first master hands the family to the one hashing picks, and then leads
+    nothing: it stands by as a master just started does (no write of its ended epoch,
+    so it is never told it was taken over). The new leader freezes right after
+    renewing its lease, mid-run: the renewal left no transaction open on the lease row,
+    so the first master takes the family over and finishes the run, no job run twice."""
+    path = tmp_path / "marks.txt"
+    add_mark_jobs(store, path, count=JOBS * 4, seconds=SECONDS)
+    agents(2, slots=SLOTS)
+    env = master_env(db_url)
+    first = spawn_jodl("master", log_path=tmp_path / "master0.log", env=env)
+    masters = [first]
+    try:
+        holder, _ = settled(store, 1)
+        # A second master hashing picks for the family (a new process until one is),
+        # frozen by its 6th renewal (4 s after it leads, the run under way by then).
+        while True:
+            second = spawn_jodl(
+                "master",
+                log_path=tmp_path / f"master{len(masters)}.log",
+                env={**env, "JODL_FAILPOINT_FREEZE": "lease_renewed:6"},
+            )
+            masters.append(second)
+            name = f"{holder.split(':')[0]}:{second.pid}"
+            if rendezvous(SCOPE, [holder, name]) == name:
+                break
+            stop_all([second])
+        wait_for(lambda: (lease(store) or ("",))[0] == name, 30, "the family handed over")
+        request = store.request_run("mark")
+        wait_logged(lambda: is_stopped(second), tmp_path, 60, "the new leader to freeze")
+        assert store.run_request(request).finished_at is None, "frozen after the run ended"
+        committed, at = committed_keys(store), len(marks_of(path))
+        row = run_finished(store, request, tmp_path, "the first master to finish the run")
+        assert row.taken_by == holder
+        os.kill(second.pid, signal.SIGCONT)
+        wait_for(
+            lambda: (
+                "stops, standing by"
+                in (tmp_path / f"master{masters.index(second)}.log").read_text()
+            ),
+            30,
+            f"the thawed leader to stand by\n{logs(tmp_path)}",
+        )
+        first_log = (tmp_path / "master0.log").read_text()
+        assert "leads nothing now: standing by" in first_log, logs(tmp_path)
+        assert "taken over" not in first_log, logs(tmp_path)
+    finally:
+        stop_all(masters)
+    after = executions(store)
+    check_complete(store, after)
+    check_marks(store, path, after)
+    again = [key for _port, key in marks_of(path)[at:] if key in committed]
+    assert not again, f"jobs with a committed result started again: {again}"
 
 
 def test_a_serving_master_takes_each_result_once(

@@ -301,13 +301,15 @@ class Leadership:
             self._renewer.join(timeout=30)
             self._renewer = None
 
-    def release(self) -> None:
-        """End every led lease now and leave the live masters (a clean stop)."""
+    def release(self, leave: bool = True) -> None:
+        """End every led lease now; ``leave``: the live masters too (a clean stop, where
+        a master that stands by again stays one of them)."""
         self.stop_renewing()
         if self.led:
             self.store.release_lease(self.epoch, list(self.led))
         self.led.clear()
-        self.store.masters.leave(self.name)
+        if leave:
+            self.store.masters.leave(self.name)
 
 
 __all__ = ["WHOLE", "Leadership", "rendezvous"]

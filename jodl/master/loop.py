@@ -283,7 +283,7 @@ class Master:
             self.fleet.close()
             self._started = False
             try:  # the next master need not wait for the lease to expire
-                self.leadership.release()
+                self.leadership.release(leave=final)
             except Exception:  # noqa: BLE001 - the database may be gone; it expires
                 log.warning("could not release the master lease; it expires by itself")
 
@@ -347,7 +347,8 @@ class Master:
         A database outage stops dispatching until the database answers
         (:mod:`jodl.master.outage`); then this master leads again, or stands by. A
         master of a share that finds itself fenced (a write or an agent refused its
-        epoch: another master took over) stops at once and stands by.
+        epoch: another master took over) stops at once and stands by, as does one that
+        handed every family it led over to other masters.
         """
         stop = stop or threading.Event()
         while not stop.is_set():
@@ -357,6 +358,9 @@ class Master:
                 if not (is_outage(exc) or (self.per_family and isinstance(exc, Fenced))):
                     raise
                 sharing.rejoin(self, exc, stop)
+            else:  # every family handed over, or stopped
+                if not stop.is_set():
+                    sharing.stand_down(self, stop)
 
     def after_first_dispatch(self, start: Callable[[], None]) -> None:
         """Call ``start`` in :meth:`serve` after its first step (which sends what the
@@ -372,6 +376,8 @@ class Master:
         while not stop.is_set():
             if self.per_family:
                 sharing.lead(self)
+                if not self.leadership.led:
+                    return  # every family handed over: a standby again (serve())
             self._take_requests()
             self.refresh_families()
             self._feed()

@@ -90,20 +90,38 @@ def rejoin(master: Sharer, exc: BaseException, stop: threading.Event | None) -> 
         log.warning("the database does not answer (%s): stopped dispatching", reason(exc))
         master.let_go(final=False)
         master.store.engine.dispose()  # pooled connections of before the outage are dead
-    stop = stop or threading.Event()
+    if not lead_anew(master, stop or threading.Event(), "the database answers again"):
+        raise Stopped("stopped while the database did not answer")
+
+
+def stand_down(master: Sharer, stop: threading.Event) -> None:
+    """``master`` handed every family it led over to other masters: it lets go of its
+    agents and stands by as a master just started does (its epoch ended with its last
+    lease: a write or a call under it would be refused once another master takes a
+    lease), until it leads again or ``stop`` is set."""
+    log.warning("master %s leads nothing now: standing by", master.name)
+    master.let_go(final=False)
+    lead_anew(master, stop)
+
+
+def lead_anew(master: Sharer, stop: threading.Event, why: str = "") -> bool:
+    """Build ``master``'s parts anew and stand by until it leads (True: started, and
+    said with ``why``), or ``stop`` is set (False); a database outage meanwhile is
+    waited out."""
     while not stop.is_set():
         try:
             master.build()
             if lead_again(master, stop):
                 master.start()
-                log.warning("the database answers again: leading (epoch %d)", master.epoch)
-                return
+                if why:
+                    log.warning("%s: leading (epoch %d)", why, master.epoch)
+                return True
         except Exception as again:
             if not is_outage(again):
                 raise
             master.let_go(final=False)
             stop.wait(RETRY_EVERY)
-    raise Stopped("stopped while the database did not answer")
+    return False
 
 
 def lead_again(master: Sharer, stop: threading.Event) -> bool:
@@ -168,4 +186,14 @@ def idle(master: Sharer, family: str) -> bool:
     return not any(job.family == family for job in master.book.jobs.values())
 
 
-__all__ = ["Sharer", "adopt", "idle", "lead", "lead_again", "rejoin", "stand_by"]
+__all__ = [
+    "Sharer",
+    "adopt",
+    "idle",
+    "lead",
+    "lead_again",
+    "lead_anew",
+    "rejoin",
+    "stand_by",
+    "stand_down",
+]
