@@ -46,6 +46,11 @@ def holder_gone(holder: str) -> bool:
 FENCE_IDLE_MS = 1000
 #: Milliseconds a standby waits for the lease rows' locks before trying again later.
 TAKE_LOCK_MS = 500
+#: Milliseconds a take (which locks every lease row) may sit idle, its process stopped,
+#: before PostgreSQL ends it: bounded, so a master frozen in the middle of one cannot
+#: hold every lease for as long as it is frozen; longer than a fenced write's, as takes
+#: are rare and a live master's, slowed by its other threads, must not be ended.
+TAKE_IDLE_MS = 3000
 #: The lease of a master that leads everything (a SQLite file's, a one-shot run's).
 WHOLE = "master"
 #: The prefix of a family's lease: ``family:NAME``.
@@ -220,8 +225,8 @@ class Leases:
         with self.sessions() as s, s.begin():
             if self.engine.dialect.name == "postgresql":
                 # A master stopped in the middle of its take holds every lease row: the
-                # server ends the transaction once it sits idle, as a fenced write's.
-                s.execute(_TAKE_LIMITS, {"lock": str(TAKE_LOCK_MS), "idle": str(FENCE_IDLE_MS)})
+                # server ends the transaction once it sits idle (TAKE_IDLE_MS).
+                s.execute(_TAKE_LIMITS, {"lock": str(TAKE_LOCK_MS), "idle": str(TAKE_IDLE_MS)})
             else:
                 # SQLite has no FOR UPDATE, and its driver begins a transaction only at
                 # the first write: write first (a no-op on the counter), so no other
