@@ -154,15 +154,19 @@ class JobBook:
         self._set_stage(job.id, WAITING)
         self.waiting_line.append(job.id)
 
-    def waiting_jobs(self) -> list[PendingJob]:
-        """The waiting jobs, oldest first (they stay waiting until placed)."""
-        seen: set[int] = set()
+    def waiting_jobs(self, limit: int | None = None) -> list[PendingJob]:
+        """The waiting jobs, oldest first (they stay waiting until placed); the oldest
+        ``limit`` only, with the line walked no further than it takes to find them (a
+        step places 20,000 of a window of 50,000: the whole line walked every step
+        cost a repeat cycle of no-op jobs 0.3 µs of the loop's CPU a job)."""
+        line, stage, seen = self.waiting_line, self.stage, set()
         out: list[PendingJob] = []
-        for job_id in self.waiting_line:
-            if self.stage.get(job_id) is WAITING and job_id not in seen:
+        while line and (limit is None or len(out) < limit):
+            job_id = line.popleft()
+            if stage.get(job_id) is WAITING and job_id not in seen:
                 seen.add(job_id)
                 out.append(self.jobs[job_id])
-        self.waiting_line = deque(job.id for job in out)
+        line.extendleft(job.id for job in reversed(out))  # still waiting, still first
         return out
 
     def has_waiting(self) -> bool:

@@ -100,7 +100,7 @@ class Dispatcher(PartOf):
         if not self.book.has_waiting():
             return 0
         by_family: dict[str, list[PendingJob]] = {}
-        for job in self.book.waiting_jobs()[:PLACE_STEP]:
+        for job in self.book.waiting_jobs(PLACE_STEP):
             by_family.setdefault(job.family, []).append(job)
         room = self._first_room(set(by_family))
         placed = 0
