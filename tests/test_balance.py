@@ -502,6 +502,24 @@ def test_trial_moves_while_a_node_is_away_are_reverted_when_it_returns(
     assert b_id in done_on(store, returned.run_id).values()
 
 
+def test_jobs_too_short_to_gain_on_another_node_keep_their_home_when_they_run_away(
+    db: Any, spawn_agent: Spawn
+) -> None:
+    """Jobs all at home on one node, placed without stickiness: about half run on the
+    other one, for balance. Taking less than ``min_gain`` at home, none can be faster
+    by that much elsewhere: every home stays, with no trial move open."""
+    store, _ = db
+    a, b = start(spawn_agent, store, 1.0, 1.0)
+    add_sleep_jobs(store, [0.0] * 40, strategy_params={"explore": 0, "stickiness": 0})
+    cycle(db)
+    a_id, b_id = node_id(store, a), node_id(store, b)
+    with store.engine.begin() as conn:
+        conn.execute(update(Job).values(permanent_node_id=a_id, trial_node_id=None))
+    ran = cycle(db)
+    assert b_id in done_on(store, ran.run_id).values(), "no job ran away from its home"
+    assert set(homes(store).values()) == {(a_id, None)}
+
+
 def test_trial_moves_become_permanent_when_faster_or_the_node_is_removed(
     db: Any, spawn_agent: Spawn
 ) -> None:

@@ -274,7 +274,10 @@ def verdict(
     way; a trial not tried yet stays open.
     """
     home, trial = job.permanent_node_id, job.trial_node_id
-    if home is None or state(home) == REMOVED:
+    if home is None:
+        return ran_on, None
+    at_home = state(home)  # asked once: a repeat cycle decides this for many jobs
+    if at_home == REMOVED:
         return ran_on, None
     if ran_on == home:
         if trial is None:
@@ -283,9 +286,9 @@ def verdict(
         if tried is None or not tried.count:
             return home, trial
         ran_on = trial
-    if state(home) == REMOVED or _better(job, ran_on, home, knowledge, faster_by, min_gain):
+    if _better(job, ran_on, home, knowledge, faster_by, min_gain):
         return ran_on, None
-    if state(home) == USABLE:
+    if at_home == USABLE:
         return home, None
     return home, ran_on
 

@@ -243,7 +243,7 @@ class EarliestFinish(Placement):
         for node, took in zip(candidates, took_on, strict=True):
             if failed and node.id in failed:
                 continue
-            slots = max(1, node.slots)  # NodeLoad.expected_finish(), inline: once per node
+            slots = node.slots if node.slots > 1 else 1  # NodeLoad.expected_finish(), inline
             cost = node.queued_work / slots + took
             if reserved:
                 cost += reserved.get(node.id, 0.0) / slots
