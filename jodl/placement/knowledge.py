@@ -170,10 +170,10 @@ class Knowledge:
         known = self._by_job.get(job_id)
         if known is None:  # nothing learned: nothing to cache (a cycle's first jobs)
             return None
-        if isinstance(known, Learned):  # one node (most jobs): not worth a cache entry
+        if type(known) is Learned:  # one node (most jobs): not worth a cache entry
             if known.mean is None or not known.count:
                 return None
-            return known.mean * self.speed(known.node_id)
+            return known.mean * self.node_speed.get(known.node_id, 1.0)
         try:
             return self._work[job_id]
         except KeyError:
