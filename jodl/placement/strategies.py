@@ -158,19 +158,14 @@ class EarliestFinish(Placement):
         # A subclass's own choose() (a rule before this one, as in docs/placement.md)
         # is asked for every job; this class's rule goes straight to _pick().
         own = type(self).choose is EarliestFinish.choose
-        knows, expected_on = knowledge.knows, knowledge.expected_on
         try:
             for job in jobs:
                 nodes = candidates(job)
                 at = self._home_at(job, nodes)
                 if at is not None:
                     # what the job takes on each candidate, for its reservation now and
-                    # its choice below: asked once (of a known job, straight away)
-                    took_on = (
-                        expected_on(job, nodes)
-                        if knows(job.id)
-                        else self._took_on(job, nodes, knowledge)
-                    )
+                    # its choice below: asked once
+                    took_on = self._took_on(job, nodes, knowledge)
                     took_of[job.id] = (nodes, took_on, at)
                     home = nodes[at]
                     reserved[home.id] = reserved.get(home.id, 0.0) + took_on[at]
