@@ -604,3 +604,28 @@ def test_a_staging_table_is_made_once_per_connection_and_again_after_a_rollback(
         assert len(made) == 3
     finally:
         engine.dispose()
+
+
+@pytest.mark.postgres
+def test_integer_arrays_travel_as_their_text_and_read_back_exactly(pg_database: str) -> None:
+    """Claims' ids and attempts go to PostgreSQL as the text of an array, cast there:
+    every value comes back as it was, NULLs included, and something that is not an
+    integer fails the cast instead of becoming one."""
+    from sqlalchemy.exc import DataError
+
+    from jodl.log import bulk
+
+    values = [1, None, 0, -7, 2**62, 12345678901]
+    in_order = "SELECT v FROM unnest(CAST(:a AS BIGINT[])) WITH ORDINALITY AS t(v, n) ORDER BY n"
+    engine = make_engine(pg_database)
+    try:
+        with engine.connect() as conn:
+            back = conn.scalars(text(in_order), {"a": bulk.int_array(values)}).all()
+            assert back == values
+            empty = bulk.int_array([])
+            assert conn.scalar(text("SELECT cardinality(CAST(:a AS INT[]))"), {"a": empty}) == 0
+            with pytest.raises(DataError, match="malformed array literal"):
+                bad = bulk.int_array(["1},{2"])  # type: ignore[list-item]
+                conn.execute(text("SELECT CAST(:a AS BIGINT[])"), {"a": bad})
+    finally:
+        engine.dispose()

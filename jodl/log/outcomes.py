@@ -16,9 +16,11 @@ from sqlalchemy import (
     DateTime,
     Engine,
     Integer,
+    String,
     and_,
     bindparam,
     case,
+    cast,
     func,
     insert,
     select,
@@ -42,6 +44,10 @@ RETRY_DELAY_MAX = 300.0
 def retry_delay(failures: int) -> float:
     """Seconds an on-demand job waits in the queue after its ``failures``-th failure."""
     return min(RETRY_DELAY_MAX, RETRY_DELAY * 2 ** max(0, min(failures - 1, 30)))
+
+
+def _ints(name: str, values: list[int | None], item: type[BigInteger | Integer]) -> Any:
+    return cast(bindparam(name, bulk.int_array(values), type_=String), ARRAY(item))
 
 
 def close_claims(
@@ -84,11 +90,12 @@ def close_claims(
 
         if conn.dialect.name == "postgresql":
             # The batch as arrays: one statement and one plan for thousands of jobs.
+            # Each array as its text (bulk.int_array): a list went element by element.
             claims = (
                 func.unnest(
-                    bindparam("jids", [c.job_id for c in ends], type_=ARRAY(BigInteger)),
-                    bindparam("atts", [c.attempt for c in ends], type_=ARRAY(Integer)),
-                    bindparam("nodes", [c.node_id for c in ends], type_=ARRAY(Integer)),
+                    _ints("jids", [c.job_id for c in ends], BigInteger),
+                    _ints("atts", [c.attempt for c in ends], Integer),
+                    _ints("nodes", [c.node_id for c in ends], Integer),
                 )
                 .table_valued("jid", "att", "node")
                 .render_derived()

@@ -51,8 +51,11 @@ CLAIMS = "unnest(CAST(:ids AS BIGINT[]), CAST(:attempts AS INTEGER[])) AS c(id, 
 HELD = f"j.id = c.id AND j.attempts = c.attempt AND j.state = '{JobState.CLAIMED}'"
 
 
-def _claim_arrays(pairs: Sequence[tuple[int, int]]) -> dict[str, list[int]]:
-    return {"ids": [p[0] for p in pairs], "attempts": [p[1] for p in pairs]}
+def _claim_arrays(pairs: Sequence[tuple[int, int]]) -> dict[str, str]:
+    return {
+        "ids": bulk.int_array([p[0] for p in pairs]),
+        "attempts": bulk.int_array([p[1] for p in pairs]),
+    }
 
 
 class QueueSQL:

@@ -281,14 +281,14 @@ class Outcomes(PartOf):
         now = time.perf_counter()
         touched: set[int] = set()
         for i, job in enumerate(batch.finished):
-            active = self.runs.get(job.run_id) if job.run_id is not None else None
-            if active is None:
+            run_id = job.run_id
+            if run_id is None or (active := self.runs.get(run_id)) is None:
                 continue  # on demand
             active.remaining -= 1
             if i < batch.n_done:  # the others are dead (a failed cycle job in ``finished``)
                 active.done += 1
             active.last_result = now
-            touched.add(active.run.id)
+            touched.add(run_id)  # the job's, not its run's mapped attribute
         for run_id in batch.over:
             self.hold_back(run_id)
         progress = self.parts.progress
