@@ -607,10 +607,11 @@ def test_a_staging_table_is_made_once_per_connection_and_again_after_a_rollback(
 
 
 @pytest.mark.postgres
-def test_integer_arrays_travel_as_their_text_and_read_back_exactly(pg_database: str) -> None:
-    """Claims' ids and attempts go to PostgreSQL as the text of an array, cast there:
-    every value comes back as it was, NULLs included, and something that is not an
-    integer fails the cast instead of becoming one."""
+def test_arrays_travel_as_their_text_and_read_back_exactly(pg_database: str) -> None:
+    """Claims' ids and attempts, and the enqueue's keys and payloads, go to PostgreSQL as
+    the text of an array, cast there: every value comes back as it was (quotes,
+    backslashes, braces, commas, blanks, the word NULL, an empty string), NULLs stay
+    NULL, and something that is not an integer fails the cast instead of becoming one."""
     from sqlalchemy.exc import DataError
 
     from jodl.log import bulk
@@ -624,6 +625,9 @@ def test_integer_arrays_travel_as_their_text_and_read_back_exactly(pg_database: 
             assert back == values
             empty = bulk.int_array([])
             assert conn.scalar(text("SELECT cardinality(CAST(:a AS INT[]))"), {"a": empty}) == 0
+            texts = ['a"b', "c\\d", "{e,f}", " g ", "NULL", "", "é\n\t€", '\\"', None, "h,i"]
+            text_order = in_order.replace("BIGINT[]", "TEXT[]")
+            assert conn.scalars(text(text_order), {"a": bulk.text_array(texts)}).all() == texts
             with pytest.raises(DataError, match="malformed array literal"):
                 bad = bulk.int_array(["1},{2"])  # type: ignore[list-item]
                 conn.execute(text("SELECT CAST(:a AS BIGINT[])"), {"a": bad})

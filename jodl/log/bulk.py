@@ -38,6 +38,21 @@ def int_array(values: Iterable[int | None]) -> str:
     return "{" + ",".join(["NULL" if v is None else str(v) for v in values]) + "}"
 
 
+def text_array(values: Iterable[str | None]) -> str:
+    """Strings (None: NULL) as the text of a PostgreSQL array, for a parameter the
+    statement casts to a text array (``CAST(:keys AS TEXT[])``): each element quoted,
+    its backslashes and double quotes escaped, so any string reads back as it was.
+
+    Two lists of 5,000 short strings cost psycopg 3.3 µs of CPU an element pair, these
+    texts 0.3 (the enqueue's keys and payloads).
+    """
+    quoted = [
+        "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        for v in values
+    ]
+    return "{" + ",".join(quoted) + "}"
+
+
 def _unnest(conn: Connection, table: Table, cols: Sequence[str]) -> str:
     casts = ", ".join(
         f"CAST(:{c} AS {table.c[c].type.compile(dialect=conn.dialect)}[])" for c in cols

@@ -123,8 +123,8 @@ class QueueSQL:
                         "prio": priority,
                         "due": due,
                         "now": now,
-                        "keys": list(payloads),
-                        "payloads": list(payloads.values()),
+                        "keys": bulk.text_array(payloads),
+                        "payloads": bulk.text_array(payloads.values()),
                     },
                 )
             else:

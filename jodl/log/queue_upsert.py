@@ -20,6 +20,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    cast,
     func,
     literal,
     or_,
@@ -58,8 +59,9 @@ def _on_conflict(ins: Any) -> Any:
 def _unnest_upsert() -> Any:
     rows = (
         func.unnest(
-            bindparam("keys", type_=postgresql.ARRAY(String)),
-            bindparam("payloads", type_=postgresql.ARRAY(Text)),
+            # Each a text array's own text (bulk.text_array), cast here.
+            cast(bindparam("keys", type_=Text), postgresql.ARRAY(String)),
+            cast(bindparam("payloads", type_=Text), postgresql.ARRAY(Text)),
         )
         .table_valued("k", "p")
         .render_derived()
@@ -82,7 +84,8 @@ def _unnest_upsert() -> Any:
     return _on_conflict(postgresql.insert(Job).from_select(columns, source))
 
 
-#: PostgreSQL: parameters fid, prio, due, now and the arrays keys and payloads.
+#: PostgreSQL: parameters fid, prio, due, now and the arrays keys and payloads
+#: (:func:`jodl.log.bulk.text_array`).
 UPSERT_UNNEST = _unnest_upsert()
 #: SQLite: one parameter set per job (all the row's columns).
 UPSERT_SQLITE = _on_conflict(sqlite.insert(Job))
