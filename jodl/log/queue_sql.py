@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any
 
 from sqlalchemy import (
@@ -226,9 +227,13 @@ class QueueSQL:
                 rows = conn.execute(statement((), limit)).all()
         name = self.family_name
         out = [
-            Claimed(r[0], name(r[1]), r[2], r[3], r[4], r[5], r[6], until, r[7], r[8]) for r in rows
+            Claimed(job_id, name(fid), key, payload, prio, attempt, failures, until, home, trial)
+            for job_id, fid, key, payload, prio, attempt, failures, home, trial in rows
         ]
-        out.sort(key=lambda c: (-c.priority, c.id))
+        # By id, then by priority, highest first: a sort keeps the order of equal keys, so
+        # ties stay by id; two sorts by a field in C, not one by a tuple built per claim.
+        out.sort(key=attrgetter("id"))
+        out.sort(key=attrgetter("priority"), reverse=True)
         return out
 
     def extend(self, pairs: Sequence[tuple[int, int]], until: dt.datetime) -> set[int]:
