@@ -20,12 +20,19 @@ class KnownIds:
         acked: Container[int],
         queues: Callable[[], Iterable[tuple[int, str, str]]],
     ) -> None:
-        self._held = (running, done, failed, acked)
+        self._running, self._done, self._failed, self._acked = running, done, failed, acked
         self._queues = queues
         self._queued: set[int] | None = None
 
     def __contains__(self, exec_id: int) -> bool:
-        if any(exec_id in ids for ids in self._held):
+        # Four tests in a row, not any() over a generator: asked for every job a send
+        # brings (0.24 µs against 0.93 for a new id, timed alone).
+        if (
+            exec_id in self._running
+            or exec_id in self._done
+            or exec_id in self._failed
+            or exec_id in self._acked
+        ):
             return True
         if self._queued is None:
             self._queued = {job[0] for job in self._queues()}
